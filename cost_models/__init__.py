@@ -1,0 +1,7 @@
+"""Cost models: time and memory of layers, collectives and plans, behind one interface."""
+from cost_models.base import (COLLECTIVES, GIB, CostModel, LayerTime, MemoryBreakdown, PlanCost,
+                              in_flight, pipeline_time)
+from cost_models.registry import available, get, register
+
+__all__ = ["COLLECTIVES", "GIB", "CostModel", "LayerTime", "MemoryBreakdown", "PlanCost",
+           "in_flight", "pipeline_time", "available", "get", "register"]

@@ -1,0 +1,208 @@
+"""ClusterSpec: nodes of GPUs, the links inside a node and between nodes, and what a group sees.
+
+Ranks are numbered node-major: rank r sits on node r // gpus_per_node. A link is a set of
+named resources (a GPU's port, a PCIe switch uplink, a node's NICs), each with a capacity;
+a transfer between two ranks crosses a list of them (``path``). Rings of concurrent
+collectives share those resources, which gives the bandwidth each group sees.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from specs.errors import SpecError, one_of, positive_int, positive_number, require
+
+INTRA_KINDS = ("nvswitch", "nvlink", "pcie", "shm")
+"""nvswitch/nvlink: every GPU has its own port; pcie: GPUs under a switch share its uplink to
+the CPU; shm: CPU processes on one host (the executor's tests)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUSpec:
+    """One accelerator."""
+
+    name: str
+    peak_tflops: float
+    """Dense bf16/fp16 tensor-core peak, TFLOP/s."""
+    memory_gib: float
+    """Device memory, GiB."""
+    memory_bandwidth_gbytes_per_s: float
+    """HBM/GDDR bandwidth, GB/s."""
+
+    def __post_init__(self) -> None:
+        for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbytes_per_s"):
+            positive_number(getattr(self, name), f"gpu.{name}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntraNodeLink:
+    """Links between the GPUs of one node."""
+
+    kind: str
+    """One of INTRA_KINDS."""
+    bandwidth_gbytes_per_s: float
+    """Per GPU and direction: NVLink total/2, or a PCIe x16 slot."""
+    latency_us: float
+    """One-hop latency, microseconds."""
+    gpus_per_switch: int = 0
+    """pcie: GPUs behind one PCIe switch (0 = all GPUs on one switch)."""
+    switch_uplink_gbytes_per_s: float = 0.0
+    """pcie: bandwidth per direction between a switch and the rest of the node."""
+
+    def __post_init__(self) -> None:
+        one_of(self.kind, INTRA_KINDS, "intra_node.kind")
+        positive_number(self.bandwidth_gbytes_per_s, "intra_node.bandwidth_gbytes_per_s")
+        positive_number(self.latency_us, "intra_node.latency_us", allow_zero=True)
+        if self.kind == "pcie" and self.gpus_per_switch:
+            positive_number(self.switch_uplink_gbytes_per_s, "intra_node.switch_uplink_gbytes_per_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InterNodeLink:
+    """The network between nodes."""
+
+    nics_per_node: int = 1
+    nic_bandwidth_gbytes_per_s: float = 12.5
+    """Per NIC and direction (100 Gb/s = 12.5 GB/s; HDR 200 Gb/s = 25 GB/s)."""
+    latency_us: float = 10.0
+
+    def __post_init__(self) -> None:
+        positive_int(self.nics_per_node, "inter_node.nics_per_node")
+        positive_number(self.nic_bandwidth_gbytes_per_s, "inter_node.nic_bandwidth_gbytes_per_s")
+        positive_number(self.latency_us, "inter_node.latency_us", allow_zero=True)
+
+
+@dataclass(frozen=True)
+class GroupLink:
+    """What a collective over a group sees: bottleneck bandwidth per ring edge, and latency."""
+
+    bandwidth_gbytes_per_s: float
+    latency_s: float
+    crosses_nodes: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """A cluster: ``nodes`` identical nodes of ``gpus_per_node`` GPUs."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: GPUSpec
+    intra_node: IntraNodeLink
+    inter_node: InterNodeLink = field(default_factory=InterNodeLink)
+    calibration: str = ""
+    """Optional path of a cost-model calibration file (relative to the cluster file)."""
+
+    def __post_init__(self) -> None:
+        positive_int(self.nodes, "nodes")
+        positive_int(self.gpus_per_node, "gpus_per_node")
+        per = self.intra_node.gpus_per_switch
+        require(per == 0 or self.gpus_per_node % per == 0, "intra_node.gpus_per_switch",
+                f"gpus_per_switch({per}) does not divide gpus_per_node({self.gpus_per_node})")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def with_nodes(self, nodes: int) -> "ClusterSpec":
+        """The same node type, ``nodes`` of them (``dgx-a100-80g:64``)."""
+        from dataclasses import replace
+        positive_int(nodes, "nodes")
+        base = self.name.split(":")[0]
+        return replace(self, nodes=nodes, name=f"{base}:{nodes}")
+
+    # -- topology ---------------------------------------------------------------------
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def _switch_of(self, rank: int) -> int:
+        per = self.intra_node.gpus_per_switch or self.gpus_per_node
+        return (rank % self.gpus_per_node) // per
+
+    def path(self, src: int, dst: int) -> list[tuple[tuple, float]]:
+        """Resources a src -> dst transfer crosses, each as (resource id, GB/s capacity)."""
+        intra = self.intra_node
+        hops: list[tuple[tuple, float]] = [(("gpu_out", src), intra.bandwidth_gbytes_per_s)]
+        n_src, n_dst = self.node_of(src), self.node_of(dst)
+        s_src, s_dst = self._switch_of(src), self._switch_of(dst)
+        shared_uplink = intra.kind == "pcie" and intra.gpus_per_switch > 0
+        if shared_uplink and (n_src != n_dst or s_src != s_dst):
+            up = intra.switch_uplink_gbytes_per_s
+            hops.append((("uplink_up", n_src, s_src), up))
+            hops.append((("uplink_down", n_dst, s_dst), up))
+        if n_src != n_dst:
+            nic = self.inter_node.nics_per_node * self.inter_node.nic_bandwidth_gbytes_per_s
+            hops.append((("nic_out", n_src), nic))
+            hops.append((("nic_in", n_dst), nic))
+        hops.append((("gpu_in", dst), intra.bandwidth_gbytes_per_s))
+        return hops
+
+    def ring_link(self, groups: Sequence[Sequence[int]]) -> GroupLink:
+        """Bandwidth per ring edge when every group in ``groups`` runs a ring at once.
+
+        Each group's ring visits its ranks in the given order; edges that cross the same
+        resource share it equally. The slowest group sets the result (they run in lockstep).
+        """
+        rings = [list(g) for g in groups if len(g) > 1]
+        if not rings:
+            return GroupLink(float("inf"), 0.0, False)
+        for ring in rings:
+            for r in ring:
+                require(0 <= r < self.world_size, "ranks", f"rank {r} outside world of {self.world_size}")
+        edges = [(ring[i], ring[(i + 1) % len(ring)]) for ring in rings for i in range(len(ring))]
+        paths = [self.path(a, b) for a, b in edges]
+        load = Counter(res for p in paths for res, _ in p)
+        bandwidth = min(cap / load[res] for p in paths for res, cap in p)
+        crosses = any(self.node_of(a) != self.node_of(b) for a, b in edges)
+        latency_us = self.inter_node.latency_us if crosses else self.intra_node.latency_us
+        return GroupLink(bandwidth, latency_us * 1e-6, crosses)
+
+    def group_link(self, ranks: Sequence[int]) -> GroupLink:
+        """What one collective over ``ranks`` sees when it runs alone."""
+        return self.ring_link([ranks])
+
+
+def layer_groups(first_rank: int, tp: int, dp: int, tp_consecutive: bool = True
+                 ) -> tuple[list[list[int]], list[list[int]]]:
+    """TP groups and DP groups of one layer on the ranks first_rank .. first_rank+tp*dp-1.
+
+    Consecutive TP puts each TP group on neighbouring ranks (inside a node) and strides the
+    DP groups; strided TP does the opposite.
+    """
+    ranks = list(range(first_rank, first_rank + tp * dp))
+    if tp_consecutive:
+        tp_groups = [ranks[i * tp:(i + 1) * tp] for i in range(dp)]
+        dp_groups = [ranks[j::tp] for j in range(tp)]
+    else:
+        dp_groups = [ranks[i * dp:(i + 1) * dp] for i in range(tp)]
+        tp_groups = [ranks[j::dp] for j in range(dp)]
+    return tp_groups, dp_groups
+
+
+def cluster_from_dict(raw: Any, name: str = "cluster") -> ClusterSpec:
+    """A ClusterSpec from a parsed JSON object; errors name the field."""
+    if not isinstance(raw, dict):
+        raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+    try:
+        gpu = GPUSpec(**_section(raw, "gpu"))
+        intra = IntraNodeLink(**_section(raw, "intra_node"))
+        inter = InterNodeLink(**_section(raw, "inter_node", required=False))
+        return ClusterSpec(name=str(raw.get("name", name)), nodes=raw.get("nodes", 1),
+                           gpus_per_node=raw.get("gpus_per_node"), gpu=gpu, intra_node=intra,
+                           inter_node=inter, calibration=str(raw.get("calibration", "")))
+    except TypeError as err:  # unknown or missing keyword in a section
+        raise SpecError("(keys)", str(err).split("__init__() ")[-1]) from None
+
+
+def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
+    from dataclasses import asdict
+    return asdict(cluster)
+
+
+def _section(raw: dict, key: str, required: bool = True) -> dict:
+    value = raw.get(key, None if required else {})
+    if not isinstance(value, dict):
+        raise SpecError(key, f"must be a JSON object, got {value!r}")
+    return value

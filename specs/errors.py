@@ -1,0 +1,54 @@
+"""One error type for bad input: it names the file, the field and the value in one line."""
+from __future__ import annotations
+
+
+class SpecError(ValueError):
+    """A malformed or inconsistent model, cluster or plan.
+
+    ``str(err)`` is one line: ``<source>: <field>: <message>``, so a command-line tool
+    can print it as is instead of a traceback.
+    """
+
+    def __init__(self, field: str, message: str, source: str = "") -> None:
+        self.field = field
+        self.message = message
+        self.source = source
+        super().__init__(self._line())
+
+    def _line(self) -> str:
+        head = f"{self.source}: " if self.source else ""
+        return f"{head}{self.field}: {self.message}"
+
+    def with_source(self, source: str) -> "SpecError":
+        """The same error, attributed to a file (kept if one is already named)."""
+        return SpecError(self.field, self.message, self.source or source)
+
+
+def require(condition: bool, field: str, message: str) -> None:
+    """Raise a SpecError for ``field`` unless ``condition`` holds."""
+    if not condition:
+        raise SpecError(field, message)
+
+
+def positive_int(value: object, field: str) -> int:
+    """``value`` as an int > 0, or a SpecError naming the field and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(field, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def positive_number(value: object, field: str, allow_zero: bool = False) -> float:
+    """``value`` as a float > 0 (>= 0 with allow_zero), or a SpecError."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and value == value and value != float("inf"):
+        if value > 0 or (allow_zero and value == 0):
+            return float(value)
+    bound = ">= 0" if allow_zero else "> 0"
+    raise SpecError(field, f"must be a finite number {bound}, got {value!r}")
+
+
+def one_of(value: object, choices: tuple, field: str) -> object:
+    """``value`` if it is one of ``choices``, else a SpecError listing them."""
+    if value not in choices:
+        raise SpecError(field, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+    return value

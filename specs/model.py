@@ -1,0 +1,284 @@
+"""ModelSpec: what is trained: an embedding, a list of (possibly different) layers, a head."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from specs.errors import one_of, positive_int, require
+
+LAYER_KINDS = ("gpt", "llama", "bert", "t5_encoder", "t5_decoder", "vit", "swin")
+"""gpt: pre-norm decoder (GPT-2/Megatron); llama: RMSNorm, gated SiLU FFN, no biases;
+bert: post-norm encoder; t5_encoder/t5_decoder: T5 blocks (decoder has cross-attention);
+vit: pre-norm encoder over patches; swin: windowed-attention block."""
+
+NORMS = ("layernorm", "rmsnorm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSpec:
+    """One Transformer block: everything its parameter, FLOP and activation counts need."""
+
+    kind: str
+    """One of LAYER_KINDS."""
+    hidden_size: int
+    """Model width h."""
+    num_heads: int
+    """Attention (query) heads a; tensor parallel degrees must divide it."""
+    num_kv_heads: int = 0
+    """Key/value heads for grouped-query attention; 0 means num_heads."""
+    head_dim: int = 0
+    """Width of one head; 0 means hidden_size // num_heads (T5 sets d_kv)."""
+    ffn_hidden_size: int
+    """Inner width of the MLP (4h for GPT, 11008 for LLaMA-2 7B)."""
+    gated_ffn: bool = False
+    """Gated MLP (SwiGLU/GeGLU): three weight matrices instead of two."""
+    seq_len: int
+    """Tokens (or patches) per sample that this layer sees."""
+    attention_window: int = 0
+    """Tokens each token attends to; 0 means all seq_len (Swin: window_size**2)."""
+    cross_attention_seq_len: int = 0
+    """Length of the encoder output attended to (T5 decoder); 0 = no cross-attention."""
+    bias: bool = True
+    """Linear layers have biases (GPT/BERT/ViT/Swin yes; LLaMA/T5 no)."""
+    norm: str = "layernorm"
+    """layernorm (weight and bias) or rmsnorm (weight only)."""
+    relative_position_params: int = 0
+    """Extra learned position parameters held by the block (T5 bias, Swin table)."""
+    downsample_to: int = 0
+    """Swin patch merging after this block: output width (0 = none)."""
+
+    def __post_init__(self) -> None:
+        one_of(self.kind, LAYER_KINDS, "kind")
+        one_of(self.norm, NORMS, "norm")
+        for name in ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len"):
+            positive_int(getattr(self, name), name)
+        kv = self.kv_heads
+        require(self.num_heads % kv == 0, "num_kv_heads",
+                f"num_heads({self.num_heads}) is not a multiple of num_kv_heads({kv})")
+        if self.head_dim == 0:
+            require(self.hidden_size % self.num_heads == 0, "num_heads",
+                    f"hidden_size({self.hidden_size}) is not divisible by num_heads({self.num_heads})")
+
+    # -- derived shapes -------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attention_span(self) -> int:
+        """Keys each query attends to."""
+        return self.attention_window or self.seq_len
+
+    @property
+    def q_width(self) -> int:
+        return self.num_heads * self.head_size
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_size
+
+    # -- counts -----------------------------------------------------------------------
+    def _attention_params(self) -> int:
+        h, q, kv = self.hidden_size, self.q_width, self.kv_width
+        weights = h * q + 2 * h * kv + q * h
+        return weights + ((q + 2 * kv + h) if self.bias else 0)
+
+    def _ffn_params(self) -> int:
+        h, f = self.hidden_size, self.ffn_hidden_size
+        mats = 3 if self.gated_ffn else 2
+        biases = ((2 * f if self.gated_ffn else f) + h) if self.bias else 0
+        return mats * h * f + biases
+
+    def _norm_params(self, width: int) -> int:
+        return 2 * width if self.norm == "layernorm" else width
+
+    def param_count(self) -> int:
+        """Parameters of the block (attention, cross-attention, MLP, norms, merging)."""
+        n_attn = 2 if self.cross_attention_seq_len else 1
+        total = n_attn * self._attention_params() + self._ffn_params()
+        total += (n_attn + 1) * self._norm_params(self.hidden_size)
+        total += self.relative_position_params
+        if self.downsample_to:
+            total += self._norm_params(4 * self.hidden_size) + 4 * self.hidden_size * self.downsample_to
+        return total
+
+    def forward_flops(self, batch: int) -> float:
+        """Matmul FLOPs of one forward pass over ``batch`` samples (2 per multiply-add)."""
+        h, s = self.hidden_size, self.seq_len
+        proj = 2 * (2 * h * self.q_width + 2 * h * self.kv_width)
+        scores = 2 * 2 * self.attention_span * self.q_width
+        ffn = 2 * h * self.ffn_hidden_size * (3 if self.gated_ffn else 2)
+        per_token = proj + scores + ffn
+        if self.cross_attention_seq_len:
+            # queries from this layer (and output proj) per token; keys/values once per encoder token
+            per_token += 2 * 2 * h * self.q_width + 2 * 2 * self.cross_attention_seq_len * self.q_width
+            per_token += 2 * 2 * h * self.kv_width * self.cross_attention_seq_len / s
+        flops = per_token * s
+        if self.downsample_to:
+            flops += 2 * (s // 4) * 4 * h * self.downsample_to
+        return float(flops * batch)
+
+    def output_elements(self, batch: int) -> int:
+        """Elements of the activation this block hands to the next one."""
+        if self.downsample_to:
+            return batch * (self.seq_len // 4) * self.downsample_to
+        return batch * self.seq_len * self.hidden_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddingSpec:
+    """Token or patch embedding (with learned positions where the family has them)."""
+
+    kind: str = "token"
+    """token (vocabulary lookup) or patch (conv over image patches)."""
+    hidden_size: int
+    vocab_size: int = 0
+    """Token vocabulary; 0 for patch embeddings."""
+    max_positions: int = 0
+    """Learned absolute position embeddings; 0 for rotary/relative positions."""
+    type_vocab_size: int = 0
+    """BERT token-type embeddings."""
+    norm: str = ""
+    """Norm right after the embedding ('' none, 'layernorm')."""
+    patch_size: int = 0
+    in_channels: int = 3
+    cls_token: bool = False
+
+    def __post_init__(self) -> None:
+        one_of(self.kind, ("token", "patch"), "embedding.kind")
+        positive_int(self.hidden_size, "embedding.hidden_size")
+        if self.kind == "token":
+            positive_int(self.vocab_size, "vocab_size")
+        else:
+            positive_int(self.patch_size, "patch_size")
+
+    def param_count(self) -> int:
+        h = self.hidden_size
+        if self.kind == "token":
+            total = (self.vocab_size + self.type_vocab_size) * h
+        else:
+            total = self.in_channels * self.patch_size**2 * h + h + (h if self.cls_token else 0)
+        total += self.max_positions * h
+        return total + (2 * h if self.norm == "layernorm" else 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadSpec:
+    """What follows the last block: final norm, pooler, LM or classification head."""
+
+    kind: str = "lm"
+    """lm (next-token/MLM logits over the vocabulary), classifier, or none."""
+    hidden_size: int
+    output_size: int
+    """Vocabulary (lm) or classes (classifier)."""
+    tied: bool = False
+    """LM weights shared with the token embedding (not counted twice)."""
+    final_norm: str = ""
+    """'' / layernorm / rmsnorm applied before the head."""
+    pooler: bool = False
+    """BERT pooler: dense h x h + tanh on the first token."""
+    transform: bool = False
+    """BERT MLM transform: dense h x h, GELU, layernorm, plus an output bias."""
+    seq_len: int = 1
+    """Positions the head is applied to (seq for lm, 1 for classifier)."""
+
+    def __post_init__(self) -> None:
+        one_of(self.kind, ("lm", "classifier", "none"), "head.kind")
+        positive_int(self.hidden_size, "head.hidden_size")
+
+    def param_count(self) -> int:
+        h = self.hidden_size
+        total = {"": 0, "layernorm": 2 * h, "rmsnorm": h}[self.final_norm]
+        total += (h * h + h) if self.pooler else 0
+        if self.transform:
+            total += h * h + h + 2 * h + self.output_size
+        if self.kind != "none" and not self.tied:
+            total += h * self.output_size + (self.output_size if self.kind == "classifier" else 0)
+        return total
+
+    def forward_flops(self, batch: int) -> float:
+        if self.kind == "none":
+            return 0.0
+        return float(2 * batch * self.seq_len * self.hidden_size * self.output_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A model: its embedding, its layers in order, its head."""
+
+    name: str
+    embedding: EmbeddingSpec
+    layers: tuple[LayerSpec, ...]
+    head: HeadSpec
+    family: str = ""
+    """bert, t5, vit, swin, gpt2, llama: where it came from."""
+
+    def __post_init__(self) -> None:
+        require(len(self.layers) > 0, "layers", "a model needs at least one layer")
+        object.__setattr__(self, "layers", tuple(self.layers))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def seq_len(self) -> int:
+        return self.layers[0].seq_len
+
+    def param_count(self) -> int:
+        return (self.embedding.param_count() + sum(l.param_count() for l in self.layers)
+                + self.head.param_count())
+
+    def forward_flops(self, batch: int) -> float:
+        return sum(l.forward_flops(batch) for l in self.layers) + self.head.forward_flops(batch)
+
+    def layer_types(self) -> list[LayerSpec]:
+        """The distinct layers, in order of first appearance."""
+        return list(dict.fromkeys(self.layers))
+
+    def with_seq_len(self, seq_len: int) -> "ModelSpec":
+        """The same model trained at another sequence length (token models only)."""
+        positive_int(seq_len, "seq_len")
+        layers = tuple(dataclasses.replace(l, seq_len=seq_len,
+                                           cross_attention_seq_len=seq_len if l.cross_attention_seq_len else 0)
+                       for l in self.layers)
+        head = dataclasses.replace(self.head, seq_len=seq_len if self.head.seq_len > 1 else 1)
+        return dataclasses.replace(self, layers=layers, head=head)
+
+    def scaled(self, *, hidden_size: int | None = None, num_layers: int | None = None,
+               seq_len: int | None = None, name: str | None = None) -> "ModelSpec":
+        """A smaller copy (same family and layer kinds) for CPU runs of big zoo models.
+
+        ``hidden_size`` is the new width of the first layer; every width scales by the same
+        ratio. ``num_layers`` keeps evenly spaced layers (so T5 keeps both halves).
+        """
+        layers = list(self.layers)
+        if num_layers is not None:
+            positive_int(num_layers, "num_layers")
+            layers = [layers[int(i * len(layers) / num_layers)] for i in range(num_layers)]
+        emb, head = self.embedding, self.head
+        if hidden_size is not None:
+            ratio = positive_int(hidden_size, "hidden_size") / layers[0].hidden_size
+            layers = [_rescale_layer(l, ratio) for l in layers]
+            emb = dataclasses.replace(emb, hidden_size=layers[0].hidden_size)
+            last = layers[-1]
+            head = dataclasses.replace(head, hidden_size=last.downsample_to or last.hidden_size)
+        model = dataclasses.replace(self, layers=tuple(layers), embedding=emb, head=head,
+                                    name=name or f"{self.name}-scaled")
+        return model.with_seq_len(seq_len) if seq_len is not None else model
+
+
+def _rescale_layer(layer: LayerSpec, ratio: float) -> LayerSpec:
+    hidden = max(1, round(layer.hidden_size * ratio))
+    heads = layer.num_heads
+    while heads > 1 and hidden % heads:
+        heads //= 2
+    kv = layer.kv_heads if heads % layer.kv_heads == 0 else heads
+    return dataclasses.replace(
+        layer, hidden_size=hidden, num_heads=heads, num_kv_heads=kv if layer.num_kv_heads else 0,
+        head_dim=0, ffn_hidden_size=max(1, round(layer.ffn_hidden_size * ratio)),
+        downsample_to=round(layer.downsample_to * ratio), relative_position_params=0)
