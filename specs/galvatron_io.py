@@ -38,6 +38,8 @@ def plan_from_galvatron(raw: dict[str, Any], world_size: int) -> Plan:
     consec = _ints(raw, "tp_consecutive_flags", n, default=1)
     sdp = _ints(raw, "dp_types_enc", n, default=0)
     ckpt = _ints(raw, "checkpoint", n, default=0)
+    if any(_ints(raw, "use_sp", n, default=0)):
+        raise SpecError("use_sp", "Ulysses sequence parallelism is not in hybridpar's search space yet")
     default_dp = str(raw.get("default_dp_type", "ddp"))
     if default_dp not in ("ddp", "zero2"):
         raise SpecError("default_dp_type", f"must be ddp or zero2, got {default_dp!r}")
@@ -69,7 +71,7 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
         "tp_sizes_enc": join(s.tp for s in plan.layers),
         "tp_consecutive_flags": join(s.tp_consecutive for s in plan.layers),
         "dp_types_enc": join(s.dp_type == "zero3" for s in plan.layers),
-        "use_sp": join(s.sp for s in plan.layers),
+        "use_sp": join(0 for _ in plan.layers),
         "checkpoint": join(s.checkpoint for s in plan.layers),
         "global_bsz": plan.global_batch,
         "chunks": plan.micro_batches,

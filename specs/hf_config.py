@@ -28,6 +28,18 @@ class _Config:
             raise SpecError(keys[0], "missing (required for this model_type)")
         return default
 
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            raise SpecError(key, f"must be true or false, got {value!r}")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise SpecError(key, f"must be a number > 0, got {value!r}")
+        return float(value)
+
     def get(self, key: str, default: Any) -> Any:
         value = self.raw.get(key, default)
         return default if value is None else value
@@ -54,7 +66,7 @@ def _gpt2(c: _Config, name: str) -> ModelSpec:
     emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"),
                         max_positions=c.int("n_positions", default=seq))
     head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"),
-                    tied=bool(c.get("tie_word_embeddings", True)), final_norm="layernorm", seq_len=seq)
+                    tied=c.flag("tie_word_embeddings", True), final_norm="layernorm", seq_len=seq)
     return ModelSpec(name=name, family="gpt2", embedding=emb, head=head,
                      layers=(layer,) * c.int("n_layer", "num_hidden_layers"))
 
@@ -65,10 +77,10 @@ def _llama(c: _Config, name: str) -> ModelSpec:
     layer = LayerSpec(kind="llama", hidden_size=h, num_heads=heads,
                       num_kv_heads=c.int("num_key_value_heads", default=heads),
                       ffn_hidden_size=c.int("intermediate_size"), gated_ffn=True, seq_len=seq,
-                      bias=bool(c.get("attention_bias", False)), norm="rmsnorm")
+                      bias=c.flag("attention_bias", False), norm="rmsnorm")
     emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"))
     head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"),
-                    tied=bool(c.get("tie_word_embeddings", False)), final_norm="rmsnorm", seq_len=seq)
+                    tied=c.flag("tie_word_embeddings", False), final_norm="rmsnorm", seq_len=seq)
     return ModelSpec(name=name, family="llama", embedding=emb, head=head,
                      layers=(layer,) * c.int("num_hidden_layers"))
 
@@ -90,7 +102,7 @@ def _t5(c: _Config, name: str) -> ModelSpec:
     emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"))
     # final norms of encoder and decoder stacks: one counted in the head, one here
     head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"),
-                    tied=bool(c.get("tie_word_embeddings", True)), final_norm="rmsnorm", seq_len=tgt)
+                    tied=c.flag("tie_word_embeddings", True), final_norm="rmsnorm", seq_len=tgt)
     model = ModelSpec(name=name, family="t5", embedding=emb, head=head, layers=tuple(enc + dec))
     return model
 
@@ -114,7 +126,7 @@ def _swin(c: _Config, name: str) -> ModelSpec:
         raise SpecError("depths", f"depths {depths!r} and num_heads {heads!r} must be lists of equal length")
     dim, patch, window = c.int("embed_dim"), c.int("patch_size"), c.int("window_size")
     side = c.int("image_size") // patch
-    ratio = float(c.get("mlp_ratio", 4.0))
+    ratio = c.number("mlp_ratio", 4.0)
     layers: list[LayerSpec] = []
     for stage, (depth, nh) in enumerate(zip(depths, heads)):
         width = dim * 2**stage
@@ -144,7 +156,7 @@ def model_from_dict(raw: dict[str, Any], name: str = "model") -> ModelSpec:
     if not isinstance(raw, dict):
         raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
     kind = raw.get("model_type")
-    if kind not in BUILDERS:
+    if not isinstance(kind, str) or kind not in BUILDERS:
         raise SpecError("model_type", f"must be one of {', '.join(BUILDERS)}; got {kind!r}")
     return BUILDERS[kind](_Config(raw), str(raw.get("name", name)))
 

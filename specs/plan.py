@@ -36,6 +36,9 @@ class LayerStrategy:
         positive_int(self.tp, "tp")
         positive_int(self.dp, "dp")
         one_of(self.dp_type, DP_TYPES, "dp_type")
+        for name in ("tp_consecutive", "checkpoint", "sp"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(name, f"must be true or false, got {getattr(self, name)!r}")
 
     @property
     def gpus(self) -> int:
@@ -84,6 +87,8 @@ class Plan:
         positive_int(self.micro_batches, "micro_batches")
         positive_int(self.vocab_tp, "vocab_tp")
         one_of(self.schedule, SCHEDULES, "schedule")
+        if not isinstance(self.stage_layers, (list, tuple)):
+            raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
         object.__setattr__(self, "layers", tuple(self.layers))
         if len(self.stage_layers) != self.pp:

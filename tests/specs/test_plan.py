@@ -1,0 +1,135 @@
+"""Plan: JSON round trip, validation rules and their messages, Galvatron plan files."""
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specs import (LayerStrategy, Plan, SpecError, load_cluster, load_galvatron_plan, load_model, model_from_dict,
+                   plan_from_galvatron, plan_to_galvatron, uniform_plan)
+
+BERT = load_model("bert-huge-32")
+TITAN = load_cluster("titan-8")
+
+strategies = st.builds(
+    LayerStrategy, tp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 4]),
+    dp_type=st.sampled_from(["ddp", "zero1", "zero2", "zero3"]), tp_consecutive=st.booleans(),
+    checkpoint=st.booleans())
+
+
+@st.composite
+def plans(draw):
+    layers = draw(st.lists(strategies, min_size=1, max_size=12))
+    pp = draw(st.integers(1, len(layers)))
+    cuts = sorted(draw(st.lists(st.integers(1, len(layers) - 1), min_size=pp - 1, max_size=pp - 1,
+                                unique=True))) if pp > 1 else []
+    bounds = [0, *cuts, len(layers)]
+    stage_layers = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    return Plan(pp=len(stage_layers), stage_layers=stage_layers, layers=tuple(layers),
+                global_batch=draw(st.integers(1, 512)), micro_batches=draw(st.integers(1, 16)),
+                schedule=draw(st.sampled_from(["gpipe", "1f1b"])), model="m", cluster="c")
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans())
+def test_plan_json_round_trips_exactly(plan):
+    assert Plan.from_dict(json.loads(plan.to_json())) == plan
+
+
+def test_save_and_load(tmp_path):
+    plan = uniform_plan(32, tp=2, dp=4, global_batch=32, micro_batches=2, model="bert-huge-32")
+    plan.save(tmp_path / "p.json")
+    assert Plan.load(tmp_path / "p.json") == plan
+    assert json.loads((tmp_path / "p.json").read_text())["version"] == 1
+
+
+def test_valid_plan_passes():
+    uniform_plan(32, tp=2, dp=2, pp=2, global_batch=16, micro_batches=4).validate(BERT, TITAN)
+
+
+@pytest.mark.parametrize("plan, message", [
+    (uniform_plan(32, tp=4, dp=4, global_batch=32), r"layer 0: tp\(4\)\*dp\(4\) = 16 != 8 GPUs per stage"),
+    (uniform_plan(32, tp=2, dp=4, global_batch=10, micro_batches=1),
+     r"global_batch\(10\) is not divisible by dp\(4\)\*micro_batches\(1\) = 4"),
+    (uniform_plan(32, tp=1, dp=2, pp=4, global_batch=16, micro_batches=2),
+     r"1f1b needs micro_batches\(2\) >= pp\(4\)"),
+    (uniform_plan(30, tp=1, dp=8, global_batch=16), "30 strategies for a model of 32 layers"),
+    (uniform_plan(32, tp=1, dp=2, pp=3, global_batch=12, micro_batches=3), r"pp\(3\) does not divide"),
+])
+def test_validation_rules_name_field_and_numbers(plan, message):
+    with pytest.raises(SpecError, match=message):
+        plan.validate(BERT, TITAN)
+
+
+def test_tp_must_divide_heads():
+    model = model_from_dict({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 2,
+                             "n_positions": 128, "vocab_size": 1000})
+    plan = uniform_plan(2, tp=8, dp=1, global_batch=8)
+    with pytest.raises(SpecError, match=r"layer 0: tp\(8\) does not divide heads\(12\)"):
+        plan.validate(model, TITAN)
+
+
+def test_every_layer_in_exactly_one_stage():
+    with pytest.raises(SpecError, match=r"stage_layers: sum 31 != 32 layers"):
+        Plan(pp=2, stage_layers=(16, 15), layers=(LayerStrategy(),) * 32, global_batch=8, micro_batches=2)
+    with pytest.raises(SpecError, match=r"3 stages listed for pp\(2\)"):
+        Plan(pp=2, stage_layers=(10, 10, 12), layers=(LayerStrategy(),) * 32, global_batch=8, micro_batches=2)
+
+
+def test_zero_without_dp_is_rejected():
+    plan = uniform_plan(32, tp=8, dp=1, global_batch=8).with_layers([LayerStrategy(tp=8, dp_type="zero3")] * 32)
+    with pytest.raises(SpecError, match="dp_type zero3 needs dp > 1"):
+        plan.validate(BERT, TITAN)
+
+
+@pytest.mark.parametrize("raw, field", [
+    ("[]", "(top level)"),
+    ('{"layers": 3}', "layers"),
+    ('{"version": 9, "layers": []}', "version"),
+    ('{"pp": 1, "stage_layers": [1], "global_batch": 8, "micro_batches": 1, "layers": [{"tp": 0}]}',
+     "layers[0].tp"),
+    ('{"pp": 1, "stage_layers": [1], "global_batch": 8, "micro_batches": 1, "layers": [{"tp": 1, "zoom": 2}]}',
+     "layers[0]"),
+    ('{"pp": 1, "stage_layers": [1], "global_batch": "8", "micro_batches": 1, "layers": [{}]}', "global_batch"),
+    ('{"pp": 1, "stage_layers": 1, "global_batch": 8, "micro_batches": 1, "layers": [{}]}', "stage_layers"),
+    ('{"pp": 1, "stage_layers": [1], "global_batch": 8, "micro_batches": 1, "schedule": "zb", "layers": [{}]}',
+     "schedule"),
+])
+def test_broken_plan_files_give_one_line_errors(tmp_path, raw, field):
+    path = tmp_path / "plan.json"
+    path.write_text(raw)
+    with pytest.raises(SpecError) as err:
+        Plan.load(path)
+    assert err.value.field == field and str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans())
+def test_galvatron_export_import_round_trip(plan):
+    layers = [LayerStrategy(tp=s.tp, dp=4 // s.tp if 4 % s.tp == 0 else 1,
+                            dp_type=("zero3" if s.dp_type == "zero3" else "ddp") if 4 // s.tp > 1 else "ddp",
+                            tp_consecutive=s.tp_consecutive, checkpoint=s.checkpoint)
+              for s in plan.layers if 4 % s.tp == 0]
+    if not layers:
+        return
+    plan = Plan(pp=1, stage_layers=(len(layers),), layers=tuple(layers), global_batch=plan.global_batch,
+                micro_batches=plan.micro_batches, schedule=plan.schedule)
+    back = plan_from_galvatron(plan_to_galvatron(plan), world_size=4)
+    assert back == plan
+
+
+def test_reads_galvatrons_own_plan_file(shared_dir):
+    path = shared_dir / "reference/galvatron-profiles/galvatron_config_llama2-7b_1nodes_8gpus_per_node_36GB_bf16.json"
+    plan = load_galvatron_plan(path, world_size=8)
+    assert (plan.pp, plan.global_batch, plan.micro_batches, plan.vocab_tp) == (1, 16, 1, 2)
+    assert {s.dp_type for s in plan.layers} == {"zero3"}
+    assert sum(s.checkpoint for s in plan.layers) == 20
+    plan.validate(load_model("llama2-7b"), load_cluster("dgx-a100-80g"))
+
+
+def test_galvatron_file_with_bad_field():
+    with pytest.raises(SpecError, match=r"tp_consecutive_flags: 1 entries for 2 layers"):
+        plan_from_galvatron({"pp_deg": 1, "tp_sizes_enc": "1,1", "tp_consecutive_flags": "1",
+                             "global_bsz": 8, "chunks": 1}, world_size=8)
+    with pytest.raises(SpecError, match="tp_sizes_enc: layer 1: tp.3. does not divide 8"):
+        plan_from_galvatron({"pp_deg": 1, "tp_sizes_enc": "1,3", "global_bsz": 8}, world_size=8)
