@@ -1,0 +1,149 @@
+"""How close the cost models' iteration times are to the vTrain measured A100 runs.
+
+``python -m benchmarks.cost_model_accuracy``: the analytical model with public-figure
+defaults, and calibrated by 5-fold cross-validation on the single-node set (each run predicted
+by constants fitted on the other folds); the multi-node set is never fitted, only predicted
+(by constants fitted on all single-node runs). Prints MAPE, median, worst, per set and model
+size, and Kendall's tau between predicted and measured times.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from benchmarks import vtrain
+from specs import ModelSpec, Plan
+
+MEGATRON_VOCAB_MULTIPLE = 128
+"""Megatron pads the vocabulary to a multiple of 128 * tp (make-vocab-size-divisible-by)."""
+MEGATRON_SOFTWARE = {"dp_overlap_fraction": 0.0}
+"""What the vTrain runs' software did, stated not fitted: Megatron-DeepSpeed all-reduced the
+gradients after the last micro-batch's backward, without overlap."""
+
+
+def _padded_vocab(vocab: int, tp: int) -> int:
+    multiple = MEGATRON_VOCAB_MULTIPLE * tp
+    return -(-vocab // multiple) * multiple
+
+
+def as_megatron(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, Plan]:
+    """The run as Megatron executed it: vocabulary padded and split over the layers' tp; a
+    1F1B run with fewer micro-batches than stages is all-forward-then-all-backward (GPipe)."""
+    tp = plan.layers[0].tp
+    vocab = _padded_vocab(model.embedding.vocab_size, tp)
+    model = replace(model, embedding=replace(model.embedding, vocab_size=vocab),
+                    head=replace(model.head, output_size=vocab))
+    plan = replace(plan, vocab_tp=tp)
+    if plan.schedule == "1f1b" and plan.micro_batches < plan.pp:
+        plan = replace(plan, schedule="gpipe")
+    return model, plan
+
+
+def megatron_runs(set_name: str) -> list:
+    """The vTrain cases of one set, as Megatron ran them (see as_megatron)."""
+    from cost_models.calibrate import Run
+    runs = []
+    for case in vtrain.load_cases(set_name):
+        model, plan = as_megatron(case.model, case.plan)
+        runs.append(Run(model, case.cluster, plan, case.measured_s))
+    return runs
+
+
+def _table(name: str, runs: list, predicted: np.ndarray) -> list[list]:
+    """One row for the whole set, then one per model size."""
+    from scipy.stats import kendalltau
+
+    from cost_models.calibrate import errors
+    measured = np.array([r.measured_s for r in runs])
+    keys = [f"h{r.model.layers[0].hidden_size}-L{r.model.num_layers}" for r in runs]
+    rows = []
+    for key in ["all"] + sorted(set(keys), key=lambda k: (int(k[1:].split("-")[0]), k)):
+        idx = [i for i, k in enumerate(keys) if key in ("all", k)]
+        stats = errors(predicted[idx], measured[idx])
+        tau = kendalltau(predicted[idx], measured[idx]).statistic if len(idx) > 2 else float("nan")
+        rows.append([name, key, len(idx), stats["mape"], stats["median"], stats["worst"], tau])
+    return rows
+
+
+GALVATRON = vtrain.SHARED / "reference" / "galvatron-profiles"
+GALVATRON_MEMORY_DP_TYPE = "zero3"
+"""Galvatron profiles layer memory under sharded data parallelism: its per-layer model states
+(388 MiB at tp 1, dp 8 for 202M parameters) are 16 bytes / (tp * dp) per parameter."""
+
+
+def galvatron_memory_rows() -> list[list]:
+    """Per-layer model states and activations that Galvatron measured for LLaMA-2 7B
+    (memory_profiling_bf16_llama2-7b_all.json: 2-layer minus 1-layer runs, global batch 8,
+    sequence parallel) against the analytical formulas of the same strategy."""
+    import json
+
+    from cost_models.memory import layer_memory
+    from specs import LayerStrategy, load_model
+    raw = json.loads((GALVATRON / "memory_profiling_bf16_llama2-7b_all.json").read_text())
+    layer = load_model("llama2-7b").with_seq_len(2048).layers[0]
+    rows = []
+    for key, table in raw.items():
+        parts = key.split("_")
+        if not parts[0].isdigit() or parts[0] != "1" or "vtp" in parts:
+            continue
+        tp, dp = int(parts[1]), int(parts[2])
+        mib = 2**20
+        states = table["layernum[2]_bsz8_seq2048_rank0_ms"] - table["layernum[1]_bsz8_seq2048_rank0_ms"]
+        act = table["layernum[2]_bsz8_seq2048_rank0_act"] - table["layernum[1]_bsz8_seq2048_rank0_act"]
+        checkpoint = "c" in parts
+        strategy = LayerStrategy(tp=tp, dp=dp, dp_type=GALVATRON_MEMORY_DP_TYPE if dp > 1 else "ddp", sp=True,
+                                 checkpoint=checkpoint)
+        predicted = layer_memory(layer, strategy, 8 // dp, 1)
+        rows.append([f"tp{tp} dp{dp}" + (" ckpt" if checkpoint else ""), states, predicted.states_bytes / mib, act, predicted.activations_bytes / mib])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tabulate import tabulate
+
+    from cost_models.calibrate import cross_validate, predict
+    from cost_models.constants import AnalyticalConstants, constants_for
+    from specs import load_cluster
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_model_accuracy", description=__doc__)
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
+    args = parser.parse_args(argv)
+    if not vtrain.available():
+        print(f"error: vTrain data not found under {vtrain.VALIDATION}", file=sys.stderr)
+        return 2
+    start = time.time()
+    single, multi = megatron_runs("single"), megatron_runs("multi")
+    defaults = AnalyticalConstants().with_values(MEGATRON_SOFTWARE)
+    calibration = load_cluster("dgx-a100-80g").calibration
+    calibrated = constants_for(calibration).with_values(MEGATRON_SOFTWARE)
+    print(f"{len(single)} single-node and {len(multi)} multi-node runs; calibration file {calibration}")
+    cv_pred, fitted = cross_validate(single, folds=args.folds, start=calibrated.with_values(
+        {k: getattr(defaults, k) for k in ("gemm_half_efficiency_flops", "memory_efficiency", "kernel_overhead_s",
+                                           "host_time_per_kernel_s", "micro_batch_overhead_s",
+                                           "iteration_overhead_s")}),
+        max_evals=args.max_evals, progress=lambda k: print(f"  fold {k + 1}/{args.folds} fitted "
+                                                           f"({time.time() - start:.0f} s)", flush=True))
+    rows = (_table("analytical, public defaults / single", single, predict(defaults, single))
+            + _table(f"analytical, {args.folds}-fold CV / single", single, cv_pred)
+            + _table("analytical, public defaults / multi", multi, predict(defaults, multi))
+            + _table("analytical, a100.json (fit on single) / multi", multi, predict(calibrated, multi)))
+    print(tabulate(rows, headers=["model / set", "size", "runs", "MAPE %", "median %", "worst %", "Kendall tau"],
+                   floatfmt=".2f"))
+    if GALVATRON.is_dir():
+        print("\nLLaMA-2 7B, one layer, MiB per GPU: Galvatron's measurement vs the analytical formulas")
+        print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",
+                                                        "activations measured", "activations formula"],
+                       floatfmt=".1f"))
+    spread = {n: (min(getattr(f, n) for f in fitted), max(getattr(f, n) for f in fitted))
+              for n in ("gemm_half_efficiency_flops", "host_time_per_kernel_s", "micro_batch_overhead_s")}
+    print("fold constants (min, max):", ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in spread.items()))
+    print(f"total {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""The analytical cost model: kernel FLOPs and bytes over a size-dependent efficiency, alpha-beta
+collectives on the cluster topology, and the mixed-precision memory formulas.
+
+Constants: cost_models/constants.py (defaults from public figures; a cluster's calibration
+file, written by ``python -m cost_models.calibrate``, overrides the fitted ones).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from cost_models import collectives as coll
+from cost_models import memory as mem
+from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
+from cost_models.constants import AnalyticalConstants, constants_for
+from cost_models.memo import Memo
+from cost_models.ops import Op, backward_ops, forward_ops
+from cost_models.registry import register
+from cost_models.vocab import vocab_cost
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+
+TP_ALLREDUCES_PER_PASS = 2
+"""Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
+(row-parallel outputs) and in backward (column-parallel input gradients)."""
+ZERO3_VOLUME_FACTOR = 1.5
+"""ZeRO-3 moves 1.5x the bytes of plain DP: reduce-scatter of gradients plus all-gathers of
+parameters (ZeRO paper; formulas.md)."""
+
+
+@lru_cache(maxsize=16384)
+def _ring_link(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]):
+    """Topology only (no constants): shared by every model instance of the cluster."""
+    return cluster.ring_link(groups)
+
+
+@register
+class AnalyticalModel(CostModel):
+    """FLOPs/bytes and alpha-beta cost model for one cluster."""
+
+    name = "analytical"
+
+    def __init__(self, cluster: ClusterSpec, calibration: str | Path | Mapping[str, float] | None = None,
+                 constants: AnalyticalConstants | None = None, **overrides: float) -> None:
+        """``calibration`` (a file or a dict of constants) defaults to the cluster's own file;
+        ``constants`` replaces everything; ``overrides`` set single named constants last."""
+        super().__init__(cluster)
+        if constants is None:
+            constants = constants_for(cluster.calibration if calibration is None else calibration)
+        self.constants = constants.with_values(overrides) if overrides else constants
+        self._layer_time = Memo(self._compute_layer_time)
+        self._layer_memory = Memo(self._compute_layer_memory)
+        self._transition = Memo(self._compute_transition)
+        self._collective = lru_cache(maxsize=4096)(self._compute_collective)
+
+    # -- kernels --------------------------------------------------------------------------
+    def op_time(self, op: Op) -> float:
+        """Roofline of one kernel: FLOPs at a size-dependent efficiency, or bytes at the
+        memory bandwidth, whichever is slower.
+
+        GEMM efficiency eff(F) = eff_max * F / (F + F_half): small GEMMs do not reach peak
+        (time = (F + F_half) / (peak * eff_max)). Memory-bound kernels add a launch cost."""
+        c, gpu = self.constants, self.cluster.gpu
+        memory_s = op.nbytes / (gpu.memory_bandwidth_gbytes_per_s * 1e9 * c.memory_efficiency)
+        if op.flops <= 0:
+            return memory_s + c.kernel_overhead_s
+        compute_s = (op.flops + c.gemm_half_efficiency_flops) / (gpu.peak_tflops * 1e12 * c.gemm_efficiency_max)
+        return max(compute_s, memory_s)
+
+    def ops_time(self, ops: Sequence[Op]) -> float:
+        """GPU time of the kernels, or the host time to issue them if that is longer."""
+        gpu_s = sum(self.op_time(op) for op in ops)
+        return max(gpu_s, len(ops) * self.constants.host_time_per_kernel_s)
+
+    def _memory_bound_s(self, nbytes: float) -> float:
+        c = self.constants
+        return nbytes / (self.cluster.gpu.memory_bandwidth_gbytes_per_s * 1e9 * c.memory_efficiency)
+
+    # -- per layer --------------------------------------------------------------------------
+    def layer_time(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                   micro_batches: int, first_rank: int = 0) -> LayerTime:
+        return self._layer_time(layer, strategy, micro_batch_size, micro_batches, first_rank)
+
+    def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
+                            micro_batches: int, first_rank: int) -> LayerTime:
+        fwd_ops = forward_ops(layer, strategy.tp, mbs)
+        forward_s = self.ops_time(fwd_ops)
+        backward_s = self.ops_time(backward_ops(fwd_ops)) + (forward_s if strategy.checkpoint else 0.0)
+        tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
+        tp_comm_s = 0.0
+        if strategy.tp > 1:
+            per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
+            passes = 3 if strategy.checkpoint else 2  # forward, backward, recomputed forward
+            nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
+            if layer.downsample_to:
+                nbytes = mbs * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION
+            tp_comm_s = passes * per_pass * self.collective_time("all_reduce", nbytes, tp_groups)
+        local_params = layer.param_count() / strategy.tp
+        dp_comm_s = self.dp_sync_time(local_params, strategy.dp_type, dp_groups)
+        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
+                         dp_comm_s=dp_comm_s, exposed_dp_comm_s=self.exposed_time(dp_comm_s, backward_s),
+                         update_s=self.update_time(local_params, strategy.dp_type, strategy.dp))
+
+    def dp_sync_time(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
+        """Per-iteration gradient (and ZeRO-3 parameter) traffic of ``local_params`` parameters,
+        bucketed: the latency is paid once per dp_bucket_bytes."""
+        if max(len(g) for g in dp_groups) <= 1:
+            return 0.0
+        nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
+        factor = ZERO3_VOLUME_FACTOR if dp_type == "zero3" else 1.0
+        bucket = self.constants.dp_bucket_bytes
+        if nbytes <= 0:
+            return 0.0
+        if nbytes < bucket:
+            per_bucket = self.collective_time("all_reduce", bucket, dp_groups)
+            return factor * per_bucket * nbytes / bucket
+        return factor * self.collective_time("all_reduce", nbytes, dp_groups)
+
+    def exposed_time(self, comm_s: float, backward_s: float) -> float:
+        """What of ``comm_s`` the backward of ``backward_s`` cannot hide (Galvatron's overlap:
+        B and C together take max(B, C) + (gamma - 1) min(B, C)); only dp_overlap_fraction of
+        the traffic is eligible for overlap."""
+        c = self.constants
+        hidden = c.dp_overlap_fraction * comm_s
+        together = max(backward_s, hidden) + (c.overlap_coefficient - 1) * min(backward_s, hidden)
+        return (comm_s - hidden) + together - backward_s
+
+    def update_time(self, local_params: float, dp_type: str, dp: int) -> float:
+        """Optimizer step of the local (ZeRO-sharded) parameters: memory-bound."""
+        shard = dp if dp_type != "ddp" else 1
+        return self._memory_bound_s(self.constants.optimizer_bytes_per_param * local_params / shard)
+
+    def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                     in_flight: int) -> MemoryBreakdown:
+        return self._layer_memory(layer, strategy, micro_batch_size, in_flight)
+
+    def _compute_layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
+                              in_flight: int) -> MemoryBreakdown:
+        return mem.layer_memory(layer, strategy, mbs, in_flight)
+
+    def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
+                        micro_batch_size: int, first_rank: int = 0) -> float:
+        return self._transition(layer, prev, nxt, micro_batch_size, first_rank)
+
+    def _compute_transition(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
+                            mbs: int, first_rank: int) -> float:
+        return relayout_time(self, layer, prev, nxt, mbs, first_rank)
+
+    # -- communication ------------------------------------------------------------------------
+    def collective_time(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
+        coll.check_kind(kind)
+        key = tuple(tuple(g) for g in groups)
+        return self._collective(kind, float(nbytes), key)
+
+    def _compute_collective(self, kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
+        """Best of ring, tree (all-reduce) and hierarchical (all-reduce over whole nodes) on the
+        bandwidth the concurrent groups leave each ring edge (ClusterSpec.ring_link)."""
+        p = max((len(g) for g in groups), default=1)
+        if p <= 1 or nbytes <= 0:
+            return 0.0
+        link = _ring_link(self.cluster, groups)
+        bandwidth = self._effective_bandwidth(link.bandwidth_gbytes_per_s, link.crosses_nodes)
+        alpha = link.latency_s * self._step_factor(link.crosses_nodes)
+        best = coll.ring_time_s(kind, p, nbytes, alpha, bandwidth)
+        if kind == "all_reduce":
+            best = min(best, coll.tree_allreduce_time_s(p, nbytes, alpha, bandwidth))
+            if link.crosses_nodes:
+                best = min(best, self._hierarchical_s(nbytes, groups))
+        return self.constants.collective_base_latency_s + best
+
+    def _step_factor(self, crosses_nodes: bool) -> float:
+        c = self.constants
+        return c.network_step_latency_factor if crosses_nodes else c.step_latency_factor
+
+    def _effective_bandwidth(self, gbytes_per_s: float, crosses_nodes: bool) -> float:
+        c = self.constants
+        return gbytes_per_s * 1e9 * (c.network_efficiency if crosses_nodes else c.bus_efficiency)
+
+    def _hierarchical_s(self, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
+        """Only for groups that hold the same number g > 1 of ranks on each of their nodes."""
+        cl = self.cluster
+        per_node: list[list[list[int]]] = []
+        for g in groups:
+            nodes: dict[int, list[int]] = {}
+            for r in g:
+                nodes.setdefault(cl.node_of(r), []).append(r)
+            per_node.append(list(nodes.values()))
+        sizes = {len(part) for parts in per_node for part in parts}
+        if len(sizes) != 1 or sizes == {1}:
+            return float("inf")
+        g = sizes.pop()
+        intra = _ring_link(cl, tuple(tuple(part) for parts in per_node for part in parts))
+        inter = _ring_link(cl, tuple(tuple(parts[n][j] for n in range(len(parts)))
+                                     for parts in per_node for j in range(g)))
+        return coll.hierarchical_allreduce_time_s(
+            g, len(per_node[0]), nbytes, intra.latency_s * self._step_factor(False),
+            inter.latency_s * self._step_factor(True),
+            self._effective_bandwidth(intra.bandwidth_gbytes_per_s, False),
+            self._effective_bandwidth(inter.bandwidth_gbytes_per_s, True))
+
+    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
+        if src == dst or nbytes <= 0:
+            return 0.0
+        cl = self.cluster
+        bottleneck = min(cap for _, cap in cl.path(src, dst))
+        crosses = cl.node_of(src) != cl.node_of(dst)
+        latency_us = cl.inter_node.latency_us if crosses else cl.intra_node.latency_us
+        eff = self.constants.network_efficiency if crosses else self.constants.p2p_efficiency
+        return coll.p2p_time_s(nbytes, latency_us * 1e-6 * self._step_factor(crosses)
+                               + self.constants.collective_base_latency_s, bottleneck * 1e9 * eff)
+
+    # -- embedding and head -------------------------------------------------------------------
+    def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
+                   ) -> tuple[LayerTime, MemoryBreakdown]:
+        return vocab_cost(self, model, plan, stage, world_size)
+
+
+def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
+                  mbs: int, first_rank: int) -> float:
+    """Same degrees and layout: free. Same dp, other layout: every rank fetches its batch
+    shard (p2p, forward and backward). Different dp (ratio r): the smaller-dp side
+    all-gathers r shards (forward when dp shrinks, gradients in backward when it grows)."""
+    layout_matters = prev.tp > 1 and prev.dp > 1
+    if prev.tp == nxt.tp and prev.dp == nxt.dp and (prev.tp_consecutive == nxt.tp_consecutive
+                                                    or not layout_matters):
+        return 0.0
+    nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
+    gpus = prev.tp * prev.dp
+    if prev.dp == nxt.dp:
+        return 2 * model.p2p_time(nbytes, first_rank, first_rank + gpus - 1)
+    ratio = max(prev.dp, nxt.dp) // min(prev.dp, nxt.dp)
+    gathered = nbytes * ratio if prev.dp > nxt.dp else nbytes
+    ranks = list(range(first_rank, first_rank + gpus))
+    consecutive = nxt.tp_consecutive if nxt.tp > prev.tp else prev.tp_consecutive
+    if consecutive:
+        groups = [ranks[i:i + ratio] for i in range(0, gpus, ratio)]
+    else:
+        groups = [ranks[j::gpus // ratio] for j in range(gpus // ratio)]
+    return model.collective_time("all_gather", gathered, groups)

@@ -1,0 +1,58 @@
+"""Alpha-beta formulas of collectives (ring, tree, hierarchical) and the NCCL bus-bandwidth factors.
+
+Pure functions of (ranks p, bytes n, per-step latency alpha, link bandwidth B); the cost models
+choose alpha and B from the cluster topology. Formulas: /work/shared/reference/formulas.md.
+"""
+from __future__ import annotations
+
+import math
+
+from specs import SpecError
+
+BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
+              "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
+              "broadcast": lambda p: 1.0}
+"""NCCL busbw = algbw * factor(p): the bytes each rank's link carries per byte of buffer."""
+
+RING_STEPS = {"all_reduce": lambda p: 2 * (p - 1), "all_gather": lambda p: p - 1,
+              "reduce_scatter": lambda p: p - 1, "all_to_all": lambda p: p - 1,
+              "broadcast": lambda p: p - 1}
+"""Latency-bound steps of the ring (pairwise for all-to-all) algorithm."""
+
+
+def check_kind(kind: str) -> None:
+    if kind not in BUS_FACTOR:
+        raise SpecError("collective", f"unknown kind {kind!r}; choose from {', '.join(BUS_FACTOR)}")
+
+
+def ring_time_s(kind: str, p: int, nbytes: float, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Ring (pairwise for all-to-all) collective: steps * alpha + factor * n / B."""
+    check_kind(kind)
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    return RING_STEPS[kind](p) * alpha_s + BUS_FACTOR[kind](p) * nbytes / bandwidth_bytes_per_s
+
+
+def tree_allreduce_time_s(p: int, nbytes: float, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Double binary tree / recursive halving-doubling: 2 log2(p) alpha + 2(p-1)/p n / B."""
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * math.ceil(math.log2(p)) * alpha_s + 2 * (p - 1) / p * nbytes / bandwidth_bytes_per_s
+
+
+def hierarchical_allreduce_time_s(gpus_per_node: int, nodes: int, nbytes: float, alpha_intra_s: float,
+                                  alpha_inter_s: float, intra_bytes_per_s: float,
+                                  inter_bytes_per_s: float) -> float:
+    """Reduce-scatter inside each node, all-reduce of n/g across nodes, all-gather inside:
+    2(g-1)/g n/B_intra + 2(N-1)/N (n/g)/B_inter (+ the latencies of the three rings)."""
+    g, big_n = gpus_per_node, nodes
+    intra = 2 * ring_time_s("reduce_scatter", g, nbytes, alpha_intra_s, intra_bytes_per_s)
+    inter = ring_time_s("all_reduce", big_n, nbytes / g, alpha_inter_s, inter_bytes_per_s)
+    return intra + inter
+
+
+def p2p_time_s(nbytes: float, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
+    """One send: alpha + n / B."""
+    if nbytes <= 0:
+        return 0.0
+    return alpha_s + nbytes / bandwidth_bytes_per_s

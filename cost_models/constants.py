@@ -1,0 +1,140 @@
+"""Named constants of the analytical cost model, their public-figure defaults, and the cluster
+calibration file (format "hybridpar-calibration") that overrides the fitted ones.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from specs import SpecError
+
+CALIBRATION_FORMAT = "hybridpar-calibration"
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyticalConstants:
+    """Efficiencies and overheads; every field has a unit and a source."""
+
+    gemm_efficiency_max: float = 0.8
+    """Fraction of peak FLOP/s a large fp16 GEMM reaches. A100: cuBLAS reaches about 250 of
+    312 TFLOP/s on large GEMMs (NVIDIA matmul performance guide)."""
+    gemm_half_efficiency_flops: float = 1.0e9
+    """FLOPs of a GEMM that reaches half of gemm_efficiency_max (small GEMMs pay launch and
+    tail-wave cost): 1 GFLOP at ~230 TFLOP/s is ~4 us, the usual fixed cost of a kernel."""
+    memory_efficiency: float = 0.8
+    """Fraction of HBM bandwidth memory-bound kernels reach (STREAM-like copies on A100/H100
+    reach 80-90% of the data-sheet figure)."""
+    kernel_overhead_s: float = 2.0e-6
+    """GPU-side fixed cost of each memory-bound kernel (ramp-up, tail, gap to the next),
+    seconds: a few microseconds on A100/H100."""
+    host_time_per_kernel_s: float = 3.0e-5
+    """Host (CPU) time the framework needs to issue one kernel of ops.py's list, seconds.
+    Kernels run asynchronously, so a layer pass takes max(GPU time, kernels x this): small
+    layers are launch-bound. PyTorch eager costs ~10 us per operator (dispatcher + launch),
+    and a Megatron block runs ~3 operators (casts, views, bias adds, RNG) per listed kernel."""
+    micro_batch_overhead_s: float = 1.0e-3
+    """Per micro-batch and stage framework cost (schedule bookkeeping, p2p handshakes), s."""
+    iteration_overhead_s: float = 1.0e-3
+    """Per iteration framework cost (loss scaling checks, zeroing buffers, logging), s."""
+    optimizer_bytes_per_param: float = 32.0
+    """Device-memory traffic of one mixed-precision Adam step per parameter, bytes: read fp32
+    master, momentum, variance and the gradient (14-16), write the three fp32 states and the
+    16-bit copy (14), plus the gradient-norm / overflow check pass (2)."""
+    collective_base_latency_s: float = 20.0e-6
+    """Fixed cost of launching one NCCL collective, s (1 MiB all-reduce on 2 A100 takes
+    44 us, formulas.md)."""
+    step_latency_factor: float = 1.0
+    """Multiplier of the cluster's intra-node link latency (ClusterSpec latency_us) per ring step."""
+    network_step_latency_factor: float = 1.0
+    """The same for steps that cross nodes. Not fitted: the nccl-tests tables are one node."""
+    bus_efficiency: float = 0.76
+    """Achieved fraction of the per-GPU link bandwidth in ring collectives inside a node:
+    8 x A100 all-reduce busbw 229 GB/s over 300 GB/s NVLink (formulas.md)."""
+    network_efficiency: float = 0.96
+    """The same across nodes: DGX-A100 inter-node all-reduce busbw ~192 GB/s over 8 x 25 GB/s
+    HDR InfiniBand (formulas.md)."""
+    p2p_efficiency: float = 0.55
+    """Achieved fraction of the link in one send/recv: Galvatron's measured 164 GB/s pipeline
+    p2p on A100 NVLink (300 GB/s per direction)."""
+    dp_overlap_fraction: float = 1.0
+    """Share of the data-parallel traffic that may overlap backward compute: 1 for PyTorch
+    DDP/FSDP bucketed all-reduce, 0 for frameworks that reduce after the last backward."""
+    overlap_coefficient: float = 1.1256
+    """Slowdown of compute and communication running together (Galvatron's measured gamma,
+    overlap_coefficient.json)."""
+    dp_bucket_bytes: float = 25 * 1024**2
+    """Gradient bucket size, bytes (PyTorch DDP bucket_cap_mb = 25): latency is paid once
+    per bucket, not once per layer."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value < 0:
+                raise SpecError(f"constants.{f.name}", f"must be a number >= 0, got {value!r}")
+        for name in ("gemm_efficiency_max", "memory_efficiency", "bus_efficiency",
+                     "network_efficiency", "p2p_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise SpecError(f"constants.{name}", f"must be in (0, 1], got {value!r}")
+        if not 0 <= self.dp_overlap_fraction <= 1:
+            raise SpecError("constants.dp_overlap_fraction", f"must be in [0, 1], got {self.dp_overlap_fraction!r}")
+        if self.overlap_coefficient < 1:
+            raise SpecError("constants.overlap_coefficient", f"must be >= 1, got {self.overlap_coefficient!r}")
+
+    def with_values(self, values: Mapping[str, float]) -> "AnalyticalConstants":
+        """A copy with some fields replaced; unknown names are an error."""
+        known = {f.name for f in fields(self)}
+        for key in values:
+            if key not in known:
+                raise SpecError(f"constants.{key}", f"unknown constant; known: {', '.join(sorted(known))}")
+        return replace(self, **{k: float(v) for k, v in values.items()})
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def load_calibration(path: str | Path) -> dict[str, Any]:
+    """A calibration file as a dict with at least 'constants'; errors name the file and field."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as err:
+        raise SpecError("calibration", f"cannot read: {err.strerror}", str(path)) from None
+    except json.JSONDecodeError as err:
+        raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
+    if not isinstance(raw, dict) or raw.get("format") != CALIBRATION_FORMAT:
+        raise SpecError("format", f"expected {CALIBRATION_FORMAT!r}", str(path))
+    if raw.get("version") != CALIBRATION_VERSION:
+        raise SpecError("version", f"unsupported {raw.get('version')!r} (this code reads {CALIBRATION_VERSION})",
+                        str(path))
+    if not isinstance(raw.get("constants"), dict):
+        raise SpecError("constants", "must be an object of named numbers", str(path))
+    try:
+        AnalyticalConstants().with_values(raw["constants"])
+    except SpecError as err:
+        raise err.with_source(str(path)) from None
+    return raw
+
+
+def constants_for(calibration: str | Path | Mapping[str, float] | None) -> AnalyticalConstants:
+    """Defaults, overridden by a calibration file (path) or a dict of named constants."""
+    base = AnalyticalConstants()
+    if calibration is None or calibration == "":
+        return base
+    if isinstance(calibration, Mapping):
+        return base.with_values(calibration)
+    return base.with_values(load_calibration(calibration)["constants"])
+
+
+def save_calibration(path: str | Path, constants: Mapping[str, float], **meta: Any) -> None:
+    """Write a calibration file atomically: the fitted constants plus how they were obtained."""
+    path = Path(path)
+    AnalyticalConstants().with_values(constants)
+    body = {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, **meta,
+            "constants": dict(constants)}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(body, indent=1) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,32 @@
+"""A per-instance cache for the hot per-layer queries: keyed by the arguments' identities first
+(a plan repeats the same LayerSpec and LayerStrategy objects), then by their values."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class Memo:
+    """Like functools.lru_cache(maxsize=None) for positional hashable arguments, but a repeat
+    call with the very same objects skips hashing the frozen dataclasses (field by field)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self._by_id: dict[tuple[int, ...], tuple[tuple, Any]] = {}
+        self._by_value: dict[tuple, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = tuple(map(id, args))
+        hit = self._by_id.get(key)
+        # the stored args keep their objects alive, so a matching id is the same object
+        if hit is not None and all(a is b for a, b in zip(hit[0], args)):
+            return hit[1]
+        try:
+            value = self._by_value[args]
+        except KeyError:
+            value = self._by_value[args] = self.fn(*args)
+        self._by_id[key] = (args, value)
+        return value
+
+    def clear(self) -> None:
+        self._by_id.clear()
+        self._by_value.clear()

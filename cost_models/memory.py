@@ -1,0 +1,110 @@
+"""Memory formulas shared by the cost models: mixed-precision Adam states under DDP/ZeRO-1/2/3 and
+Transformer activation bytes (Korthikanti et al. 2022), per /work/shared/reference/formulas.md.
+"""
+from __future__ import annotations
+
+from cost_models.base import MemoryBreakdown
+from specs import LayerSpec, LayerStrategy, SpecError
+
+WEIGHT_BYTES_PER_PARAM = 2
+"""fp16/bf16 working copy of the weights (ZeRO paper, mixed precision)."""
+GRAD_BYTES_PER_PARAM = 2
+"""fp16/bf16 gradients."""
+OPTIMIZER_BYTES_PER_PARAM = 12
+"""fp32 master weights, Adam momentum and variance: 3 x 4 bytes (ZeRO paper)."""
+ACTIVATION_BYTES = 2
+"""Activations are 16-bit."""
+MASK_BYTES = 1
+"""Dropout masks are stored as one byte per element (Korthikanti et al.)."""
+
+
+def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
+    """Weights, gradients and Adam states of ``params`` parameters on one GPU of a dp group.
+
+    DDP 16 B/param; ZeRO-1 4 + 12/d; ZeRO-2 2 + 14/d; ZeRO-3 16/d (formulas.md).
+    """
+    if dp_type not in ("ddp", "zero1", "zero2", "zero3"):
+        raise SpecError("dp_type", f"must be ddp, zero1, zero2 or zero3; got {dp_type!r}")
+    d = max(1, dp)
+    shard_opt = d if dp_type != "ddp" else 1
+    shard_grad = d if dp_type in ("zero2", "zero3") else 1
+    shard_param = d if dp_type == "zero3" else 1
+    return MemoryBreakdown(parameters_bytes=WEIGHT_BYTES_PER_PARAM * params / shard_param,
+                           gradients_bytes=GRAD_BYTES_PER_PARAM * params / shard_grad,
+                           optimizer_bytes=OPTIMIZER_BYTES_PER_PARAM * params / shard_opt)
+
+
+def _has_dropout(layer: LayerSpec) -> bool:
+    """LLaMA blocks train without dropout; the others keep one-byte masks."""
+    return layer.kind != "llama"
+
+
+def _attention_bytes_per_token(layer: LayerSpec, span: int) -> tuple[float, float]:
+    """(replicated, tp-split) activation bytes of one attention block per token.
+
+    Korthikanti: 11 s b h + 5 a s^2 b = QKV input 2h, Q and K 4h, V 2h, projection input 2h,
+    output-dropout mask h, softmax output 2 a s, its dropout mask a s and output 2 a s.
+    """
+    h, q, kv, a = layer.hidden_size, layer.q_width, layer.kv_width, layer.num_heads
+    mask = MASK_BYTES if _has_dropout(layer) else 0
+    replicated = ACTIVATION_BYTES * h + mask * h
+    scores = (ACTIVATION_BYTES + (mask + ACTIVATION_BYTES if mask else 0)) * a * span
+    split = ACTIVATION_BYTES * (2 * q + 2 * kv) + scores
+    return replicated, split
+
+
+def _mlp_bytes_per_token(layer: LayerSpec) -> tuple[float, float]:
+    """(replicated, tp-split) bytes of the MLP per token: FC1 input 2h, activation input 2f
+    (two of them when gated), FC2 input 2f, dropout mask h (Korthikanti: 19 s b h at f = 4h)."""
+    h, f = layer.hidden_size, layer.ffn_hidden_size
+    mask = MASK_BYTES if _has_dropout(layer) else 0
+    split = ACTIVATION_BYTES * f * (3 if layer.gated_ffn else 2)
+    return ACTIVATION_BYTES * h + mask * h, split
+
+
+def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
+    """Bytes one micro-batch of ``layer`` keeps for backward on one GPU.
+
+    GPT at tp t: s b h (10 + 24/t + 5 a s / (h t)); with sequence parallelism everything is
+    split by t; checkpointed: the layer input only (2 s b h, / t with sequence parallelism).
+    """
+    tp, b = strategy.tp, micro_batch_size
+    tokens = b * layer.seq_len
+    if strategy.checkpoint:
+        return ACTIVATION_BYTES * tokens * layer.hidden_size / (tp if strategy.sp else 1)
+    norms = 2 * ACTIVATION_BYTES * layer.hidden_size  # inputs of the two norms
+    att_rep, att_split = _attention_bytes_per_token(layer, layer.attention_span)
+    mlp_rep, mlp_split = _mlp_bytes_per_token(layer)
+    replicated, split = norms + att_rep + mlp_rep, att_split + mlp_split
+    if layer.cross_attention_seq_len:
+        rep, spl = _attention_bytes_per_token(layer, layer.cross_attention_seq_len)
+        replicated += rep + ACTIVATION_BYTES * layer.hidden_size
+        split += spl
+    if strategy.sp:
+        return tokens * (replicated + split) / tp
+    return tokens * (replicated + split / tp)
+
+
+def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int, in_flight: int,
+                 params: float | None = None, kept_bytes: float | None = None,
+                 recomputed_bytes: float | None = None) -> MemoryBreakdown:
+    """States of the layer's local shard, ``in_flight`` stashed micro-batches, and temporaries:
+    ZeRO-3's gathered weights, and under checkpointing the recomputed layer's full activations."""
+    params = layer.param_count() if params is None else params
+    local_params = params / strategy.tp
+    states = model_state_bytes(local_params, strategy.dp_type, strategy.dp)
+    kept = activation_bytes(layer, strategy, micro_batch_size) if kept_bytes is None else kept_bytes
+    temporary = 0.0
+    if strategy.dp_type == "zero3" and strategy.dp > 1:
+        temporary += WEIGHT_BYTES_PER_PARAM * local_params
+    if strategy.checkpoint:
+        temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size)
+                      if recomputed_bytes is None else recomputed_bytes)
+    return MemoryBreakdown(parameters_bytes=states.parameters_bytes, gradients_bytes=states.gradients_bytes,
+                           optimizer_bytes=states.optimizer_bytes, activations_bytes=kept * in_flight,
+                           temporary_bytes=temporary)
+
+
+def _without_checkpoint(strategy: LayerStrategy) -> LayerStrategy:
+    from dataclasses import replace
+    return replace(strategy, checkpoint=False)

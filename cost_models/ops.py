@@ -1,0 +1,151 @@
+"""The kernels of one Transformer block on one GPU: GEMMs (FLOPs and bytes) and memory-bound ops.
+
+A Megatron-style block (no fused/flash attention): norm, QKV GEMM, score GEMM, fused scale-mask
+softmax, attention dropout, context GEMM, output projection, bias-dropout-add, norm, FC1,
+activation, FC2, bias-dropout-add. Widths split by the tensor-parallel degree tp.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specs import EmbeddingSpec, HeadSpec, LayerSpec
+
+ELEMENT_BYTES = 2
+"""fp16/bf16 tensors."""
+MASK_BYTES = 1
+"""A dropout mask element (PyTorch stores bool masks as one byte)."""
+LOSS_FORWARD_BYTES_PER_LOGIT = 26
+"""Vocab-parallel cross-entropy forward over fp16 logits (Megatron): read fp16 (2), write and
+read an fp32 copy (8), max-subtract (8), exp and sum (8): about 26 bytes per logit."""
+LOSS_BACKWARD_BYTES_PER_LOGIT = 10
+"""Its backward: read the fp32 softmax (4), write the fp32 gradient (4), cast to fp16 (2)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel: FLOPs it computes and bytes it moves to and from device memory."""
+
+    name: str
+    flops: float
+    """Matmul FLOPs (2 per multiply-add); 0 for memory-bound kernels."""
+    nbytes: float
+    """Device-memory traffic, bytes."""
+
+
+def gemm(name: str, m: float, n: float, k: float, batch: float = 1) -> Op:
+    """``batch`` independent (m x k) @ (k x n) products in one kernel."""
+    return Op(name, 2.0 * batch * m * n * k, ELEMENT_BYTES * batch * (m * k + k * n + m * n))
+
+
+def elementwise(name: str, elements_read: float, elements_written: float, masks: float = 0.0) -> Op:
+    return Op(name, 0.0, ELEMENT_BYTES * (elements_read + elements_written) + MASK_BYTES * masks)
+
+
+def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: int,
+                   tag: str, dropout: bool) -> list[Op]:
+    h, d = layer.hidden_size, layer.head_size
+    heads = layer.num_heads / tp
+    q, kv = layer.q_width / tp, layer.kv_width / tp
+    s = layer.seq_len
+    scores = batch * heads * s * span
+    ops = [gemm(f"{tag}qkv", tokens, q + 2 * kv, h),
+           gemm(f"{tag}scores", s, span, d, batch * heads),
+           elementwise(f"{tag}softmax", scores, scores)]
+    if dropout:
+        ops.append(elementwise(f"{tag}attn_dropout", scores, scores, masks=scores))
+    ops += [gemm(f"{tag}context", s, d, span, batch * heads),
+            gemm(f"{tag}proj", tokens, h, q),
+            elementwise(f"{tag}residual", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0)]
+    return ops
+
+
+def forward_ops(layer: LayerSpec, tp: int, batch: int) -> list[Op]:
+    """Kernels of one forward pass of ``layer`` over ``batch`` samples on one of tp GPUs."""
+    h, f = layer.hidden_size, layer.ffn_hidden_size / tp
+    tokens = float(batch * layer.seq_len)
+    dropout = layer.kind != "llama"
+    ops = [elementwise("norm1", tokens * h, tokens * h)]
+    ops += _attention_ops(layer, tp, tokens, batch, layer.attention_span, "", dropout)
+    if layer.cross_attention_seq_len:
+        ops.append(elementwise("norm_x", tokens * h, tokens * h))
+        ops += _attention_ops(layer, tp, tokens, batch, layer.cross_attention_seq_len, "x_", dropout)
+    ops.append(elementwise("norm2", tokens * h, tokens * h))
+    if layer.gated_ffn:
+        ops += [gemm("fc1", tokens, 2 * f, h), elementwise("act", 2 * tokens * f, tokens * f)]
+    else:
+        ops += [gemm("fc1", tokens, f, h), elementwise("act", tokens * f, tokens * f)]
+    ops += [gemm("fc2", tokens, h, f),
+            elementwise("residual2", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0)]
+    if layer.downsample_to:
+        merged = tokens / 4
+        ops += [elementwise("merge_norm", 4 * merged * h, 4 * merged * h),
+                gemm("merge", merged, layer.downsample_to / tp, 4 * h)]
+    return ops
+
+
+BACKWARD_ELEMENTWISE_FACTOR = 1.5
+"""A memory-bound backward kernel reads the output gradient and the saved input and writes
+the input gradient: about 1.5x the traffic of its forward (read 1, write 1)."""
+
+
+def backward_ops(forward: list[Op]) -> list[Op]:
+    """Each GEMM becomes two of equal FLOPs (input gradient, weight gradient); each memory-bound
+    kernel moves BACKWARD_ELEMENTWISE_FACTOR times its forward bytes."""
+    out: list[Op] = []
+    for op in forward:
+        if op.flops:
+            out += [Op(op.name + "_dgrad", op.flops, op.nbytes), Op(op.name + "_wgrad", op.flops, op.nbytes)]
+        else:
+            out.append(Op(op.name + "_bwd", 0.0, op.nbytes * BACKWARD_ELEMENTWISE_FACTOR))
+    return out
+
+
+def embedding_forward_ops(embedding: EmbeddingSpec, tokens: float, tp: int) -> list[Op]:
+    """Lookup (or patch projection), positions, dropout."""
+    h = embedding.hidden_size
+    if embedding.kind == "patch":
+        k = embedding.in_channels * embedding.patch_size ** 2
+        return [gemm("patch", tokens, h, k), elementwise("emb_add", 2 * tokens * h, tokens * h)]
+    ops = [elementwise("lookup", tokens * h, tokens * h)]
+    if embedding.max_positions:
+        ops.append(elementwise("positions", 2 * tokens * h, tokens * h))
+    ops.append(elementwise("emb_dropout", tokens * h, tokens * h, masks=tokens * h))
+    return ops
+
+
+def embedding_backward_ops(embedding: EmbeddingSpec, tokens: float, tp: int) -> list[Op]:
+    """Dropout backward, then a dense weight gradient: zero the (vocab/tp x h) buffer and
+    scatter-add the token gradients into it."""
+    h = embedding.hidden_size
+    if embedding.kind == "patch":
+        return backward_ops(embedding_forward_ops(embedding, tokens, tp))
+    rows = embedding.vocab_size / tp
+    return [elementwise("emb_dropout_bwd", 2 * tokens * h, tokens * h, masks=tokens * h),
+            elementwise("emb_grad_zero", 0, rows * h), elementwise("emb_grad_scatter", 2 * tokens * h, tokens * h)]
+
+
+def head_forward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int) -> list[Op]:
+    """Final norm, logits GEMM (vocab split by tp) and the cross-entropy loss."""
+    if head.kind == "none":
+        return []
+    h = head.hidden_size
+    tokens = float(batch * head.seq_len)
+    ops = [elementwise("final_norm", tokens * h, tokens * h)] if head.final_norm else []
+    if head.pooler or head.transform:
+        ops.append(gemm("head_dense", tokens, h, h))
+    logits = tokens * head.output_size / tp
+    ops += [gemm("logits", tokens, head.output_size / tp, h),
+            Op("loss", 0.0, LOSS_FORWARD_BYTES_PER_LOGIT * logits)]
+    return ops
+
+
+def head_backward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int) -> list[Op]:
+    fwd = head_forward_ops(head, tokens_per_sample, batch, tp)
+    out = []
+    for op in fwd:
+        if op.name == "loss":
+            logits = op.nbytes / LOSS_FORWARD_BYTES_PER_LOGIT
+            out.append(Op("loss_bwd", 0.0, LOSS_BACKWARD_BYTES_PER_LOGIT * logits))
+        else:
+            out += backward_ops([op])
+    return out

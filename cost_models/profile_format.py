@@ -1,0 +1,270 @@
+"""Our profile file ("hybridpar-profile" v1, docs/profile_format.md): reader, writer, validation.
+
+The executor's profiler writes it with ``save_profile``; the ``profiled`` cost model reads it
+with ``load_profile``. Every error is one line naming the field and the value.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from specs import LayerSpec, SpecError
+
+FORMAT = "hybridpar-profile"
+VERSION = 1
+_ALLREDUCE_KEY = re.compile(r"^(\d+)_(consec|strided)$")
+
+
+class ProfileError(SpecError):
+    """A malformed profile file or object."""
+
+
+def _number(value: Any, where: str, minimum: float = 0.0, strict: bool = True) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if not ok or value == float("inf") or value < minimum or (strict and value == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ProfileError(where, f"must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+def _positive_key(key: Any, where: str) -> int:
+    text = str(key)
+    if not text.isdigit() or int(text) <= 0:
+        raise ProfileError(where, f"key must be a positive integer, got {key!r}")
+    return int(text)
+
+
+def _table(raw: Any, where: str, allow_empty: bool = False) -> dict[str, float]:
+    if not isinstance(raw, Mapping):
+        raise ProfileError(where, f"must be an object of numbers, got {raw!r}")
+    if not raw and not allow_empty:
+        raise ProfileError(where, "must not be empty")
+    return {str(k): _number(v, f"{where}[{k!r}]") for k, v in raw.items()}
+
+
+def _batch_table(raw: Any, where: str) -> dict[int, float]:
+    """{batch size: ms} with positive integer keys."""
+    table = _table(raw, where)
+    return {_positive_key(k, where): v for k, v in sorted(table.items(), key=lambda kv: int(kv[0])
+                                                          if kv[0].isdigit() else -1)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSignature:
+    """What identifies a layer type: its kind and shape (matches a LayerSpec)."""
+
+    kind: str
+    """LayerSpec.kind, e.g. 'gpt' or 'llama'."""
+    hidden_size: int
+    """Model width h."""
+    num_heads: int
+    """Query heads."""
+    num_kv_heads: int
+    """Key/value heads (equal to num_heads without grouped-query attention)."""
+    ffn_hidden_size: int
+    """MLP inner width."""
+    seq_len: int
+    """Tokens per sample."""
+
+    @classmethod
+    def of(cls, layer: LayerSpec) -> "LayerSignature":
+        return cls(kind=layer.kind, hidden_size=layer.hidden_size, num_heads=layer.num_heads,
+                   num_kv_heads=layer.kv_heads, ffn_hidden_size=layer.ffn_hidden_size,
+                   seq_len=layer.seq_len)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str) -> "LayerSignature":
+        if not isinstance(raw, Mapping):
+            raise ProfileError(where, f"must be an object, got {raw!r}")
+        if not isinstance(raw.get("kind"), str):
+            raise ProfileError(f"{where}.kind", f"must be a string, got {raw.get('kind')!r}")
+        ints = {}
+        for key in ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "seq_len"):
+            value = raw.get(key, raw.get("num_heads") if key == "num_kv_heads" else None)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ProfileError(f"{where}.{key}", f"must be a positive integer, got {value!r}")
+            ints[key] = value
+        return cls(kind=raw["kind"], **ints)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
+                "num_kv_heads": self.num_kv_heads, "ffn_hidden_size": self.ffn_hidden_size,
+                "seq_len": self.seq_len}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerProfile:
+    """Measured time and memory of one layer type."""
+
+    signature: LayerSignature
+    """Which LayerSpec this entry describes."""
+    forward_ms: dict[int, float]
+    """Forward time of one micro-batch, ms, keyed by micro-batch size (tp 1)."""
+    backward_ms: dict[int, float]
+    """Backward time (without recomputation), ms, keyed by micro-batch size (tp 1)."""
+    parameter_bytes: float
+    """Parameters of the layer at tp 1 in the profiled dtype, bytes."""
+    activation_bytes_per_sample: dict[str, float]
+    """Activation bytes kept for backward per sample, keyed by tp degree ('1', '2', ...) and
+    'ckpt' (checkpointed layer: its input only)."""
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str) -> "LayerProfile":
+        if not isinstance(raw, Mapping):
+            raise ProfileError(where, f"must be an object, got {raw!r}")
+        act = _table(raw.get("activation_bytes_per_sample"), f"{where}.activation_bytes_per_sample")
+        for key in act:
+            if key != "ckpt":
+                _positive_key(key, f"{where}.activation_bytes_per_sample")
+        if not any(k != "ckpt" for k in act):
+            raise ProfileError(f"{where}.activation_bytes_per_sample", "needs at least one tp degree key")
+        return cls(signature=LayerSignature.from_dict(raw.get("signature"), f"{where}.signature"),
+                   forward_ms=_batch_table(raw.get("forward_ms"), f"{where}.forward_ms"),
+                   backward_ms=_batch_table(raw.get("backward_ms"), f"{where}.backward_ms"),
+                   parameter_bytes=_number(raw.get("parameter_bytes"), f"{where}.parameter_bytes",
+                                           strict=False),
+                   activation_bytes_per_sample=act)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signature": self.signature.to_dict(),
+                "forward_ms": {str(k): v for k, v in self.forward_ms.items()},
+                "backward_ms": {str(k): v for k, v in self.backward_ms.items()},
+                "parameter_bytes": self.parameter_bytes,
+                "activation_bytes_per_sample": dict(self.activation_bytes_per_sample)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class VocabProfile:
+    """Measured embedding + head (+ loss) of the model."""
+
+    forward_ms: dict[int, float]
+    """Forward ms of embedding and head together, keyed by micro-batch size."""
+    backward_ms: dict[int, float]
+    """Backward ms, keyed by micro-batch size."""
+    parameter_bytes: float
+    """Parameters of embedding and head in the profiled dtype, bytes."""
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "vocab") -> "VocabProfile":
+        if not isinstance(raw, Mapping):
+            raise ProfileError(where, f"must be an object, got {raw!r}")
+        return cls(forward_ms=_batch_table(raw.get("forward_ms"), f"{where}.forward_ms"),
+                   backward_ms=_batch_table(raw.get("backward_ms"), f"{where}.backward_ms"),
+                   parameter_bytes=_number(raw.get("parameter_bytes"), f"{where}.parameter_bytes",
+                                           strict=False))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"forward_ms": {str(k): v for k, v in self.forward_ms.items()},
+                "backward_ms": {str(k): v for k, v in self.backward_ms.items()},
+                "parameter_bytes": self.parameter_bytes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """A whole profile file (docs/profile_format.md). Tables are plain dicts (not hashable)."""
+
+    hardware: dict[str, Any] = field(default_factory=dict)
+    """Free-form description: device, world_size, dtype, torch version."""
+    layers: tuple[LayerProfile, ...] = ()
+    """One entry per profiled layer type."""
+    vocab: VocabProfile | None = None
+    """Embedding and head, if profiled."""
+    allreduce_gbytes_per_s: dict[str, float] = field(default_factory=dict)
+    """NCCL all-reduce bus bandwidth, GB/s, keyed '<group size>_consec' or '<size>_strided'."""
+    allreduce_latency_us: float = 0.0
+    """Fixed cost of one all-reduce, microseconds."""
+    p2p_gbytes_per_s: dict[str, float] = field(default_factory=dict)
+    """Pipeline send/recv bandwidth, GB/s, keyed by pipeline degree."""
+    overlap_coefficient: float = 1.0
+    """Slowdown (>= 1) of compute and communication running together (Galvatron's gamma)."""
+    format: str = FORMAT
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        if self.format != FORMAT:
+            raise ProfileError("format", f"must be {FORMAT!r}, got {self.format!r}")
+        if self.version != VERSION:
+            raise ProfileError("version", f"unsupported version {self.version!r} (this code reads {VERSION})")
+        object.__setattr__(self, "layers", tuple(self.layers))
+        for key in self.allreduce_gbytes_per_s:
+            if not _ALLREDUCE_KEY.match(key) or int(key.split("_")[0]) < 2:
+                raise ProfileError("allreduce_gbytes_per_s", f"key must look like '4_consec' or "
+                                   f"'4_strided' (group size >= 2), got {key!r}")
+        for key in self.p2p_gbytes_per_s:
+            _positive_key(key, "p2p_gbytes_per_s")
+        _number(self.allreduce_latency_us, "allreduce_latency_us", strict=False)
+        _number(self.overlap_coefficient, "overlap_coefficient", minimum=1.0, strict=False)
+        seen = set()
+        for i, layer in enumerate(self.layers):
+            if layer.signature in seen:
+                raise ProfileError(f"layers[{i}].signature", f"duplicate layer type {layer.signature}")
+            seen.add(layer.signature)
+
+    def layer(self, spec: LayerSpec) -> LayerProfile:
+        """The entry whose signature matches ``spec``, or a ProfileError listing what exists."""
+        wanted = LayerSignature.of(spec)
+        for entry in self.layers:
+            if entry.signature == wanted:
+                return entry
+        have = "; ".join(str(e.signature.to_dict()) for e in self.layers) or "none"
+        raise ProfileError("layers", f"no profile for {wanted.to_dict()} (profiled: {have})")
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "Profile":
+        if not isinstance(raw, Mapping):
+            raise ProfileError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+        layers_raw = raw.get("layers", [])
+        if not isinstance(layers_raw, list):
+            raise ProfileError("layers", f"must be a list, got {layers_raw!r}")
+        hardware = raw.get("hardware", {})
+        if not isinstance(hardware, Mapping):
+            raise ProfileError("hardware", f"must be an object, got {hardware!r}")
+        vocab = raw.get("vocab")
+        return cls(format=raw.get("format"), version=raw.get("version"), hardware=dict(hardware),
+                   layers=tuple(LayerProfile.from_dict(x, f"layers[{i}]") for i, x in enumerate(layers_raw)),
+                   vocab=None if vocab is None else VocabProfile.from_dict(vocab),
+                   allreduce_gbytes_per_s=_table(raw.get("allreduce_gbytes_per_s", {}),
+                                                 "allreduce_gbytes_per_s", allow_empty=True),
+                   allreduce_latency_us=raw.get("allreduce_latency_us", 0.0),
+                   p2p_gbytes_per_s=_table(raw.get("p2p_gbytes_per_s", {}), "p2p_gbytes_per_s",
+                                           allow_empty=True),
+                   overlap_coefficient=raw.get("overlap_coefficient", 1.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": self.format, "version": self.version,
+                               "hardware": dict(self.hardware),
+                               "layers": [layer.to_dict() for layer in self.layers]}
+        if self.vocab is not None:
+            out["vocab"] = self.vocab.to_dict()
+        out.update(allreduce_gbytes_per_s=dict(self.allreduce_gbytes_per_s),
+                   allreduce_latency_us=self.allreduce_latency_us,
+                   p2p_gbytes_per_s=dict(self.p2p_gbytes_per_s),
+                   overlap_coefficient=self.overlap_coefficient)
+        return out
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as err:
+        raise ProfileError("(file)", f"cannot read: {err.strerror}", str(path)) from None
+    except json.JSONDecodeError as err:
+        raise ProfileError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
+    try:
+        return Profile.from_dict(raw)
+    except SpecError as err:
+        raise ProfileError(err.field, err.message, str(path)) from None
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write ``profile`` as JSON atomically (a crash never leaves half a file)."""
+    path = Path(path)
+    Profile.from_dict(profile.to_dict())  # refuse to write what could not be read back
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=1))
+    tmp.replace(path)

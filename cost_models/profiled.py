@@ -1,0 +1,203 @@
+"""The profiled cost model (Galvatron style): per-layer forward/backward ms fitted in batch size,
+parameter and activation bytes per tp, all-reduce and p2p bandwidth tables and an overlap
+coefficient, read from our profile file or from Galvatron's own profile folder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from cost_models import collectives as coll
+from cost_models import memory as mem
+from cost_models.analytical import relayout_time
+from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
+from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
+from cost_models.memo import Memo
+from cost_models.profile_format import Profile, ProfileError, load_profile
+from cost_models.registry import register
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, layer_groups, load_model
+
+TP_ALLREDUCES_PER_PASS = 2
+"""Megatron TP: two activation all-reduces per layer in forward and two in backward."""
+VOCAB_HEAD_SHARE = 0.9
+"""Share of the measured embedding+head time that belongs to the head (logits GEMM and
+loss); the lookup on the first stage is small and memory-bound."""
+ZERO3_VOLUME_FACTOR = 1.5
+"""ZeRO-3 moves 1.5x the bytes of DP (Galvatron adds one parameter all-gather)."""
+LOGIT_KEPT_BYTES = 4
+"""Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
+
+
+@register
+class ProfiledModel(CostModel):
+    """Cost model driven by measured tables."""
+
+    name = "profiled"
+
+    def __init__(self, cluster: ClusterSpec, profile_path: str | Path | None = None,
+                 profile: Profile | None = None, galvatron_dir: str | Path | None = None,
+                 model: str | ModelSpec | None = None) -> None:
+        """One source: ``profile_path`` (our format), ``profile`` (object), or ``galvatron_dir``
+        with ``model`` (zoo name or ModelSpec; its layer is matched at the files' sequence)."""
+        super().__init__(cluster)
+        if sum(x is not None for x in (profile_path, profile, galvatron_dir)) != 1:
+            raise SpecError("profiled", "give exactly one of profile_path, profile, galvatron_dir")
+        self.vocab_memory_mib: dict = {}
+        self.model_spec: ModelSpec | None = None
+        if galvatron_dir is not None:
+            if model is None:
+                raise SpecError("model", "galvatron_dir needs model= (zoo name or ModelSpec)")
+            spec = load_model(model) if isinstance(model, (str, Path)) else model
+            source = read_galvatron_dir(galvatron_dir, cluster, spec.layers[0])
+            self.model_spec = spec.with_seq_len(source.seq_len)
+            profile, self.vocab_memory_mib = source.profile, source.vocab_memory_mib
+        elif profile_path is not None:
+            profile = load_profile(profile_path)
+        self.profile: Profile = profile
+        self._layer_time = Memo(self._compute_layer_time)
+        self._layer_memory = Memo(self._compute_layer_memory)
+        self._transition = Memo(self._compute_transition)
+        self._fits = Memo(self._compute_fits)
+
+    # -- tables -------------------------------------------------------------------------------
+    @property
+    def bytes_per_param(self) -> int:
+        """Bytes of one parameter in the profiled dtype (hardware.dtype; 16-bit if unnamed)."""
+        dtype = str(self.profile.hardware.get("dtype", "bf16")).lower()
+        return 4 if dtype in ("fp32", "float32", "float") else PROFILED_DTYPE_BYTES
+
+    def _compute_fits(self, layer: LayerSpec) -> tuple[tuple[float, float], tuple[float, float]]:
+        entry = self.profile.layer(layer)
+        return linear_fit(entry.forward_ms), linear_fit(entry.backward_ms)
+
+    def allreduce_bus_bytes_per_s(self, size: int, consecutive: bool) -> float:
+        """Profiled bus bandwidth of a group of ``size``; a missing layout falls back to the
+        other one, a missing size to the nearest profiled size."""
+        table = self.profile.allreduce_gbytes_per_s
+        if not table:
+            raise ProfileError("allreduce_gbytes_per_s", "empty: the profile has no bandwidth table")
+        wanted = [f"{size}_{'consec' if consecutive else 'strided'}", f"{size}_{'strided' if consecutive else 'consec'}"]
+        for key in wanted:
+            if key in table:
+                return table[key] * 1e9
+        nearest = min(table, key=lambda k: (abs(int(k.split("_")[0]) - size), k.endswith("consec") != consecutive))
+        return table[nearest] * 1e9
+
+    # -- per layer ------------------------------------------------------------------------------
+    def layer_time(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                   micro_batches: int, first_rank: int = 0) -> LayerTime:
+        return self._layer_time(layer, strategy, micro_batch_size, micro_batches, first_rank)
+
+    def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
+                            micro_batches: int, first_rank: int) -> LayerTime:
+        """Galvatron: forward = fit(b) / tp, backward likewise (+ a forward if checkpointed)."""
+        (fa, fb), (ba, bb) = self._fits(layer)
+        forward_s = (fa * mbs + fb) / strategy.tp * 1e-3
+        backward_s = (ba * mbs + bb) / strategy.tp * 1e-3 + (forward_s if strategy.checkpoint else 0.0)
+        tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
+        tp_comm_s = 0.0
+        if strategy.tp > 1:
+            passes = 3 if strategy.checkpoint else 2
+            nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
+            tp_comm_s = passes * TP_ALLREDUCES_PER_PASS * self.collective_time("all_reduce", nbytes, tp_groups)
+        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param / strategy.tp
+        dp_comm_s = self._dp_sync_s(params, strategy.dp_type, dp_groups)
+        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s, dp_comm_s=dp_comm_s,
+                         exposed_dp_comm_s=self.exposed_time(dp_comm_s, backward_s))
+
+    def _dp_sync_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
+        factor = ZERO3_VOLUME_FACTOR if dp_type == "zero3" else 1.0
+        return factor * self.collective_time("all_reduce", local_params * mem.GRAD_BYTES_PER_PARAM, dp_groups)
+
+    def exposed_time(self, comm_s: float, backward_s: float) -> float:
+        """Galvatron: B and C together take max(B, C) + (gamma - 1) min(B, C)."""
+        gamma = self.profile.overlap_coefficient
+        return max(backward_s, comm_s) + (gamma - 1) * min(backward_s, comm_s) - backward_s
+
+    def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                     in_flight: int) -> MemoryBreakdown:
+        return self._layer_memory(layer, strategy, micro_batch_size, in_flight)
+
+    def _activation_per_sample(self, layer: LayerSpec, tp: int, checkpoint: bool) -> float:
+        table = self.profile.layer(layer).activation_bytes_per_sample
+        if checkpoint and "ckpt" in table:
+            return table["ckpt"]
+        if str(tp) in table:
+            return table[str(tp)]
+        base = min((int(k) for k in table if k != "ckpt"))
+        return table[str(base)] * base / tp  # nearest profiled degree, scaled by 1/tp
+
+    def _compute_layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
+                              in_flight: int) -> MemoryBreakdown:
+        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
+        return mem.layer_memory(layer, strategy, mbs, in_flight, params=params,
+                                kept_bytes=mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint),
+                                recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False))
+
+    def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
+                        micro_batch_size: int, first_rank: int = 0) -> float:
+        return self._transition(layer, prev, nxt, micro_batch_size, first_rank)
+
+    def _compute_transition(self, layer, prev, nxt, mbs, first_rank) -> float:
+        return relayout_time(self, layer, prev, nxt, mbs, first_rank)
+
+    # -- communication --------------------------------------------------------------------------
+    def collective_time(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
+        """latency + factor(p) * n / profiled busbw of the group's size and layout."""
+        coll.check_kind(kind)
+        group = max(groups, key=len, default=())
+        p = len(group)
+        if p <= 1 or nbytes <= 0:
+            return 0.0
+        consecutive = all(b - a == 1 for a, b in zip(group, group[1:]))
+        busbw = self.allreduce_bus_bytes_per_s(p, consecutive)
+        return self.profile.allreduce_latency_us * 1e-6 + coll.BUS_FACTOR[kind](p) * nbytes / busbw
+
+    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
+        """Bandwidth of the pipeline degree whose stages are |dst - src| ranks apart."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        table = self.profile.p2p_gbytes_per_s
+        if not table:
+            raise ProfileError("p2p_gbytes_per_s", "empty: the profile has no p2p table")
+        pp = max(2, self.cluster.world_size // abs(dst - src))
+        key = min(table, key=lambda k: abs(int(k) - pp))
+        return coll.p2p_time_s(nbytes, self.profile.allreduce_latency_us * 1e-6, table[key] * 1e9)
+
+    # -- embedding and head -----------------------------------------------------------------------
+    def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
+                   ) -> tuple[LayerTime, MemoryBreakdown]:
+        vocab = self.profile.vocab
+        last, tp = plan.pp - 1, plan.vocab_tp
+        dp = world_size // plan.pp // tp
+        mbs = plan.global_batch / (dp * plan.micro_batches)
+        share = (1.0 - VOCAB_HEAD_SHARE if stage == 0 else 0.0) + (VOCAB_HEAD_SHARE if stage == last else 0.0)
+        if vocab is None or share == 0.0:
+            return LayerTime(0.0, 0.0), MemoryBreakdown()
+        (fa, fb), (ba, bb) = linear_fit(vocab.forward_ms), linear_fit(vocab.backward_ms)
+        fwd = share * (fa * mbs + fb) / tp * 1e-3
+        bwd = share * (ba * mbs + bb) / tp * 1e-3
+        return LayerTime(forward_s=fwd, backward_s=bwd), self._vocab_memory(model, plan, stage, mbs, tp, dp)
+
+    def _vocab_memory(self, model: ModelSpec, plan: Plan, stage: int, mbs: float, tp: int, dp: int
+                      ) -> MemoryBreakdown:
+        """Galvatron's measured other_memory tables when read from its folder, else our formula."""
+        last = plan.pp - 1
+        if self.vocab_memory_mib:
+            key = "pp_off" if plan.pp == 1 else ("first" if stage == 0 else "last")
+            table = self.vocab_memory_mib[key]
+            vtp = str(tp) if str(tp) in table["model_states"] else min(table["model_states"], key=lambda k: abs(int(k) - tp))
+            return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB,
+                                   activations_bytes=table["activation"][vtp] * MIB * mbs)
+        params = self.profile.vocab.parameter_bytes / self.bytes_per_param / tp
+        params *= 0.5 if plan.pp > 1 else 1.0  # embedding on the first stage, head on the last
+        dp_type = plan.layers[0 if stage == 0 else -1].dp_type if dp > 1 else "ddp"
+        states = mem.model_state_bytes(params, dp_type, dp)
+        kept = mbs * model.head.seq_len * model.head.output_size / tp * LOGIT_KEPT_BYTES if stage == last else 0.0
+        return states + MemoryBreakdown(activations_bytes=kept)
+
+
+def from_galvatron_dir(folder: str | Path, cluster: ClusterSpec, model: str | ModelSpec = "llama2-7b"
+                       ) -> ProfiledModel:
+    """The profiled model on exactly the inputs Galvatron's search engine reads."""
+    return ProfiledModel(cluster, galvatron_dir=folder, model=model)

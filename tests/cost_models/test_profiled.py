@@ -1,0 +1,129 @@
+"""Our profile format (reader/writer/validation) and the profiled model on ours and Galvatron's files."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import cost_models
+from cost_models.profile_format import Profile, ProfileError, load_profile, save_profile
+from cost_models.profiled import ProfiledModel, from_galvatron_dir
+from specs import LayerStrategy, SpecError, load_cluster, load_model, uniform_plan
+
+REPO = Path(__file__).resolve().parents[2]
+GALVATRON = REPO.parent / "shared" / "reference" / "galvatron-profiles"
+needs_galvatron = pytest.mark.skipif(not GALVATRON.is_dir(), reason=f"{GALVATRON} not present")
+
+
+def _doc_example() -> dict:
+    text = (REPO / "docs" / "profile_format.md").read_text()
+    return json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
+
+
+def test_the_documented_example_round_trips(tmp_path):
+    profile = Profile.from_dict(_doc_example())
+    save_profile(profile, tmp_path / "p.json")
+    again = load_profile(tmp_path / "p.json")
+    assert again == profile
+    assert again.layers[0].forward_ms == {1: 0.91, 2: 1.75, 4: 3.4}
+    assert again.to_dict() == Profile.from_dict(again.to_dict()).to_dict()
+
+
+@pytest.mark.parametrize("path, value, field", [
+    (("overlap_coefficient",), 0.5, "overlap_coefficient"),
+    (("format",), "other", "format"),
+    (("version",), 2, "version"),
+    (("allreduce_gbytes_per_s",), {"4_diagonal": 1.0}, "allreduce_gbytes_per_s"),
+    (("layers", 0, "forward_ms"), {"0": 1.0}, "layers[0].forward_ms"),
+    (("layers", 0, "forward_ms"), {"1": -1.0}, "layers[0].forward_ms"),
+    (("layers", 0, "signature", "hidden_size"), "big", "layers[0].signature.hidden_size"),
+    (("layers", 0, "activation_bytes_per_sample"), {"ckpt": 1.0}, "activation_bytes_per_sample"),
+])
+def test_bad_profiles_name_the_field(path, value, field):
+    raw = _doc_example()
+    target = raw
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ProfileError, match=re.escape(field)):
+        Profile.from_dict(raw)
+
+
+def test_unreadable_file_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="line 1"):
+        load_profile(bad)
+
+
+def _profile_for(layer) -> Profile:
+    raw = _doc_example()
+    raw["layers"][0]["signature"] = {"kind": layer.kind, "hidden_size": layer.hidden_size,
+                                     "num_heads": layer.num_heads, "num_kv_heads": layer.kv_heads,
+                                     "ffn_hidden_size": layer.ffn_hidden_size, "seq_len": layer.seq_len}
+    return Profile.from_dict(raw)
+
+
+def test_profiled_model_on_our_format(tmp_path):
+    model = load_model("tiny-gpt")
+    layer = model.layers[0]
+    path = tmp_path / "p.json"
+    save_profile(_profile_for(layer), path)
+    cost = cost_models.get("profiled", load_cluster("dgx-a100-80g"), profile_path=path)
+    t = cost.layer_time(layer, LayerStrategy(dp=8), 4, 1)
+    assert t.forward_s == pytest.approx(3.4e-3, rel=0.02)  # line through (1, .91) (2, 1.75) (4, 3.4)
+    assert t.backward_s == pytest.approx(7.0e-3, rel=0.03)
+    m = cost.layer_memory(layer, LayerStrategy(tp=2, dp=4), 2, 3)
+    assert m.activations_bytes == 3 * 2 * 38797312
+    assert m.parameters_bytes == pytest.approx(50364416 / 2)
+    # 4 GPUs consecutive: 200 GB/s busbw; strided 150
+    consec = cost.collective_time("all_reduce", 1e9, [[0, 1, 2, 3]])
+    strided = cost.collective_time("all_reduce", 1e9, [[0, 2, 4, 6]])
+    assert consec == pytest.approx(20e-6 + 1.5 * 1e9 / 200e9)
+    assert strided > consec
+
+
+def test_profiled_model_needs_exactly_one_source():
+    with pytest.raises(SpecError):
+        ProfiledModel(load_cluster("dgx-a100-80g"))
+
+
+@needs_galvatron
+def test_galvatron_llama2_7b_files():
+    cluster = load_cluster("dgx-a100-80g")
+    model = from_galvatron_dir(GALVATRON, cluster, "llama2-7b")
+    spec = model.model_spec
+    assert spec.seq_len == 2048
+    layer = spec.layers[0]
+    # the README's fit: layer forward ms ~ 3.859 * b + 0.833
+    assert model.layer_time(layer, LayerStrategy(dp=8), 4, 1).forward_s == pytest.approx((3.859 * 4 + 0.833) / 1e3, rel=1e-3)
+    assert model.layer_time(layer, LayerStrategy(tp=2, dp=4), 4, 1).forward_s == pytest.approx((3.859 * 4 + 0.833) / 2e3, rel=1e-3)
+    mem = model.layer_memory(layer, LayerStrategy(tp=4, dp=2), 2, 1)
+    assert mem.activations_bytes == pytest.approx(2 * 136.885498046875 * 2**20)
+    assert mem.states_bytes == pytest.approx(4 * 778.2236328125 * 2**20 / 4)  # 4 x fp32 MB / tp
+    assert model.profile.overlap_coefficient == pytest.approx(1.1256, abs=1e-4)
+    assert model.allreduce_bus_bytes_per_s(4, False) == pytest.approx(155.815e9)
+    same = cost_models.get("profiled", cluster, galvatron_dir=GALVATRON, model="llama2-7b")
+    plan = uniform_plan(32, tp=2, dp=4, global_batch=64, micro_batches=2, checkpoint=True, dp_type="zero2")
+    a, b = model.plan_cost(spec, plan), same.plan_cost(spec, plan)
+    assert a.iteration_time_s == b.iteration_time_s > 0
+    assert 10 * 2**30 < a.peak_memory_bytes < 80 * 2**30
+
+
+@needs_galvatron
+def test_galvatron_two_node_tables_are_picked_for_two_nodes():
+    model = from_galvatron_dir(GALVATRON, load_cluster("dgx-a100-80g:2"), "llama2-7b")
+    assert model.allreduce_bus_bytes_per_s(16, True) == pytest.approx(44.682e9)
+    strided = model.collective_time("all_reduce", 1e9, [list(range(0, 16, 2))])
+    consec = model.collective_time("all_reduce", 1e9, [list(range(8))])
+    assert strided > 5 * consec
+
+
+def test_parameter_count_follows_the_profiled_dtype():
+    layer = load_model("tiny-gpt").layers[0]
+    raw = _profile_for(layer).to_dict()
+    raw["hardware"]["dtype"] = "float32"  # what the executor writes for a CPU profile
+    raw["layers"][0]["parameter_bytes"] = 4 * layer.param_count()
+    model = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    states = model.layer_memory(layer, LayerStrategy(dp=2), 1, 1)
+    assert states.states_bytes == pytest.approx(16 * layer.param_count())
