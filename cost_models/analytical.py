@@ -6,6 +6,7 @@ file, written by ``python -m cost_models.calibrate``, overrides the fitted ones)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -23,9 +24,24 @@ from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
 (row-parallel outputs) and in backward (column-parallel input gradients)."""
-ZERO3_VOLUME_FACTOR = 1.5
-"""ZeRO-3 moves 1.5x the bytes of plain DP: reduce-scatter of gradients plus all-gathers of
-parameters (ZeRO paper; formulas.md)."""
+
+
+@dataclass(frozen=True)
+class DPTraffic:
+    """Data-parallel collective time of one layer (seconds, each as if alone), by when it runs."""
+
+    micro_batch_bwd_s: float = 0.0
+    """Every micro-batch, overlappable with that micro-batch's backward."""
+    micro_batch_fwd_s: float = 0.0
+    """Every micro-batch, overlappable with its forward (ZeRO-3 parameter prefetch)."""
+    iteration_bwd_s: float = 0.0
+    """Once, overlappable with the last micro-batch's backward."""
+    after_step_s: float = 0.0
+    """Once, after the optimizer step (re-gathering updated ZeRO-1/2 parameters)."""
+
+    def total_s(self, micro_batches: int) -> float:
+        return (micro_batches * (self.micro_batch_bwd_s + self.micro_batch_fwd_s)
+                + self.iteration_bwd_s + self.after_step_s)
 
 
 @lru_cache(maxsize=16384)
@@ -96,25 +112,47 @@ class AnalyticalModel(CostModel):
                 nbytes = mbs * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION
             tp_comm_s = passes * per_pass * self.collective_time("all_reduce", nbytes, tp_groups)
         local_params = layer.param_count() / strategy.tp
-        dp_comm_s = self.dp_sync_time(local_params, strategy.dp_type, dp_groups)
+        traffic = self.dp_traffic(local_params, strategy.dp_type, dp_groups)
+        per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
+            self.exposed_time(traffic.micro_batch_fwd_s, forward_s)
+        tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
-                         dp_comm_s=dp_comm_s, exposed_dp_comm_s=self.exposed_time(dp_comm_s, backward_s),
+                         dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
+                         exposed_micro_batch_dp_s=per_mb,
                          update_s=self.update_time(local_params, strategy.dp_type, strategy.dp))
 
-    def dp_sync_time(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
-        """Per-iteration gradient (and ZeRO-3 parameter) traffic of ``local_params`` parameters,
-        bucketed: the latency is paid once per dp_bucket_bytes."""
-        if max(len(g) for g in dp_groups) <= 1:
-            return 0.0
+    def dp_traffic(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> "DPTraffic":
+        """When each data-parallel collective runs, as DDP, Megatron's distributed optimizer,
+        DeepSpeed ZeRO-2 and FSDP schedule them: DDP all-reduces once after the last
+        micro-batch; ZeRO-1 reduce-scatters then and all-gathers the updated parameters after
+        the step; ZeRO-2 keeps gradients sharded, so it reduce-scatters every micro-batch's
+        gradients (and all-gathers parameters after the step); ZeRO-3 also all-gathers the
+        parameters in every micro-batch's forward and backward."""
+        if max(len(g) for g in dp_groups) <= 1 or local_params <= 0:
+            return DPTraffic()
         nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
-        factor = ZERO3_VOLUME_FACTOR if dp_type == "zero3" else 1.0
+        rs = self._bucketed("reduce_scatter", nbytes, dp_groups)
+        ag = self._bucketed("all_gather", nbytes, dp_groups)
+        if dp_type == "ddp":
+            return DPTraffic(iteration_bwd_s=self._bucketed("all_reduce", nbytes, dp_groups))
+        if dp_type == "zero1":
+            return DPTraffic(iteration_bwd_s=rs, after_step_s=ag)
+        if dp_type == "zero2":
+            return DPTraffic(micro_batch_bwd_s=rs, after_step_s=ag)
+        return DPTraffic(micro_batch_bwd_s=rs + ag, micro_batch_fwd_s=ag)
+
+    def dp_sync_time(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
+        """One iteration's data-parallel traffic of ``local_params`` parameters with one
+        micro-batch (DDP: the gradient all-reduce)."""
+        return self.dp_traffic(local_params, dp_type, dp_groups).total_s(1)
+
+    def _bucketed(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
+        """A collective over ``nbytes`` sent in buckets: the latency is paid once per
+        dp_bucket_bytes (a layer smaller than a bucket pays its share of one)."""
         bucket = self.constants.dp_bucket_bytes
-        if nbytes <= 0:
-            return 0.0
         if nbytes < bucket:
-            per_bucket = self.collective_time("all_reduce", bucket, dp_groups)
-            return factor * per_bucket * nbytes / bucket
-        return factor * self.collective_time("all_reduce", nbytes, dp_groups)
+            return self.collective_time(kind, bucket, groups) * nbytes / bucket
+        return self.collective_time(kind, nbytes, groups)
 
     def exposed_time(self, comm_s: float, backward_s: float) -> float:
         """What of ``comm_s`` the backward of ``backward_s`` cannot hide (Galvatron's overlap:

@@ -38,17 +38,21 @@ class LayerTime:
     tp_comm_s: float = 0.0
     """TP collectives of one micro-batch (forward and backward), on the critical path."""
     dp_comm_s: float = 0.0
-    """Per-iteration data-parallel traffic (gradient all-reduce / reduce-scatter, ZeRO-3
-    parameter all-gathers) if it ran alone."""
+    """All data-parallel traffic of one iteration (every micro-batch's ZeRO-2/3 collectives,
+    the once-per-iteration gradient all-reduce or ZeRO-1 reduce-scatter and parameter
+    all-gather) if it ran alone."""
     exposed_dp_comm_s: float = 0.0
-    """The part of dp_comm_s not hidden behind backward compute (overlap model)."""
+    """The once-per-iteration part of it not hidden behind the last backward (overlap model)."""
     update_s: float = 0.0
     """Optimizer step of this layer's (local shard of) parameters, once per iteration."""
+    exposed_micro_batch_dp_s: float = 0.0
+    """Per-micro-batch data-parallel traffic (ZeRO-2/3 gradient reduce-scatter, ZeRO-3
+    parameter all-gathers) not hidden behind that micro-batch's compute."""
 
     @property
     def micro_batch_s(self) -> float:
         """What this layer adds to its stage's per-micro-batch time."""
-        return self.forward_s + self.backward_s + self.tp_comm_s
+        return self.forward_s + self.backward_s + self.tp_comm_s + self.exposed_micro_batch_dp_s
 
     @property
     def tail_s(self) -> float:

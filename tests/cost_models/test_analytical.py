@@ -101,7 +101,17 @@ def test_zero_levels_shrink_memory_and_zero3_adds_traffic():
     assert mems[3].temporary_bytes == pytest.approx(2 * layer.param_count())
     t_ddp = model.layer_time(layer, LayerStrategy(dp=8), 1, 1)
     t_z3 = model.layer_time(layer, LayerStrategy(dp=8, dp_type="zero3"), 1, 1)
-    assert t_z3.dp_comm_s == pytest.approx(1.5 * t_ddp.dp_comm_s)
+    groups = [list(range(8))]
+    nbytes = 2 * layer.param_count()
+    ag = model.collective_time("all_gather", nbytes, groups)
+    rs = model.collective_time("reduce_scatter", nbytes, groups)
+    assert t_z3.dp_comm_s == pytest.approx(2 * ag + rs)          # gather fwd + gather bwd + reduce-scatter
+    assert 1.3 < t_z3.dp_comm_s / t_ddp.dp_comm_s < 1.7           # ~1.5x the bytes of DP
+    # ZeRO-2/3 sync every micro-batch (gradients stay sharded); DDP once per iteration
+    t_z2_m4 = model.layer_time(layer, LayerStrategy(dp=8, dp_type="zero2"), 1, 4)
+    assert t_z2_m4.dp_comm_s == pytest.approx(4 * rs + ag)
+    assert model.layer_time(layer, LayerStrategy(dp=8), 1, 4).dp_comm_s == pytest.approx(t_ddp.dp_comm_s)
+    assert t_z2_m4.exposed_micro_batch_dp_s > 0 and t_ddp.exposed_micro_batch_dp_s == 0
 
 
 def test_overlap_hides_dp_traffic_only_when_allowed():

@@ -1,0 +1,100 @@
+"""``python -m simulator.run``: simulate one iteration of a Plan file, or of a uniform plan given
+by flags, and print a summary (or one JSON record); optionally write a Perfetto trace."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from specs import SpecError, load_cluster, load_model, uniform_plan
+from specs.plan import Plan
+
+ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m simulator.run", description=__doc__)
+    p.add_argument("plan", nargs="?", help="a Plan JSON file (else a uniform plan from the flags below)")
+    p.add_argument("--model", help="zoo name or Hugging Face config.json (default: the plan's)")
+    p.add_argument("--cluster", help="zoo name (e.g. dgx-a100-80g:2) or cluster file (default: the plan's)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--dp", type=int, default=None, help="default: world / (tp * pp)")
+    p.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch per replica")
+    p.add_argument("--global-batch", type=int, default=None, help="default: micro-batch * dp")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0)
+    p.add_argument("--cost-model", default="analytical")
+    p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
+    p.add_argument("--steps", action="store_true", help="play every ring step (default for <= 64 GPUs)")
+    p.add_argument("--no-overlap", action="store_true", help="sync gradients after the whole backward")
+    p.add_argument("--json", action="store_true", help="print one JSON record instead of the summary")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace here")
+    return p
+
+
+def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
+    if args.recompute == "selective":
+        raise SpecError("recompute", "selective recomputation is not expressible in a Plan yet "
+                        "(LayerStrategy.checkpoint is all or nothing); use none or full")
+    for name in ("tp", "pp", "micro_batch"):
+        if getattr(args, name) <= 0:
+            raise SpecError(name.replace("_", "-"), f"must be a positive integer, got {getattr(args, name)}")
+    world = cluster.world_size
+    dp = args.dp if args.dp is not None else world // (args.tp * args.pp)
+    if dp <= 0 or args.tp * args.pp * dp != world:
+        raise SpecError("dp", f"tp({args.tp})*pp({args.pp})*dp({dp}) != world({world})")
+    global_batch = args.global_batch if args.global_batch is not None else args.micro_batch * dp
+    if global_batch <= 0 or global_batch % (args.micro_batch * dp):
+        raise SpecError("global-batch", f"{global_batch} is not a positive multiple of micro-batch("
+                        f"{args.micro_batch})*dp({dp}) = {args.micro_batch * dp}")
+    if args.zero and dp == 1:
+        raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 (dp is 1)")
+    return uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
+                        micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],
+                        checkpoint=args.recompute == "full", schedule=args.schedule, model=str(args.model),
+                        cluster=str(args.cluster))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import cost_models
+    from simulator import simulate
+    plan = Plan.load(args.plan) if args.plan else None
+    model_name = args.model or (plan.model if plan else "")
+    cluster_name = args.cluster or (plan.cluster if plan else "")
+    if not model_name or not cluster_name:
+        raise SpecError("model" if not model_name else "cluster", "give --model and --cluster "
+                        "(or a plan file that names them)")
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    if plan is None:
+        args.model, args.cluster = model_name, cluster_name
+        plan = _uniform(args, model, cluster)
+    cm = cost_models.get(args.cost_model, cluster)
+    coalesce = False if args.steps else None  # None: simulate() decides by world size
+    result = simulate(model, cluster, plan, cm, full=args.full, trace_path=args.trace,
+                      overlap_dp=not args.no_overlap, coalesce_steps=coalesce)
+    record = {"model": model.name, "cluster": cluster.name, "plan": plan.summary(), **result.to_record()}
+    if not args.json:
+        print(f"{model.name} on {cluster.name}: {plan.summary()}")
+        print(result.summary())
+        if args.trace:
+            print(f"trace            {args.trace} (open in https://ui.perfetto.dev)")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        record = run(args)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

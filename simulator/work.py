@@ -1,0 +1,165 @@
+"""What each pipeline stage does in one iteration: per-layer compute, collectives and memory.
+
+Times and byte sizes come from a cost model (LayerTime compute, layer_memory categories);
+communication volumes come from the layer shapes (Megatron tensor parallelism: two
+all-reduces of the layer's activation per forward, two per backward, two more when the
+forward is recomputed), so the simulator can play them out over the links itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cost_models import CostModel, LayerTime, MemoryBreakdown
+from cost_models.base import BYTES_PER_ACTIVATION, activation_message_bytes
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+
+GRAD_BYTES_PER_PARAM = 2
+"""Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerWork:
+    """One layer on one stage, for one micro-batch (times) or the iteration (states)."""
+
+    index: int
+    """Layer index in the model."""
+    forward_s: float
+    backward_s: float
+    """Includes the recomputed forward when checkpointed (as LayerTime has it)."""
+    update_s: float
+    strategy: LayerStrategy
+    tp_groups: tuple[tuple[int, ...], ...]
+    dp_groups: tuple[tuple[int, ...], ...]
+    tp_bytes: float
+    """Buffer of one TP all-reduce (the layer's activation for one micro-batch, 16-bit)."""
+    tp_forward: int
+    """TP all-reduces in the forward (and as many in backward, again in a recompute)."""
+    states: MemoryBreakdown
+    """Parameters, gradients, optimizer states held all iteration."""
+    activation_bytes: float
+    """Stashed per micro-batch until its backward."""
+    recompute_bytes: float
+    """Full activations rebuilt during the backward of a checkpointed layer (temporary)."""
+    gathered_bytes: float
+    """ZeRO-3: the layer's full (TP-local) parameters while they are gathered."""
+    temporary_bytes: float
+    """Other buffers live while the layer runs (communication buckets)."""
+    grad_bytes: float
+    """TP-local gradient that data parallelism synchronises (the cost model's unsharded
+    gradient bytes): the traffic, and ZeRO-2/3's buffer until it is reduced."""
+    transition_s: float = 0.0
+    """Re-layout after this layer when the next one differs (forward + backward), from the cost model."""
+
+    @property
+    def name(self) -> str:
+        return f"L{self.index}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageWork:
+    """Everything one pipeline stage runs in an iteration."""
+
+    stage: int
+    ranks: tuple[int, ...]
+    layers: tuple[LayerWork, ...]
+    vocab: LayerTime
+    """Embedding (first stage) and head + loss (last stage) compute, from the cost model."""
+    vocab_memory: MemoryBreakdown
+    vocab_groups: tuple[tuple[int, ...], ...]
+    """Data-parallel groups of the vocabulary layers (replicas of the vocab_tp shards)."""
+    send_forward_bytes: float
+    """Activation sent to the next stage per micro-batch and replica (0 on the last stage)."""
+    send_backward_bytes: float
+    """Gradient sent to the previous stage (0 on the first stage)."""
+    runtime_overhead_bytes: float
+    vocab_grad_bytes: float = 0.0
+    """Embedding/head gradient that data parallelism synchronises (16-bit, TP-local)."""
+    tied_grad_bytes: float = 0.0
+    """Tied word-embedding gradient all-reduced between the first and last stage (pp > 1)."""
+    tied_groups: tuple[tuple[int, ...], ...] = ()
+
+
+def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: CostModel) -> list[StageWork]:
+    """One StageWork per pipeline stage of ``plan``."""
+    world = cluster.world_size
+    per_stage = world // plan.pp
+    stages = []
+    for stage, layer_ids in enumerate(plan.stage_ranges()):
+        first = plan.stage_first_rank(stage, world)
+        ranks = tuple(range(first, first + per_stage))
+        layers = tuple(_layer_work(model, plan, cost_model, i, first, i == layer_ids[-1]) for i in layer_ids)
+        vocab_time, vocab_mem = cost_model.vocab_cost(model, plan, stage, world)
+        vocab_dp = per_stage // plan.vocab_tp
+        _, vocab_groups = layer_groups(first, plan.vocab_tp, vocab_dp, True)
+        last, head = layer_ids[-1], layer_ids[0]
+        fwd = activation_message_bytes(model.layers[last], plan, last) if stage < plan.pp - 1 else 0.0
+        bwd = activation_message_bytes(model.layers[head - 1], plan, head - 1) if stage > 0 else 0.0
+        tied_bytes, tied_groups = _tied(model, plan, stage, world) if vocab_mem.gradients_bytes > 0 else (0.0, ())
+        stages.append(StageWork(stage=stage, ranks=ranks, layers=layers, vocab=vocab_time,
+                                vocab_memory=vocab_mem, vocab_groups=_tuples(vocab_groups),
+                                send_forward_bytes=fwd, send_backward_bytes=bwd,
+                                runtime_overhead_bytes=cost_model.runtime_overhead_bytes,
+                                # sizes from the shapes; none if the cost model gives the vocab no gradients
+                                vocab_grad_bytes=_vocab_params(model, plan, stage) / plan.vocab_tp * GRAD_BYTES_PER_PARAM
+                                if vocab_dp > 1 and vocab_mem.gradients_bytes > 0 else 0.0,
+                                tied_grad_bytes=tied_bytes, tied_groups=tied_groups))
+    return stages
+
+
+def _vocab_params(model: ModelSpec, plan: Plan, stage: int) -> float:
+    """Embedding parameters on the first stage, head parameters on the last (a tied head on
+    its own stage keeps a copy of the embedding matrix, as Megatron does)."""
+    params = model.embedding.param_count() if stage == 0 else 0
+    if stage == plan.pp - 1 and model.head.kind != "none":
+        params += model.head.param_count()
+        if model.head.tied and plan.pp > 1 and model.head.kind == "lm":
+            params += model.head.hidden_size * model.head.output_size
+    return float(params)
+
+
+def _tied(model: ModelSpec, plan: Plan, stage: int, world: int) -> tuple[float, tuple]:
+    """Bytes and rank pairs of the tied-embedding gradient all-reduce (first and last stage)."""
+    if plan.pp == 1 or not model.head.tied or model.head.kind != "lm" or stage not in (0, plan.pp - 1):
+        return 0.0, ()
+    per_stage = world // plan.pp
+    first, last = plan.stage_first_rank(0, world), plan.stage_first_rank(plan.pp - 1, world)
+    nbytes = model.head.hidden_size * model.head.output_size / plan.vocab_tp * GRAD_BYTES_PER_PARAM
+    return float(nbytes), tuple((first + i, last + i) for i in range(per_stage))
+
+
+def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank: int, last_of_stage: bool) -> LayerWork:
+    layer, s, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
+    lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
+    one = cm.layer_memory(layer, s, mbs, 1)
+    unsharded = cm.layer_memory(layer, replace(s, dp_type="ddp"), mbs, 1)
+    # the recomputed forward rebuilds the layer's full activations while its backward runs
+    full_act = cm.layer_memory(layer, replace(s, checkpoint=False), mbs, 1).activations_bytes if s.checkpoint else 0.0
+    gathered = unsharded.parameters_bytes if s.dp_type == "zero3" and s.dp > 1 else 0.0
+    tp_groups, dp_groups = layer_groups(first_rank, s.tp, s.dp, s.tp_consecutive)
+    transition = 0.0
+    if not last_of_stage:
+        transition = cm.transition_time(layer, s, plan.layers[i + 1], mbs, first_rank)
+    return LayerWork(
+        index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, update_s=lt.update_s, strategy=s,
+        tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
+        tp_bytes=tp_allreduce_bytes(layer, mbs), tp_forward=tp_allreduces_per_forward(layer),
+        states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
+                               optimizer_bytes=one.optimizer_bytes),
+        activation_bytes=one.activations_bytes, recompute_bytes=full_act,
+        gathered_bytes=gathered, temporary_bytes=max(0.0, one.temporary_bytes - gathered - full_act),
+        grad_bytes=unsharded.gradients_bytes if s.dp > 1 else 0.0,
+        transition_s=transition)
+
+
+def tp_allreduce_bytes(layer: LayerSpec, micro_batch_size: int) -> float:
+    """One Megatron TP all-reduce: the block's hidden activation for one micro-batch."""
+    return float(micro_batch_size * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION)
+
+
+def tp_allreduces_per_forward(layer: LayerSpec) -> int:
+    """Self-attention output and MLP output; a cross-attention block adds one."""
+    return 3 if layer.cross_attention_seq_len else 2
+
+
+def _tuples(groups) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(g) for g in groups)

@@ -1,0 +1,306 @@
+"""The program one GPU runs in an iteration: its stage's schedule of forwards and backwards,
+with TP collectives on the critical path, pipeline sends, bucketed data-parallel sync
+overlapped with backward, ZeRO-3 gathers with prefetch, and the optimizer step.
+
+A Worker stands for one rank (full simulation) or for every rank of its stage at once
+(symmetric shortcut): then its collectives run over all groups of the stage as bundles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import simpy
+
+from cost_models.base import in_flight
+from simulator.collectives import Fabric, Rendezvous
+from simulator.hardware import GPU
+from simulator.schedules import schedule_ops
+from simulator.work import LayerWork, StageWork
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Iteration-wide settings every worker shares."""
+
+    schedule: str
+    pp: int
+    micro_batches: int
+    full: bool
+    """One worker per rank (True) or per stage (False)."""
+    overlap_dp: bool = True
+    """Start gradient sync of a bucket as soon as its last backward is done; False waits
+    for the whole backward (the cost-model formula's assumption)."""
+    bucket_bytes: float = 25 * 2**20
+    """Gradient bucket size (PyTorch DDP's default 25 MiB)."""
+    prefetch: bool = True
+    """ZeRO-3: gather the next layer's parameters while this one computes."""
+
+
+class Worker:
+    """Runs one stage's schedule on ``gpu``; wired to its neighbours by ``prev``/``next``."""
+
+    def __init__(self, env: simpy.Environment, work: StageWork, gpu: GPU, fabric: Fabric,
+                 config: WorkerConfig, rendezvous: Rendezvous | None = None) -> None:
+        self.env = env
+        self.work = work
+        self.gpu = gpu
+        self.fabric = fabric
+        self.cfg = config
+        self.rendezvous = rendezvous
+        self.rank = gpu.rank
+        self.per_stage = len(work.ranks)
+        self.prev: Worker | None = None
+        self.next: Worker | None = None
+        self.inbox = {"F": simpy.Store(env), "B": simpy.Store(env)}
+        self.end_s = 0.0
+        self.optimizer_s = 0.0
+        self._backwards = 0
+        self._gathers: dict[tuple, simpy.Event] = {}
+        self._bucket: list[LayerWork] = []
+        self._sync: list[simpy.Event] = []
+        self._deferred: list[tuple[list[LayerWork], str]] = []
+        """Buckets synced after the whole backward (overlap_dp=False, DDP/ZeRO-1)."""
+        self._after_backward: list[tuple[list[LayerWork], str]] = []
+        self._sharded_syncs: list[simpy.Event] = []
+        """Buckets synced after this micro-batch's backward (overlap_dp=False, ZeRO-2/3)."""
+        self._syncs_launched = 0
+        self.action = env.process(self._run())
+
+    # -- the iteration -------------------------------------------------------------------
+    def _run(self):
+        self._allocate_states()
+        for kind, mb in schedule_ops(self.cfg.schedule, self.work.stage, self.cfg.pp, self.cfg.micro_batches):
+            yield from (self._forward(mb) if kind == "F" else self._backward(mb))
+        yield from self._finish()
+        self.end_s = self.env.now
+
+    def _allocate_states(self) -> None:
+        mem, w = self.gpu.memory, self.work
+        mem.alloc("runtime overhead", w.runtime_overhead_bytes)
+        mem.alloc("vocab states", w.vocab_memory.states_bytes)
+        for lw in w.layers:
+            mem.alloc(f"{lw.name} states", lw.states.states_bytes)
+
+    def _forward(self, mb: int):
+        w, compute = self.work, self.gpu.compute
+        last_stage = w.stage == self.cfg.pp - 1
+        if w.stage > 0:
+            yield self.inbox["F"].get()
+        if not last_stage:  # embedding (first stage) or per-micro-batch overhead (middle)
+            yield from self._vocab("F", mb)
+        for pos, lw in enumerate(w.layers):
+            yield from self._gathered(lw, mb, "F", w.layers[pos + 1] if pos + 1 < len(w.layers) else None)
+            yield from compute.run(f"F{mb} {lw.name}", lw.forward_s)
+            self.gpu.memory.alloc(f"act {lw.name} mb{mb}", lw.activation_bytes)
+            yield from self._collective_now("tp", f"F{mb} {lw.name} tp x{lw.tp_forward}", "all_reduce", lw.tp_bytes,
+                                            lw.tp_groups, lw.tp_forward)
+            self._release_gathered(lw, mb, "F")
+            if lw.transition_s > 0:
+                yield from self.gpu.channels["tp"].run(f"F{mb} {lw.name} relayout", lw.transition_s / 2)
+        if last_stage:
+            yield from self._vocab("F", mb)
+        else:
+            yield from self._send("F", mb, w.send_forward_bytes, self.next)
+
+    def _backward(self, mb: int):
+        w, compute, mem = self.work, self.gpu.compute, self.gpu.memory
+        self._backwards += 1
+        last_mb = self._backwards == self.cfg.micro_batches
+        if w.stage < self.cfg.pp - 1:
+            yield self.inbox["B"].get()
+        else:
+            yield from self._vocab("B", mb)
+        for pos in range(len(w.layers) - 1, -1, -1):
+            lw = w.layers[pos]
+            if lw.transition_s > 0:
+                yield from self.gpu.channels["tp"].run(f"B{mb} {lw.name} relayout", lw.transition_s / 2)
+            yield from self._gathered(lw, mb, "B", w.layers[pos - 1] if pos > 0 else None)
+            mem.alloc(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
+            mem.alloc(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
+            yield from compute.run(f"B{mb} {lw.name}", lw.backward_s)
+            rounds = lw.tp_forward * (2 if lw.strategy.checkpoint else 1)  # + the recomputed forward's
+            yield from self._collective_now("tp", f"B{mb} {lw.name} tp x{rounds}", "all_reduce", lw.tp_bytes,
+                                            lw.tp_groups, rounds)
+            mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
+            mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
+            mem.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
+            self._release_gathered(lw, mb, "B")
+            self._grads_ready(lw, mb, last_mb)
+        self._flush_bucket(mb)
+        for layers, tag in self._after_backward:
+            self._launch_sync(layers, tag)
+        self._after_backward = []
+        if w.stage < self.cfg.pp - 1:
+            yield from self._vocab("B", mb)
+        if self._sharded_syncs:
+            # ZeRO-2/3 backward ends by waiting for its reduce-scatters (DeepSpeed's epilogue,
+            # FSDP's final callback): the gradient buffers never pile up across micro-batches
+            yield self.env.all_of(self._sharded_syncs)
+            self._sharded_syncs = []
+        if w.stage > 0:
+            yield from self._send("B", mb, w.send_backward_bytes, self.prev)
+        if last_mb:
+            self._vocab_sync()
+
+    def _vocab_sync(self) -> None:
+        """Embedding/head gradients over their replicas; the tied embedding between the two ends
+        (started by the first stage alone when one worker stands for each stage)."""
+        w = self.work
+        if w.vocab_grad_bytes > 0:
+            self._sync.append(self._collective("dp", "vocab grad sync", "all_reduce", w.vocab_grad_bytes,
+                                               w.vocab_groups))
+        if w.tied_grad_bytes > 0 and (self.cfg.full or w.stage == 0):
+            self._sync.append(self._collective("dp", "tied embedding sync", "all_reduce", w.tied_grad_bytes,
+                                               w.tied_groups))
+
+    def _finish(self):
+        """Wait for gradient sync, step the optimizer, re-gather ZeRO-1/2 parameters."""
+        for layers, tag in self._deferred:
+            self._launch_sync(layers, tag)
+        if self._sync:
+            yield self.env.all_of(self._sync)
+        update_s = self.work.vocab.update_s + sum(lw.update_s for lw in self.work.layers)
+        self.optimizer_s = update_s
+        yield from self.gpu.compute.run("optimizer", update_s)
+        # the updated 16-bit parameters: as many bytes as the 16-bit gradient that was reduced
+        gathers = [self._collective("dp", f"{lw.name} param all-gather", "all_gather",
+                                    lw.grad_bytes, lw.dp_groups)
+                   for lw in self.work.layers if lw.strategy.dp_type in ("zero1", "zero2") and lw.grad_bytes]
+        if gathers:
+            yield self.env.all_of(gathers)
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _vocab(self, phase: str, mb: int):
+        """Embedding/head compute; its TP traffic is the cost model's time (not played out)."""
+        lt, mem = self.work.vocab, self.gpu.memory
+        mem.alloc(f"vocab buffers {phase}{mb}", self.work.vocab_memory.temporary_bytes)
+        yield from self.gpu.compute.run(f"{phase}{mb} vocab", lt.forward_s if phase == "F" else lt.backward_s)
+        mem.free(f"vocab buffers {phase}{mb}", self.work.vocab_memory.temporary_bytes)
+        if lt.tp_comm_s > 0:
+            yield from self.gpu.channels["tp"].run(f"{phase}{mb} vocab tp", lt.tp_comm_s / 2)
+        act = self.work.vocab_memory.activations_bytes / self._vocab_in_flight()
+        if phase == "F":
+            mem.alloc(f"vocab act mb{mb}", act)
+        else:
+            mem.free(f"vocab act mb{mb}", act)
+
+    def _vocab_in_flight(self) -> int:
+        return max(1, in_flight(self.cfg.schedule, self.cfg.pp, self.work.stage, self.cfg.micro_batches))
+
+    def _send(self, phase: str, mb: int, nbytes: float, target: "Worker | None"):
+        """Blocking pipeline send (Megatron's p2p waits for the transfer), then deliver."""
+        offset = self.per_stage if phase == "F" else -self.per_stage
+        ranks = (self.rank,) if self.cfg.full else self.work.ranks
+        pairs = [(r, r + offset) for r in ranks]
+        name = f"{phase}{mb} send"
+        yield from self.gpu.channels["p2p"].run(name, lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full,
+                                                                                    None if self.cfg.full else self.rank))
+        if target is not None:
+            target.inbox[phase].put(mb)
+
+    def _collective(self, channel: str, name: str, kind: str, nbytes: float,
+                    groups: Sequence[Sequence[int]]) -> simpy.Event:
+        """Queue a collective on one of this GPU's channels; returns its done event."""
+        return self.gpu.channels[channel].put(name, self._collective_work(name, kind, nbytes, groups))
+
+    def _collective_now(self, channel: str, name: str, kind: str, nbytes: float, groups: Sequence[Sequence[int]],
+                        repeat: int = 1):
+        """Generator: ``repeat`` collectives back to back on the critical path (this process waits)."""
+        yield from self.gpu.channels[channel].run(name, self._collective_work(name, kind, nbytes, groups, repeat))
+
+    def _collective_work(self, name: str, kind: str, nbytes: float, groups: Sequence[Sequence[int]],
+                         repeat: int = 1):
+        """What the channel runs: the play-out over all groups (one worker per stage), or the
+        rank's own group once all its members have arrived (one worker per rank)."""
+        if not self.cfg.full:
+            return lambda: self.fabric.collective(name, kind, nbytes, groups, focus=self.rank, repeat=repeat)
+        group = next(g for g in groups if self.rank in g)
+        if len(group) <= 1:
+            return 0.0
+
+        def job():
+            start = lambda: self.fabric.collective(name, kind, nbytes, [group], per_edge=True, repeat=repeat)
+            yield self.rendezvous.arrive((name, group), len(group), start)
+        return job
+
+    # -- ZeRO-3 parameter gathers --------------------------------------------------------
+    def _gathered(self, lw: LayerWork, mb: int, phase: str, upcoming: LayerWork | None):
+        """Wait for ``lw``'s parameters (gathered now or prefetched) and prefetch the next layer's."""
+        if lw.gathered_bytes <= 0:
+            return
+        event = self._issue_gather(lw, mb, phase)
+        if self.cfg.prefetch and upcoming is not None and upcoming.gathered_bytes > 0:
+            self._issue_gather(upcoming, mb, phase)
+        yield event
+
+    def _issue_gather(self, lw: LayerWork, mb: int, phase: str) -> simpy.Event:
+        key = (phase, mb, lw.index)
+        if key not in self._gathers:
+            self.gpu.memory.alloc(f"gathered {lw.name} {phase}{mb}", lw.gathered_bytes)
+            self._gathers[key] = self._collective("gather", f"{phase}{mb} {lw.name} gather", "all_gather",
+                                                  lw.gathered_bytes, lw.dp_groups)
+        return self._gathers[key]
+
+    def _release_gathered(self, lw: LayerWork, mb: int, phase: str) -> None:
+        if self._gathers.pop((phase, mb, lw.index), None) is not None:
+            self.gpu.memory.free(f"gathered {lw.name} {phase}{mb}", lw.gathered_bytes)
+
+    # -- gradient sync -----------------------------------------------------------------------
+    def _grads_ready(self, lw: LayerWork, mb: int, last_mb: bool) -> None:
+        """ZeRO-2/3 reduce-scatter every micro-batch (gradients are kept sharded, so the
+        full gradient lives only until its bucket is reduced); DDP and ZeRO-1 accumulate
+        into their persistent buffers and sync once, after the last micro-batch."""
+        if lw.grad_bytes <= 0:
+            return
+        sharded = lw.strategy.dp_type in ("zero2", "zero3")
+        if not (sharded or last_mb):
+            return
+        if sharded:
+            self.gpu.memory.alloc(f"grad buffer {lw.name} mb{mb}", lw.grad_bytes)
+        if self._bucket and _sync_key(self._bucket[0]) != _sync_key(lw):
+            self._flush_bucket(mb)
+        self._bucket.append(lw)
+        if sum(x.grad_bytes for x in self._bucket) >= self.cfg.bucket_bytes:
+            self._flush_bucket(mb)
+
+    def _flush_bucket(self, mb: int) -> None:
+        """Sync a full bucket now (overlapped with the rest of backward), or with
+        overlap_dp=False after the backward: of this micro-batch for ZeRO-2/3, of the
+        iteration for DDP/ZeRO-1."""
+        if not self._bucket:
+            return
+        if self.cfg.overlap_dp:
+            self._launch_sync(self._bucket, f"mb{mb}")
+        elif self._bucket[0].strategy.dp_type in ("zero2", "zero3"):
+            self._after_backward.append((self._bucket, f"mb{mb}"))
+        else:
+            self._deferred.append((self._bucket, f"mb{mb}"))
+        self._bucket = []
+
+    def _launch_sync(self, layers: list[LayerWork], tag: str) -> None:
+        """One collective per run of layers with the same groups and kind."""
+        run: list[LayerWork] = []
+        for lw in list(layers) + [None]:
+            if run and (lw is None or _sync_key(lw) != _sync_key(run[0])):
+                self._sync.append(self._sync_run(run, tag))
+                run = []
+            if lw is not None:
+                run.append(lw)
+
+    def _sync_run(self, run: list[LayerWork], tag: str) -> simpy.Event:
+        first = run[0]
+        # ZeRO-1/2/3 keep sharded optimizer states: each rank needs only its shard
+        kind = "all_reduce" if first.strategy.dp_type == "ddp" else "reduce_scatter"
+        self._syncs_launched += 1
+        name = f"grad sync {run[-1].name}-{first.name} {tag} #{self._syncs_launched}"
+        nbytes = sum(x.grad_bytes for x in run)
+        done = self._collective("dp", name, kind, nbytes, first.dp_groups)
+        if first.strategy.dp_type in ("zero2", "zero3"):
+            done.callbacks.append(lambda _e: self.gpu.memory.free(f"grad buffers {name}", nbytes))
+            self._sharded_syncs.append(done)
+        return done
+
+
+def _sync_key(lw: LayerWork) -> tuple:
+    return (lw.dp_groups, lw.strategy.dp_type)
