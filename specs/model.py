@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from specs.errors import one_of, positive_int, require
+from specs.errors import SpecError, one_of, positive_int, require
 
 LAYER_KINDS = ("gpt", "llama", "bert", "t5_encoder", "t5_decoder", "vit", "swin")
 """gpt: pre-norm decoder (GPT-2/Megatron); llama: RMSNorm, gated SiLU FFN, no biases;
@@ -254,12 +254,10 @@ class ModelSpec:
         """A smaller copy (same family and layer kinds) for CPU runs of big zoo models.
 
         ``hidden_size`` is the new width of the first layer; every width scales by the same
-        ratio. ``num_layers`` keeps evenly spaced layers (so T5 keeps both halves).
+        ratio. ``num_layers`` is shared out over the runs of equal-shape layers (T5's encoder
+        and decoder, Swin's stages), each keeping at least one, and its last, layer.
         """
-        layers = list(self.layers)
-        if num_layers is not None:
-            positive_int(num_layers, "num_layers")
-            layers = [layers[int(i * len(layers) / num_layers)] for i in range(num_layers)]
+        layers = list(self.layers) if num_layers is None else _fewer_layers(self.layers, num_layers)
         emb, head = self.embedding, self.head
         if hidden_size is not None:
             ratio = positive_int(hidden_size, "hidden_size") / layers[0].hidden_size
@@ -270,6 +268,29 @@ class ModelSpec:
         model = dataclasses.replace(self, layers=tuple(layers), embedding=emb, head=head,
                                     name=name or f"{self.name}-scaled")
         return model.with_seq_len(seq_len) if seq_len is not None else model
+
+
+def _fewer_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> list[LayerSpec]:
+    """``num_layers`` layers that keep every run of same-shape layers (kind, width, tokens)
+    and the end of each run (where Swin merges patches)."""
+    positive_int(num_layers, "num_layers")
+    runs: list[list[LayerSpec]] = []
+    for layer in layers:
+        key = (layer.kind, layer.hidden_size, layer.seq_len)
+        if runs and (runs[-1][0].kind, runs[-1][0].hidden_size, runs[-1][0].seq_len) == key:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    if num_layers > len(layers):
+        raise SpecError("num_layers", f"{num_layers} is more than the model's {len(layers)} layers")
+    if num_layers < len(runs):
+        raise SpecError("num_layers", f"{num_layers} is fewer than the model's {len(runs)} runs of "
+                        "different layers (each keeps at least one)")
+    counts = [1] * len(runs)
+    for _ in range(num_layers - len(runs)):  # give each next layer to the most under-served run
+        i = max(range(len(runs)), key=lambda r: (len(runs[r]) / counts[r], -r))
+        counts[i] += 1
+    return [layer for run, n in zip(runs, counts) for layer in run[-n:]]
 
 
 def _rescale_layer(layer: LayerSpec, ratio: float) -> LayerSpec:

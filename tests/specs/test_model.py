@@ -118,3 +118,11 @@ def test_missing_and_malformed_files_name_the_file(tmp_path):
         from_hf_config(bad)
     with pytest.raises(SpecError, match="neither a zoo model"):
         load_model("no-such-model")
+
+
+def test_scaled_swin_keeps_every_stage_and_its_patch_merging():
+    small = load_model("swin-huge-32").scaled(hidden_size=32, num_layers=6)
+    widths = [(l.hidden_size, l.downsample_to) for l in small.layers]
+    assert widths == [(32, 64), (64, 128), (128, 0), (128, 0), (128, 256), (256, 0)]
+    with pytest.raises(SpecError, match="fewer than the model's 4 runs"):
+        load_model("swin-huge-32").scaled(num_layers=3)

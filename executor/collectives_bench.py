@@ -1,0 +1,100 @@
+"""Collective benchmarks for the profiler, run on every rank: all-reduce bus bandwidth per
+group size and layout, p2p bandwidth per pipeline degree, compute/communication overlap."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    return float(t)
+
+
+def _groups(world: int, size: int, consecutive: bool) -> list[list[int]]:
+    if consecutive:
+        return [list(range(i, i + size)) for i in range(0, world, size)]
+    stride = world // size
+    return [list(range(j, world, stride)) for j in range(stride)]
+
+
+def allreduce_table(nbytes: int, repeats: int) -> dict[str, float]:
+    """Bus bandwidth GB/s (2(g-1)/g * bytes / time) keyed '<g>_consec' / '<g>_strided'."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    table = {}
+    size = 2
+    while size <= world:
+        for consecutive in (True, False):
+            if not consecutive and size == world:
+                continue  # the same group as consecutive
+            mine = None
+            for ranks in _groups(world, size, consecutive):  # every rank creates every group
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    mine = group
+            buf = torch.ones(nbytes // 4)
+            seconds = _timed(lambda: dist.all_reduce(buf, group=mine), repeats)
+            key = f"{size}_{'consec' if consecutive else 'strided'}"
+            table[key] = 2 * (size - 1) / size * nbytes / seconds / 1e9
+        size *= 2
+    return table
+
+
+def p2p_table(nbytes: int, repeats: int) -> dict[str, float]:
+    """Send/recv bandwidth GB/s between neighbouring stages, keyed by pipeline degree."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    table = {}
+    pp = 2
+    while pp <= world:
+        stride = world // pp
+        buf = torch.ones(nbytes // 4)
+
+        def exchange():
+            if rank == 0:
+                dist.send(buf, stride)
+            elif rank == stride:
+                dist.recv(buf, 0)
+        table[str(pp)] = nbytes / _timed(exchange, repeats) / 1e9
+        pp *= 2
+    return table
+
+
+def overlap_coefficient(nbytes: int, repeats: int) -> float:
+    """Compute time with an all-reduce running alongside / compute time alone (>= 1)."""
+    a = torch.randn(256, 256)
+
+    def compute():
+        for _ in range(20):
+            a @ a
+    alone = _timed(compute, repeats)
+    buf = torch.ones(nbytes // 4)
+
+    def together():
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        work.wait()
+    both = _timed(together, repeats)
+    comm = _timed(lambda: dist.all_reduce(buf), repeats)
+    # the overlapped step can be no shorter than its longer part; the excess over that is the slowdown
+    return max(1.0, both / max(alone, comm))
+
+
+def measure_collectives(rank: int, world_size: int, nbytes: int, repeats: int) -> dict:
+    """Profile-file fields measured by this world (same result on every rank)."""
+    small = torch.ones(1)
+    latency = _timed(lambda: dist.all_reduce(small), repeats)
+    return {"allreduce_gbytes_per_s": allreduce_table(nbytes, repeats),
+            "allreduce_latency_us": latency * 1e6,
+            "p2p_gbytes_per_s": p2p_table(nbytes, repeats),
+            "overlap_coefficient": overlap_coefficient(nbytes, repeats)}

@@ -1,0 +1,1 @@
+"""One module per parallelism (tensor, data, pipeline, checkpoint, relayout), each an apply_* step."""

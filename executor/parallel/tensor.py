@@ -1,0 +1,46 @@
+"""Megatron tensor parallelism with DTensor: q/k/v and fc1 (gate/up) split by columns, o and
+fc2 (down) by rows, so each block needs one all-reduce in forward and one in backward per
+sub-layer. Norms and Swin's patch merging stay replicated on the TP group.
+
+With sequence parallelism the residual stream and the norms are split along the sequence
+between the TP ranks (all-gather before attention/MLP, reduce-scatter after). The block's
+entry and exit layouts are declared (replicated outside, sequence-sharded inside): without
+that, gradients come out silently wrong.
+"""
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
+
+
+def tp_plan(block: nn.Module, sequence_parallel: bool = False) -> dict[str, object]:
+    """Split style of each submodule of ``block`` (by name)."""
+    # with SP the row-parallel outputs are reduce-scattered and kept as DTensors for the residual
+    row = RowwiseParallel(output_layouts=Shard(1), use_local_output=False) if sequence_parallel else RowwiseParallel()
+    plan: dict[str, object] = {}
+    for attn in ("attn", "cross"):
+        if getattr(block, attn, None) is not None:
+            plan.update({f"{attn}.{n}": ColwiseParallel() for n in ("q", "k", "v")})
+            plan[f"{attn}.o"] = row
+    names = ("gate", "up", "down") if block.mlp.gated else ("fc1", "fc2")
+    plan.update({f"mlp.{n}": ColwiseParallel() for n in names[:-1]})
+    plan[f"mlp.{names[-1]}"] = row
+    if sequence_parallel:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan.update({"attn": gather, "mlp": gather, "norm1": SequenceParallel(), "norm2": SequenceParallel()})
+    return plan
+
+
+def apply_tp(block: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
+    """Shard ``block`` over ``tp_mesh`` (no-op on a 1-rank mesh)."""
+    if tp_mesh.size() == 1:
+        return block
+    if sequence_parallel:  # entry: take this rank's sequence chunk; exit: gather it back
+        parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+                                                              desired_input_layouts=(Shard(1),)))
+        parallelize_module(block, tp_mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
+                                                               desired_output_layouts=(Replicate(),)))
+    return parallelize_module(block, tp_mesh, tp_plan(block, sequence_parallel))

@@ -1,0 +1,167 @@
+"""Run a plan for real: ``python -m executor.run --plan PLAN.json [--world-size N] [--check]``.
+
+On CPU it forks N local processes (gloo on 127.0.0.1); under torchrun (WORLD_SIZE set) every
+process runs its own rank on its GPU (NCCL) and rank 0 prints the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, replace
+
+from executor.checks import check_runnable
+from executor.launch import LaunchError, launch
+from executor.reference import CHECK_ATOL, CheckResult, compare, reference_run
+from executor.train import TrainConfig, median_step_time, worker
+from specs import ModelSpec, Plan, SpecError, load_model
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What one run of a plan measured."""
+
+    model: str
+    plan_summary: str
+    world_size: int
+    step_time_s: float
+    """Median over the timed steps of the slowest rank's step time."""
+    step_times_s: tuple[float, ...]
+    peak_memory_bytes: tuple[int, ...]
+    """Per rank: MemTracker peak (CPU) or torch.cuda.max_memory_allocated (GPU)."""
+    loss: float
+    """Loss of the last step (global mean over the batch)."""
+    losses: tuple[float, ...]
+    check: CheckResult | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def scaled_model(model: ModelSpec, scale: str | None) -> ModelSpec:
+    """Apply ``--scale hidden=64,layers=4,seq=32`` (any subset) to a model."""
+    if not scale:
+        return model
+    keys = {"hidden": "hidden_size", "layers": "num_layers", "seq": "seq_len"}
+    kwargs = {}
+    for item in scale.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() not in keys or not value.strip().isdigit():
+            raise SpecError("--scale", f"expected hidden=H,layers=L,seq=S; got {item!r}")
+        kwargs[keys[key.strip()]] = int(value)
+    return model.scaled(**kwargs)
+
+
+def run_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None, steps: int = 4,
+             warmup: int = 1, check: bool = False, seed: int = 0, timeout_s: float = 300.0,
+             track_memory: bool = True, bf16: bool = False, device: str = "cpu",
+             check_atol: float = CHECK_ATOL) -> Measurement:
+    """Run ``plan`` on ``world_size`` local processes (default: the plan's pp * stage width;
+    device "cuda": one GPU each, NCCL) and measure it; ``check`` also compares with a
+    one-process CPU reference."""
+    world_size = world_size or plan.pp * plan.layers[0].tp * plan.layers[0].dp
+    check_runnable(model, plan, world_size)
+    cfg = TrainConfig(steps=steps, warmup=0 if check else warmup, seed=seed, check=check,
+                      track_memory=track_memory, bf16=bf16, device=device)
+    per_rank = launch(worker, world_size, model, plan, cfg, timeout_s=timeout_s,
+                      backend="nccl" if device.startswith("cuda") else "gloo")
+    return _measurement(model, plan, world_size, per_rank, cfg, check_atol)
+
+
+def _measurement(model: ModelSpec, plan: Plan, world_size: int, per_rank: list[dict],
+                 cfg: TrainConfig, check_atol: float = CHECK_ATOL) -> Measurement:
+    losses = per_rank[0]["losses"]
+    median, times = median_step_time(per_rank, cfg.warmup)
+    result = None
+    if cfg.check:
+        ref = reference_run(model, plan, cfg.steps, cfg.seed, cfg.lr)
+        result = compare(per_rank, losses, ref, atol=check_atol)
+    return Measurement(model=model.name, plan_summary=plan.summary(), world_size=world_size,
+                       step_time_s=median, step_times_s=tuple(times),
+                       peak_memory_bytes=tuple(r["peak_memory_bytes"] for r in per_rank),
+                       loss=losses[-1], losses=tuple(losses), check=result,
+                       notes=tuple(per_rank[0]["notes"]))
+
+
+def run_torchrun(plan: Plan, model: ModelSpec, cfg: TrainConfig) -> Measurement | None:
+    """Under torchrun: this process's rank (its GPU and NCCL, or gloo on CPU without GPUs);
+    rank 0 gets the Measurement, the others None."""
+    import torch
+    import torch.distributed as dist
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    check_runnable(model, plan, world)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        cfg = replace(cfg, device=f"cuda:{local}")
+    else:
+        torch.set_num_threads(1)
+        cfg = replace(cfg, device="cpu")
+    dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo")
+    mine = worker(rank, world, model, plan, cfg)
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    dist.destroy_process_group()
+    return _measurement(model, plan, world, gathered, cfg) if rank == 0 else None
+
+
+def format_measurement(m: Measurement) -> str:
+    mib = [f"{b / 2**20:.1f}" for b in m.peak_memory_bytes]
+    lines = [f"{m.model} on {m.world_size} ranks: {m.plan_summary}",
+             f"  step time (median) {m.step_time_s * 1e3:.1f} ms over {len(m.step_times_s)} steps; loss {m.loss:.6f}",
+             f"  peak memory per rank (MiB): {' '.join(mib) if any(m.peak_memory_bytes) else 'not measured'}"]
+    if m.check is not None:
+        c = m.check
+        lines.append(f"  check {'PASSED' if c.passed else 'FAILED'}: loss {c.loss_max_abs_diff:.2e} "
+                     f"grad {c.grad_max_abs_diff:.2e} param {c.param_max_abs_diff:.2e} (worst: {c.worst})")
+    lines += [f"  note: {n}" for n in m.notes]
+    return "\n".join(lines)
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[Plan, ModelSpec]:
+    """The plan, and the model (``--model`` or the plan's) with any ``--scale`` applied."""
+    plan = Plan.load(args.plan)
+    name = args.model or plan.model
+    if not name:
+        raise SpecError("--model", "the plan names no model; pass --model")
+    model = scaled_model(load_model(name), args.scale)
+    return plan, model
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, help="plan JSON file")
+    parser.add_argument("--model", help="zoo model name (default: the plan's)")
+    parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S (any subset)")
+    parser.add_argument("--world-size", type=int, help="local CPU processes (default: from the plan)")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a hung run is ended")
+    parser.add_argument("--bf16", action="store_true", help="autocast forward to bfloat16 (GPU runs)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m executor.run", description=__doc__)
+    add_common_args(parser)
+    parser.add_argument("--check", action="store_true", help="compare with a one-process reference")
+    parser.add_argument("--json", action="store_true", help="print the Measurement as JSON")
+    args = parser.parse_args(argv)
+    try:
+        plan, model = load_inputs(args)
+        if "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ:
+            m = run_torchrun(plan, model, TrainConfig(steps=args.steps, check=args.check, bf16=args.bf16,
+                                                        warmup=0 if args.check else 1))
+            if m is None:
+                return 0
+        else:
+            m = run_plan(plan, model, world_size=args.world_size, steps=args.steps, check=args.check,
+                         timeout_s=args.timeout, bf16=args.bf16)
+    except (SpecError, LaunchError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(m.to_dict(), indent=1) if args.json else format_measurement(m))
+    return 0 if m.check is None or m.check.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

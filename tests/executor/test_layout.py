@@ -1,0 +1,61 @@
+"""Layouts agree with specs.layer_groups, and plans the executor cannot run are rejected."""
+import dataclasses
+
+import pytest
+
+import specs
+from executor.checks import check_runnable
+from executor.parallel.layout import Layout
+from specs import LayerStrategy, SpecError, uniform_plan
+
+
+@pytest.mark.parametrize("tp,dp,consecutive", [(2, 2, True), (2, 2, False), (2, 4, False), (4, 2, True), (1, 8, True)])
+def test_layout_groups_match_specs_layer_groups(tp, dp, consecutive):
+    layout = Layout(tp=tp, dp=dp, consecutive=consecutive)
+    tp_groups, dp_groups = specs.layer_groups(0, tp, dp, consecutive)
+    for d, group in enumerate(tp_groups):  # a TP group holds one batch slice
+        assert [layout.local_rank(d, t) for t in range(tp)] == group
+        assert {layout.dp_index(r) for r in group} == {d}
+    for group in dp_groups:
+        assert len({layout.tp_index(r) for r in group}) == 1
+
+
+def test_only_different_slices_need_a_relayout():
+    a, b = Layout(tp=2, dp=2), Layout(tp=2, dp=2, consecutive=False)
+    assert not a.same_slices(b)
+    assert a.same_slices(Layout(tp=2, dp=2))
+    assert Layout(tp=1, dp=4).same_slices(Layout(tp=1, dp=4, consecutive=False))
+    assert not Layout(tp=4, dp=1).same_slices(Layout(tp=1, dp=4))
+
+
+@pytest.mark.parametrize("plan_kwargs,world,message", [
+    (dict(tp=8, global_batch=8), 8, r"tp\(8\) does not divide heads\(4\)"),
+    (dict(dp=4, global_batch=6), 4, r"global_batch\(6\) is not divisible"),
+    (dict(dp=2, pp=2, global_batch=8, micro_batches=1), 4, r"1f1b needs micro_batches\(1\) >= pp\(2\)"),
+    (dict(dp=2, global_batch=8), 4, r"tp\(1\)\*dp\(2\) = 2 != 4 GPUs per stage"),
+])
+def test_unrunnable_plans_are_rejected_with_the_reason(tiny_gpt, plan_kwargs, world, message):
+    with pytest.raises(SpecError, match=message):
+        check_runnable(tiny_gpt, uniform_plan(4, model="tiny-gpt", **plan_kwargs), world)
+
+
+def test_kv_heads_must_split(tiny_gpt):
+    llama = specs.load_model("tiny-llama")  # 8 heads, 4 kv heads
+    with pytest.raises(SpecError, match=r"tp\(8\) does not divide kv heads\(4\)"):
+        check_runnable(llama, uniform_plan(4, tp=8, global_batch=8), 8)
+
+
+def test_a_broken_layer_chain_is_rejected(tiny_gpt):
+    layers = list(tiny_gpt.layers)
+    layers[2] = dataclasses.replace(layers[2], hidden_size=64, num_heads=4, ffn_hidden_size=256)
+    broken = dataclasses.replace(tiny_gpt, layers=tuple(layers))
+    with pytest.raises(SpecError, match=r"layer 2: hidden_size\(64\) != previous output width\(128\)"):
+        check_runnable(broken, uniform_plan(4, global_batch=2), 1)
+
+
+def test_sequence_parallel_refused_where_the_block_cannot_shard_the_sequence():
+    t5 = specs.load_model("t5-large-48").scaled(hidden_size=64, num_layers=2, seq_len=16)
+    plan = uniform_plan(2, tp=2, global_batch=2)
+    plan = plan.with_layers([dataclasses.replace(s, sp=True) for s in plan.layers])
+    with pytest.raises(SpecError, match="layer 1: sp is not supported on blocks with cross-attention"):
+        check_runnable(t5, plan, 2)

@@ -1,0 +1,68 @@
+"""The planners' plans for tiny-gpt on the CPU "clusters" cpu-4 and cpu-8 run end to end and
+match the one-process reference. Skipped with the reason while planners/ is not importable."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import specs
+from specs import Plan
+
+from tests.executor.conftest import assert_matches_reference
+
+planners = pytest.importorskip("planners", reason="planners package not importable yet")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _galvatron_plan(cluster: str, budget_gib: float, global_batch: int) -> Plan:
+    model = specs.load_model("tiny-gpt")
+    result = planners.plan("galvatron", model, specs.load_cluster(cluster),
+                           planners.Budget(memory_gib=budget_gib, global_batch=global_batch))
+    assert result.feasible, f"galvatron found nothing for tiny-gpt on {cluster} at {budget_gib} GiB"
+    return result.plan
+
+
+@pytest.mark.parametrize("cluster,budget_gib,global_batch", [
+    ("cpu-4", 1.005, 8),
+    pytest.param("cpu-8", 1.005, 32, marks=pytest.mark.slow),
+])
+def test_galvatron_plans_run_and_match_the_reference(cluster, budget_gib, global_batch):
+    """Tight budgets make galvatron mix ZeRO stages and checkpointing per layer."""
+    plan = _galvatron_plan(cluster, budget_gib, global_batch)
+    assert_matches_reference(plan, specs.load_model("tiny-gpt"), specs.load_cluster(cluster).world_size)
+
+
+def _compare_plans(cluster: str, out: Path, extra: list[str]) -> list[Plan]:
+    cmd = [sys.executable, "-m", "planners.compare", "--model", "tiny-gpt", "--cluster", cluster,
+           "--out", str(out), "--no-progress", *extra]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = sorted((out / "plans").glob("*.json")) or sorted(out.glob("*.json"))
+    plans = {}
+    for f in files:
+        try:
+            plan = Plan.load(f)
+        except specs.SpecError:
+            continue  # results.json and other non-plan files
+        plans.setdefault(plan.to_json(), plan)
+    assert plans, f"planners.compare wrote no plan files under {out}"
+    return list(plans.values())
+
+
+FEW = ["--planners", "galvatron", "megatron_3d", "--budget-gib", "1.015"]
+EVERY = ["--budget-gib", "1.015", "8"]
+
+
+@pytest.mark.parametrize("cluster,extra", [
+    ("cpu-4", FEW),
+    pytest.param("cpu-4", EVERY, marks=pytest.mark.slow),
+    pytest.param("cpu-8", EVERY, marks=pytest.mark.slow),
+], ids=["cpu-4-few", "cpu-4-every", "cpu-8-every"])
+def test_planners_compare_files_run_end_to_end(cluster, extra, tmp_path):
+    """Every distinct plan file ``python -m planners.compare --out DIR`` writes runs with --check."""
+    model = specs.load_model("tiny-gpt")
+    world = specs.load_cluster(cluster).world_size
+    for plan in _compare_plans(cluster, tmp_path, extra):
+        assert_matches_reference(plan, model, world)

@@ -1,0 +1,69 @@
+"""The profiler writes a valid profile file, profile -> plan -> run works as one loop, and
+validate puts predictions next to measurements."""
+import json
+
+import pytest
+import torch
+
+import specs
+from executor.model import Block
+from executor.profile import build_profile, main as profile_main, saved_activation_bytes, shard_spec
+from executor.validate import format_validation, validate_plan
+from specs import uniform_plan
+
+from tests.executor.conftest import assert_matches_reference
+
+
+def test_saved_activations_shrink_with_tp_and_exclude_parameters():
+    layer = specs.load_model("tiny-gpt").layers[0]
+    x = torch.randn(2, layer.seq_len, layer.hidden_size, requires_grad=True)
+    full = saved_activation_bytes(Block(layer), x)
+    half = saved_activation_bytes(Block(shard_spec(layer, 2)), x)
+    params = sum(p.numel() * 4 for p in Block(layer).parameters())
+    assert 0 < half < full
+    # GPT block at batch 2: at least the block input and the MLP hidden (4h wide) are kept
+    assert full >= 4 * 2 * layer.seq_len * (layer.hidden_size + layer.ffn_hidden_size)
+    assert full < params + 40 * 2 * layer.seq_len * layer.hidden_size * 4
+
+
+def test_profile_file_round_trips_and_has_the_tables(tmp_path):
+    out = tmp_path / "profile.json"
+    assert profile_main(["--model", "tiny-gpt", "--batch-sizes", "1", "2", "--tp", "1", "2",
+                         "--world-size", "2", "--repeats", "1", "--out", str(out)]) == 0
+    from cost_models.profile_format import load_profile
+    profile = load_profile(out)
+    entry = profile.layer(specs.load_model("tiny-gpt").layers[0])
+    assert set(entry.forward_ms) == {1, 2} and set(entry.activation_bytes_per_sample) == {"1", "2", "ckpt"}
+    assert entry.parameter_bytes == 4 * specs.load_model("tiny-gpt").layers[0].param_count()  # fp32
+    assert "2_consec" in profile.allreduce_gbytes_per_s and "2" in profile.p2p_gbytes_per_s
+    assert profile.overlap_coefficient >= 1.0
+    assert json.loads(out.read_text())["hardware"]["world_size"] == 2
+
+
+def test_profile_plan_run_loop(tmp_path):
+    """Profile this machine, plan with the profiled cost model, run the plan with --check."""
+    planners = pytest.importorskip("planners", reason="planners package not importable yet")
+    import cost_models
+    from cost_models.profile_format import save_profile
+    model, cluster = specs.load_model("tiny-gpt"), specs.load_cluster("cpu-4")
+    path = tmp_path / "cpu4.json"
+    save_profile(build_profile(model, batch_sizes=[1, 2, 4, 8], tps=[1, 2, 4], repeats=1, world_size=4), path)
+    cost_model = cost_models.get("profiled", cluster, profile_path=path)
+    result = planners.plan("galvatron", model, cluster, planners.Budget(memory_gib=2.0, global_batch=8),
+                           cost_model=cost_model)
+    assert result.feasible
+    assert_matches_reference(result.plan, model, cluster.world_size)
+
+
+def test_validate_reports_predicted_and_measured_memory():
+    pytest.importorskip("simulator", reason="simulator package not importable yet")
+    model, cluster = specs.load_model("tiny-gpt"), specs.load_cluster("cpu-2")
+    v = validate_plan(uniform_plan(4, dp=2, dp_type="zero3", global_batch=4, model="tiny-gpt"), model, cluster,
+                      steps=2)
+    assert [p.source for p in v.predictions] == ["cost model (analytical)", "simulator"]
+    for p in v.predictions:
+        assert len(p.peak_memory_bytes) == 2 and all(b > 0 for b in p.peak_memory_bytes)
+        errors = v.memory_errors(p)
+        assert all(abs(e) < 10 for e in errors)  # same order of magnitude: a unit slip would be 1e3+
+    text = format_validation(v)
+    assert "measured" in text and "simulator" in text and "%" in text

@@ -1,0 +1,114 @@
+"""Parallel runs match a one-process reference (--check): each strategy alone, 2D and 3D
+compositions, and mixed per-layer plans with relayouts, at world sizes 2, 4 and 8."""
+import pytest
+
+import specs
+from executor.parallel.data import GradientSync
+from executor.run import run_plan
+from specs import LayerStrategy as L
+from specs import Plan, uniform_plan
+
+from tests.executor.conftest import assert_matches_reference
+
+
+def mixed(stage_layers, layers, *, global_batch=8, micro_batches=2, schedule="1f1b"):
+    return Plan(pp=len(stage_layers), stage_layers=tuple(stage_layers), layers=tuple(layers),
+                global_batch=global_batch, micro_batches=micro_batches, schedule=schedule, model="tiny-gpt")
+
+
+ALONE_2 = {
+    "ddp": dict(dp=2),
+    "zero1": dict(dp=2, dp_type="zero1"),
+    "zero2": dict(dp=2, dp_type="zero2"),
+    "zero3": dict(dp=2, dp_type="zero3", micro_batches=2),
+    "tp": dict(tp=2),
+    "checkpoint": dict(dp=2, checkpoint=True),
+    "pp-1f1b": dict(pp=2, micro_batches=2),
+    "pp-gpipe": dict(pp=2, micro_batches=4, schedule="gpipe"),
+}
+
+
+@pytest.mark.parametrize("kind", list(ALONE_2))
+def test_each_strategy_alone_on_2_ranks(tiny_gpt, kind):
+    kwargs = {"global_batch": 4, **ALONE_2[kind]}
+    assert_matches_reference(uniform_plan(4, model="tiny-gpt", **kwargs), tiny_gpt, 2)
+
+
+def test_sequence_parallel_on_2_ranks(tiny_gpt):
+    plan = mixed([4], [L(tp=2, sp=True)] * 4, global_batch=4, micro_batches=1)
+    assert_matches_reference(plan, tiny_gpt, 2)
+
+
+@pytest.mark.slow
+def test_sequence_parallel_mixed_with_relayouts_and_zero3_on_4_ranks(tiny_gpt):
+    plan = mixed([4], [L(tp=2, dp=2, sp=True, dp_type="zero3"), L(tp=4, sp=True, checkpoint=True), L(dp=4),
+                       L(tp=2, dp=2, tp_consecutive=False, sp=True)])
+    assert_matches_reference(plan, tiny_gpt, 4)
+
+
+def test_llama_tensor_parallel_with_grouped_query_attention():
+    llama = specs.load_model("tiny-llama")  # 8 heads over 4 kv heads, gated MLP, RMSNorm
+    assert_matches_reference(uniform_plan(4, tp=2, global_batch=2), llama, 2)
+
+
+def test_2d_tp_and_zero3_on_4_ranks(tiny_gpt):
+    plan = uniform_plan(4, tp=2, dp=2, dp_type="zero3", global_batch=8, micro_batches=2)
+    assert_matches_reference(plan, tiny_gpt, 4)
+
+
+def test_mixed_layers_with_relayouts_on_4_ranks(tiny_gpt):
+    """Every pair of neighbours differs in tp, dp or rank layout; dp types and checkpointing mix."""
+    plan = mixed([4], [L(tp=2, dp=2), L(dp=4, dp_type="zero3", checkpoint=True), L(tp=4),
+                       L(tp=2, dp=2, tp_consecutive=False, dp_type="zero2")])
+    assert_matches_reference(plan, tiny_gpt, 4)
+
+
+def test_mixed_layers_inside_uneven_pipeline_stages_on_4_ranks(tiny_gpt):
+    plan = mixed([1, 3], [L(tp=2), L(dp=2, dp_type="zero2"), L(dp=2, checkpoint=True), L(tp=2)])
+    assert_matches_reference(plan, tiny_gpt, 4)
+
+
+def test_3d_mixed_plan_on_8_ranks(tiny_gpt):
+    """Galvatron-style: pp2, and inside each stage layers of different tp/dp/layout/ZeRO."""
+    plan = mixed([1, 3], [L(tp=4), L(tp=2, dp=2, dp_type="zero2"), L(dp=4, checkpoint=True),
+                          L(tp=2, dp=2, tp_consecutive=False, dp_type="zero3")], schedule="gpipe")
+    assert_matches_reference(plan, tiny_gpt, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", [
+    uniform_plan(4, pp=2, tp=2, dp=2, dp_type="zero3", global_batch=8, micro_batches=2),
+    uniform_plan(4, tp=2, dp=4, tp_consecutive=False, global_batch=8, checkpoint=True),
+    uniform_plan(4, pp=4, dp=2, global_batch=8, micro_batches=4, dp_type="zero2"),
+    mixed([3, 1], [L(tp=2, dp=2, tp_consecutive=False), L(dp=4, dp_type="zero3"), L(tp=4, checkpoint=True),
+                   L(dp=4)]),
+], ids=["pp2-tp2-zero3", "tp2s-dp4-ckpt", "pp4-zero2", "mixed-pp2"])
+def test_8_rank_matrix(tiny_gpt, plan):
+    assert_matches_reference(plan, tiny_gpt, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama"])
+def test_other_families_mixed_on_4_ranks(name):
+    model = specs.load_model(name)
+    plan = mixed([2, 2], [L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, checkpoint=True), L(tp=2)], global_batch=4)
+    assert_matches_reference(plan, model, 4)
+
+
+def test_the_check_fails_when_gradients_are_not_summed(tiny_gpt, monkeypatch):
+    """The forked ranks inherit the patch: DDP without its all-reduce must not pass."""
+    monkeypatch.setattr(GradientSync, "sync", lambda self: None)
+    m = run_plan(uniform_plan(4, dp=2, global_batch=4), tiny_gpt, world_size=2, steps=2, check=True,
+                 track_memory=False, timeout_s=120)
+    assert not m.check.passed and m.check.grad_max_abs_diff > 1e-4
+
+
+def test_measurement_reports_memory_per_rank_and_stage_imbalance(tiny_gpt):
+    """Every rank reports a positive peak, and splitting the model over two pipeline stages
+    leaves each rank below the peak of the whole model on one process."""
+    plan = uniform_plan(4, pp=2, global_batch=4, micro_batches=2)
+    m = run_plan(plan, tiny_gpt, world_size=2, steps=2, warmup=1)
+    assert len(m.peak_memory_bytes) == 2 and all(b > 0 for b in m.peak_memory_bytes)
+    assert len(m.step_times_s) == 2 and m.step_time_s > 0 and m.loss > 0
+    full = run_plan(uniform_plan(4, global_batch=4, micro_batches=2), tiny_gpt, world_size=1, steps=1, warmup=0)
+    assert max(m.peak_memory_bytes) < full.peak_memory_bytes[0]
