@@ -1,0 +1,67 @@
+"""Sweep runner: run an experiment function over its cells, skipping finished ones.
+
+A crash mid-sweep loses at most the cell that was running: every finished cell already
+has its folder and its row, so running the same sweep again resumes after it.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from tqdm.auto import tqdm
+
+from analysis.results import ResultStore, RunRecord, cell_key
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport:
+    """What one call of run_sweep did."""
+
+    experiment: str
+    total: int
+    """Cells in the sweep."""
+    skipped: int
+    """Cells already done before this call."""
+    ran: int
+    """Cells run by this call."""
+
+
+def default_command() -> str:
+    """The command line of this process, for the run folders' command.txt."""
+    return " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+
+
+def check_cells(experiment: str, cells: Sequence[Mapping[str, Any]]) -> None:
+    """Every cell valid and no two cells the same run."""
+    seen: set[str] = set()
+    for i, params in enumerate(cells):
+        key = cell_key(experiment, params)
+        if key in seen:
+            raise ValueError(f"cells[{i}]: duplicate cell {dict(params)} in experiment {experiment!r}")
+        seen.add(key)
+
+
+def run_sweep(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, Any]],
+              fn: Callable[..., RunRecord], *, command: str | None = None,
+              progress: bool = True) -> SweepReport:
+    """Call ``fn(**params)`` for every cell not yet in ``store`` and record each result."""
+    check_cells(experiment, cells)
+    todo = [c for c in cells if not store.is_done(experiment, c)]
+    command = default_command() if command is None else command
+    skipped = len(cells) - len(todo)
+    with tqdm(total=len(cells), initial=skipped, desc=experiment, unit="run",
+              disable=not progress, leave=False) as bar:
+        for params in todo:
+            bar.set_postfix_str(_short(params), refresh=False)
+            record = fn(**params)
+            if not isinstance(record, RunRecord):
+                raise TypeError(f"experiment {experiment!r} returned {type(record).__name__}, not a RunRecord")
+            store.write_run(experiment, params, record, command)
+            bar.update(1)
+    return SweepReport(experiment=experiment, total=len(cells), skipped=skipped, ran=len(todo))
+
+
+def _short(params: Mapping[str, Any]) -> str:
+    return " ".join(str(v) for v in params.values())[:60]

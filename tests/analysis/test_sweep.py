@@ -1,0 +1,128 @@
+"""The results store and the sweep runner: atomic rows, skip done cells, resume after a crash."""
+import json
+
+import pandas as pd
+import pytest
+
+from analysis.results import ResultStore, RunRecord, cell_key, plan_hash, run_id
+from analysis.sweep import run_sweep
+
+CELLS = [{"model": m, "budget_gib": b, "planner": p}
+         for m in ("a", "b") for b in (8, 16) for p in ("x", "y")]
+
+
+def fake_experiment(model: str, budget_gib: int, planner: str) -> RunRecord:
+    """Deterministic stand-in for a planner run."""
+    throughput = budget_gib * (2 if planner == "y" else 1) + (0.5 if model == "b" else 0.0)
+    return RunRecord(metrics={"throughput": throughput, "feasible": budget_gib > 8},
+                     inputs={"model": {"name": model}}, files={"plan.json": json.dumps({"p": planner})})
+
+
+class CrashOnce:
+    """Raises on the k-th call only (a crash mid-sweep), then behaves."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.calls = k, 0
+
+    def __call__(self, **params):
+        self.calls += 1
+        if self.calls == self.k:
+            raise RuntimeError("simulated crash")
+        return fake_experiment(**params)
+
+
+def stable(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.drop(columns=["finished_at"]).sort_values("key").reset_index(drop=True)
+
+
+def test_resumed_sweep_gives_the_same_table_as_an_uninterrupted_one(tmp_path):
+    whole = ResultStore(tmp_path / "whole")
+    run_sweep(whole, "exp", CELLS, fake_experiment, progress=False)
+    broken = ResultStore(tmp_path / "broken")
+    crashing = CrashOnce(k=4)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_sweep(broken, "exp", CELLS, crashing, progress=False)
+    assert len(ResultStore(tmp_path / "broken").rows()) == 3
+    report = run_sweep(ResultStore(tmp_path / "broken"), "exp", CELLS, crashing, progress=False)
+    assert (report.skipped, report.ran) == (3, len(CELLS) - 3)
+    pd.testing.assert_frame_equal(stable(whole.table()), stable(ResultStore(tmp_path / "broken").table()))
+    # Order of rows is the order of the cells, as in the uninterrupted run.
+    assert list(whole.table()["key"]) == list(ResultStore(tmp_path / "broken").table()["key"])
+
+
+def test_rerun_skips_everything_and_calls_nothing(tmp_path):
+    store = ResultStore(tmp_path)
+    run_sweep(store, "exp", CELLS, fake_experiment, progress=False)
+
+    def must_not_run(**params):
+        raise AssertionError(f"ran {params} again")
+
+    report = run_sweep(ResultStore(tmp_path), "exp", CELLS, must_not_run, progress=False)
+    assert (report.total, report.skipped, report.ran) == (len(CELLS), len(CELLS), 0)
+    assert len(ResultStore(tmp_path).rows()) == len(CELLS)
+
+
+def test_run_folder_holds_inputs_command_metrics_and_files(tmp_path):
+    store = ResultStore(tmp_path)
+    params = CELLS[3]
+    run_sweep(store, "exp", [params], fake_experiment, command="python -m analysis.figures", progress=False)
+    folder = store.run_dir("exp", params)
+    assert json.loads((folder / "inputs.json").read_text())["params"] == params
+    assert (folder / "command.txt").read_text().strip() == "python -m analysis.figures"
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["throughput"] == 32 and metrics["feasible"] is True
+    assert json.loads(store.read_file("exp", params, "plan.json")) == {"p": "y"}
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_table_is_read_by_pandas_directly(tmp_path):
+    store = ResultStore(tmp_path)
+    run_sweep(store, "exp", CELLS, fake_experiment, progress=False)
+    frame = pd.read_json(store.table_path, lines=True)
+    assert len(frame) == len(CELLS)
+    assert set(frame["planner"]) == {"x", "y"}
+    assert frame.loc[(frame.model == "b") & (frame.budget_gib == 16) & (frame.planner == "y"),
+                     "throughput"].item() == 32.5
+
+
+def test_a_cell_whose_folder_exists_but_row_does_not_is_rerun(tmp_path):
+    """A crash between writing the folder and appending the row: the cell runs again."""
+    store = ResultStore(tmp_path)
+    params = CELLS[0]
+    store._write_folder(store.run_dir("exp", params), params, fake_experiment(**params), "", {})
+    report = run_sweep(ResultStore(tmp_path), "exp", [params], fake_experiment, progress=False)
+    assert report.ran == 1 and len(ResultStore(tmp_path).rows()) == 1
+
+
+def test_bad_cells_and_records_are_refused_with_the_field_named():
+    with pytest.raises(ValueError, match=r"params\['budget_gib'\]"):
+        cell_key("exp", {"budget_gib": [8]})
+    with pytest.raises(ValueError, match=r"metrics\['plan'\]"):
+        RunRecord(metrics={"plan": {"pp": 2}})
+    with pytest.raises(ValueError, match="duplicate cell"):
+        run_sweep(ResultStore("/nonexistent"), "exp", [CELLS[0], dict(CELLS[0])], fake_experiment)
+
+
+def test_run_ids_and_plan_hashes_are_stable_and_distinct():
+    assert run_id("exp", {"a": 1, "b": "x"}).split("_")[-1] == run_id("exp", {"b": "x", "a": 1}).split("_")[-1]
+    assert run_id("exp", {"model": "bert", "budget_gib": 8}).startswith("bert-8_")
+    assert run_id("exp", {"a": 1}) != run_id("exp", {"a": 2})
+    assert plan_hash({"pp": 1, "layers": [1]}) == plan_hash({"layers": [1], "pp": 1})
+    assert plan_hash({"pp": 1}) != plan_hash({"pp": 2}) and plan_hash(None) == ""
+
+
+def test_a_run_that_recorded_an_error_is_retried_and_its_new_row_wins(tmp_path):
+    calls = []
+
+    def flaky(model, budget_gib, planner):
+        calls.append(model)
+        error = "" if len(calls) > 1 else "SpecError: calibration missing"
+        return RunRecord(metrics={"throughput": float(len(calls)), "error": error})
+
+    cell = [CELLS[0]]
+    run_sweep(ResultStore(tmp_path), "exp", cell, flaky, progress=False)
+    report = run_sweep(ResultStore(tmp_path), "exp", cell, flaky, progress=False)
+    assert report.ran == 1
+    table = ResultStore(tmp_path).table()
+    assert len(table) == 1 and table.throughput.item() == 2.0 and table.error.item() == ""
+    assert run_sweep(ResultStore(tmp_path), "exp", cell, flaky, progress=False).ran == 0

@@ -1,0 +1,42 @@
+"""Every notebook is stored without outputs and runs top to bottom (quick settings) in CI."""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+TIMEOUT_S = 600
+"""Per cell; a hung kernel fails the test instead of stalling CI."""
+
+
+def test_there_are_notebooks():
+    names = {p.stem for p in NOTEBOOKS}
+    assert {"quickstart", "galvatron_eval", "validation"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stored_without_outputs(path):
+    book = nbformat.read(path, as_version=4)
+    nbformat.validate(book)
+    for i, cell in enumerate(book.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name} cell {i} has outputs"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_with_quick_settings(path, tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+    pytest.importorskip("ipykernel", reason="ipykernel provides the python3 kernel")
+    if path.stem == "validation":
+        from benchmarks import vtrain
+        if not vtrain.available():
+            pytest.skip(f"vTrain measurements not found under {vtrain.VALIDATION}")
+    monkeypatch.setenv("HYBRIDPAR_QUICK", "1")
+    monkeypatch.setenv("HYBRIDPAR_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    book = nbformat.read(path, as_version=4)
+    client = NotebookClient(book, timeout=TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError naming the failing cell
+    errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
