@@ -271,8 +271,8 @@ class ModelSpec:
 
 
 def _fewer_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> list[LayerSpec]:
-    """``num_layers`` layers that keep every run of same-shape layers (kind, width, tokens)
-    and the end of each run (where Swin merges patches)."""
+    """``num_layers`` layers (fewer or more) that keep every run of same-shape layers (kind,
+    width, tokens) and the end of each run (where Swin merges patches)."""
     positive_int(num_layers, "num_layers")
     runs: list[list[LayerSpec]] = []
     for layer in layers:
@@ -281,8 +281,6 @@ def _fewer_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> list[LayerS
             runs[-1].append(layer)
         else:
             runs.append([layer])
-    if num_layers > len(layers):
-        raise SpecError("num_layers", f"{num_layers} is more than the model's {len(layers)} layers")
     if num_layers < len(runs):
         raise SpecError("num_layers", f"{num_layers} is fewer than the model's {len(runs)} runs of "
                         "different layers (each keeps at least one)")
@@ -290,7 +288,13 @@ def _fewer_layers(layers: tuple[LayerSpec, ...], num_layers: int) -> list[LayerS
     for _ in range(num_layers - len(runs)):  # give each next layer to the most under-served run
         i = max(range(len(runs)), key=lambda r: (len(runs[r]) / counts[r], -r))
         counts[i] += 1
-    return [layer for run, n in zip(runs, counts) for layer in run[-n:]]
+    return [layer for run, n in zip(runs, counts) for layer in _spread(run, n)]
+
+
+def _spread(run: list[LayerSpec], n: int) -> list[LayerSpec]:
+    """``n`` layers of a run, evenly spaced, always ending with the run's last layer."""
+    body = run[:-1] or run
+    return [body[i * len(body) // (n - 1)] for i in range(n - 1)] + [run[-1]] if n > 1 else [run[-1]]
 
 
 def _rescale_layer(layer: LayerSpec, ratio: float) -> LayerSpec:

@@ -1,0 +1,147 @@
+"""Search wall time of the galvatron DP, the MILP (ilp) and CP-SAT on growing problems, and a head
+to head with Galvatron's own search inputs (its LLaMA-2 7B profiles, read by the profiled model).
+
+    python -m benchmarks.planner_speed                 # both parts
+    python -m benchmarks.planner_speed --part scaling --max-gpus 64
+    python -m benchmarks.planner_speed --part head-to-head
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import cost_models
+import planners
+from planners import Budget, SearchSpace
+from specs import SpecError, load_cluster, load_galvatron_plan, load_model
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+PROFILES = SHARED / "reference" / "galvatron-profiles"
+SIZES = ((8, 24), (16, 32), (64, 48), (256, 64), (1024, 128))
+"""(GPUs, layers): GPT-7.5B-shaped layers on DGX-A100 nodes."""
+SPACES = {"base": SearchSpace.preset("galvatron"),
+          "+zero2+ckpt": SearchSpace.preset("galvatron").widened(zero2=True, checkpoint=True)}
+
+
+def _row(cells) -> str:
+    return "  ".join(str(c).ljust(w) for c, w in zip(cells, (6, 7, 12, 10, 10, 12, 14, 60)))
+
+
+def scaling(args) -> None:
+    print(_row(["GPUs", "layers", "space", "planner", "search s", "samples/s", "status", "plan"]))
+    for gpus, layers in SIZES:
+        if gpus > args.max_gpus:
+            continue
+        model = load_model("gpt-7.5b").scaled(num_layers=layers, name=f"gpt-7.5b-{layers}L")
+        cluster = load_cluster(f"dgx-a100-80g:{max(1, gpus // 8)}")
+        cm = cost_models.get("analytical", cluster)
+        budget = Budget(memory_gib=args.budget_gib, global_batch=max(64, gpus))
+        for space_name, space in SPACES.items():
+            for name in args.planners:
+                if name != "galvatron" and gpus > args.max_exact_gpus:
+                    continue
+                opts = {"space": space}
+                if name != "galvatron":
+                    opts["time_limit_s"] = args.time_limit_s
+                start = time.perf_counter()
+                res = planners.get(name).plan(model, cluster, budget, cm, opts)
+                wall = time.perf_counter() - start
+                thr = f"{res.throughput_samples_per_s:.2f}" if res.feasible else "OOM"
+                summary = res.plan.summary()[:60] if res.feasible else res.message[:60]
+                print(_row([gpus, layers, space_name, name, f"{wall:.2f}", thr, res.stats.solver_status, summary]),
+                      flush=True)
+
+
+def head_to_head(args) -> None:
+    if not PROFILES.exists():
+        print(f"skipped: Galvatron's profiles not found at {PROFILES}")
+        return
+    cluster = load_cluster("dgx-a100-80g")
+    cm = cost_models.get("profiled", cluster, galvatron_dir=PROFILES, model="llama2-7b")
+    model = cm.model_spec
+    print(f"{model.name}: {model.num_layers} layers, seq {model.seq_len}, {cluster.world_size} GPUs, profiled cost "
+          "model on Galvatron's own files; global batch 64, every micro-batch count, pp and tp <= 8")
+    for gib in (16, 24, 40):
+        _one(model, cluster, cm, Budget(memory_gib=gib, global_batch=64), args)
+    shipped = sorted(PROFILES.glob("galvatron_config_*36GB*.json"))
+    if shipped:
+        plan = load_galvatron_plan(shipped[0], cluster.world_size)
+        cost = cm.plan_cost(model, plan)
+        print(f"Galvatron's shipped 36 GB plan (global batch {plan.global_batch}): {cost.iteration_time_s:.3f} s, "
+              f"{cost.throughput_samples_per_s:.2f} samples/s, peak {cost.peak_memory_bytes / 2**30:.2f} GiB | "
+              f"{plan.summary()}")
+        _one(model, cluster, cm, Budget(memory_gib=36, global_batch=plan.global_batch), args)
+
+
+def public_loss(args) -> None:
+    """What Galvatron's public search gives up: whole-MiB memory bins and even stage splits."""
+    cases = [("bert-huge-32 on titan-8, analytical, batch 32", *_bert_case(), 32, (8, 12, 16, 20))]
+    if PROFILES.exists():
+        cluster = load_cluster("dgx-a100-80g")
+        cm = cost_models.get("profiled", cluster, galvatron_dir=PROFILES, model="llama2-7b")
+        cases.append(("llama2-7b on 8 A100, Galvatron's profiles, batch 64", cm.model_spec, cluster, cm, 64,
+                      (16, 20, 24, 40)))
+    variants = {"exact": {}, "MiB bins": {"memory_granularity_mib": 1.0},
+                "even split": {"partition": "even"},
+                "bins + even": {"memory_granularity_mib": 1.0, "partition": "even"}}
+    for title, model, cluster, cm, batch, budgets in cases:
+        print(title)
+        for space_name in ("galvatron", "full"):
+            for gib in budgets:
+                budget = Budget(memory_gib=gib, global_batch=batch)
+                out = {}
+                for label, opts in variants.items():
+                    res = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": space_name, **opts})
+                    out[label] = res.throughput_samples_per_s if res.feasible else 0.0
+                ref = out["exact"]
+                cells = ", ".join(f"{k} {v:.2f} ({(v / ref - 1) * 100:+.2f}%)" for k, v in out.items()) if ref \
+                    else "nothing fits"
+                print(f"  space {space_name}, {gib} GiB: {cells}", flush=True)
+
+
+def _bert_case():
+    cluster = load_cluster("titan-8")
+    return load_model("bert-huge-32"), cluster, cost_models.get("analytical", cluster)
+
+
+def _one(model, cluster, cm, budget, args) -> None:
+    for name in args.h2h_planners:
+        opts = {} if name == "galvatron" else {"time_limit_s": args.time_limit_s}
+        start = time.perf_counter()
+        res = planners.get(name).plan(model, cluster, budget, cm, opts)
+        wall = time.perf_counter() - start
+        head = f"  {name} @ {budget.memory_gib:g} GiB, batch {budget.global_batches()[0]}: search {wall:.2f} s"
+        if res.feasible:
+            print(f"{head}, predicted {res.iteration_time_s:.3f} s/iter, {res.throughput_samples_per_s:.2f} samples/s, "
+                  f"peak {res.peak_memory_gib:.2f} GiB, {res.stats.solver_status} | {res.plan.summary()}", flush=True)
+        else:
+            print(f"{head}: {res.message}", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.planner_speed", description=__doc__)
+    p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss"), default="all")
+    p.add_argument("--planners", nargs="+", default=["galvatron", "ilp", "cpsat"])
+    p.add_argument("--h2h-planners", nargs="+", default=["galvatron"])
+    p.add_argument("--max-gpus", type=int, default=1024)
+    p.add_argument("--max-exact-gpus", type=int, default=16, help="largest size given to ilp/cpsat")
+    p.add_argument("--time-limit-s", type=float, default=60.0, help="per group, for ilp/cpsat")
+    p.add_argument("--budget-gib", type=float, default=40.0)
+    args = p.parse_args(argv)
+    try:
+        if args.part in ("all", "scaling"):
+            scaling(args)
+        if args.part in ("all", "head-to-head"):
+            head_to_head(args)
+        if args.part in ("all", "public-loss"):
+            public_loss(args)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

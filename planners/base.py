@@ -1,0 +1,177 @@
+"""The planner interface: a Budget in, a PlanResult out (best plan, its predicted cost, search stats)."""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from cost_models import GIB, CostModel
+from specs import ClusterSpec, ModelSpec, Plan, SpecError
+
+DEFAULT_GLOBAL_BATCH = 32
+"""Global batch used when a Budget names neither a batch nor a range."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """What a plan may use: GPU memory per device and the global batch (fixed or a range)."""
+
+    memory_gib: float
+    """Memory per GPU a plan's peak (runtime overhead included) must stay within, GiB."""
+    global_batch: int | None = None
+    """Samples per iteration; None: see global_batch_range."""
+    global_batch_range: tuple[int, int] | None = None
+    """(lo, hi): try lo, hi and every power of two between; the best throughput wins."""
+
+    def __post_init__(self) -> None:
+        mem = self.memory_gib
+        if isinstance(mem, bool) or not isinstance(mem, (int, float)) or not mem > 0 or mem == float("inf"):
+            raise SpecError("memory_gib", f"must be a finite number > 0, got {mem!r}")
+        if self.global_batch is not None and self.global_batch_range is not None:
+            raise SpecError("global_batch", "give global_batch or global_batch_range, not both")
+        if self.global_batch is not None:
+            _positive(self.global_batch, "global_batch")
+        if self.global_batch_range is not None:
+            rng = tuple(self.global_batch_range)
+            if len(rng) != 2:
+                raise SpecError("global_batch_range", f"must be (lo, hi), got {self.global_batch_range!r}")
+            lo, hi = (_positive(v, "global_batch_range") for v in rng)
+            if lo > hi:
+                raise SpecError("global_batch_range", f"lo({lo}) > hi({hi})")
+            object.__setattr__(self, "global_batch_range", (lo, hi))
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    def global_batches(self) -> tuple[int, ...]:
+        """Candidate global batches, ascending."""
+        if self.global_batch is not None:
+            return (self.global_batch,)
+        if self.global_batch_range is None:
+            return (DEFAULT_GLOBAL_BATCH,)
+        lo, hi = self.global_batch_range
+        out = {lo, hi}
+        p = 1
+        while p <= hi:
+            if p >= lo:
+                out.add(p)
+            p *= 2
+        return tuple(sorted(out))
+
+
+def _positive(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(name, f"must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchStats:
+    """How the search went."""
+
+    wall_time_s: float = 0.0
+    """Wall-clock time of the whole search."""
+    states_explored: int = 0
+    """DP states / Pareto points kept, or solver nodes; comparable within one planner."""
+    candidates: int = 0
+    """Outer-loop configurations (global batch, pp, micro-batches, vocab tp) looked at."""
+    pruned: int = 0
+    """Of those, how many a lower bound or a memory floor ruled out without a full search."""
+    solver_status: str = ""
+    """optimal, feasible (time limit hit with a plan), infeasible, heuristic, exhaustive."""
+    gap: float | None = None
+    """Relative optimality gap the solver proved (0 = optimal); None where no bound exists."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankedPlan:
+    """One of the top-k plans a search found."""
+
+    plan: Plan
+    iteration_time_s: float
+    throughput_samples_per_s: float
+    peak_memory_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    """A planner's answer. Time and memory are ``cost_model.plan_cost`` of ``plan``."""
+
+    planner: str
+    feasible: bool
+    plan: Plan | None = None
+    iteration_time_s: float = float("inf")
+    throughput_samples_per_s: float = 0.0
+    stage_peak_memory_gib: tuple[float, ...] = ()
+    """Peak memory of one GPU of each pipeline stage."""
+    peak_memory_gib: float = 0.0
+    min_memory_gib: float | None = None
+    """When infeasible: the smallest per-GPU memory at which this planner's space has a plan."""
+    stats: SearchStats = field(default_factory=SearchStats)
+    top_k: tuple[RankedPlan, ...] = ()
+    message: str = ""
+    """Why nothing fits, or notes from the search."""
+
+    def summary(self) -> str:
+        if not self.feasible:
+            need = f"{self.min_memory_gib:.1f}" if self.min_memory_gib is not None else "?"
+            return f"{self.planner}: OOM (needs {need} GiB)"
+        return (f"{self.planner}: {self.throughput_samples_per_s:.2f} samples/s, "
+                f"{self.iteration_time_s * 1e3:.1f} ms, peak {self.peak_memory_gib:.2f} GiB | "
+                f"{self.plan.summary()}")
+
+
+def scored_result(name: str, cost_model: CostModel, model: ModelSpec, plan: Plan,
+                  stats: SearchStats, top_k: tuple[RankedPlan, ...] = (), message: str = "") -> PlanResult:
+    """A feasible PlanResult whose numbers come from ``plan_cost`` (the single source of truth)."""
+    cost = cost_model.plan_cost(model, plan)
+    stage = tuple(b / GIB for b in cost.stage_peak_bytes)
+    return PlanResult(planner=name, feasible=True, plan=plan, iteration_time_s=cost.iteration_time_s,
+                      throughput_samples_per_s=cost.throughput_samples_per_s,
+                      stage_peak_memory_gib=stage, peak_memory_gib=max(stage), stats=stats,
+                      top_k=top_k, message=message)
+
+
+def infeasible_result(name: str, min_memory_bytes: float | None, stats: SearchStats,
+                      message: str = "") -> PlanResult:
+    need = None if min_memory_bytes is None else min_memory_bytes / GIB
+    text = message or ("no plan fits" + (f"; the smallest needs {need:.2f} GiB per GPU" if need else ""))
+    return PlanResult(planner=name, feasible=False, min_memory_gib=need, stats=stats, message=text)
+
+
+class Planner(ABC):
+    """Chooses a Plan for (model, cluster) under a Budget, minimising ``cost_model.plan_cost`` time."""
+
+    name: ClassVar[str] = ""
+
+    def plan(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+             options: dict[str, Any] | None = None) -> PlanResult:
+        """Search, then time the search; subclasses implement ``_search``."""
+        start = time.perf_counter()
+        result = self._search(model, cluster, budget, cost_model, dict(options or {}))
+        stats = result.stats
+        new_stats = SearchStats(wall_time_s=time.perf_counter() - start,
+                                states_explored=stats.states_explored, candidates=stats.candidates,
+                                pruned=stats.pruned, solver_status=stats.solver_status, gap=stats.gap)
+        return _replace_stats(result, new_stats)
+
+    @abstractmethod
+    def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+                options: dict[str, Any]) -> PlanResult:
+        """The search proper; ``stats.wall_time_s`` is filled in by ``plan``."""
+
+
+def _replace_stats(result: PlanResult, stats: SearchStats) -> PlanResult:
+    from dataclasses import replace
+    return replace(result, stats=stats)
+
+
+def pop_options(options: dict[str, Any], allowed: dict[str, Any], planner: str) -> dict[str, Any]:
+    """``allowed`` defaults overridden by ``options``; unknown keys are a one-line error."""
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise SpecError("options", f"{planner} does not take {', '.join(unknown)}; "
+                        f"it takes {', '.join(sorted(allowed)) or 'none'}")
+    return {**allowed, **options}

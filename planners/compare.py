@@ -1,0 +1,198 @@
+"""``python -m planners.compare``: planners x memory budgets on one model and cluster, as a table,
+JSON records (--json) or files (--out DIR: one Plan JSON per cell plus results.csv/.json)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from cost_models import GIB
+from planners.base import Budget, PlanResult
+from planners.registry import available, get
+from specs import SpecError, load_cluster, load_model
+
+DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
+                    "galvatron_dp_tp", "galvatron_dp_pp", "galvatron")
+DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
+COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
+           "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
+           "gap", "states_explored", "plan_summary", "plan_file", "sim_iteration_time_s",
+           "sim_throughput_samples_per_s", "sim_peak_memory_gib", "sim_oom")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m planners.compare", description=__doc__)
+    p.add_argument("--model", default="bert-huge-32", help="zoo name or config.json path")
+    p.add_argument("--cluster", default="titan-8", help="zoo name (name:nodes) or cluster file")
+    p.add_argument("--budget-gib", type=float, nargs="+", default=list(DEFAULT_BUDGETS))
+    p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
+                   help=f"any of: {', '.join(available())} (comma or space separated)")
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--global-batch-range", type=int, nargs=2, metavar=("LO", "HI"),
+                   help="search the global batch too (powers of two in [LO, HI])")
+    p.add_argument("--cost-model", default="analytical")
+    p.add_argument("--out", type=Path, help="folder for plan JSONs and results.csv/results.json")
+    p.add_argument("--json", action="store_true", help="print a JSON list of records instead of a table")
+    p.add_argument("--evaluate", choices=("cost", "sim"), default="cost",
+                   help="sim: also re-score each plan with simulator.simulate")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def _planner_names(raw: list[str]) -> list[str]:
+    names = [n for item in raw for n in item.split(",") if n]
+    for n in names:
+        if n not in available():
+            raise SpecError("planners", f"unknown {n!r}; choose from {', '.join(available())}")
+    return names
+
+
+def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict[str, Any]:
+    """One row of the results table."""
+    plan = result.plan
+    return {
+        "planner": result.planner, "model": model, "cluster": cluster, "budget_gib": budget.memory_gib,
+        "global_batch": plan.global_batch if plan else None, "feasible": result.feasible,
+        "throughput_samples_per_s": result.throughput_samples_per_s if result.feasible else 0.0,
+        "iteration_time_s": result.iteration_time_s if result.feasible else None,
+        "peak_memory_gib": result.peak_memory_gib if result.feasible else None,
+        "min_memory_gib": result.min_memory_gib, "search_time_s": result.stats.wall_time_s,
+        "solver_status": result.stats.solver_status, "gap": result.stats.gap,
+        "states_explored": result.stats.states_explored,
+        "plan_summary": plan_summary(plan) if plan else _oom_text(result),
+        "plan_file": None, "sim_iteration_time_s": None, "sim_throughput_samples_per_s": None,
+        "sim_peak_memory_gib": None, "sim_oom": None,
+    }
+
+
+def plan_summary(plan) -> str:
+    """Plan.summary() with the stage sizes after the pipeline degree when pp > 1."""
+    text = plan.summary()
+    if plan.pp > 1:
+        head = f"pp{plan.pp} m{plan.micro_batches}"
+        text = text.replace(head, f"{head} [{'/'.join(map(str, plan.stage_layers))}]", 1)
+    return text
+
+
+def _oom_text(result: PlanResult) -> str:
+    if result.min_memory_gib is None:
+        return "OOM (no plan in this space)"
+    return f"OOM (needs {result.min_memory_gib:.1f} GiB)"
+
+
+def _simulate(rec: dict, model, cluster, plan) -> None:
+    """Re-score with the simulator (imported here only: planners never depend on it)."""
+    try:
+        from simulator import simulate
+    except ImportError as err:  # the simulator package may not be there yet
+        raise SpecError("evaluate", f"the simulator is not available ({err})") from None
+    sim = simulate(model, cluster, plan)
+    rec["sim_iteration_time_s"] = sim.iteration_time_s
+    rec["sim_throughput_samples_per_s"] = sim.throughput_samples_per_s
+    rec["sim_peak_memory_gib"] = max(sim.peak_memory_bytes) / GIB
+    rec["sim_oom"] = sim.oom is not None
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import cost_models
+    names = _planner_names(args.planners)
+    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    cm = cost_models.get(args.cost_model, cluster)
+    budgets = [_budget(b, args) for b in args.budget_gib]
+    cells = [(b, n) for b in budgets for n in names]
+    records = []
+    bar = _progress(len(cells), args.no_progress)
+    for budget, name in cells:
+        if bar is not None:
+            bar.set_description(f"{name} @ {budget.memory_gib:g} GiB")
+        result = get(name).plan(model, cluster, budget, cm)
+        rec = record(result, args.model, args.cluster, budget)
+        if args.evaluate == "sim" and result.feasible:
+            _simulate(rec, model, cluster, result.plan)
+        if args.out and result.feasible:
+            rec["plan_file"] = _save_plan(args.out, name, budget, result)
+        records.append(rec)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if args.out:
+        _write_tables(args.out, records)
+    return records
+
+
+def _budget(gib: float, args: argparse.Namespace) -> Budget:
+    if args.global_batch_range:
+        return Budget(memory_gib=gib, global_batch_range=tuple(args.global_batch_range))
+    return Budget(memory_gib=gib, global_batch=args.global_batch)
+
+
+def _progress(total: int, disabled: bool):
+    if disabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, file=sys.stderr, leave=False)
+
+
+def _save_plan(out: Path, name: str, budget: Budget, result: PlanResult) -> str:
+    folder = out / "plans"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}_{budget.memory_gib:g}gib.json"
+    result.plan.save(path)
+    return str(path)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _write_tables(out: Path, records: list[dict]) -> None:
+    import csv
+    import io
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(COLUMNS))
+    writer.writeheader()
+    writer.writerows(records)
+    _atomic_write(out / "results.csv", buf.getvalue())
+    _atomic_write(out / "results.json", json.dumps(records, indent=1))
+
+
+def table(records: list[dict]) -> str:
+    from tabulate import tabulate
+    rows = []
+    for r in records:
+        ok = r["feasible"]
+        rows.append([f"{r['budget_gib']:g}", r["planner"],
+                     f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM",
+                     f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "",
+                     f"{r['peak_memory_gib']:.2f}" if ok else "",
+                     f"{r['search_time_s']:.2f}", r["plan_summary"]]
+                    + ([f"{r['sim_throughput_samples_per_s']:.2f}" if r["sim_throughput_samples_per_s"] else ""]
+                       if any(x["sim_iteration_time_s"] for x in records) else []))
+    head = ["GiB", "planner", "samples/s", "iter ms", "peak GiB", "search s", "plan"]
+    if any(x["sim_iteration_time_s"] for x in records):
+        head.append("sim samples/s")
+    return tabulate(rows, headers=head, tablefmt="simple")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        records = run(args)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(records, indent=1))
+    else:
+        print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""What the two exact planners (ilp, cpsat) share: seed the incumbent with the DP's plan, then per
+group bound the MILP by its LP relaxation (HiGHS) and solve only the groups that could still win,
+with the incumbent as a cutoff and the DP plan as a warm start."""
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from typing import Any
+
+import pulp
+
+from cost_models import CostModel
+from planners.base import Budget, Planner, PlanResult, pop_options
+from planners.formulation import Formulation, build
+from planners.galvatron import GalvatronPlanner, resolve_space
+from planners.outer import OuterState, finish, run_outer
+from planners.segments import GroupDP, GroupSolution
+from specs import ClusterSpec, ModelSpec
+
+CUTOFF_RTOL = 1e-9
+"""A group must beat the incumbent by more than this (relative) to be solved."""
+
+
+def to_pulp(f: Formulation, relax: bool = False) -> tuple[pulp.LpProblem, dict[str, pulp.LpVariable]]:
+    """The formulation as a PuLP problem (``relax``: every variable continuous)."""
+    prob = pulp.LpProblem("plan", pulp.LpMinimize)
+    xs = {}
+    for name, (lo, hi, integer) in f.variables.items():
+        cat = pulp.LpContinuous if relax or not integer else pulp.LpInteger
+        xs[name] = prob.add_variable(name, None if math.isinf(lo) else lo, None if math.isinf(hi) else hi,
+                                     cat=cat)
+    prob += pulp.lpSum(c * xs[n] for n, c in f.objective.items()) + f.objective_constant
+    for i, (coefs, sense, rhs) in enumerate(f.rows):
+        expr = pulp.lpSum(c * xs[n] for n, c in coefs.items())
+        prob += (expr <= rhs) if sense == "<=" else (expr >= rhs) if sense == ">=" else (expr == rhs), f"r{i}"
+    return prob, xs
+
+
+def lp_bound(f: Formulation) -> float:
+    """The LP relaxation's optimum (inf when even the relaxation is infeasible)."""
+    prob, _ = to_pulp(f, relax=True)
+    prob.solve(pulp.HiGHS(msg=False, threads=1))
+    if prob.status != pulp.LpStatusOptimal:
+        return math.inf
+    return float(pulp.value(prob.objective))
+
+
+class SolveLog:
+    """Statuses of the group solves, folded into one planner status."""
+
+    def __init__(self) -> None:
+        self.statuses: list[str] = []
+        self.gaps: list[float] = []
+
+    def overall(self) -> str:
+        if any(s not in ("optimal", "pruned") for s in self.statuses):
+            return "feasible"
+        return "optimal"
+
+
+class ExactPlanner(Planner):
+    """Skeleton: subclasses set ``defaults`` and implement ``solve_formulation``."""
+
+    defaults: dict[str, Any] = {}
+
+    @abstractmethod
+    def solve_formulation(self, tables, v: int, f: Formulation, warm: GroupSolution | None,
+                          opts: dict, log: SolveLog, state: OuterState) -> GroupSolution | None:
+        """Solve one group's formulation; log its status; the plan, or None."""
+
+    def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+                options: dict[str, Any]) -> PlanResult:
+        opts = pop_options(options, self.defaults, self.name)
+        self.check_options(opts)
+        space, even = resolve_space(opts["space"]), opts["partition"] == "even"
+        log, state = SolveLog(), OuterState()
+        if opts["warm_start"]:
+            seed = GalvatronPlanner().plan(model, cluster, budget, cost_model,
+                                           {"space": space, "partition": opts["partition"], "top_k": 1})
+            if seed.feasible:
+                state.solutions.append((seed.throughput_samples_per_s, seed.iteration_time_s, seed.plan))
+
+        def solve(tables, incumbent_s):
+            dp = GroupDP(tables, exact=False, even=even, stage_imbalance=2.0) if opts["warm_start"] else None
+            out = []
+            for v in tables.vocab:
+                cutoff = incumbent_s * (1 + CUTOFF_RTOL) if math.isfinite(incumbent_s) else None
+                f = build(tables, v, even, cutoff_s=cutoff)
+                if cutoff is not None and lp_bound(f) > cutoff:
+                    log.statuses.append("pruned")
+                    continue
+                warm = dp.solve(v) if dp else None
+                sol = self.solve_formulation(tables, v, f, warm, opts, log, state)
+                if sol is not None:
+                    out.append(sol)
+            return out
+
+        meta = {"model": model.name, "cluster": cluster.name}
+        state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
+                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state)
+        status = log.overall()
+        gap = 0.0 if status == "optimal" else (max(log.gaps) if log.gaps else None)
+        return finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
+                      status, gap)
+
+    def check_options(self, opts: dict) -> None:
+        """Subclasses validate their own options."""

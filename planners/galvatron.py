@@ -1,0 +1,107 @@
+"""Galvatron's search, made exact and faster: Pareto (memory, time) DP per stage, stage boundaries
+chosen by a DP over segments, inside the outer loops over global batch, pp and micro-batches.
+
+Modes: ``exact`` keeps (memory, T, D) Pareto points and enumerates both pipeline caps (exact for
+plan_cost's objective); ``fast`` (default) keeps (memory, T + D/m) points, exact for pp = 1 and
+exact in the bottleneck for pp > 1. ``memory_granularity_mib`` > 0 rounds memory up like the
+public code; ``partition="even"`` splits layers evenly like the public code.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from cost_models import CostModel
+from planners.base import Budget, Planner, PlanResult, pop_options
+from planners.outer import OuterState, finish, run_outer
+from planners.registry import register
+from planners.segments import GroupDP
+from planners.space import SearchSpace
+from specs import ClusterSpec, ModelSpec, SpecError
+
+MIB = 1024**2
+
+DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
+            "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None}
+"""stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
+(None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
+distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper)."""
+
+
+def resolve_space(space: Any) -> SearchSpace:
+    if isinstance(space, SearchSpace):
+        return space
+    if isinstance(space, str):
+        return SearchSpace.preset(space)
+    raise SpecError("space", f"must be a SearchSpace or a preset name, got {space!r}")
+
+
+@register
+class GalvatronPlanner(Planner):
+    """The DP planner over the full space (all dp types, checkpointing, pp, tp)."""
+
+    name = "galvatron"
+    defaults: dict[str, Any] = DEFAULTS
+
+    def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+                options: dict[str, Any]) -> PlanResult:
+        opts = pop_options(options, self.defaults, self.name)
+        space = resolve_space(opts["space"])
+        if opts["mode"] not in ("fast", "exact"):
+            raise SpecError("mode", f"must be fast or exact, got {opts['mode']!r}")
+        if opts["partition"] not in ("search", "even"):
+            raise SpecError("partition", f"must be search or even, got {opts['partition']!r}")
+        exact, even = opts["mode"] == "exact", opts["partition"] == "even"
+        granularity = float(opts["memory_granularity_mib"]) * MIB
+        state = OuterState()
+
+        def solve(tables, incumbent_s):
+            dp = GroupDP(tables, exact=exact, even=even, granularity_bytes=granularity,
+                         stage_imbalance=None if exact else opts["stage_imbalance"],
+                         max_temp_levels=None if exact else opts["max_temp_levels"])
+            found = [s for s in (dp.solve(v, incumbent_s) for v in tables.vocab) if s is not None]
+            state.states += dp.points
+            state.pruned += dp.skipped
+            return found
+
+        meta = {"model": model.name, "cluster": cluster.name}
+        state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
+                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state)
+        status = "optimal" if exact or not granularity and _all_single_stage(tables) else "heuristic"
+        return finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
+                      status, 0.0 if status == "optimal" else None)
+
+
+def _all_single_stage(tables) -> bool:
+    return all(t.combo.pp == 1 for t in tables)
+
+
+@register
+class GalvatronDpTp(GalvatronPlanner):
+    """The paper's ablation: data and tensor parallelism only (no pipeline)."""
+
+    name = "galvatron_dp_tp"
+    defaults = {**DEFAULTS, "space": "dp+tp"}
+
+
+@register
+class GalvatronDpPp(GalvatronPlanner):
+    """The paper's ablation: data and pipeline parallelism only (no tensor parallelism)."""
+
+    name = "galvatron_dp_pp"
+    defaults = {**DEFAULTS, "space": "dp+pp"}
+
+
+@register
+class GalvatronPaper(GalvatronPlanner):
+    """The paper's space (DDP/ZeRO-3, no checkpointing) searched exactly."""
+
+    name = "galvatron_paper"
+    defaults = {**DEFAULTS, "space": "galvatron"}
+
+
+@register
+class GalvatronBins(GalvatronPlanner):
+    """As the public code searches: the paper's space, memory in whole-MiB bins, even partitions."""
+
+    name = "galvatron_bins"
+    defaults = {**DEFAULTS, "space": "galvatron", "memory_granularity_mib": 1.0, "partition": "even"}

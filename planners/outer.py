@@ -1,0 +1,137 @@
+"""The outer loops every search planner shares: global batch x pp x micro-batches groups, ordered
+by a lower bound and pruned by it, each solved by a planner-specific group solver, every plan
+re-scored with plan_cost; and the smallest memory of the space when nothing fits."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from cost_models import GIB, CostModel
+from planners.base import PlanResult, RankedPlan, SearchStats, infeasible_result, scored_result
+from planners.segments import GroupSolution, temp_levels
+from planners.space import Combo, SearchSpace, combos
+from planners.tables import ComboTables, build_tables
+from specs import ModelSpec
+
+RESCORE_RTOL = 1e-6
+"""Planner objective vs plan_cost: they are the same formula, so they agree to rounding."""
+
+
+@dataclass
+class OuterState:
+    """What the outer loop collected."""
+
+    solutions: list[tuple[float, float, object]] = field(default_factory=list)
+    """(throughput, time, plan) of every group's plan."""
+    candidates: int = 0
+    pruned: int = 0
+    states: int = 0
+    mismatch: float = 0.0
+    """Largest relative gap between a solver objective and plan_cost (should be ~0)."""
+
+
+def grouped_tables(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
+                   batches: tuple[int, ...]) -> list[ComboTables]:
+    """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps."""
+    groups: dict[tuple, list[Combo]] = {}
+    for c in combos(model, cost_model.cluster, batches, space):
+        groups.setdefault((c.global_batch, c.pp, c.micro_batches, c.schedule), []).append(c)
+    return [build_tables(model, cost_model, cs[0], [c.vocab_tp for c in cs], space, budget_bytes)
+            for cs in groups.values()]
+
+
+def lower_bound_s(t: ComboTables) -> float:
+    """sum_k T_k >= sum of each layer's fastest strategy (+ embedding/head); max_k T_k >= mean."""
+    pp, m = t.combo.pp, t.combo.micro_batches
+    per_type = np.min([np.min(s.time_s, axis=1) for s in t.stages], axis=0)
+    layers = float(per_type[t.layer_type].sum())
+    vocab = min(sum(vc.time_s for vc in v) for v in t.vocab.values())
+    total = layers + vocab
+    return total + (m - 1) * total / pp
+
+
+def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
+              batches: tuple[int, ...], solve: Callable[[ComboTables, float], list[GroupSolution]],
+              top_k: int, meta: dict, state: OuterState | None = None) -> tuple[OuterState, list[ComboTables]]:
+    """Solve groups in order of their lower bound; skip a group whose bound cannot beat the best."""
+    state = state or OuterState()
+    tables = grouped_tables(model, cost_model, budget_bytes, space, batches)
+    bounds = [lower_bound_s(t) for t in tables]
+    order = sorted(range(len(tables)), key=lambda i: -tables[i].combo.global_batch / bounds[i])
+    for i in order:
+        t = tables[i]
+        state.candidates += len(t.vocab)
+        ranked = sorted((s[0] for s in state.solutions), reverse=True)
+        best_thr = ranked[0] if ranked else 0.0
+        threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
+        if t.combo.global_batch / bounds[i] <= threshold:
+            state.pruned += len(t.vocab)
+            continue
+        incumbent = t.combo.global_batch / best_thr if best_thr > 0 else float("inf")
+        for sol in solve(t, incumbent):
+            plan = t.plan(sol.choice, sol.stage_layers, sol.vocab_tp, meta)
+            cost = cost_model.plan_cost(model, plan)
+            if max(cost.stage_peak_bytes) > budget_bytes * (1 + 1e-12):
+                continue  # a solver working in rounded units may overshoot; such plans are not returned
+            rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
+            state.mismatch = max(state.mismatch, rel)
+            state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
+    return state, tables
+
+
+def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],
+           budget_bytes: float, top_k: int, status: str, gap: float | None, extra_states: int = 0) -> PlanResult:
+    """PlanResult of the best plan (re-scored), or the smallest memory at which the space fits."""
+    stats = SearchStats(states_explored=state.states + extra_states, candidates=state.candidates,
+                        pruned=state.pruned, solver_status=status if state.solutions else "infeasible", gap=gap)
+    if not state.solutions:
+        if not tables:
+            return infeasible_result(name, None, stats, "the search space is empty for these global batches "
+                                     "(no pp, micro-batch and tp/dp split divides them)")
+        floor = min(min_memory_bytes(t) for t in tables)
+        return infeasible_result(name, floor if np.isfinite(floor) else None, stats)
+    ranked = sorted(state.solutions, key=lambda s: (-s[0], s[1]))
+    top = tuple(RankedPlan(plan=p, iteration_time_s=tm, throughput_samples_per_s=thr,
+                           peak_memory_gib=cost_model.plan_cost(model, p).peak_memory_bytes / GIB)
+                for thr, tm, p in ranked[:top_k])
+    note = f"objective vs plan_cost mismatch {state.mismatch:.1e}" if state.mismatch > RESCORE_RTOL else ""
+    return scored_result(name, cost_model, model, ranked[0][2], stats, top, note)
+
+
+def min_memory_bytes(t: ComboTables) -> float:
+    """Smallest peak memory over the group's plans (any partition, vocab tp and strategies),
+    runtime overhead included: a min-max partition over per-stage minimum memory."""
+    n, pp = len(t.layer_type), t.combo.pp
+    levels = temp_levels(t)
+    best = np.inf
+    for v, vocab in t.vocab.items():
+        seg = [_stage_min_memory(t, k, levels, vocab[k]) for k in range(pp)]
+        M = seg[0][0].copy()
+        for k in range(1, pp):
+            M = np.min(np.maximum(M[:, None], seg[k]), axis=0)
+        best = min(best, float(M[n]))
+    return best + t.overhead_bytes
+
+
+def _stage_min_memory(t: ComboTables, k: int, levels: np.ndarray, vc) -> np.ndarray:
+    """[a, b] -> least memory of layers a..b-1 on stage k (inf where b <= a)."""
+    st = t.stages[k]
+    n = len(t.layer_type)
+    lvl = np.searchsorted(levels, np.where(np.isfinite(st.temp_bytes), st.temp_bytes, np.inf))
+    best = np.full((n + 1, n + 1), np.inf)
+    for j, lv in enumerate(levels):
+        per_layer = np.where(t.allowed & (lvl <= j), st.memory_bytes, np.inf)[t.layer_type]
+        if vc.first_delta is not None:
+            per_layer[0] = per_layer[0] + vc.first_delta[:, 2]
+        if vc.last_delta is not None:
+            per_layer[-1] = per_layer[-1] + vc.last_delta[:, 2]
+        mem = per_layer.min(axis=1)
+        missing = np.concatenate(([0], np.cumsum(~np.isfinite(mem))))
+        prefix = np.concatenate(([0.0], np.cumsum(np.where(np.isfinite(mem), mem, 0.0))))
+        seg = prefix[None, :] - prefix[:, None] + max(lv, vc.temp_bytes) + vc.memory_bytes
+        seg = np.where(missing[None, :] - missing[:, None] > 0, np.inf, seg)
+        best = np.minimum(best, seg)
+    a, b = np.indices(best.shape)
+    return np.where(b > a, best, np.inf)

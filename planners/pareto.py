@@ -1,0 +1,226 @@
+"""Layer-by-layer DP over Pareto-optimal (memory, time) points: exact in memory, no MB bins.
+
+A point is one partial plan of a stage's first j layers: its summed memory, the level of its
+largest temporary buffer, its per-micro-batch time T, per-iteration tail D and a back-pointer.
+Fast mode keeps points not dominated in (temp level, memory, T + w*D); exact mode keeps points
+not dominated in (temp level, memory, T, D), which is what the pipeline objective needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planners.tables import StageTables
+
+
+@dataclass
+class Frontier:
+    """Non-dominated partial plans after one layer (flat over the layer's strategies)."""
+
+    mem: np.ndarray
+    level: np.ndarray
+    T: np.ndarray
+    D: np.ndarray
+    strat: np.ndarray
+    parent: np.ndarray
+    """Index into the previous layer's frontier (-1 at the segment's first layer)."""
+
+    def __len__(self) -> int:
+        return len(self.mem)
+
+    def take(self, idx: np.ndarray) -> "Frontier":
+        return Frontier(self.mem[idx], self.level[idx], self.T[idx], self.D[idx], self.strat[idx], self.parent[idx])
+
+
+def _staircase_keep(mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Indices (into the inputs) of the 2-D (mem, cost) non-dominated points, ascending mem."""
+    order = np.lexsort((cost, mem))
+    c = cost[order]
+    best_before = np.minimum.accumulate(np.concatenate(([np.inf], c[:-1])))
+    return order[c < best_before]
+
+
+def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Indices of points not dominated in (level, mem, cost).
+
+    Sorted by (mem, cost, level), point i is dominated iff an earlier point of level <= its own
+    has cost <= its own: one running minimum per level threshold, all levels at once.
+    """
+    if len(mem) <= 1:
+        return np.arange(len(mem))
+    order = np.lexsort((level, cost, mem))
+    lv, c = level[order], cost[order]
+    thresholds = np.unique(lv)
+    masked = np.where(lv[None, :] <= thresholds[:, None], c[None, :], np.inf)
+    running = np.minimum.accumulate(masked, axis=1)
+    before = np.concatenate((np.full((len(thresholds), 1), np.inf), running[:, :-1]), axis=1)
+    row = np.searchsorted(thresholds, lv)
+    dominated = before[row, np.arange(len(c))] <= c
+    return order[~dominated]
+
+
+def prune_exact(level: np.ndarray, mem: np.ndarray, T: np.ndarray, D: np.ndarray) -> np.ndarray:
+    """Indices of points not dominated in (level, mem, T, D); quadratic, for small instances."""
+    pts = np.stack((level.astype(float), mem, T, D), axis=1)
+    _, first = np.unique(pts, axis=0, return_index=True)
+    pts = pts[first]
+    le = (pts[None, :, :] <= pts[:, None, :]).all(axis=2)
+    lt = (pts[None, :, :] < pts[:, None, :]).any(axis=2)
+    dominated = (le & lt).any(axis=1)
+    return first[~dominated]
+
+
+@dataclass
+class SegmentPass:
+    """One DP pass of a stage starting at layer ``start``: frontiers after each layer."""
+
+    stage: int
+    start: int
+    frontiers: list[Frontier]
+
+    def strategies(self, last: int, point: int) -> list[int]:
+        """Strategy indices of layers start..start+last for the point ``point`` of layer ``last``."""
+        out = []
+        for j in range(last, -1, -1):
+            f = self.frontiers[j]
+            out.append(int(f.strat[point]))
+            point = int(f.parent[point])
+        return out[::-1]
+
+
+class PassRunner:
+    """Runs the DP through a stage's layers; exact or fast pruning, memory cap per temp level."""
+
+    def __init__(self, st: StageTables, layer_type: np.ndarray, allowed: np.ndarray, levels: np.ndarray,
+                 cap_by_level: np.ndarray, weight: float, exact: bool, first_extra: np.ndarray | None = None
+                 ) -> None:
+        self.st, self.layer_type, self.allowed = st, layer_type, allowed
+        self.levels = levels
+        """Sorted distinct temporary sizes; a point's level indexes it."""
+        self.cap_by_level = cap_by_level
+        """Largest summed memory a point of each level may have (the loosest vocab choice)."""
+        self.weight, self.exact = weight, exact
+        self.first_extra = first_extra
+        """[strategy, (T, D, memory)] added to layer 0 (the embedding's share that follows its dp type)."""
+        self.strat_level = np.searchsorted(levels, np.where(np.isfinite(st.temp_bytes), st.temp_bytes, 0.0))
+        self._classes: dict[int, tuple] = {}
+        self.points = 0
+
+    def run(self, stage: int, start: int, stop: int) -> SegmentPass:
+        """Frontiers for layers start..stop-1."""
+        frontiers = [self._first(start)]
+        for j in range(start + 1, stop):
+            frontiers.append(self._step(frontiers[-1], j))
+        return SegmentPass(stage, start, frontiers)
+
+    def run_scalar(self, stage: int, start: int, stop: int) -> SegmentPass:
+        """The same layers ignoring memory: one point per strategy, the cheapest path ending in it.
+        Where that point fits, it is the answer and no Pareto pass is needed."""
+        first = self._first_unpruned(start)
+        frontiers = [first]
+        for j in range(start + 1, stop):
+            frontiers.append(self._scalar_step(frontiers[-1], j))
+        return SegmentPass(stage, start, frontiers)
+
+    def _first_unpruned(self, j: int) -> Frontier:
+        saved = self.cap_by_level
+        self.cap_by_level = np.full(len(self.levels), np.inf)
+        try:
+            return self._first(j)
+        finally:
+            self.cap_by_level = saved
+
+    def _scalar_step(self, prev: Frontier, j: int) -> Frontier:
+        if not len(prev):
+            return prev
+        R = self.st.trans_s[self.layer_type[j - 1]]
+        ty = self.layer_type[j]
+        st = self.st
+        targets = np.flatnonzero(self.allowed[ty])
+        total = self._cost(prev.T, prev.D)[:, None] + R[prev.strat][:, targets]
+        best = np.argmin(total, axis=0)
+        shift = R[prev.strat[best], targets]
+        f = Frontier(prev.mem[best] + st.memory_bytes[ty, targets],
+                     np.maximum(prev.level[best], self.strat_level[ty, targets]),
+                     prev.T[best] + shift + st.time_s[ty, targets], prev.D[best] + st.tail_s[ty, targets],
+                     targets, best)
+        self.points += len(f)
+        return f
+
+    def _cost(self, T: np.ndarray, D: np.ndarray) -> np.ndarray:
+        return T + self.weight * D
+
+    def _first(self, j: int) -> Frontier:
+        ty = self.layer_type[j]
+        strat = np.flatnonzero(self.allowed[ty])
+        st = self.st
+        f = Frontier(st.memory_bytes[ty, strat], self.strat_level[ty, strat], st.time_s[ty, strat],
+                     st.tail_s[ty, strat], strat, np.full(len(strat), -1))
+        if j == 0 and self.first_extra is not None:
+            extra = self.first_extra[strat]
+            f = Frontier(f.mem + extra[:, 2], f.level, f.T + extra[:, 0], f.D + extra[:, 1], f.strat, f.parent)
+        return self._finish(f)
+
+    def _finish(self, f: Frontier) -> Frontier:
+        ok = f.mem <= self.cap_by_level[f.level]
+        f = f.take(np.flatnonzero(ok))
+        self.points += len(f)
+        return f
+
+    def _source_target_classes(self, ty: int) -> tuple:
+        """Strategies with identical relayout rows (sources) / columns (targets) share a class."""
+        if ty not in self._classes:
+            R = self.st.trans_s[ty]
+            R = np.where(np.isfinite(R), R, 0.0)
+            _, src = np.unique(R, axis=0, return_inverse=True)
+            _, dst = np.unique(R, axis=1, return_inverse=True)
+            self._classes[ty] = (src.ravel(), dst.ravel(), R)
+        return self._classes[ty]
+
+    def _step(self, prev: Frontier, j: int) -> Frontier:
+        if not len(prev):
+            return prev
+        src_cls, dst_cls, R = self._source_target_classes(self.layer_type[j - 1])
+        ty = self.layer_type[j]
+        st = self.st
+        targets = np.flatnonzero(self.allowed[ty])
+        pieces = []
+        by_source = self._unions_by_source(prev, src_cls)
+        for h in np.unique(dst_cls[targets]):
+            members = targets[dst_cls[targets] == h]
+            cand = self._shifted(prev, by_source, R[:, members[0]])
+            for t in members:
+                pieces.append(Frontier(cand.mem + st.memory_bytes[ty, t],
+                                       np.maximum(cand.level, self.strat_level[ty, t]),
+                                       cand.T + st.time_s[ty, t], cand.D + st.tail_s[ty, t],
+                                       np.full(len(cand), t), cand.parent))
+        if not pieces:
+            return Frontier(*(np.empty(0),) * 4, np.empty(0, dtype=int), np.empty(0, dtype=int))
+        f = Frontier(*(np.concatenate([getattr(p, a) for p in pieces])
+                       for a in ("mem", "level", "T", "D", "strat", "parent")))
+        return self._finish(f)
+
+    def _unions_by_source(self, prev: Frontier, src_cls: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """Per source class: the representative strategy and the non-dominated points ending in it."""
+        out = []
+        cls = src_cls[prev.strat]
+        for g in np.unique(cls):
+            idx = np.flatnonzero(cls == g)
+            idx = idx[self._prune(prev, idx)]
+            out.append((int(prev.strat[idx[0]]), idx))
+        return out
+
+    def _shifted(self, prev: Frontier, by_source: list, column: np.ndarray) -> Frontier:
+        """Union over source classes of their points plus the relayout into this target class, pruned."""
+        idx = np.concatenate([i for _, i in by_source])
+        shift = np.concatenate([np.full(len(i), column[rep]) for rep, i in by_source])
+        f = Frontier(prev.mem[idx], prev.level[idx], prev.T[idx] + shift, prev.D[idx], prev.strat[idx], idx)
+        keep = self._prune(f, np.arange(len(f)))
+        return f.take(keep)
+
+    def _prune(self, f: Frontier, idx: np.ndarray) -> np.ndarray:
+        """Positions (into idx) of the non-dominated points among f[idx]."""
+        if self.exact:
+            return prune_exact(f.level[idx], f.mem[idx], f.T[idx], f.D[idx])
+        return prune_fast(f.level[idx], f.mem[idx], self._cost(f.T[idx], f.D[idx]))

@@ -1,0 +1,181 @@
+"""Choosing pipeline stage boundaries: a DP over contiguous segments of layers.
+
+Each stage k offers options (a, b, g, T, D): layers a..b-1 on stage k ending in a layer of dp g,
+with per-micro-batch time T and tail D. Stage k > 0 also pays ``recv[k][a, g']``, the gradient sent
+back to it, which depends on the dp g' of the previous stage's last layer. The objective is
+plan_cost's sum_k T_k + (m-1) max_k T_k + max_k D_k. For a bottleneck cap tau (and a tail cap
+delta) the min-sum partition is a shortest path; enumerating the caps in increasing order with the
+bound S_min + (m-1) tau + delta >= best makes the search exact over the given options.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class StageOptions:
+    """Flat option arrays of one stage."""
+
+    a: np.ndarray
+    b: np.ndarray
+    g: np.ndarray
+    """Index into the dp values of the layer ending the segment."""
+    T: np.ndarray
+    D: np.ndarray
+
+
+@dataclass
+class PartitionChoice:
+    """The chosen option index of each stage, and the objective it reaches."""
+
+    option: list[int]
+    objective_s: float
+    cells_explored: int
+
+
+def _cells(opts: StageOptions, n: int, G: int, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """[a, b, g] -> min T over options with D <= delta, and the option reaching it."""
+    T = np.full((n + 1, n + 1, G), np.inf)
+    ok = np.flatnonzero(opts.D <= delta)
+    cell = (opts.a[ok], opts.b[ok], opts.g[ok])
+    np.minimum.at(T, cell, opts.T[ok])
+    hit = ok[opts.T[ok] == T[cell]]
+    hit = hit[np.argsort(-opts.D[hit], kind="stable")]  # among equal T, the smallest D is written last
+    which = np.full((n + 1, n + 1, G), -1)
+    which[opts.a[hit], opts.b[hit], opts.g[hit]] = hit
+    return T, which
+
+
+def _min_sum(cells: list[np.ndarray], recv: list[np.ndarray], tau: float, n: int, path: bool = True
+             ) -> tuple[float, list[tuple[int, int, int]]] | None:
+    """Min sum of stage times with every stage <= tau; with ``path`` also the (a, b, g) of each
+    stage (without it, only the value: no argmins, several times faster)."""
+    G = cells[0].shape[2]
+    V = np.where(cells[0][0] <= tau, cells[0][0], np.inf)  # [b, g]
+    back = []
+    for k in range(1, len(cells)):
+        stage_t = recv[k][:, :, None, None] + cells[k][:, None, :, :]  # [a, g', b, g]
+        total = np.where(stage_t <= tau, V[:, :, None, None] + stage_t, np.inf)
+        flat = total.reshape((n + 1) * G, n + 1, G)
+        if path:
+            arg = flat.argmin(axis=0)
+            V = np.take_along_axis(flat, arg[None], axis=0)[0]
+            back.append(arg)
+        else:
+            V = flat.min(axis=0)
+    value = float(V[n].min())
+    if not np.isfinite(value):
+        return None
+    if not path:
+        return value, []
+    g_end = int(np.argmin(V[n]))
+    steps, b, g = [], n, g_end
+    for k in range(len(cells) - 1, 0, -1):
+        a, g_prev = divmod(int(back[k - 1][b, g]), G)
+        steps.append((a, b, g))
+        b, g = a, g_prev
+    steps.append((0, b, g))
+    return value, steps[::-1]
+
+
+def _objective(path, whichs, opts, recv, m) -> tuple[float, list[int]]:
+    Ts, Ds, chosen = [], [], []
+    for k, (a, b, g) in enumerate(path):
+        o = int(whichs[k][a, b, g])
+        r = recv[k][a, path[k - 1][2]] if k else 0.0
+        Ts.append(opts[k].T[o] + r)
+        Ds.append(opts[k].D[o])
+        chosen.append(o)
+    return sum(Ts) + (m - 1) * max(Ts) + max(Ds), chosen
+
+
+def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G: int, m: int,
+                     exact: bool, deltas: np.ndarray | None = None) -> PartitionChoice | None:
+    """Best partition over the options; exact in both caps when ``exact``, else in tau only
+    (the tail max is then evaluated, not optimised). ``deltas``: tail caps to try instead of
+    every distinct tail (then exact in tau for each of them only)."""
+    if len(opts) == 1:
+        return _single_stage(opts[0], n, m)
+    if deltas is None:
+        deltas = np.unique(np.concatenate([o.D for o in opts])) if exact else np.array([np.inf])
+    deltas = np.sort(np.asarray(deltas, dtype=float))
+    best: PartitionChoice | None = None
+    best_value, best_caps = np.inf, None
+    explored = 0
+    # a floor valid for every delta: the min sum and the min bottleneck with no tail cap
+    loose = [_cells(o, n, G, np.inf)[0] for o in opts]
+    if _min_sum(loose, recv, np.inf, n) is None:
+        return None
+    loose_taus = _tau_candidates(loose, recv)
+    loose_taus = loose_taus[_first_feasible(loose, recv, loose_taus, n):]
+    floor = _min_sum(loose, recv, np.inf, n)[0] + (m - 1) * loose_taus[0]
+    for delta in deltas:
+        d_lb = delta if exact else 0.0
+        if floor + d_lb >= best_value:
+            break
+        cells = [_cells(o, n, G, delta) for o in opts]
+        T_cells, whichs = [c[0] for c in cells], [c[1] for c in cells]
+        base = _min_sum(T_cells, recv, np.inf, n, path=False)
+        if base is None:
+            continue
+        if base[0] + (m - 1) * loose_taus[0] + d_lb >= best_value:
+            continue  # this tail cap's min sum alone cannot win
+        taus = _tau_candidates(T_cells, recv)
+        lo = int(np.searchsorted(taus, loose_taus[0]))  # below the loose bottleneck nothing is feasible
+        for tau in taus[lo:]:
+            bound = base[0] + (m - 1) * tau + d_lb
+            if best_value <= bound:
+                break
+            if exact:  # S(tau, delta) + (m-1) tau + delta: its minimum is the optimum
+                res = _min_sum(T_cells, recv, tau, n, path=False)
+                explored += 1
+                if res is not None and res[0] + (m - 1) * tau + delta < best_value:
+                    best_value, best_caps = res[0] + (m - 1) * tau + delta, (tau, delta)
+                continue
+            res = _min_sum(T_cells, recv, tau, n)
+            explored += 1
+            if res is None:
+                continue
+            value, chosen = _objective(res[1], whichs, opts, recv, m)
+            if value < best_value:
+                best_value, best = value, PartitionChoice(chosen, value, 0)
+    if exact and best_caps is not None:
+        tau, delta = best_caps
+        cells = [_cells(o, n, G, delta) for o in opts]
+        res = _min_sum([c[0] for c in cells], recv, tau, n)
+        value, chosen = _objective(res[1], [c[1] for c in cells], opts, recv, m)
+        best = PartitionChoice(chosen, value, 0)
+    if best is not None:
+        best.cells_explored = explored
+    return best
+
+
+def _single_stage(o: StageOptions, n: int, m: int) -> PartitionChoice | None:
+    ok = np.flatnonzero((o.a == 0) & (o.b == n))
+    if not len(ok):
+        return None
+    value = m * o.T[ok] + o.D[ok]
+    i = int(ok[np.argmin(value)])
+    return PartitionChoice([i], float(m * o.T[i] + o.D[i]), len(ok))
+
+
+def _tau_candidates(cells: list[np.ndarray], recv: list[np.ndarray]) -> np.ndarray:
+    vals = [cells[0][0].ravel()]
+    for k in range(1, len(cells)):
+        vals.append((recv[k][:, :, None, None] + cells[k][:, None, :, :]).ravel())
+    v = np.concatenate(vals)
+    return np.unique(v[np.isfinite(v)])
+
+
+def _first_feasible(cells, recv, taus: np.ndarray, n: int) -> int:
+    """Smallest index i with a partition whose every stage time is <= taus[i] (bisection)."""
+    lo, hi = 0, len(taus) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _min_sum(cells, recv, taus[mid], n, path=False) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,291 @@
+"""Galvatron's DP for one (global batch, pp, micro-batches) group: Pareto passes per stage,
+segment options, and the partition DP that picks stage boundaries; plans come back as choices."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planners.pareto import PassRunner, SegmentPass, _staircase_keep
+from planners.partition import StageOptions, search_partition
+from planners.tables import ComboTables, StageTables
+
+
+@dataclass
+class GroupSolution:
+    """One plan of a group: a strategy index per layer, the stage sizes, the vocab tp, its objective."""
+
+    vocab_tp: int
+    choice: list[int]
+    stage_layers: list[int]
+    objective_s: float
+
+
+def stage_windows(n: int, pp: int, even: bool, max_len: int | None = None) -> list[list[tuple[int, int]]]:
+    """(start, stop) segments each stage may take: contiguous, every stage non-empty, at most
+    ``max_len`` layers when given."""
+    if even:
+        sizes = [n // pp + (1 if i < n % pp else 0) for i in range(pp)]
+        bounds = np.concatenate(([0], np.cumsum(sizes)))
+        return [[(int(bounds[k]), int(bounds[k + 1]))] for k in range(pp)]
+    out = []
+    for k in range(pp):
+        starts = [0] if k == 0 else range(k, n - (pp - k) + 1)
+        stops = [n] if k == pp - 1 else None
+        segs = [(a, b) for a in starts for b in (stops or range(a + 1, n - (pp - 1 - k) + 1))
+                if max_len is None or b - a <= max_len]
+        out.append(segs)
+    return out
+
+
+def temp_levels(t: ComboTables) -> np.ndarray:
+    vals = [s.temp_bytes[np.isfinite(s.temp_bytes)] for s in t.stages]
+    vals += [np.array([vc.temp_bytes for vc in v]) for v in t.vocab.values()]
+    return np.unique(np.concatenate(vals + [np.zeros(1)]))
+
+
+def _last_mem_floor(vc) -> float:
+    return float(vc.last_delta[:, 2].min()) if vc.last_delta is not None else 0.0
+
+
+class GroupDP:
+    """Runs the passes once per group (stage 0 once per vocab tp) and answers every vocab tp."""
+
+    def __init__(self, t: ComboTables, exact: bool, even: bool, granularity_bytes: float = 0.0,
+                 stage_imbalance: float | None = None, max_temp_levels: int | None = None) -> None:
+        self.t, self.exact, self.even = t, exact, even
+        self.n = len(t.layer_type)
+        self.m = t.combo.micro_batches
+        self.weight = 1.0 / self.m
+        # fast mode offers each segment's best under several time/tail weights (T + lam * D):
+        # 1/m is exact when pp = 1; 0 and 1 cover bottleneck stages and tail-heavy stages.
+        self.lambdas = [self.weight] + ([0.0, 1.0] if t.combo.pp > 1 and not exact else [])
+        self.stages = [_rounded(s, granularity_bytes) for s in t.stages] if granularity_bytes else t.stages
+        self.levels = temp_levels(t) if not granularity_bytes else _round_up(temp_levels(t), granularity_bytes)
+        if max_temp_levels is not None and len(self.levels) > max_temp_levels:
+            self.levels, self.stages = _coarse_levels(self.levels, self.stages, max_temp_levels)
+        self.dp_index = {d: i for i, d in enumerate(t.dp_values)}
+        self.strat_g = np.array([self.dp_index[s.dp] for s in t.strategies])
+        max_len = None if stage_imbalance is None else math.ceil(stage_imbalance * self.n / t.combo.pp)
+        self.windows = stage_windows(self.n, t.combo.pp, even, max_len)
+        self.points = 0
+        self.skipped = 0
+        """Vocab tps skipped because the memory-blind objective could not beat the incumbent."""
+        self.passes: dict[tuple[int, int | None], dict] = {}
+
+    # -- passes -----------------------------------------------------------------------------
+    def _cap_by_level(self, k: int, vocab_tps) -> np.ndarray:
+        B = self.t.budget_bytes
+        caps = [B - np.maximum(self.levels, self.t.vocab[v][k].temp_bytes) - self.t.vocab[v][k].memory_bytes
+                - _last_mem_floor(self.t.vocab[v][k]) for v in vocab_tps]
+        return np.max(caps, axis=0)
+
+    def _stage_passes(self, k: int, v: int, scalar: float | None = None) -> dict:
+        """start -> (pass, pass id) for stage k; stage 0 depends on the vocab tp, the others do not.
+        ``scalar``: the memory-blind pass (one point per strategy) under weight ``scalar``."""
+        key = (k, v if k == 0 else None, scalar)
+        if key in self.passes:
+            return self.passes[key]
+        lt = self.t.layer_type
+        vocab_tps = [v] if k == 0 else list(self.t.vocab)
+        first_extra = self.t.vocab[v][0].first_delta if k == 0 else None
+        runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
+                            self.weight if scalar is None else scalar, self.exact, first_extra)
+        stop_of: dict[int, int] = {}
+        for a, b in self.windows[k]:
+            stop_of[a] = max(stop_of.get(a, 0), b)
+        done: list[SegmentPass] = []
+        by_start: dict[int, tuple[SegmentPass, int]] = {}
+        for a in sorted(stop_of):
+            stop = stop_of[a]
+            reuse = next((p for p in done if len(p.frontiers) >= stop - a
+                          and np.array_equal(lt[p.start:p.start + stop - a], lt[a:stop])), None)
+            if reuse is None:
+                reuse = (runner.run if scalar is None else runner.run_scalar)(k, a, stop)
+                done.append(reuse)
+            by_start[a] = (reuse, id(reuse))
+        self.points += runner.points
+        self.passes[key] = by_start
+        return by_start
+
+    # -- options ----------------------------------------------------------------------------
+    def _options(self, k: int, v: int, cache: dict, lam: float | None, relaxed: bool = False
+                 ) -> tuple[StageOptions, list]:
+        vc = self.t.vocab[v][k]
+        st = self.stages[k]
+        B = self.t.budget_bytes
+        cols = {name: [] for name in ("a", "b", "g", "T", "D")}
+        refs: list = []
+        for a, b in self.windows[k]:
+            if relaxed:
+                p, pid = self._stage_passes(k, v, scalar=lam)[a]
+                key = ("relaxed", pid, b - a, lam)
+                if key not in cache:
+                    cache[key] = self._segment(p, b - a - 1, st, vc, np.inf, k, lam)
+                found = cache[key]
+            else:
+                found, p = self._lookup(k, v, a, b, lam, st, vc, B, cache)
+            for g, T, D, point in found:
+                for name, val in zip(("a", "b", "g", "T", "D"), (a, b, g, T, D)):
+                    cols[name].append(val)
+                refs.append((p, b - a - 1, point))
+        arr = {n: np.array(v_, dtype=float if n in "TD" else int) for n, v_ in cols.items()}
+        return StageOptions(arr["a"], arr["b"], arr["g"], arr["T"], arr["D"]), refs
+
+    def _lookup(self, k, v, a, b, lam, st, vc, B, cache) -> tuple[list, SegmentPass]:
+        """Options of segment (a, b) under weight lam: from the memory-blind pass where its best
+        fits, else from the Pareto pass (exact mode: the Pareto pass, all (T, D) points)."""
+        if lam is not None:
+            p, pid = self._stage_passes(k, v, scalar=lam)[a]
+            key = (pid, b - a, lam)
+            if key not in cache:
+                cache[key] = self._segment(p, b - a - 1, st, vc, B, k, lam, require_best=True)
+            if cache[key] is not None:
+                return cache[key], p
+        p, pid = self._stage_passes(k, v)[a]
+        key = (pid, b - a, lam)
+        if key not in cache:
+            cache[key] = self._segment(p, b - a - 1, st, vc, B, k, lam)
+        return cache[key], p
+
+    def _segment(self, p: SegmentPass, last: int, st: StageTables, vc, B: float, k: int,
+                 lam: float | None, require_best: bool = False) -> list | None:
+        """Options of one segment: per dp of its last layer, the best point (fast) or the (T, D)
+        Pareto points (exact) that fit. ``require_best``: None unless each dp's cheapest point fits."""
+        f = p.frontiers[last]
+        if not len(f):
+            return []
+        ty_last = self.t.layer_type[p.start + last]
+        extra = vc.last_delta[f.strat] if vc.last_delta is not None else np.zeros((len(f), 3))
+        mem = f.mem + extra[:, 2] + np.maximum(self.levels[f.level], vc.temp_bytes) + vc.memory_bytes
+        send = st.send_next_s[ty_last, f.strat] if k < self.t.combo.pp - 1 else 0.0
+        T = f.T + vc.time_s + send + extra[:, 0]
+        D = f.D + vc.tail_s + extra[:, 1]
+        out = []
+        for g in range(len(self.t.dp_values)):
+            if require_best:
+                idx = np.flatnonzero(self.strat_g[f.strat] == g)
+                if len(idx) and mem[idx[np.argmin(T[idx] + lam * D[idx])]] > B:
+                    return None
+            idx = np.flatnonzero((mem <= B) & (self.strat_g[f.strat] == g))
+            if not len(idx):
+                continue
+            if self.exact:
+                keep = idx[_staircase_keep(T[idx], D[idx])]
+            else:
+                keep = idx[[int(np.argmin(T[idx] + lam * D[idx]))]]
+            out.extend((g, float(T[i]), float(D[i]), int(i)) for i in keep)
+        return out
+
+    def _mixed(self, runs: list, recv: list, best: tuple) -> tuple:
+        opts, refs = _merge(runs)
+        choice0 = best[0]
+        D_all = np.concatenate([o.D for o in opts])
+        tails = [best[1][k].D[o] for k, o in enumerate(choice0.option)]
+        deltas = np.unique(D_all)
+        if len(deltas) > MIXED_ALL_TAILS:
+            deltas = np.unique(np.concatenate((np.quantile(D_all, np.linspace(0, 1, MIXED_TAIL_CAPS)), tails)))
+        choice = search_partition(opts, recv, self.n, len(self.t.dp_values), self.m, exact=True, deltas=deltas)
+        if choice is not None and choice.objective_s < choice0.objective_s:
+            return choice, opts, refs
+        return best
+
+    def _recv(self, k: int) -> np.ndarray:
+        """[a, g']: gradient sent back to stage k when the previous stage ends at layer a-1 with dp g'."""
+        G = len(self.t.dp_values)
+        out = np.full((self.n + 1, G), np.inf)
+        sp = self.stages[k - 1].send_prev_s
+        for a in range(1, self.n + 1):
+            ty = self.t.layer_type[a - 1]
+            for g in range(G):
+                mask = self.t.allowed[ty] & (self.strat_g == g)
+                if mask.any():
+                    out[a, g] = sp[ty, mask].min()
+        return out
+
+    # -- answer -----------------------------------------------------------------------------
+    def relaxed_objective(self, v: int) -> float:
+        """The group's objective with memory ignored (memory-blind passes only): a lower bound
+        on the fast search's answer for pp = 1 and, in practice, for pp > 1."""
+        caches: list[dict] = [{} for _ in self.windows]
+        recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
+        out = np.inf
+        for lam in self.lambdas:
+            built = [self._options(k, v, caches[k], lam, relaxed=True) for k in range(len(self.windows))]
+            choice = search_partition([b[0] for b in built], recv, self.n, len(self.t.dp_values), self.m, exact=False)
+            if choice is not None:
+                out = min(out, choice.objective_s)
+        return out
+
+    def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
+        """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
+        per weight lam (each segment offering its best T + lam * D) and keeps the best; it skips
+        the group when even the memory-blind objective cannot beat ``incumbent_s``."""
+        if not self.exact and self.relaxed_objective(v) >= incumbent_s:
+            self.skipped += 1
+            return None
+        caches: list[dict] = [{} for _ in self.windows]
+        recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
+        best = None
+        runs = []
+        for lam in (self.lambdas if not self.exact else [None]):
+            built = [self._options(k, v, caches[k], lam) for k in range(len(self.windows))]
+            opts, refs = [b[0] for b in built], [b[1] for b in built]
+            runs.append((opts, refs))
+            choice = search_partition(opts, recv, self.n, len(self.t.dp_values), self.m, exact=self.exact)
+            if choice is not None and (best is None or choice.objective_s < best[0].objective_s):
+                best = (choice, opts, refs)
+        if best is None:
+            return None
+        if len(runs) > 1:  # stages may want different weights: all options, a few tail caps
+            best = self._mixed(runs, recv, best)
+        choice, opts, refs = best
+        layers: list[int] = []
+        sizes = []
+        for k, o in enumerate(choice.option):
+            p, last, point = refs[k][o]
+            layers.extend(p.strategies(last, point))
+            sizes.append(int(opts[k].b[o] - opts[k].a[o]))
+        return GroupSolution(v, layers, sizes, choice.objective_s)
+
+
+def _merge(runs: list) -> tuple[list[StageOptions], list[list]]:
+    opts, refs = [], []
+    for k in range(len(runs[0][0])):
+        parts = [r[0][k] for r in runs]
+        opts.append(StageOptions(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("a", "b", "g", "T", "D"))))
+        refs.append([x for r in runs for x in r[1][k]])
+    return opts, refs
+
+
+MIXED_TAIL_CAPS = 17
+"""Fast mode's mixed-weight partition search tries every distinct tail cap when there are at most
+MIXED_ALL_TAILS of them, else this many (quantiles of the options' tails) plus the tails of the
+best single-weight plan."""
+MIXED_ALL_TAILS = 400
+
+
+def _coarse_levels(levels: np.ndarray, stages: list[StageTables], count: int) -> tuple:
+    """Fewer temporary-buffer levels: each layer's temporary rounded UP to one of ``count``
+    values (quantiles of the distinct ones, the largest kept), so plans stay within budget and
+    the Pareto pruning compares fewer levels. Exactness is lost only for plans whose largest
+    temporary would be rounded up across the budget."""
+    from dataclasses import replace
+    pick = np.unique(np.quantile(levels, np.linspace(0, 1, count), method="higher"))
+
+    def up(x: np.ndarray) -> np.ndarray:
+        idx = np.minimum(np.searchsorted(pick, x, side="left"), len(pick) - 1)
+        return np.where(np.isfinite(x), pick[idx], x)
+
+    return pick, [replace(st, temp_bytes=up(st.temp_bytes)) for st in stages]
+
+
+def _round_up(x: np.ndarray, g: float) -> np.ndarray:
+    return np.where(np.isfinite(x), np.ceil(x / g) * g, x)
+
+
+def _rounded(st: StageTables, g: float) -> StageTables:
+    """Galvatron's bins: every layer's memory rounded up to whole multiples of ``g`` bytes."""
+    from dataclasses import replace
+    return replace(st, memory_bytes=_round_up(st.memory_bytes, g), temp_bytes=_round_up(st.temp_bytes, g))

@@ -1,0 +1,221 @@
+"""Cost tables of one Combo, built from the cost model's per-layer answers (cached per cost model).
+
+Every number a planner adds up comes from the same calls ``CostModel.plan_cost`` makes, so the
+planners' objective is plan_cost's formula exactly (tests re-score every plan to check this).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from cost_models import CostModel, in_flight
+from cost_models.base import BYTES_PER_ACTIVATION
+from planners.space import Combo, SearchSpace, layer_allows
+from specs import LayerStrategy, ModelSpec, Plan
+
+_CACHES: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
+
+
+def _cache(cost_model: CostModel) -> dict:
+    """Memo of cost-model calls, kept as long as the cost model lives (shared across budgets)."""
+    if cost_model not in _CACHES:
+        _CACHES[cost_model] = {}
+    return _CACHES[cost_model]
+
+
+@dataclass
+class StageTables:
+    """Arrays of one pipeline stage, indexed [layer type, strategy] (and [type, from, to])."""
+
+    first_rank: int
+    in_flight: int
+    time_s: np.ndarray
+    """Per-micro-batch time of a layer (inf where the strategy is not allowed)."""
+    tail_s: np.ndarray
+    """Per-iteration tail of a layer."""
+    memory_bytes: np.ndarray
+    """States + in-flight activations of a layer."""
+    temp_bytes: np.ndarray
+    """Temporary buffers of a layer (the stage counts the largest)."""
+    trans_s: np.ndarray
+    """[producer type, from strategy, to strategy]: relayout between consecutive layers."""
+    send_next_s: np.ndarray
+    """[type, strategy]: p2p of this layer's output to the next stage (0 on the last stage)."""
+    send_prev_s: np.ndarray
+    """[type, strategy]: the gradient of this layer's output sent back to it from the next stage
+    (a term of the NEXT stage's time)."""
+
+
+@dataclass
+class VocabCost:
+    """Embedding/head on one stage under one vocab tp.
+
+    ``vocab_cost`` gives the embedding the dp type of the model's first layer and the head that
+    of its last layer, so the cost splits into a base (all layers DDP) plus per-strategy deltas
+    attached to layer 0 (on stage 0) and to the last layer (on the last stage).
+    """
+
+    time_s: float
+    tail_s: float
+    memory_bytes: float
+    """States and activations."""
+    temp_bytes: float
+    first_delta: np.ndarray | None = None
+    """[strategy, (T, D, memory)] added when layer 0 runs under that strategy (stage 0 only)."""
+    last_delta: np.ndarray | None = None
+    """[strategy, (T, D, memory)] added when the last layer runs under that strategy (last stage)."""
+
+@dataclass
+class ComboTables:
+    """Everything a planner needs for one Combo."""
+
+    combo: Combo
+    """The group's global batch, pp, micro-batches and schedule (its vocab_tp is the first of ``vocab``)."""
+    strategies: list[LayerStrategy]
+    types: list
+    """Distinct LayerSpecs, in order of first appearance."""
+    layer_type: np.ndarray
+    """Type index of each layer."""
+    allowed: np.ndarray
+    """[type, strategy] bool."""
+    stages: list[StageTables]
+    vocab: dict[int, list[VocabCost]]
+    """vocab tp -> one VocabCost per stage."""
+    budget_bytes: float
+    """Memory a stage may use, runtime overhead already taken off."""
+    dp_values: list[int]
+    """Distinct dp degrees of the strategies."""
+    overhead_bytes: float = 0.0
+    """The cost model's runtime overhead (already taken off budget_bytes)."""
+
+    @property
+    def strategy_dp(self) -> np.ndarray:
+        return np.array([s.dp for s in self.strategies])
+
+    def plan(self, choice: list[int], stage_layers: list[int], vocab_tp: int, meta: dict) -> Plan:
+        """The Plan that picks strategy index ``choice[l]`` for layer l."""
+        c = self.combo
+        return Plan(pp=c.pp, stage_layers=tuple(stage_layers), layers=tuple(self.strategies[i] for i in choice),
+                    global_batch=c.global_batch, micro_batches=c.micro_batches, schedule=c.schedule,
+                    vocab_tp=vocab_tp, **meta)
+
+
+def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[int],
+                 space: SearchSpace, budget_bytes: float) -> ComboTables:
+    """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s
+    (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``."""
+    world = cost_model.cluster.world_size
+    gpus = world // combo.pp
+    strategies = space.stage_strategies(gpus)
+    types = model.layer_types()
+    index = {t: i for i, t in enumerate(types)}
+    layer_type = np.array([index[l] for l in model.layers])
+    allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
+                        for t in types])
+    stages = [_stage(cost_model, combo, types, strategies, allowed, k, gpus) for k in range(combo.pp)]
+    vocab = {v: [_vocab(cost_model, model, replace(combo, vocab_tp=v), k, strategies) for k in range(combo.pp)]
+             for v in vocab_tps}
+    return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
+                       allowed=allowed, stages=stages, vocab=vocab,
+                       budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes,
+                       dp_values=sorted({s.dp for s in strategies}),
+                       overhead_bytes=cost_model.runtime_overhead_bytes)
+
+
+def _mbs(combo: Combo, s: LayerStrategy) -> int:
+    return max(1, combo.global_batch // (s.dp * combo.micro_batches))
+
+
+def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy],
+           allowed: np.ndarray, k: int, gpus: int) -> StageTables:
+    cache = _cache(cm)
+    nt, ns = len(types), len(strategies)
+    first = k * gpus
+    held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
+    arrays = {name: np.full((nt, ns), np.inf) for name in ("t", "d", "mem", "temp")}
+    trans = np.full((nt, ns, ns), np.inf)
+    send_next, send_prev = np.zeros((nt, ns)), np.zeros((nt, ns))
+    for ti, layer in enumerate(types):
+        for si, s in enumerate(strategies):
+            if not allowed[ti, si]:
+                continue
+            mbs = _mbs(combo, s)
+            key = ("lt", layer, s, mbs, combo.micro_batches, first)
+            if key not in cache:
+                cache[key] = cm.layer_time(layer, s, mbs, combo.micro_batches, first)
+            lt = cache[key]
+            key = ("lm", layer, s, mbs, held)
+            if key not in cache:
+                cache[key] = cm.layer_memory(layer, s, mbs, held)
+            lm = cache[key]
+            arrays["t"][ti, si], arrays["d"][ti, si] = lt.micro_batch_s, lt.tail_s
+            arrays["mem"][ti, si] = lm.states_bytes + lm.activations_bytes
+            arrays["temp"][ti, si] = lm.temporary_bytes
+            trans[ti, si] = _trans_row(cm, cache, layer, s, strategies, allowed[:, :], mbs, first)
+            if k < combo.pp - 1:
+                nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
+                send_next[ti, si] = _p2p(cm, cache, nbytes, first, first + gpus)
+                send_prev[ti, si] = _p2p(cm, cache, nbytes, first + gpus, first)
+    return StageTables(first_rank=first, in_flight=held, time_s=arrays["t"], tail_s=arrays["d"],
+                       memory_bytes=arrays["mem"], temp_bytes=arrays["temp"], trans_s=trans,
+                       send_next_s=send_next, send_prev_s=send_prev)
+
+
+def _trans_row(cm: CostModel, cache: dict, layer, s: LayerStrategy, strategies: list[LayerStrategy],
+               allowed: np.ndarray, mbs: int, first: int) -> np.ndarray:
+    row = np.zeros(len(strategies))
+    for ui, u in enumerate(strategies):
+        key = ("tr", layer, s, u, mbs, first)
+        if key not in cache:
+            cache[key] = cm.transition_time(layer, s, u, mbs, first)
+        row[ui] = cache[key]
+    return row
+
+
+def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int) -> float:
+    key = ("p2p", nbytes, src, dst)
+    if key not in cache:
+        cache[key] = cm.p2p_time(nbytes, src, dst)
+    return cache[key]
+
+
+def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
+           strategies: list[LayerStrategy]) -> VocabCost:
+    """vocab_cost under probe plans: all layers DDP (the base), then layer 0 / the last layer
+    under each dp type (the deltas)."""
+    base = _vocab_probe(cm, model, combo, stage, "ddp", "ddp")
+    types = sorted({s.dp_type for s in strategies})
+    out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
+    if stage == 0:
+        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, d, "ddp")[:3]) - base[:3] for d in types}
+        out.first_delta = np.array([delta[s.dp_type] for s in strategies])
+    if stage == combo.pp - 1:
+        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, "ddp", d)[:3]) - base[:3] for d in types}
+        out.last_delta = np.array([delta[s.dp_type] for s in strategies])
+    return out
+
+
+def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, first: str, last: str
+                 ) -> np.ndarray:
+    cache = _cache(cm)
+    key = ("vocab", model, combo, stage, first, last)
+    if key not in cache:
+        world = cm.cluster.world_size
+        plan = _probe_plan(model, combo, world, first, last)
+        lt, mem = cm.vocab_cost(model, plan, stage, world)
+        cache[key] = np.array([lt.micro_batch_s, lt.tail_s, mem.states_bytes + mem.activations_bytes,
+                               mem.temporary_bytes])
+    return cache[key]
+
+
+def _probe_plan(model: ModelSpec, combo: Combo, world: int, first: str, last: str) -> Plan:
+    n, pp = model.num_layers, combo.pp
+    gpus = world // pp
+    stage_layers = tuple(n // pp + (1 if i < n % pp else 0) for i in range(pp))
+    layers = [LayerStrategy(tp=1, dp=gpus)] * n
+    layers[-1] = LayerStrategy(tp=1, dp=gpus, dp_type=last if gpus > 1 else "ddp")
+    layers[0] = LayerStrategy(tp=1, dp=gpus, dp_type=first if gpus > 1 else "ddp")
+    return Plan(pp=pp, stage_layers=stage_layers, layers=tuple(layers), global_batch=combo.global_batch,
+                micro_batches=combo.micro_batches, schedule=combo.schedule, vocab_tp=combo.vocab_tp)

@@ -1,0 +1,74 @@
+"""``python -m planners.compare``: table, JSON records, files, errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planners import compare
+from planners.registry import available
+
+FAST = ["--model", "tiny-gpt", "--cluster", "cpu-4", "--global-batch", "8", "--no-progress"]
+
+
+def test_json_records_have_the_agreed_fields(capsys):
+    code = compare.main(FAST + ["--budget-gib", "0.05", "4", "--planners", "ddp,zero3", "galvatron", "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)
+    assert len(records) == 6
+    need = {"planner", "model", "cluster", "budget_gib", "feasible", "throughput_samples_per_s",
+            "iteration_time_s", "peak_memory_gib", "search_time_s", "plan_summary"}
+    for r in records:
+        assert need <= set(r)
+    tight = [r for r in records if r["budget_gib"] == 0.05]
+    assert all(not r["feasible"] and r["plan_summary"].startswith("OOM (needs") for r in tight)
+    roomy = {r["planner"]: r for r in records if r["budget_gib"] == 4}
+    assert roomy["galvatron"]["feasible"]
+    assert roomy["galvatron"]["throughput_samples_per_s"] >= max(r["throughput_samples_per_s"] for r in roomy.values())
+
+
+def test_out_writes_plans_and_tables(tmp_path, capsys):
+    code = compare.main(FAST + ["--budget-gib", "4", "--planners", "zero3", "galvatron", "--out", str(tmp_path)])
+    assert code == 0
+    assert "galvatron" in capsys.readouterr().out
+    plans = sorted(p.name for p in (tmp_path / "plans").glob("*.json"))
+    assert plans == ["galvatron_4gib.json", "zero3_4gib.json"]
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert [r["planner"] for r in rows] == ["zero3", "galvatron"]
+    assert (tmp_path / "results.csv").read_text().startswith("planner,model,cluster,budget_gib")
+    from specs import Plan
+    assert compare.plan_summary(Plan.load(tmp_path / "plans" / "galvatron_4gib.json")) == rows[1]["plan_summary"]
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--planners", "nope"], "planners: unknown 'nope'"),
+    (["--model", "no-such-model"], "model:"),
+    (["--budget-gib", "-3"], "memory_gib"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, text):
+    assert compare.main(FAST + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert text in err and "\n" not in err and "Traceback" not in err
+
+
+def test_every_registered_planner_runs_on_a_tiny_case():
+    import planners
+    from specs import load_cluster, load_model
+    model, cluster = load_model("tiny-gpt"), load_cluster("cpu-4")
+    budget = planners.Budget(memory_gib=4, global_batch=8)
+    for name in available():
+        res = planners.plan(name, model, cluster, budget, time_limit_s=20) if name in ("ilp", "cpsat") \
+            else planners.plan(name, model, cluster, budget)
+        assert res.planner == name
+        assert res.feasible, name
+        res.plan.validate(model, cluster)
+        assert res.peak_memory_gib <= 4
+
+
+def test_evaluate_sim_fills_the_sim_columns(capsys):
+    pytest.importorskip("simulator")
+    code = compare.main(FAST + ["--budget-gib", "4", "--planners", "galvatron", "--json", "--evaluate", "sim"])
+    assert code == 0
+    rec = json.loads(capsys.readouterr().out)[0]
+    assert rec["sim_iteration_time_s"] > 0 and rec["sim_throughput_samples_per_s"] > 0

@@ -1,0 +1,88 @@
+"""The DP's building blocks against brute force: Pareto pruning and the partition search."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from planners.pareto import prune_exact, prune_fast
+from planners.partition import StageOptions, search_partition
+
+
+def _dominated(p, q):
+    return all(a <= b for a, b in zip(q, p)) and any(a < b for a, b in zip(q, p))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prune_fast_keeps_exactly_the_non_dominated(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    level, mem, cost = rng.integers(0, 3, n), rng.integers(0, 10, n).astype(float), rng.integers(0, 10, n).astype(float)
+    kept = set(prune_fast(level, mem, cost).tolist())
+    pts = list(zip(level, mem, cost))
+    for i, p in enumerate(pts):
+        dominated = any(_dominated(p, q) for q in pts)
+        duplicate_first = min(j for j, q in enumerate(pts) if q == p)
+        if dominated:
+            assert i not in kept
+    # every non-dominated point value is represented exactly once
+    values = sorted(pts[i] for i in kept)
+    expect = sorted(set(p for p in pts if not any(_dominated(p, q) for q in pts)))
+    assert values == expect
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_prune_exact_matches_definition(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    cols = [rng.integers(0, 4, n).astype(float) for _ in range(4)]
+    kept = prune_exact(cols[0].astype(int), *cols[1:])
+    pts = list(zip(*cols))
+    expect = sorted(set(p for p in pts if not any(_dominated(p, q) for q in pts)))
+    assert sorted(pts[i] for i in kept) == expect
+
+
+def _brute(opts, recv, n, m):
+    best = np.inf
+    pp = len(opts)
+    for cuts in itertools.combinations(range(1, n), pp - 1):
+        bounds = (0, *cuts, n)
+        per_stage = []
+        for k in range(pp):
+            a, b = bounds[k], bounds[k + 1]
+            per_stage.append([i for i in range(len(opts[k].a)) if opts[k].a[i] == a and opts[k].b[i] == b])
+        for pick in itertools.product(*per_stage):
+            Ts, Ds = [], []
+            for k, i in enumerate(pick):
+                r = recv[k][opts[k].a[i], opts[k - 1].g[pick[k - 1]]] if k else 0.0
+                Ts.append(opts[k].T[i] + r)
+                Ds.append(opts[k].D[i])
+            best = min(best, sum(Ts) + (m - 1) * max(Ts) + max(Ds))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_partition_search_is_exact_over_its_options(seed):
+    rng = np.random.default_rng(seed)
+    n, pp, G, m = int(rng.integers(2, 7)), int(rng.integers(1, 4)), 2, int(rng.integers(1, 9))
+    pp = min(pp, n)
+    opts = []
+    for k in range(pp):
+        rows = []
+        for a in range(n):
+            for b in range(a + 1, n + 1):
+                if (k == 0 and a) or (k == pp - 1 and b != n):
+                    continue
+                for _ in range(int(rng.integers(0, 3))):
+                    rows.append((a, b, int(rng.integers(0, G)), float(rng.integers(1, 50)), float(rng.integers(0, 30))))
+        rows = rows or [(0, n, 0, 1.0, 0.0)]
+        a, b, g, T, D = (np.array(c) for c in zip(*rows))
+        opts.append(StageOptions(a.astype(int), b.astype(int), g.astype(int), T.astype(float), D.astype(float)))
+    recv = [None] + [rng.integers(0, 5, (n + 1, G)).astype(float) for _ in range(pp - 1)]
+    got = search_partition(opts, recv, n, G, m, exact=True)
+    want = _brute(opts, recv, n, m)
+    if not np.isfinite(want):
+        assert got is None
+    else:
+        assert got is not None and got.objective_s == pytest.approx(want)
