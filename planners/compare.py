@@ -16,6 +16,9 @@ from specs import SpecError, load_cluster, load_model
 DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
                     "galvatron_dp_tp", "galvatron_dp_pp", "galvatron")
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
+DEFAULT_BATCH_RANGE = (8, 512)
+"""Without --global-batch, search the global batch like Galvatron does (grow it while a plan
+fits and throughput improves): powers of two in this range, best throughput wins."""
 COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
            "gap", "states_explored", "plan_summary", "plan_file", "sim_iteration_time_s",
@@ -29,7 +32,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-gib", type=float, nargs="+", default=list(DEFAULT_BUDGETS))
     p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
                    help=f"any of: {', '.join(available())} (comma or space separated)")
-    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--global-batch", type=int, help="fix the global batch (default: search "
+                   f"powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
     p.add_argument("--global-batch-range", type=int, nargs=2, metavar=("LO", "HI"),
                    help="search the global batch too (powers of two in [LO, HI])")
     p.add_argument("--cost-model", default="analytical")
@@ -124,9 +128,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _budget(gib: float, args: argparse.Namespace) -> Budget:
-    if args.global_batch_range:
-        return Budget(memory_gib=gib, global_batch_range=tuple(args.global_batch_range))
-    return Budget(memory_gib=gib, global_batch=args.global_batch)
+    if args.global_batch is not None:
+        return Budget(memory_gib=gib, global_batch=args.global_batch)
+    return default_budget(gib, tuple(args.global_batch_range or DEFAULT_BATCH_RANGE))
+
+
+def default_budget(gib: float, batch_range: tuple[int, int] = DEFAULT_BATCH_RANGE) -> Budget:
+    """The budget of one cell of the default compare."""
+    return Budget(memory_gib=gib, global_batch_range=batch_range)
 
 
 def _progress(total: int, disabled: bool):
@@ -163,21 +172,22 @@ def _write_tables(out: Path, records: list[dict]) -> None:
 
 
 def table(records: list[dict]) -> str:
+    """One row per cell; the plan summary last (it is long), the simulator's figure beside
+    the cost model's when --evaluate sim ran."""
     from tabulate import tabulate
-    rows = []
-    for r in records:
-        ok = r["feasible"]
-        rows.append([f"{r['budget_gib']:g}", r["planner"],
-                     f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM",
-                     f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "",
-                     f"{r['peak_memory_gib']:.2f}" if ok else "",
-                     f"{r['search_time_s']:.2f}", r["plan_summary"]]
-                    + ([f"{r['sim_throughput_samples_per_s']:.2f}" if r["sim_throughput_samples_per_s"] else ""]
-                       if any(x["sim_iteration_time_s"] for x in records) else []))
-    head = ["GiB", "planner", "samples/s", "iter ms", "peak GiB", "search s", "plan"]
-    if any(x["sim_iteration_time_s"] for x in records):
-        head.append("sim samples/s")
-    return tabulate(rows, headers=head, tablefmt="simple")
+    with_sim = any(x["sim_iteration_time_s"] for x in records)
+    head = ["GiB", "planner", "batch", "samples/s"] + (["sim samples/s"] if with_sim else []) + \
+        ["iter ms", "peak GiB", "search s", "plan"]
+    return tabulate([_row(r, with_sim) for r in records], headers=head, tablefmt="simple")
+
+
+def _row(r: dict, with_sim: bool) -> list:
+    ok = r["feasible"]
+    sim = [f"{r['sim_throughput_samples_per_s']:.2f}" if r["sim_throughput_samples_per_s"] else ""]
+    return ([f"{r['budget_gib']:g}", r["planner"], r["global_batch"] or "",
+             f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM"] + (sim if with_sim else [])
+            + [f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "", f"{r['peak_memory_gib']:.2f}" if ok else "",
+               f"{r['search_time_s']:.2f}", r["plan_summary"]])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,10 @@ group bound the MILP by its LP relaxation (HiGHS) and solve only the groups that
 with the incumbent as a cutoff and the DP plan as a warm start."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from abc import abstractmethod
 from typing import Any
 
@@ -36,10 +39,26 @@ def to_pulp(f: Formulation, relax: bool = False) -> tuple[pulp.LpProblem, dict[s
     return prob, xs
 
 
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """HiGHS prints its banner on the process's stdout (fd 1) even with msg=False; send it
+    to stderr so that ``compare --json`` output stays parseable."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def lp_bound(f: Formulation) -> float:
     """The LP relaxation's optimum (inf when even the relaxation is infeasible)."""
     prob, _ = to_pulp(f, relax=True)
-    prob.solve(pulp.HiGHS(msg=False, threads=1))
+    with stdout_to_stderr():
+        prob.solve(pulp.HiGHS(msg=False, threads=1))
     if prob.status != pulp.LpStatusOptimal:
         return math.inf
     return float(pulp.value(prob.objective))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pulp
 
-from planners.exact import ExactPlanner, SolveLog, to_pulp
+from planners.exact import ExactPlanner, SolveLog, stdout_to_stderr, to_pulp
 from planners.formulation import Formulation, read_plan, warm_values
 from planners.outer import OuterState
 from planners.registry import register
@@ -45,7 +45,8 @@ class IlpPlanner(ExactPlanner):
             xs[name].setInitialValue(val)
         # solve with a time limit
         solver = _solver(opts["solver"], float(opts["time_limit_s"]), bool(start), int(opts["threads"]))
-        prob.solve(solver)
+        with stdout_to_stderr():
+            prob.solve(solver)
         state.states += len(f.variables)
         # check the solver's own status, then read the solution
         status = {pulp.LpSolutionOptimal: "optimal", pulp.LpSolutionIntegerFeasible: "feasible",

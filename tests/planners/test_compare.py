@@ -72,3 +72,14 @@ def test_evaluate_sim_fills_the_sim_columns(capsys):
     assert code == 0
     rec = json.loads(capsys.readouterr().out)[0]
     assert rec["sim_iteration_time_s"] > 0 and rec["sim_throughput_samples_per_s"] > 0
+
+
+def test_json_stdout_stays_parseable_when_highs_runs():
+    """HiGHS prints a banner on fd 1; compare --json must still print only JSON there."""
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "planners.compare", *FAST, "--budget-gib", "4", "--planners", "ilp", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads(done.stdout)
+    assert records[0]["planner"] == "ilp" and records[0]["feasible"]

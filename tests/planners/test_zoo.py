@@ -6,7 +6,7 @@ import pytest
 import cost_models
 import planners
 from planners import Budget
-from planners.compare import DEFAULT_BUDGETS, DEFAULT_PLANNERS
+from planners.compare import DEFAULT_BUDGETS, DEFAULT_PLANNERS, default_budget
 from specs import load_cluster, load_model
 
 BASELINES = [p for p in DEFAULT_PLANNERS if not p.startswith("galvatron")] + ["galvatron_dp_tp", "galvatron_dp_pp",
@@ -22,7 +22,7 @@ def setting():
 @pytest.fixture(scope="module")
 def galvatron_results(setting):
     model, cluster, cm = setting
-    return {gib: planners.get("galvatron").plan(model, cluster, Budget(memory_gib=gib, global_batch=32), cm)
+    return {gib: planners.get("galvatron").plan(model, cluster, default_budget(gib), cm)
             for gib in DEFAULT_BUDGETS}
 
 
@@ -32,7 +32,7 @@ def test_galvatron_beats_or_ties_every_baseline(setting, galvatron_results, gib)
     best = galvatron_results[gib]
     assert best.feasible
     for name in BASELINES:
-        other = planners.get(name).plan(model, cluster, Budget(memory_gib=gib, global_batch=32), cm)
+        other = planners.get(name).plan(model, cluster, default_budget(gib), cm)
         if other.feasible:
             assert best.throughput_samples_per_s >= other.throughput_samples_per_s * (1 - 1e-12), name
 
@@ -80,7 +80,7 @@ def test_mixed_layer_model_matches_ilp():
 @pytest.mark.parametrize("gib", DEFAULT_BUDGETS)
 def test_galvatron_within_one_percent_of_ilp_on_the_default_compare(setting, galvatron_results, gib):
     model, cluster, cm = setting
-    ilp = planners.get("ilp").plan(model, cluster, Budget(memory_gib=gib, global_batch=32), cm)
+    ilp = planners.get("ilp").plan(model, cluster, default_budget(gib), cm)
     assert ilp.stats.solver_status == "optimal"
     dp = galvatron_results[gib]
     assert dp.throughput_samples_per_s >= ilp.throughput_samples_per_s * 0.99
