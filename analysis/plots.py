@@ -161,7 +161,7 @@ def optimality_gap_figure(gaps: pd.DataFrame):
 
 def relative_throughput(frame: pd.DataFrame, metric: str = "cost_model_throughput"):
     """Grouped bars: per (model, cluster, budget) each planner's throughput / the best one's."""
-    frame = frame.assign(problem=frame.model + "\n" + frame.cluster + f"\n" + frame.budget_gib.astype(str) + " GiB")
+    frame = frame.assign(problem=frame.model + "\n" + frame.cluster + "\n" + frame.budget_gib.astype(str) + " GiB")
     ok = frame[frame.feasible & frame[metric].notna()]
     best = ok.groupby("problem")[metric].max()
     problems, planners = list(dict.fromkeys(frame.problem)), order_planners(frame.planner.unique())

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from specs import SpecError
+from specs.errors import read_json
 
 CALIBRATION_FORMAT = "hybridpar-calibration"
 CALIBRATION_VERSION = 1
@@ -99,12 +100,7 @@ class AnalyticalConstants:
 def load_calibration(path: str | Path) -> dict[str, Any]:
     """A calibration file as a dict with at least 'constants'; errors name the file and field."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as err:
-        raise SpecError("calibration", f"cannot read: {err.strerror}", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
+    raw = read_json(path)
     if not isinstance(raw, dict) or raw.get("format") != CALIBRATION_FORMAT:
         raise SpecError("format", f"expected {CALIBRATION_FORMAT!r}", str(path))
     if raw.get("version") != CALIBRATION_VERSION:

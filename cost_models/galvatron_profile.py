@@ -5,7 +5,6 @@ Units there: times in ms, memory in MiB, bandwidths in GB/s; parameter_size is f
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from cost_models.profile_format import LayerProfile, LayerSignature, Profile, ProfileError, VocabProfile
-from specs import ClusterSpec, LayerSpec
+from specs import ClusterSpec, LayerSpec, SpecError
+from specs.errors import read_json
 
 MIB = 1024**2
 FP32_BYTES = 4
@@ -37,11 +37,9 @@ class GalvatronProfile:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
-    except OSError as err:
-        raise ProfileError("(file)", f"cannot read: {err.strerror}", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise ProfileError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
+        return read_json(path)
+    except SpecError as err:
+        raise ProfileError(err.field, err.message, err.source) from None
 
 
 def _one(folder: Path, pattern: str) -> Path:

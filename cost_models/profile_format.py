@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from specs import LayerSpec, SpecError
+from specs.errors import load_json_with
 
 FORMAT = "hybridpar-profile"
 VERSION = 1
@@ -248,17 +249,10 @@ class Profile:
 
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; errors name the file and the field."""
-    path = Path(path)
     try:
-        raw = json.loads(path.read_text())
-    except OSError as err:
-        raise ProfileError("(file)", f"cannot read: {err.strerror}", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise ProfileError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
-    try:
-        return Profile.from_dict(raw)
+        return load_json_with(path, Profile.from_dict)
     except SpecError as err:
-        raise ProfileError(err.field, err.message, str(path)) from None
+        raise ProfileError(err.field, err.message, err.source) from None
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

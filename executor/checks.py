@@ -26,7 +26,7 @@ def check_runnable(model: ModelSpec, plan: Plan, world_size: int) -> None:
 
 def _check_chain(model: ModelSpec) -> None:
     """Each layer must accept what the previous one outputs (a scaled Swin can break this)."""
-    width, seq = model.embedding.hidden_size, model.seq_len
+    width = model.embedding.hidden_size
     for i, layer in enumerate(model.layers):
         if layer.hidden_size != width:
             raise SpecError(f"layer {i}", f"hidden_size({layer.hidden_size}) != previous output width({width})")
@@ -36,6 +36,5 @@ def _check_chain(model: ModelSpec) -> None:
         if layer.downsample_to and layer.seq_len % 4:
             raise SpecError(f"layer {i}", f"patch merging needs seq_len({layer.seq_len}) divisible by 4")
         width = layer.downsample_to or layer.hidden_size
-        seq = layer.seq_len // 4 if layer.downsample_to else layer.seq_len
     if model.head.hidden_size != width:
         raise SpecError("head.hidden_size", f"{model.head.hidden_size} != last layer output width({width})")

@@ -20,7 +20,7 @@ from torch import nn
 
 from executor.collectives_bench import measure_collectives
 from executor.launch import LaunchError, launch
-from executor.model import Block, Embedding, Head, per_sample_loss
+from executor.model import Block, Embedding, Head
 from executor.run import scaled_model
 from specs import LayerSpec, ModelSpec, SpecError, load_model
 

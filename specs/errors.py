@@ -1,6 +1,12 @@
 """One error type for bad input: it names the file, the field and the value in one line."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
 
 class SpecError(ValueError):
     """A malformed or inconsistent model, cluster or plan.
@@ -52,3 +58,23 @@ def one_of(value: object, choices: tuple, field: str) -> object:
     if value not in choices:
         raise SpecError(field, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
     return value
+
+
+def read_json(path: "str | Path") -> Any:
+    """A JSON file's content; an unreadable or malformed file is one SpecError naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except OSError as err:
+        raise SpecError("(file)", f"cannot read: {err.strerror}", str(path)) from None
+    except json.JSONDecodeError as err:
+        raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
+
+
+def load_json_with(path: "str | Path", parse: Callable[[Any], T]) -> T:
+    """``parse`` applied to a JSON file's content, its errors attributed to the file."""
+    raw = read_json(path)
+    try:
+        return parse(raw)
+    except SpecError as err:
+        raise err.with_source(str(path)) from None

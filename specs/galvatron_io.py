@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specs.errors import SpecError
+from specs.errors import SpecError, load_json_with
 from specs.plan import LayerStrategy, Plan
 
 _SCHEDULE_FROM = {"gpipe": "gpipe", "pipedream_flush": "1f1b"}
@@ -85,13 +85,7 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
 
 
 def load_galvatron_plan(path: str | Path, world_size: int) -> Plan:
-    path = Path(path)
-    try:
-        return plan_from_galvatron(json.loads(path.read_text()), world_size)
-    except json.JSONDecodeError as err:
-        raise SpecError("(json)", f"line {err.lineno}: {err.msg}", str(path)) from None
-    except SpecError as err:
-        raise err.with_source(str(path)) from None
+    return load_json_with(path, lambda raw: plan_from_galvatron(raw, world_size))
 
 
 def save_galvatron_plan(plan: Plan, path: str | Path) -> None:

@@ -6,11 +6,10 @@ Offline: only the file is read. Keys beyond Hugging Face's own (documented in th
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
-from specs.errors import SpecError, positive_int
+from specs.errors import SpecError, load_json_with, positive_int
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
 
 
@@ -163,14 +162,4 @@ def model_from_dict(raw: dict[str, Any], name: str = "model") -> ModelSpec:
 
 def from_hf_config(path: str | Path) -> ModelSpec:
     """Read a config.json; any error is one SpecError line naming the file and the field."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as err:
-        raise SpecError("(file)", f"cannot read: {err.strerror}", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
-    try:
-        return model_from_dict(raw, name=path.stem)
-    except SpecError as err:
-        raise err.with_source(str(path)) from None
+    return load_json_with(path, lambda raw: model_from_dict(raw, name=Path(path).stem))

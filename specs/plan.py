@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specs.errors import SpecError, one_of, positive_int
+from specs.errors import SpecError, load_json_with, one_of, positive_int
 
 PLAN_VERSION = 1
 DP_TYPES = ("ddp", "zero1", "zero2", "zero3")
@@ -183,17 +183,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except OSError as err:
-            raise SpecError("(file)", f"cannot read: {err.strerror}", str(path)) from None
-        except json.JSONDecodeError as err:
-            raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
-        try:
-            return cls.from_dict(raw)
-        except SpecError as err:
-            raise err.with_source(str(path)) from None
+        return load_json_with(path, cls.from_dict)
 
     def with_layers(self, layers: list[LayerStrategy]) -> "Plan":
         return replace(self, layers=tuple(layers))

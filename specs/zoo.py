@@ -1,11 +1,10 @@
 """The model and cluster zoo: JSON files under specs/zoo/, looked up by name or by path."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specs.cluster import ClusterSpec, cluster_from_dict
-from specs.errors import SpecError
+from specs.errors import SpecError, load_json_with
 from specs.hf_config import from_hf_config
 from specs.model import ModelSpec
 
@@ -43,14 +42,7 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
         if not path.exists():
             raise SpecError("cluster", f"{base!r} is neither a zoo cluster ({', '.join(cluster_names())}) "
                             "nor an existing file")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
-    try:
-        cluster = cluster_from_dict(raw, name=path.stem)
-    except SpecError as err:
-        raise err.with_source(str(path)) from None
+    cluster = load_json_with(path, lambda raw: cluster_from_dict(raw, name=path.stem))
     if cluster.calibration:
         from dataclasses import replace
         cluster = replace(cluster, calibration=str((path.parent / cluster.calibration).resolve()))

@@ -6,7 +6,7 @@ import pytest
 import specs
 from executor.checks import check_runnable
 from executor.parallel.layout import Layout
-from specs import LayerStrategy, SpecError, uniform_plan
+from specs import SpecError, uniform_plan
 
 
 @pytest.mark.parametrize("tp,dp,consecutive", [(2, 2, True), (2, 2, False), (2, 4, False), (4, 2, True), (1, 8, True)])

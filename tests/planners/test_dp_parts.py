@@ -23,7 +23,6 @@ def test_prune_fast_keeps_exactly_the_non_dominated(seed):
     pts = list(zip(level, mem, cost))
     for i, p in enumerate(pts):
         dominated = any(_dominated(p, q) for q in pts)
-        duplicate_first = min(j for j, q in enumerate(pts) if q == p)
         if dominated:
             assert i not in kept
     # every non-dominated point value is represented exactly once
