@@ -36,7 +36,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    f"powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
     p.add_argument("--global-batch-range", type=int, nargs=2, metavar=("LO", "HI"),
                    help="search the global batch too (powers of two in [LO, HI])")
-    p.add_argument("--cost-model", default="analytical")
+    p.add_argument("--cost-model", default="analytical", help="analytical or profiled")
+    p.add_argument("--profile", help="profiled: a hybridpar profile file (python -m executor.profile)")
+    p.add_argument("--galvatron-dir", help="profiled: a folder of Galvatron's own profile files; the "
+                   "model is then the zoo model at the files' sequence length")
     p.add_argument("--out", type=Path, help="folder for plan JSONs and results.csv/results.json")
     p.add_argument("--json", action="store_true", help="print a JSON list of records instead of a table")
     p.add_argument("--evaluate", choices=("cost", "sim"), default="cost",
@@ -103,7 +106,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import cost_models
     names = _planner_names(args.planners)
     model, cluster = load_model(args.model), load_cluster(args.cluster)
-    cm = cost_models.get(args.cost_model, cluster)
+    cm = cost_models.get(args.cost_model, cluster, **_cost_model_options(args))
+    model = getattr(cm, "model_spec", None) or model
     budgets = [_budget(b, args) for b in args.budget_gib]
     cells = [(b, n) for b in budgets for n in names]
     records = []
@@ -125,6 +129,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.out:
         _write_tables(args.out, records)
     return records
+
+
+def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Where the profiled model reads its numbers from (the analytical model takes none)."""
+    if args.cost_model != "profiled":
+        if args.profile or args.galvatron_dir:
+            raise SpecError("--profile", "--profile/--galvatron-dir need --cost-model profiled")
+        return {}
+    if args.galvatron_dir:
+        return {"galvatron_dir": args.galvatron_dir, "model": args.model}
+    return {"profile_path": args.profile} if args.profile else {}
 
 
 def _budget(gib: float, args: argparse.Namespace) -> Budget:

@@ -83,3 +83,19 @@ def test_json_stdout_stays_parseable_when_highs_runs():
     assert done.returncode == 0, done.stderr[-2000:]
     records = json.loads(done.stdout)
     assert records[0]["planner"] == "ilp" and records[0]["feasible"]
+
+
+def test_profiled_cost_model_on_galvatrons_files(capsys, shared_dir):
+    """--cost-model profiled --galvatron-dir: plans on exactly Galvatron's search inputs."""
+    folder = shared_dir / "reference" / "galvatron-profiles"
+    code = compare.main(["--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--cost-model", "profiled",
+                         "--galvatron-dir", str(folder), "--budget-gib", "40", "--global-batch", "64",
+                         "--planners", "megatron_3d", "--json", "--no-progress"])
+    assert code == 0
+    (rec,) = json.loads(capsys.readouterr().out)
+    assert rec["feasible"] and rec["peak_memory_gib"] <= 40
+
+
+def test_profile_options_need_the_profiled_cost_model(capsys):
+    assert compare.main(FAST + ["--profile", "p.json"]) == 2
+    assert "--profile/--galvatron-dir need --cost-model profiled" in capsys.readouterr().err
