@@ -15,7 +15,8 @@ from pathlib import Path
 import cost_models
 import planners
 from planners import Budget, SearchSpace
-from specs import SpecError, load_cluster, load_galvatron_plan, load_model
+from specs import load_cluster, load_galvatron_plan, load_model
+from specs.errors import one_line_errors
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 PROFILES = SHARED / "reference" / "galvatron-profiles"
@@ -120,6 +121,7 @@ def _one(model, cluster, cm, budget, args) -> None:
             print(f"{head}: {res.message}", flush=True)
 
 
+@one_line_errors()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner_speed", description=__doc__)
     p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss"), default="all")
@@ -130,16 +132,12 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit-s", type=float, default=60.0, help="per group, for ilp/cpsat")
     p.add_argument("--budget-gib", type=float, default=40.0)
     args = p.parse_args(argv)
-    try:
-        if args.part in ("all", "scaling"):
-            scaling(args)
-        if args.part in ("all", "head-to-head"):
-            head_to_head(args)
-        if args.part in ("all", "public-loss"):
-            public_loss(args)
-    except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.part in ("all", "scaling"):
+        scaling(args)
+    if args.part in ("all", "head-to-head"):
+        head_to_head(args)
+    if args.part in ("all", "public-loss"):
+        public_loss(args)
     return 0
 
 

@@ -22,6 +22,7 @@ from cost_models.analytical import AnalyticalModel
 from cost_models.base import pipeline_time
 from cost_models.constants import AnalyticalConstants, save_calibration
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
+from specs.errors import one_line_errors
 
 COMPUTE_PARAMS: dict[str, tuple[float, float]] = {
     "gemm_half_efficiency_flops": (1e6, 1e11),
@@ -179,33 +180,30 @@ def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@one_line_errors()
 def main(argv: Iterable[str] | None = None) -> int:
     args = _parse(argv)
-    try:
-        from benchmarks.cost_model_accuracy import megatron_runs  # the vTrain loader lives there
-        cluster = load_cluster(args.cluster)
-        base = AnalyticalConstants()
-        rows = read_nccl_tables(Path(args.nccl))
-        collective = fit_collectives(cluster, rows, base)
-        coll_values = {n: getattr(collective, n) for n in COLLECTIVE_PARAMS}
-        print("collectives:", ", ".join(f"{k}={v:.4g}" for k, v in coll_values.items()))
-        runs = megatron_runs("single")
-        start = collective.with_values({"dp_overlap_fraction": 0.0})
-        fitted = fit_compute(runs, start=start, max_evals=args.max_evals)
-        comp_values = {n: getattr(fitted, n) for n in COMPUTE_PARAMS}
-        print("compute:", ", ".join(f"{k}={v:.4g}" for k, v in comp_values.items()))
-        stats = errors(predict(fitted, runs), np.array([r.measured_s for r in runs]))
-        print(f"in-sample on {len(runs)} single-node runs: MAPE {stats['mape']:.2f}% "
-              f"median {stats['median']:.2f}% worst {stats['worst']:.1f}%")
-        save_calibration(args.out, {**coll_values, **comp_values}, cluster=args.cluster,
-                         fitted_on={"collectives": f"nccl-tests all-reduce, {len(rows)} rows",
-                                    "compute": f"vTrain single-node, {len(runs)} runs, in-sample MAPE "
-                                               f"{stats['mape']:.2f}%"},
-                         procedure="python -m cost_models.calibrate (docs/cost_models.md)")
-        print(f"wrote {args.out}")
-    except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    from benchmarks.cost_model_accuracy import megatron_runs  # the vTrain loader lives there
+    cluster = load_cluster(args.cluster)
+    base = AnalyticalConstants()
+    rows = read_nccl_tables(Path(args.nccl))
+    collective = fit_collectives(cluster, rows, base)
+    coll_values = {n: getattr(collective, n) for n in COLLECTIVE_PARAMS}
+    print("collectives:", ", ".join(f"{k}={v:.4g}" for k, v in coll_values.items()))
+    runs = megatron_runs("single")
+    start = collective.with_values({"dp_overlap_fraction": 0.0})
+    fitted = fit_compute(runs, start=start, max_evals=args.max_evals)
+    comp_values = {n: getattr(fitted, n) for n in COMPUTE_PARAMS}
+    print("compute:", ", ".join(f"{k}={v:.4g}" for k, v in comp_values.items()))
+    stats = errors(predict(fitted, runs), np.array([r.measured_s for r in runs]))
+    print(f"in-sample on {len(runs)} single-node runs: MAPE {stats['mape']:.2f}% "
+          f"median {stats['median']:.2f}% worst {stats['worst']:.1f}%")
+    save_calibration(args.out, {**coll_values, **comp_values}, cluster=args.cluster,
+                     fitted_on={"collectives": f"nccl-tests all-reduce, {len(rows)} rows",
+                                "compute": f"vTrain single-node, {len(runs)} runs, in-sample MAPE "
+                                           f"{stats['mape']:.2f}%"},
+                     procedure="python -m cost_models.calibrate (docs/cost_models.md)")
+    print(f"wrote {args.out}")
     return 0
 
 

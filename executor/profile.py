@@ -22,7 +22,8 @@ from executor.collectives_bench import measure_collectives
 from executor.launch import LaunchError, launch
 from executor.model import Block, Embedding, Head
 from executor.run import scaled_model
-from specs import LayerSpec, ModelSpec, SpecError, load_model
+from specs import LayerSpec, ModelSpec, load_model
+from specs.errors import one_line_errors
 
 
 def _sync(device: str) -> None:
@@ -162,6 +163,7 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu-process"
 
 
+@one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m executor.profile", description=__doc__)
     parser.add_argument("--model", required=True, help="zoo model name")
@@ -177,15 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dtype_name = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
-    try:
-        from cost_models.profile_format import save_profile
-        model = scaled_model(load_model(args.model), args.scale)
-        profile = build_profile(model, batch_sizes=args.batch_sizes, tps=args.tp, device=args.device,
-                                dtype=dtype, repeats=args.repeats, world_size=args.world_size)
-        save_profile(profile, args.out)
-    except (SpecError, LaunchError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    from cost_models.profile_format import save_profile
+    model = scaled_model(load_model(args.model), args.scale)
+    profile = build_profile(model, batch_sizes=args.batch_sizes, tps=args.tp, device=args.device,
+                            dtype=dtype, repeats=args.repeats, world_size=args.world_size)
+    save_profile(profile, args.out)
     print(f"wrote {args.out}: {len(profile.layers)} layer types, "
           f"all-reduce {profile.allreduce_gbytes_per_s or '-'}, overlap {profile.overlap_coefficient:.2f}")
     return 0

@@ -16,6 +16,7 @@ from executor.launch import LaunchError, launch
 from executor.reference import CHECK_ATOL, CheckResult, compare, reference_run
 from executor.train import TrainConfig, median_step_time, worker
 from specs import ModelSpec, Plan, SpecError, load_model
+from specs.errors import one_line_errors
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,25 +141,22 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bf16", action="store_true", help="autocast forward to bfloat16 (GPU runs)")
 
 
+@one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m executor.run", description=__doc__)
     add_common_args(parser)
     parser.add_argument("--check", action="store_true", help="compare with a one-process reference")
     parser.add_argument("--json", action="store_true", help="print the Measurement as JSON")
     args = parser.parse_args(argv)
-    try:
-        plan, model = load_inputs(args)
-        if "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ:
-            m = run_torchrun(plan, model, TrainConfig(steps=args.steps, check=args.check, bf16=args.bf16,
-                                                        warmup=0 if args.check else 1))
-            if m is None:
-                return 0
-        else:
-            m = run_plan(plan, model, world_size=args.world_size, steps=args.steps, check=args.check,
-                         timeout_s=args.timeout, bf16=args.bf16)
-    except (SpecError, LaunchError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    plan, model = load_inputs(args)
+    if "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ:
+        m = run_torchrun(plan, model, TrainConfig(steps=args.steps, check=args.check, bf16=args.bf16,
+                                                    warmup=0 if args.check else 1))
+        if m is None:
+            return 0
+    else:
+        m = run_plan(plan, model, world_size=args.world_size, steps=args.steps, check=args.check,
+                     timeout_s=args.timeout, bf16=args.bf16)
     print(json.dumps(m.to_dict(), indent=1) if args.json else format_measurement(m))
     return 0 if m.check is None or m.check.passed else 1
 

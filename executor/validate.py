@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from executor.launch import LaunchError
 from executor.run import Measurement, TrainConfig, add_common_args, load_inputs, run_plan, run_torchrun
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
+from specs.errors import one_line_errors
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +100,7 @@ def _cluster_for(args: argparse.Namespace, plan: Plan, world_size: int) -> Clust
     return cluster
 
 
+@one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m executor.validate", description=__doc__)
     add_common_args(parser)
@@ -109,23 +111,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     options = {"profile_path": args.profile} if args.profile else {}
-    try:
-        plan, model = load_inputs(args)
-        torchrun = "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
-        world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.world_size or plan.pp * plan.layers[0].gpus)
-        cluster = _cluster_for(args, plan, world)
-        if torchrun:
-            predictions = predict(model, cluster, plan, args.cost_model, **options)
-            measured = run_torchrun(plan, model, TrainConfig(steps=args.steps, bf16=args.bf16))
-            if measured is None:
-                return 0
-            v = Validation(measured=measured, predictions=tuple(predictions), cluster=cluster.name)
-        else:
-            v = validate_plan(plan, model, cluster, steps=args.steps, cost_model=args.cost_model,
-                              timeout_s=args.timeout, **options)
-    except (SpecError, LaunchError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    plan, model = load_inputs(args)
+    torchrun = "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.world_size or plan.pp * plan.layers[0].gpus)
+    cluster = _cluster_for(args, plan, world)
+    if torchrun:
+        predictions = predict(model, cluster, plan, args.cost_model, **options)
+        measured = run_torchrun(plan, model, TrainConfig(steps=args.steps, bf16=args.bf16))
+        if measured is None:
+            return 0
+        v = Validation(measured=measured, predictions=tuple(predictions), cluster=cluster.name)
+    else:
+        v = validate_plan(plan, model, cluster, steps=args.steps, cost_model=args.cost_model,
+                          timeout_s=args.timeout, **options)
     print(json.dumps(v.to_dict(), indent=1) if args.json else format_validation(v))
     return 0
 

@@ -12,6 +12,7 @@ from cost_models import GIB
 from planners.base import Budget, PlanResult
 from planners.registry import available, get
 from specs import SpecError, load_cluster, load_model
+from specs.errors import one_line_errors
 
 DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
                     "galvatron_dp_tp", "galvatron_dp_pp", "galvatron")
@@ -205,13 +206,10 @@ def _row(r: dict, with_sim: bool) -> list:
                f"{r['search_time_s']:.2f}", r["plan_summary"]])
 
 
+@one_line_errors()
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-        records = run(args)
-    except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    args = parse_args(argv)
+    records = run(args)
     if args.json:
         print(json.dumps(records, indent=1))
     else:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from specs import SpecError, load_cluster, load_model, uniform_plan
+from specs.errors import one_line_errors
 from specs.plan import Plan
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
@@ -84,13 +85,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+@one_line_errors()
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        record = run(args)
-    except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    record = run(args)
     if args.json:
         print(json.dumps(record))
     return 0

@@ -1,7 +1,9 @@
 """One error type for bad input: it names the file, the field and the value in one line."""
 from __future__ import annotations
 
+import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -78,3 +80,20 @@ def load_json_with(path: "str | Path", parse: Callable[[Any], T]) -> T:
         return parse(raw)
     except SpecError as err:
         raise err.with_source(str(path)) from None
+
+
+def one_line_errors(*errors: type[Exception]) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Decorate a command-line ``main``: a SpecError (or one of ``errors``) becomes one line
+    ``error: ...`` on stderr and exit status 2, never a traceback."""
+    caught = (SpecError, *errors)
+
+    def decorate(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def wrapped(*args: Any, **kwargs: Any) -> int:
+            try:
+                return main(*args, **kwargs)
+            except caught as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+        return wrapped
+    return decorate
