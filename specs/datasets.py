@@ -1,0 +1,34 @@
+"""Where the measured data sets the project ships live (``data/`` at the repository root).
+
+One resolver: every reader asks here, so a clone of the repository alone finds everything.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from specs.errors import SpecError
+
+DATA_ROOT = Path(__file__).resolve().parents[1] / "data"
+"""The repository's data folder (each data set has a PROVENANCE.md)."""
+
+
+class Dataset(StrEnum):
+    """The data sets in ``data/``; the value is the path under DATA_ROOT."""
+
+    VTRAIN_SINGLE_NODE = "vtrain_a100/vtrain_a100_single_node.csv"
+    """vTrain: 1,440 Megatron runs on one 8 x A100 node (iteration time, ms)."""
+    VTRAIN_MULTI_NODE = "vtrain_a100/vtrain_a100_multi_node.csv"
+    """vTrain: 109 Megatron runs on 64-512 A100s (validation only, never fitted)."""
+    NCCL_A100 = "nccl_a100"
+    """nccl-tests all-reduce on 2..8 A100 SXM GPUs (folder of CSVs)."""
+    GALVATRON_LLAMA2_7B = "galvatron_llama2_7b"
+    """Galvatron's example profile folder for LLaMA-2 7B, bf16, 8-GPU nodes."""
+
+
+def data_path(dataset: Dataset | str) -> Path:
+    """Path of ``dataset`` (a Dataset or its value); SpecError if it is not there."""
+    path = DATA_ROOT / Dataset(dataset).value
+    if not path.exists():
+        raise SpecError("dataset", f"{Dataset(dataset).name} not found at {path}")
+    return path
