@@ -113,12 +113,12 @@ def _t5(c: _Config, name: str) -> ModelSpec:
     rel = c.int("relative_attention_num_buckets", default=32) * heads
     n_enc = c.int("num_layers")
     n_dec = c.int("num_decoder_layers", default=n_enc)
-    enc = [LayerSpec(kind="t5_encoder", seq_len=src, relative_position_params=rel if i == 0 else 0, **common)
-           for i in range(n_enc)]
+    enc = [LayerSpec(kind="t5_encoder", seq_len=src, relative_position_params=rel if i == 0 else 0,
+                     stack_norm=i == n_enc - 1, **common) for i in range(n_enc)]
     dec = [LayerSpec(kind="t5_decoder", seq_len=tgt, cross_attention_seq_len=src,
                      relative_position_params=rel if i == 0 else 0, **common) for i in range(n_dec)]
     emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"))
-    # final norms of encoder and decoder stacks: one counted in the head, one here
+    # final norms of the stacks: the encoder's on its last layer, the decoder's in the head
     head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"),
                     tied=c.flag("tie_word_embeddings", True), final_norm="rmsnorm", seq_len=tgt)
     model = ModelSpec(name=name, family="t5", embedding=emb, head=head, layers=tuple(enc + dec))

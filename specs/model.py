@@ -65,6 +65,8 @@ class LayerSpec:
     """Qwen3: an RMSNorm over head_dim on queries and on keys."""
     sandwich_norm: bool = False
     """Gemma-2: norms after attention and after the MLP too (four per block)."""
+    stack_norm: bool = False
+    """A norm closes the stack this block ends (T5's encoder; the decoder's is the head's)."""
     moe: MoESpec | None = None
     """The mixture-of-experts MLP of a 'moe' block (ffn_hidden_size is then the expert width)."""
     mla: MLASpec | None = None
@@ -151,7 +153,7 @@ class LayerSpec:
         """Parameters of the block (attention, cross-attention, MLP, norms, merging)."""
         n_attn = 2 if self.cross_attention_seq_len else 1
         total = n_attn * self._attention_params() + self._ffn_params()
-        norms = n_attn + 1 + (2 if self.sandwich_norm else 0)
+        norms = n_attn + 1 + (2 if self.sandwich_norm else 0) + (1 if self.stack_norm else 0)
         total += norms * self._norm_params(self.hidden_size)
         total += self.relative_position_params
         if self.downsample_to:

@@ -32,7 +32,7 @@ CONFIGS = {
                         v_head_dim=12, n_group=2, topk_group=1),
     "gpt2": dict(vocab_size=96, n_embd=64, n_layer=3, n_head=4, n_positions=128),
     "t5": dict(vocab_size=96, d_model=64, d_kv=8, d_ff=160, num_layers=2, num_decoder_layers=3, num_heads=4,
-               feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+               feed_forward_proj="gated-gelu"),
     "vit": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=160,
                 image_size=32, patch_size=8, num_labels=10),
     "swin": dict(embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, image_size=64,
