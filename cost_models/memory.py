@@ -36,7 +36,7 @@ def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
 
 def _has_dropout(layer: LayerSpec) -> bool:
     """LLaMA blocks train without dropout; the others keep one-byte masks."""
-    return layer.kind != "llama"
+    return layer.has_dropout
 
 
 def _attention_bytes_per_token(layer: LayerSpec, span: int) -> tuple[float, float]:
@@ -58,8 +58,22 @@ def _mlp_bytes_per_token(layer: LayerSpec) -> tuple[float, float]:
     (two of them when gated), FC2 input 2f, dropout mask h (Korthikanti: 19 s b h at f = 4h)."""
     h, f = layer.hidden_size, layer.ffn_hidden_size
     mask = MASK_BYTES if _has_dropout(layer) else 0
-    split = ACTIVATION_BYTES * f * (3 if layer.gated_ffn else 2)
-    return ACTIVATION_BYTES * h + mask * h, split
+    per_width = ACTIVATION_BYTES * (3 if layer.gated_ffn else 2)
+    if layer.moe is not None:
+        return _moe_bytes_per_token(layer, per_width, mask)
+    return ACTIVATION_BYTES * h + mask * h, per_width * f
+
+
+def _moe_bytes_per_token(layer: LayerSpec, per_width: int, mask: int) -> tuple[float, float]:
+    """(replicated, tp-split) bytes of a MoE MLP per token: the router's input and its logits
+    (one per expert), then for each routed copy (k per token, or k x capacity factor) the
+    dispatched input 2h and the expert MLP's inner tensors, and the shared experts' as a dense
+    MLP's. Every rank holds all experts (no expert parallelism)."""
+    moe, h = layer.moe, layer.hidden_size
+    passes = moe.expert_passes_per_token
+    replicated = ACTIVATION_BYTES * (h + moe.num_experts + passes * h) + mask * h
+    split = per_width * (passes * moe.expert_ffn_hidden_size + moe.shared_ffn_hidden_size)
+    return replicated, split
 
 
 def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:

@@ -184,8 +184,7 @@ def model_from_dict(raw: dict[str, Any], name: str = "model", seq_length: int | 
 def from_hf_config(path: str | Path, seq_length: int | None = None) -> ModelSpec:
     """Read a config.json, or the config.json in a directory (as ``save_pretrained`` writes);
     any error is one SpecError line naming the file and the field."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    name = path.parent.name if path.name == "config.json" else path.stem
+    path, name = Path(path), Path(path).stem
+    if path.is_dir():  # named after the directory, as a Hugging Face repository is
+        path, name = path / "config.json", path.resolve().name
     return load_json_with(path, lambda raw: model_from_dict(raw, name=name, seq_length=seq_length))
