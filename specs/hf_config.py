@@ -85,7 +85,7 @@ def _bert(c: _Config, name: str) -> ModelSpec:
                         max_positions=c.int("max_position_embeddings", default=seq),
                         type_vocab_size=c.int("type_vocab_size", default=2), norm="layernorm")
     head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"), tied=True,
-                    pooler=True, transform=True, seq_len=seq)
+                    pooler=True, transform=True, next_sentence=True, seq_len=seq)
     return ModelSpec(name=name, family="bert", embedding=emb, head=head,
                      layers=(layer,) * c.int("num_hidden_layers"))
 

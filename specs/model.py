@@ -244,6 +244,8 @@ class HeadSpec:
     """BERT pooler: dense h x h + tanh on the first token."""
     transform: bool = False
     """BERT MLM transform: dense h x h, GELU, layernorm, plus an output bias."""
+    next_sentence: bool = False
+    """BERT pre-training's next-sentence classifier on the pooled output (h -> 2, with bias)."""
     seq_len: int = 1
     """Positions the head is applied to (seq for lm, 1 for classifier)."""
 
@@ -255,6 +257,7 @@ class HeadSpec:
         h = self.hidden_size
         total = {"": 0, "layernorm": 2 * h, "rmsnorm": h}[self.final_norm]
         total += (h * h + h) if self.pooler else 0
+        total += 2 * h + 2 if self.next_sentence else 0
         if self.transform:
             total += h * h + h + 2 * h + self.output_size
         if self.kind != "none" and not self.tied:

@@ -30,6 +30,8 @@ CONFIGS = {
                         n_shared_experts=2, moe_intermediate_size=32, first_k_dense_replace=1,
                         q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
                         v_head_dim=12, n_group=2, topk_group=1),
+    "bert": dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=160, max_position_embeddings=128),
     "gpt2": dict(vocab_size=96, n_embd=64, n_layer=3, n_head=4, n_positions=128),
     "t5": dict(vocab_size=96, d_model=64, d_kv=8, d_ff=160, num_layers=2, num_decoder_layers=3, num_heads=4,
                feed_forward_proj="gated-gelu"),
@@ -41,7 +43,7 @@ CONFIGS = {
 """Small configs that still exercise each family's options (biases, head_dim, GQA, ties, experts,
 dense layers interleaved with MoE, MLA with and without a query bottleneck)."""
 
-MODEL_CLASS = {"t5": "AutoModelForSeq2SeqLM", "vit": "AutoModelForImageClassification",
+MODEL_CLASS = {"bert": "AutoModelForPreTraining", "t5": "AutoModelForSeq2SeqLM", "vit": "AutoModelForImageClassification",
                "swin": "AutoModelForImageClassification"}
 
 
