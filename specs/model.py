@@ -279,7 +279,7 @@ class ModelSpec:
     layers: tuple[LayerSpec, ...]
     head: HeadSpec
     family: str = ""
-    """bert, t5, vit, swin, gpt2, llama: where it came from."""
+    """The config's model_type (bert, t5, gpt2, llama, mixtral, deepseek_v3, ...): where it came from."""
 
     def __post_init__(self) -> None:
         require(len(self.layers) > 0, "layers", "a model needs at least one layer")
