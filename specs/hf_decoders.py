@@ -42,6 +42,10 @@ def _dense_layer(c: Config, i: int) -> bool:
     return True
 
 
+def _expert_layer(c: Config, i: int) -> bool:
+    return False
+
+
 def _qwen_dense(c: Config, i: int) -> bool:
     """Qwen MoE: a layer is dense if listed in mlp_only_layers or off the decoder_sparse_step."""
     only = c.get("mlp_only_layers", [])
@@ -109,8 +113,11 @@ class Family:
     out_bias_key: str = ""
     """Config key that also gives the output projection a bias ('' = never)."""
     mlp_bias_key: str = ""
+    """Config key that gives the MLP biases ('' = never)."""
     qk_norm: bool = False
+    """LayerSpec.qk_norm (Qwen3)."""
     sandwich_norm: bool = False
+    """LayerSpec.sandwich_norm (Gemma-2)."""
     window_default: int = 0
     """sliding_window when absent (0 = none)."""
     window_switch: str = ""
@@ -120,14 +127,16 @@ class Family:
     dense: Callable[[Config, int], bool] = _dense_layer
     """Whether layer i has a dense MLP (else experts, from ``moe``)."""
     moe: Callable[[Config], MoESpec] | None = None
+    """Reads the experts of a MoE layer; None = a dense family."""
     mla: Callable[[Config], MLASpec] | None = None
+    """Reads multi-head latent attention; None = q/k/v projections."""
 
 
 _QWEN = dict(windowed=_window_from_layer, window_default=4096, window_switch="use_sliding_window")
 FAMILIES: dict[str, Family] = {
     "llama": Family(qkv_bias=("attention_bias", False), out_bias_key="attention_bias", mlp_bias_key="mlp_bias"),
     "mistral": Family(windowed=_window_everywhere, window_default=4096),
-    "mixtral": Family(windowed=_window_everywhere, dense=lambda c, i: False, moe=_mixtral_moe),
+    "mixtral": Family(windowed=_window_everywhere, dense=_expert_layer, moe=_mixtral_moe),
     "qwen2": Family(qkv_bias=("", True), **_QWEN),
     "qwen2_moe": Family(qkv_bias=("qkv_bias", True), windowed=_window_qwen2_moe, window_default=4096,
                         window_switch="use_sliding_window", dense=_qwen_dense, moe=_qwen2_moe),
