@@ -17,7 +17,6 @@ from cost_models.registry import register
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
 from specs.datasets import Dataset, data_path
 from specs.errors import read_json
-from specs.galvatron_io import plan_to_galvatron
 
 MB = 1024**2
 BACKWARD_OVER_FORWARD = 2.0
@@ -395,3 +394,119 @@ class Engine:
         reserve = allocator_reserve_mb(budget_mb)
         return Score(time_s=self.iteration_time_s(p),
                      stage_memory_mb=tuple(m + reserve for m in self.stage_memory_mb(p)), reserve_mb=reserve)
+
+
+def _glayer(s: LayerStrategy) -> GLayer:
+    return GLayer(tp=s.tp, dp=s.dp, fsdp=s.dp_type == "zero3" and s.dp > 1, consecutive=s.tp_consecutive,
+                  ulysses=False, checkpoint=s.checkpoint)
+
+
+@register
+class GalvatronModel(CostModel):
+    """Galvatron's engine's cost model on its profile folder (LLaMA-2 7B by default).
+
+    Scores plans as its search prints them: ``plan_cost`` time is its pipeline formula; stage memory is
+    whole MB per layer plus embedding/head, CUDA context and the Megatron-SP buffer (the allocator
+    reserve is the budget term ``allocator_reserve_bytes``). Every tp layer runs Megatron-SP (the
+    profiles were measured so); ``vocab_sp`` / ``embed_sdp`` are Galvatron's vsp / embed_sdp switches,
+    which hybridpar's Plan does not carry.
+    """
+
+    name = "galvatron"
+    runtime_overhead_bytes = 0.0
+    """The 1 GB CUDA context is in each stage's other memory, as Galvatron counts it."""
+
+    def __init__(self, cluster: ClusterSpec, galvatron_dir: str | Path | None = None, model: str | ModelSpec = "llama2-7b",
+                 vocab_sp: bool = False, embed_sdp: bool = False) -> None:
+        super().__init__(cluster)
+        from specs import load_model
+        spec = load_model(model) if isinstance(model, (str, Path)) else model
+        folder = Path(galvatron_dir) if galvatron_dir is not None else data_path(Dataset.GALVATRON_LLAMA2_7B)
+        tables = read_tables(folder, cluster.world_size, spec.layers[0].hidden_size)
+        self.model_spec = spec.with_seq_len(tables.seq)
+        self.engine = Engine(tables, cluster.world_size, spec.num_layers)
+        self.vocab_sp, self.embed_sdp = bool(vocab_sp), bool(embed_sdp)
+
+    def allocator_reserve_bytes(self, budget_bytes: float) -> float:
+        """Galvatron's own rule in whole MB (int(0.2 x budget) above 20 GB)."""
+        return allocator_reserve_mb(int(budget_bytes // MB)) * MB if self.allocator_reserve else 0.0
+
+    # -- whole plans ------------------------------------------------------------------------------
+    def gplan(self, plan: Plan, strict: bool = True) -> GPlan:
+        """``plan`` in Galvatron's terms in the tightest search task that holds it; ``strict``: a
+        SpecError for what its files cannot say (DDP/ZeRO-1 with dp > 1 beside ZeRO-2, GPipe)."""
+        if strict:
+            bad = sorted({s.dp_type for s in plan.layers if s.dp > 1} - {"zero2", "zero3"})
+            if bad or plan.schedule != "1f1b":
+                raise SpecError("plan", f"the galvatron cost model scores zero2/zero3 layers under 1f1b; "
+                                f"got {bad or plan.schedule}")
+        layers = tuple(_glayer(s) for s in plan.layers)
+        tps = [g.tp for g in layers] + [plan.vocab_tp]
+        return GPlan(pp=plan.pp, division=tuple(plan.stage_layers), layers=layers, global_batch=plan.global_batch,
+                     chunks=plan.micro_batches, vtp=plan.vocab_tp, vsp=self.vocab_sp, embed_sdp=self.embed_sdp,
+                     min_tp=min(tps), max_tp=max(tps), sp_search=1)
+
+    def score(self, plan: Plan | GPlan, budget_bytes: float) -> Score:
+        """What Galvatron's engine prints for ``plan`` at ``budget_bytes`` (memory with the reserve)."""
+        p = plan if isinstance(plan, GPlan) else self.gplan(plan)
+        return self.engine.score(p, int(budget_bytes // MB))
+
+    def plan_cost(self, model: ModelSpec, plan: Plan) -> PlanCost:
+        plan.validate(model, self.cluster)
+        p = self.gplan(plan)
+        total = self.engine.iteration_time_s(p)
+        memory = tuple(MemoryBreakdown(parameters_bytes=mb * MB) for mb in self.engine.stage_memory_mb(p))
+        return PlanCost(iteration_time_s=total, throughput_samples_per_s=plan.global_batch / total,
+                        stage_time_s=(total,) * plan.pp, stage_tail_s=(0.0,) * plan.pp, stage_memory=memory,
+                        runtime_overhead_bytes=0.0)
+
+    # -- per layer (what planners add up; plan_cost above is the exact score) ---------------------
+    def layer_time(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                   micro_batches: int, first_rank: int = 0) -> LayerTime:
+        g, pp = _glayer(strategy), self.cluster.world_size // strategy.gpus
+        batch = micro_batch_size * strategy.dp
+        compute = self.engine.layer_time_s(g, batch, pp, with_dp=False)
+        full = self.engine.layer_time_s(g, batch, pp)
+        return LayerTime(forward_s=compute, backward_s=0.0, dp_comm_s=full - compute,
+                         exposed_dp_comm_s=max(0.0, full - compute))
+
+    def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                     in_flight: int) -> MemoryBreakdown:
+        return self.layer_memory_in(layer, strategy, micro_batch_size, in_flight, max(2, in_flight))
+
+    def layer_memory_in(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                        in_flight: int, micro_batches: int) -> MemoryBreakdown:
+        """Whole MB as Galvatron rounds each layer; the SP buffer at this layer's tp as a temporary.
+        Strategies its plan files cannot express (DDP or ZeRO-1 with dp > 1) take infinite memory."""
+        if strategy.dp > 1 and strategy.dp_type not in ("zero2", "zero3"):
+            return MemoryBreakdown(parameters_bytes=float("inf"))
+        pp = self.cluster.world_size // strategy.gpus
+        p = GPlan(pp=pp, division=(1,) * pp, layers=(_glayer(strategy),), global_batch=micro_batch_size * strategy.dp
+                  * micro_batches, chunks=micro_batches, vtp=1, vsp=False, embed_sdp=False, min_tp=1,
+                  max_tp=strategy.tp, sp_search=1)
+        mb = math.ceil(self.engine.layer_memory_mb(p, p.layers[0], pp - min(in_flight, pp)))
+        return MemoryBreakdown(parameters_bytes=mb * MB, temporary_bytes=self.engine.global_buffer_mb(p) * MB)
+
+    def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
+                        micro_batch_size: int, first_rank: int = 0) -> float:
+        """0: Galvatron's DP charges re-layouts only as tie-breaks; its printed time has none."""
+        return 0.0
+
+    def collective_time(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
+        """An all-reduce-class collective at the profiled ms/MB of the largest group (consecutive)."""
+        p = len(max(groups, key=len, default=()))
+        if p <= 1 or nbytes <= 0:
+            return 0.0
+        return nbytes / MB * self.engine._coe(p) * 1e-3
+
+    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
+        """0: Galvatron charges pipeline sends inside each layer's time (layer_time)."""
+        return 0.0
+
+    def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
+                   ) -> tuple[LayerTime, MemoryBreakdown]:
+        p = self.gplan(plan, strict=False)  # embedding/head do not depend on the layers' dp types
+        time_s = self.engine.other_time_s(p)[stage]
+        memory = MemoryBreakdown(parameters_bytes=self.engine.other_memory_mb(p)[stage] * MB,
+                                 temporary_bytes=self.engine.global_buffer_mb(replace(p, max_tp=p.vtp)) * MB)
+        return LayerTime(forward_s=time_s, backward_s=0.0), memory

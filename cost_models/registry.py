@@ -6,7 +6,8 @@ from typing import Any
 
 from specs import ClusterSpec, SpecError
 
-_MODULES = {"analytical": "cost_models.analytical", "profiled": "cost_models.profiled"}
+_MODULES = {"analytical": "cost_models.analytical", "profiled": "cost_models.profiled",
+            "galvatron": "cost_models.galvatron"}
 """Name -> module that defines and registers it (imported on first use)."""
 _REGISTRY: dict[str, type] = {}
 
@@ -26,4 +27,8 @@ def get(name: str, cluster: ClusterSpec, **options: Any):
     if name not in _MODULES:
         raise SpecError("cost_model", f"unknown {name!r}; choose from {', '.join(available())}")
     importlib.import_module(_MODULES[name])
-    return _REGISTRY[name](cluster, **options)
+    reserve = options.pop("allocator_reserve", None)
+    model = _REGISTRY[name](cluster, **options)
+    if reserve is not None:  # a budget term every model has (CostModel.allocator_reserve)
+        model.allocator_reserve = bool(reserve)
+    return model

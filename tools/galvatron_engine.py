@@ -89,6 +89,8 @@ def search(folder: Path, memory_gb: float, batch: int, log_dir: str, extra: list
             tasks.append({"context": {"min_tp": min_tp, "max_tp": max_tp, "sp_search": sp_search},
                           "config": config, "time_s": float(res["min_cost"]),
                           "stage_memory_mb": [float(m) for m in res["mem_cost"]]})
+            with open(Path(log_dir) / f"tasks_{memory_gb}GB_bsz{batch}.jsonl", "a") as out:
+                out.write(json.dumps(tasks[-1]) + "\n")  # progress survives an interrupted run
         return res
 
     engine.dynamic_programming = recording
