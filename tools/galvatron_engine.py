@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -115,18 +116,77 @@ def _chosen(tasks: list[dict]) -> dict | None:
     return best
 
 
+def _strategy(text: str) -> dict:
+    """One entry of the engine's print_strategies line, e.g. '1-2*-4f-c-sp' (form_strategy)."""
+    pp, tp, rest = text.split("-", 2)
+    parts = rest.split("-")
+    return {"tp": int(tp.rstrip("*")), "fsdp": int("f" in parts[0]), "consec": 0 if "*" in parts[0] else 1,
+            "cpt": int("c" in parts[1:]), "sp": int("sp" in parts[1:])}
+
+
+def tasks_from_logs(folder: Path) -> list[dict]:
+    """Every task optimum the engine logged (its per-task log files) in the search's order."""
+    head = re.compile(r"\*{4}Searching with bsz=(\d+) chunk=(\d+) min_tp=(\d+) max_tp=(\d+) vsp=(\d+) "
+                      r"embed_sdp=(\d+) sp_search=(\d+)")
+    best = re.compile(r"\[Optimal pp_deg=(\d+)\] Minimized timecost=(\S+) .* Memory cost=\[(.*)\] Vocab tp=(\d+)")
+    out = []
+    for log in sorted(folder.glob("*/search_bsz*_chunk*/*.log")):
+        lines, ctx = log.read_text().splitlines(), None
+        for i, line in enumerate(lines):
+            if m := head.match(line):
+                ctx = [int(x) for x in m.groups()]
+            elif (m := best.match(line)) and ctx:
+                stages = [[_strategy(x.strip()) for x in st.split(",")] for st in lines[i + 2].split("||")]
+                flat = [s for st in stages for s in st]
+                join = lambda key: ",".join(str(s[key]) for s in flat)  # noqa: E731
+                config = {"pp_deg": int(m.group(1)), "tp_sizes_enc": join("tp"), "tp_consecutive_flags": join("consec"),
+                          "dp_types_enc": join("fsdp"), "use_sp": join("sp"), "checkpoint": join("cpt"),
+                          "global_bsz": ctx[0], "chunks": ctx[1], "pp_division": ",".join(str(len(st)) for st in stages),
+                          "pipeline_type": "pipedream_flush", "default_dp_type": "zero2", "vtp": int(m.group(4)),
+                          "vsp": ctx[4], "embed_sdp": ctx[5]}
+                out.append({"context": {"min_tp": ctx[2], "max_tp": ctx[3], "sp_search": ctx[6]}, "config": config,
+                            "time_s": float(m.group(2)), "stage_memory_mb": [float(x) for x in m.group(3).split(",")]})
+    return out
+
+
+def collect(run_files: list[Path], partial: list[str]) -> dict:
+    """One record of everything the engine printed: complete searches and interrupted ones."""
+    import galvatron_dp_core  # noqa: F401  (fails here if the engine is not built)
+    from importlib.metadata import version
+    runs = [dict(r, complete=True) for f in run_files for r in json.loads(f.read_text())]
+    for item in partial:
+        gb, batch, folder = item.split(":", 2)
+        tasks = tasks_from_logs(Path(folder))
+        _, argv = engine_args(int(gb), int(batch), folder, [])
+        runs.append({"memory_gb": int(gb), "global_batch": int(batch), "argv": argv, "complete": False,
+                     "note": "search interrupted; every task it finished, read from the engine's own logs",
+                     "chosen": None, "tasks": tasks})
+    return {"engine": f"hetu-galvatron {version('hetu-galvatron')} (sdist, C++ dp core built here), CPU only",
+            "date": time.strftime("%Y-%m-%d"), "recipe": __doc__.strip(),
+            "command": "PYTHONPATH=tools/galvatron_stubs python tools/galvatron_engine.py search --folder "
+                       "data/galvatron_llama2_7b --memory-gb GB --batch BATCH --out FILE (argv per run below)",
+            "runs": sorted(runs, key=lambda r: (r["memory_gb"], r["global_batch"]))}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("search",))
-    p.add_argument("--folder", type=Path, required=True, help="Galvatron profile folder")
-    p.add_argument("--memory-gb", type=int, nargs="+", required=True)
+    p.add_argument("command", choices=("search", "collect"),
+                   help="search: run the engine; collect: merge search outputs (--runs) and the per-task logs "
+                        "of interrupted searches (--partial-logs GB:BATCH:FOLDER) into one data file (--out)")
+    p.add_argument("--folder", type=Path, default=Path("data/galvatron_llama2_7b"), help="Galvatron profile folder")
+    p.add_argument("--memory-gb", type=int, nargs="+", default=[])
+    p.add_argument("--runs", type=Path, nargs="*", default=[])
+    p.add_argument("--partial-logs", nargs="*", default=[])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--log-dir", default="/tmp/galvatron_engine_logs")
     p.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
     p.add_argument("extra", nargs="*", help="more Galvatron arguments after --")
     args = p.parse_args(argv)
-    runs = [search(args.folder, gb, args.batch, args.log_dir, args.extra) for gb in args.memory_gb]
-    text = json.dumps(runs, indent=1)
+    if args.command == "collect":
+        text = json.dumps(collect(args.runs, args.partial_logs), indent=1)
+    else:
+        text = json.dumps([search(args.folder, gb, args.batch, args.log_dir, args.extra) for gb in args.memory_gb],
+                          indent=1)
     if args.out:
         args.out.write_text(text)
     else:
