@@ -158,9 +158,14 @@ def collect(run_files: list[Path], partial: list[str]) -> dict:
         gb, batch, folder = item.split(":", 2)
         tasks = tasks_from_logs(Path(folder))
         _, argv = engine_args(int(gb), int(batch), folder, [])
+        logs = sorted(Path(folder).glob("*/search_bsz*_chunk*/*.log"), key=lambda f: f.stat().st_mtime)
+        started = Path(folder).stat().st_ctime if logs else 0.0
+        chunks = sorted({int(f.parent.name.rsplit("chunk", 1)[1]) for f in logs})
         runs.append({"memory_gb": int(gb), "global_batch": int(batch), "argv": argv, "complete": False,
-                     "note": "search interrupted; every task it finished, read from the engine's own logs",
-                     "chosen": None, "tasks": tasks})
+                     "note": "search interrupted before its end; every task it finished, read from the engine's "
+                             "own per-task logs; 'chosen' is the best of those (the final choice may be better)",
+                     "chunks_started": chunks, "elapsed_s_at_interruption": logs[-1].stat().st_mtime - started if logs else 0.0,
+                     "chosen": _chosen(tasks), "tasks": tasks})
     return {"engine": f"hetu-galvatron {version('hetu-galvatron')} (sdist, C++ dp core built here), CPU only",
             "date": time.strftime("%Y-%m-%d"), "recipe": __doc__.strip(),
             "command": "PYTHONPATH=tools/galvatron_stubs python tools/galvatron_engine.py search --folder "
