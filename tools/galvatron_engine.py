@@ -159,7 +159,7 @@ def collect(run_files: list[Path], partial: list[str]) -> dict:
         tasks = tasks_from_logs(Path(folder))
         _, argv = engine_args(int(gb), int(batch), folder, [])
         logs = sorted(Path(folder).glob("*/search_bsz*_chunk*/*.log"), key=lambda f: f.stat().st_mtime)
-        started = Path(folder).stat().st_ctime if logs else 0.0
+        started = logs[0].stat().st_mtime if logs else 0.0  # end of the first task: a lower bound
         chunks = sorted({int(f.parent.name.rsplit("chunk", 1)[1]) for f in logs})
         runs.append({"memory_gb": int(gb), "global_batch": int(batch), "argv": argv, "complete": False,
                      "note": "search interrupted before its end; every task it finished, read from the engine's "
