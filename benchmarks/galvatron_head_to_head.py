@@ -174,7 +174,23 @@ def main(argv=None) -> int:
             head += f", Galvatron's engine {statistics.median(theirs_s):.1f} s ({ratio:.1f}x)"
         print(head, flush=True)
         report(gb, batch, ours, theirs, models, profiled, cluster)
+    _shipped(folder, models, profiled, cluster)
     return 0
+
+
+def _shipped(folder: Path, models: dict, profiled, cluster) -> None:
+    """The plan Galvatron ships for 36 GB (batch 16), scored under both models."""
+    path = next(iter(sorted(folder.glob("galvatron_config_*36GB*.json"))), None)
+    if path is None:
+        return
+    config = json.loads(path.read_text())
+    g = gplan_from_config(config, cluster.world_size)
+    plan = plan_from_galvatron(config, cluster.world_size)
+    variant = models[(bool(config["vsp"]), bool(config["embed_sdp"]))]
+    print(f"Galvatron's shipped 36 GB plan ({path.name}): {plan.summary()} (vsp {config['vsp']}, "
+          f"embed_sdp {config['embed_sdp']})")
+    print(f"    under galvatron: {_galvatron_line(variant.score(g, 36 * 2**30), 36)}")
+    print(f"    under profiled:  {_profiled_line(profiled, plan, 36)}")
 
 
 if __name__ == "__main__":
