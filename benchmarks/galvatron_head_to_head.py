@@ -123,7 +123,7 @@ def _recorded(path: Path) -> dict:
     best: dict = {}
     for r in runs:  # a complete run wins over interrupted ones; among those the one that got furthest
         key = (r["memory_gb"], r["global_batch"])
-        rank = (r.get("complete", True), r.get("elapsed_s_at_interruption", 0.0))
+        rank = (r.get("complete", True), len(r.get("chunks_started", ())), len(r["tasks"]))
         if key not in best or rank > best[key][0]:
             best[key] = (rank, r)
     return {k: v for k, (_, v) in best.items()}
