@@ -80,7 +80,7 @@ def run_ours(models: dict, cluster, gb: int, batch: int):
 
 def _galvatron_line(score, gb: int) -> str:
     fits = "fits" if max(score.stage_memory_mb) <= gb * 1024 else "OOM"
-    return (f"{score.time_s:.3f} s/iter, memory {max(score.stage_memory_mb) / 1024:.2f} GB of {gb} "
+    return (f"{score.time_s:.4f} s/iter, memory {max(score.stage_memory_mb) / 1024:.2f} GB of {gb} "
             f"(reserve {score.reserve_mb / 1024:.2f} GB incl.) {fits}")
 
 
@@ -90,7 +90,7 @@ def _profiled_line(profiled, plan, gb: int) -> str:
     cost = profiled.plan_cost(profiled.model_spec, plan)
     reserve = profiled.allocator_reserve_bytes(gb * 2**30)
     fits = "fits" if cost.peak_memory_bytes + reserve <= gb * 2**30 else "OOM"
-    return (f"{cost.iteration_time_s:.3f} s/iter, peak {cost.peak_memory_bytes / 2**30:.2f} GiB "
+    return (f"{cost.iteration_time_s:.4f} s/iter, peak {cost.peak_memory_bytes / 2**30:.2f} GiB "
             f"+ reserve {reserve / 2**30:.2f} GiB of {gb} {fits}")
 
 
@@ -112,7 +112,7 @@ def report(gb, batch, ours, theirs, models, profiled, cluster) -> None:
         plan = None
     label = plan.summary() if plan else f"{config['tp_sizes_enc']} (use_sp {config['use_sp']})"
     print(f"  Galvatron plan: {label} (vsp {config['vsp']}, embed_sdp {config['embed_sdp']}); "
-          f"its engine printed {chosen['time_s']:.3f} s, {max(chosen['stage_memory_mb']) / 1024:.2f} GB")
+          f"its engine printed {chosen['time_s']:.4f} s, {max(chosen['stage_memory_mb']) / 1024:.2f} GB")
     print(f"    under galvatron: {_galvatron_line(variant.score(g, gb * 2**30), gb)}")
     print(f"    under profiled:  {_profiled_line(profiled, plan, gb)}")
 
