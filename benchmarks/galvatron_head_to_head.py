@@ -29,7 +29,7 @@ from pathlib import Path
 
 import cost_models
 import planners
-from cost_models.galvatron import MB, gplan_from_config
+from cost_models.galvatron import gplan_from_config
 from planners import Budget, SearchSpace
 from specs import SpecError, load_cluster
 from specs.datasets import Dataset, data_path

@@ -2,8 +2,8 @@
 predicts (its own allocator reserve and runtime overhead included), so a plan fits every one."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from specs import LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError

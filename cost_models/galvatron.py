@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from cost_models.base import GIB, CostModel, LayerTime, MemoryBreakdown, PlanCost
+from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from cost_models.registry import register
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
 from specs.datasets import Dataset, data_path
@@ -86,7 +87,7 @@ def _sp_table(raw: dict, op: str) -> dict:
 def read_tables(folder: str | Path, world: int, hidden: int) -> Tables:
     """The files Galvatron's search engine reads for one node of ``world`` GPUs."""
     folder = Path(folder)
-    pick = lambda pattern: read_json(next(iter(sorted(folder.glob(pattern))), folder / pattern))  # noqa: E731
+    pick = lambda pattern: read_json(next(iter(sorted(folder.glob(pattern))), folder / pattern))
     comp, memory = pick("computation_profiling_*.json"), _int_keys(pick("memory_profiling_*.json"))
     seq = max(int(k) for k in memory["layertype_0_sp"])
     layer = memory["layertype_0_sp"][seq]
@@ -147,7 +148,7 @@ class GPlan:
 def gplan_from_config(raw: dict[str, Any], world: int, context: dict[str, int] | None = None) -> GPlan:
     """A GPlan from Galvatron's plan-file dict; ``context`` (min_tp, max_tp, sp_search) defaults to the
     tightest search task that holds the plan."""
-    ints = lambda key, default=0: [int(x) for x in str(raw.get(key, "")).split(",") if x.strip()] or [default] * len(tps)  # noqa: E731
+    ints = lambda key, default=0: [int(x) for x in str(raw.get(key, "")).split(",") if x.strip()] or [default] * len(tps)
     tps = [int(x) for x in str(raw["tp_sizes_enc"]).split(",")]
     pp = int(raw.get("pp_deg", 1))
     if str(raw.get("default_dp_type", "zero2")) != "zero2" or str(raw.get("pipeline_type")) != "pipedream_flush":
@@ -209,7 +210,7 @@ class Engine:
     def zero_ratios(chunks: int):
         """(zero2, zero3) share of the 4 x params model states kept per GPU at sharding degree d.
         With chunks > 1 (async grad reduce) gradients accumulate unsharded: a larger share stays."""
-        shard = lambda d: 1 / d + SHARD_BIAS  # noqa: E731
+        shard = lambda d: 1 / d + SHARD_BIAS
         if chunks == 1:
             return (lambda d: 7 / 8 * shard(d) + 1 / 8), shard
         return (lambda d: 6 / 8 * shard(d) + 2 / 8), (lambda d: 7 / 8 * shard(d) + 1 / 8)

@@ -40,6 +40,7 @@ def engine_args(memory_gb: int, batch: int, log_dir: str, extra: list[str]):
 def _llama_model_args():
     """galvatron/models/llama_hf/arguments.py, loaded alone (its package __init__ imports transformers)."""
     import importlib.util
+
     import galvatron
     path = Path(galvatron.__file__).parent / "models" / "llama_hf" / "arguments.py"
     spec = importlib.util.spec_from_file_location("galvatron_llama_args", path)
@@ -118,7 +119,7 @@ def _chosen(tasks: list[dict]) -> dict | None:
 
 def _strategy(text: str) -> dict:
     """One entry of the engine's print_strategies line, e.g. '1-2*-4f-c-sp' (form_strategy)."""
-    pp, tp, rest = text.split("-", 2)
+    _, tp, rest = text.split("-", 2)
     parts = rest.split("-")
     return {"tp": int(tp.rstrip("*")), "fsdp": int("f" in parts[0]), "consec": 0 if "*" in parts[0] else 1,
             "cpt": int("c" in parts[1:]), "sp": int("sp" in parts[1:])}
@@ -138,7 +139,8 @@ def tasks_from_logs(folder: Path) -> list[dict]:
             elif (m := best.match(line)) and ctx:
                 stages = [[_strategy(x.strip()) for x in st.split(",")] for st in lines[i + 2].split("||")]
                 flat = [s for st in stages for s in st]
-                join = lambda key: ",".join(str(s[key]) for s in flat)  # noqa: E731
+                def join(key, flat=flat):
+                    return ",".join(str(s[key]) for s in flat)
                 config = {"pp_deg": int(m.group(1)), "tp_sizes_enc": join("tp"), "tp_consecutive_flags": join("consec"),
                           "dp_types_enc": join("fsdp"), "use_sp": join("sp"), "checkpoint": join("cpt"),
                           "global_bsz": ctx[0], "chunks": ctx[1], "pp_division": ",".join(str(len(st)) for st in stages),
@@ -151,8 +153,9 @@ def tasks_from_logs(folder: Path) -> list[dict]:
 
 def collect(run_files: list[Path], partial: list[str]) -> dict:
     """One record of everything the engine printed: complete searches and interrupted ones."""
-    import galvatron_dp_core  # noqa: F401  (fails here if the engine is not built)
     from importlib.metadata import version
+
+    import galvatron_dp_core  # noqa: F401  (fails here if the engine is not built)
     runs = [dict(r, complete=True) for f in run_files for r in json.loads(f.read_text())]
     for item in partial:
         gb, batch, folder = item.split(":", 2)

@@ -7,7 +7,12 @@ import json
 import pytest
 
 import cost_models
-from cost_models.galvatron import MB, GalvatronModel, allocator_reserve_mb, gplan_from_config
+from cost_models.galvatron import (
+    MB,
+    GalvatronModel,
+    allocator_reserve_mb,
+    gplan_from_config,
+)
 from planners import Budget
 from specs import load_cluster, load_galvatron_plan
 from specs.datasets import Dataset, data_path

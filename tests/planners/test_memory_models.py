@@ -23,13 +23,13 @@ def setup():
 
 
 def _plan(setup, gib, **opts):
-    cluster, profiled, galvatron = setup
+    cluster, profiled, _ = setup
     return planners.get("galvatron").plan(profiled.model_spec, cluster, Budget(memory_gib=gib, global_batch=64),
                                           profiled, {"space": SPACE, **opts})
 
 
 def test_plan_fits_every_memory_model_and_keeps_primary_time(setup):
-    cluster, profiled, galvatron = setup
+    _, profiled, galvatron = setup
     gib = 24
     both = _plan(setup, gib, memory_models=[galvatron])
     assert both.feasible
@@ -46,7 +46,7 @@ def test_a_second_memory_model_can_only_cost_speed(setup):
 
 
 def test_plans_one_model_cannot_express_do_not_fit(setup):
-    cluster, profiled, galvatron = setup
+    _, profiled, galvatron = setup
     fits = FitsAll(profiled, [galvatron], 24 * 2**30)
     ddp = Plan(pp=1, stage_layers=(32,), layers=(LayerStrategy(tp=4, dp=2, dp_type="ddp"),) * 32,
                global_batch=64, micro_batches=4)  # DDP beside ZeRO-2 is not in Galvatron's files
