@@ -9,7 +9,12 @@ import pytest
 import planners
 from planners.outer import grouped_tables
 from planners.segments import GroupDP
-from tests.planners.random_instances import SMALL_SPACE, RandomCostModel, instance, tiny_model
+from tests.planners.random_instances import (
+    SMALL_SPACE,
+    RandomCostModel,
+    instance,
+    tiny_model,
+)
 
 PIPE_SPACE = replace(SMALL_SPACE, max_pp=4, micro_batches=(2, 4), dp_types=("ddp", "zero1", "zero3"))
 """pp up to 4 and m up to 4 on 4 GPUs, the three dp types whose ties matter."""
