@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from benchmarks import vtrain
+from benchmarks import error_analysis, vtrain
 from specs import ModelSpec, Plan
 
 MEGATRON_VOCAB_MULTIPLE = 128
@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_model_accuracy", description=__doc__)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
+    parser.add_argument("--by", default=None, help="also print the error grouped by these features "
+                        f"(comma-separated: {', '.join(error_analysis.FEATURES)}; or all) and the 20 worst runs")
     args = parser.parse_args(argv)
+    features = error_analysis.parse_features(args.by)
     if not vtrain.available():
         print(f"error: vTrain data not found under {vtrain.VALIDATION}", file=sys.stderr)
         return 2
@@ -141,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     spread = {n: (min(getattr(f, n) for f in fitted), max(getattr(f, n) for f in fitted))
               for n in ("gemm_half_efficiency_flops", "host_time_per_kernel_s", "micro_batch_overhead_s")}
     print("fold constants (min, max):", ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in spread.items()))
+    if features:
+        from cost_models.analytical import AnalyticalModel
+        models: dict = {}
+        model_for = lambda cluster: models.setdefault(cluster, AnalyticalModel(cluster, constants=calibrated))
+        error_analysis.print_analysis(f"single, {args.folds}-fold CV", features, single, cv_pred, model_for)
+        error_analysis.print_analysis("multi, a100.json", features, multi, predict(calibrated, multi), model_for)
     print(f"total {time.time() - start:.0f} s")
     return 0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import vtrain
+from benchmarks import error_analysis, vtrain
 from benchmarks.cost_model_accuracy import MEGATRON_SOFTWARE, as_megatron
 
 REQUIRED_MAPE = {"single": 10.0, "multi": 15.0}
@@ -68,6 +68,22 @@ def run_set(set_name: str, limit: int | None, coalesce: bool) -> tuple[list[str]
     return [c.model_key for c in cases], both[:, 0], measured, both[:, 1], time.time() - start
 
 
+def _print_analysis(set_name: str, features: list[str], limit: int | None, predicted: np.ndarray) -> None:
+    """Error by feature and the worst runs of the simulator (breakdown by its cost model)."""
+    import cost_models
+    from cost_models.calibrate import Run
+    cases = vtrain.load_cases(set_name)
+    if limit:
+        cases = cases[:: max(1, len(cases) // limit)][:limit]
+    runs = []
+    for c in cases:
+        model, plan = as_megatron(c.model, c.plan)
+        runs.append(Run(model=model, cluster=c.cluster, plan=plan, measured_s=c.measured_s))
+    models: dict = {}
+    model_for = lambda cluster: models.setdefault(cluster, cost_models.get("analytical", cluster, **MEGATRON_SOFTWARE))
+    error_analysis.print_analysis(f"simulator, {set_name}", features, runs, predicted, model_for)
+
+
 def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
     parser = argparse.ArgumentParser(prog="python -m benchmarks.simulator_accuracy", description=__doc__)
@@ -76,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", action="store_true",
                         help="play every ring step as its own flow (slower; default coalesces steps)")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    parser.add_argument("--by", default=None, help="also print the error grouped by these features "
+                        f"(comma-separated: {', '.join(error_analysis.FEATURES)}; or all) and the 20 worst runs")
     args = parser.parse_args(argv)
+    features = error_analysis.parse_features(args.by)
     if args.limit is not None and args.limit <= 0:
         print(f"error: --limit must be positive, got {args.limit}", file=sys.stderr)
         return 2
@@ -86,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, verdicts = [], []
     for set_name in (["single", "multi"] if args.set == "both" else [args.set]):
         keys, predicted, measured, formula, wall = run_set(set_name, args.limit, not args.steps)
+        if features:
+            _print_analysis(set_name, features, args.limit, predicted)
         rows += rows_for(set_name, keys, predicted, measured, formula)
         mape = rows[-len(set(keys)) - 1][3]
         ok = mape <= REQUIRED_MAPE[set_name]

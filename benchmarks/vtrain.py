@@ -12,10 +12,12 @@ import pandas as pd
 
 from specs import ClusterSpec, ModelSpec, Plan, load_cluster, model_from_dict, uniform_plan
 from specs.cluster import InterNodeLink
+from specs.datasets import DATA_ROOT
 from dataclasses import replace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-VALIDATION = SHARED / "validation"
+VALIDATION = DATA_ROOT / "vtrain_a100"
+"""The vTrain sets (specs.datasets; Dataset.VTRAIN_SINGLE_NODE / VTRAIN_MULTI_NODE live here)."""
 SETS = {"single": "vtrain_a100_single_node.csv", "multi": "vtrain_a100_multi_node.csv"}
 VOCAB = 50257
 MULTI_NODE_NICS = 4

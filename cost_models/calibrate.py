@@ -22,6 +22,7 @@ from cost_models.analytical import AnalyticalModel
 from cost_models.base import pipeline_time
 from cost_models.constants import AnalyticalConstants, save_calibration
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
+from specs.datasets import DATA_ROOT, Dataset
 from specs.errors import one_line_errors
 
 COMPUTE_PARAMS: dict[str, tuple[float, float]] = {
@@ -175,7 +176,7 @@ def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m cost_models.calibrate", description=__doc__)
     parser.add_argument("--cluster", default="dgx-a100-80g", help="zoo cluster whose file gets the result")
     parser.add_argument("--out", default=str(repo / "specs/zoo/calibration/a100.json"))
-    parser.add_argument("--nccl", default=str(repo.parent / "shared/validation/nccl_a100"))
+    parser.add_argument("--nccl", default=str(DATA_ROOT / Dataset.NCCL_A100.value))
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
     return parser.parse_args(argv)
 
