@@ -69,6 +69,9 @@ class AnalyticalModel(CostModel):
         self._transition = Memo(self._compute_transition)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
 
+    def error_band(self) -> tuple[float, float]:
+        return self.constants.cv_error_p10, self.constants.cv_error_p90
+
     # -- kernels --------------------------------------------------------------------------
     def op_time(self, op: Op) -> float:
         """Roofline of one kernel: FLOPs at a size-dependent efficiency, or bytes at the

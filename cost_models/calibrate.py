@@ -178,7 +178,15 @@ def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(repo / "specs/zoo/calibration/a100.json"))
     parser.add_argument("--nccl", default=str(DATA_ROOT / Dataset.NCCL_A100.value))
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
+    parser.add_argument("--folds", type=int, default=5,
+                        help="cross-validation folds for the error band (cv_error_p10/p90); 0 skips it")
     return parser.parse_args(argv)
+
+
+def error_band(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """10th and 90th percentile of (predicted - measured) / measured."""
+    rel = predicted / measured - 1
+    return {"cv_error_p10": float(np.percentile(rel, 10)), "cv_error_p90": float(np.percentile(rel, 90))}
 
 
 @one_line_errors()
@@ -199,7 +207,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     stats = errors(predict(fitted, runs), np.array([r.measured_s for r in runs]))
     print(f"in-sample on {len(runs)} single-node runs: MAPE {stats['mape']:.2f}% "
           f"median {stats['median']:.2f}% worst {stats['worst']:.1f}%")
-    save_calibration(args.out, {**coll_values, **comp_values}, cluster=args.cluster,
+    band = {}
+    if args.folds:
+        cv_pred, _ = cross_validate(runs, folds=args.folds, start=start, max_evals=args.max_evals)
+        band = error_band(cv_pred, np.array([r.measured_s for r in runs]))
+        print(f"{args.folds}-fold CV error band: p10 {band['cv_error_p10']:+.3f}, p90 {band['cv_error_p90']:+.3f}")
+    save_calibration(args.out, {**coll_values, **comp_values, **band}, cluster=args.cluster,
                      fitted_on={"collectives": f"nccl-tests all-reduce, {len(rows)} rows",
                                 "compute": f"vTrain single-node, {len(runs)} runs, in-sample MAPE "
                                            f"{stats['mape']:.2f}%"},

@@ -23,7 +23,7 @@ fits and throughput improves): powers of two in this range, best throughput wins
 COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
            "gap", "states_explored", "plan_summary", "plan_file", "sim_iteration_time_s",
-           "sim_throughput_samples_per_s", "sim_peak_memory_gib", "sim_oom")
+           "sim_throughput_samples_per_s", "sim_peak_memory_gib", "sim_oom", "tie")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -71,7 +71,7 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict
         "states_explored": result.stats.states_explored,
         "plan_summary": plan_summary(plan) if plan else _oom_text(result),
         "plan_file": None, "sim_iteration_time_s": None, "sim_throughput_samples_per_s": None,
-        "sim_peak_memory_gib": None, "sim_oom": None,
+        "sim_peak_memory_gib": None, "sim_oom": None, "tie": None,
     }
 
 
@@ -127,9 +127,21 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             bar.update(1)
     if bar is not None:
         bar.close()
+    mark_ties(records, cm.error_band())
     if args.out:
         _write_tables(args.out, records)
     return records
+
+
+def mark_ties(records: list[dict], band: tuple[float, float]) -> None:
+    """Set ``tie`` on each feasible record whose throughput is below the best of its budget by
+    less than the cost model's 10th-90th percentile error width: the ranking is not resolved."""
+    width = band[1] - band[0]
+    for rec in records:
+        best = max((r["throughput_samples_per_s"] for r in records
+                    if r["feasible"] and r["budget_gib"] == rec["budget_gib"]), default=0.0)
+        gap = (best - rec["throughput_samples_per_s"]) / best if best > 0 else 0.0
+        rec["tie"] = bool(rec["feasible"] and 0 < gap <= width)
 
 
 def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -193,7 +205,7 @@ def table(records: list[dict]) -> str:
     from tabulate import tabulate
     with_sim = any(x["sim_iteration_time_s"] for x in records)
     head = ["GiB", "planner", "batch", "samples/s"] + (["sim samples/s"] if with_sim else []) + \
-        ["iter ms", "peak GiB", "search s", "plan"]
+        ["iter ms", "peak GiB", "search s", "tie", "plan"]
     return tabulate([_row(r, with_sim) for r in records], headers=head, tablefmt="simple")
 
 
@@ -203,7 +215,7 @@ def _row(r: dict, with_sim: bool) -> list:
     return ([f"{r['budget_gib']:g}", r["planner"], r["global_batch"] or "",
              f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM"] + (sim if with_sim else [])
             + [f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "", f"{r['peak_memory_gib']:.2f}" if ok else "",
-               f"{r['search_time_s']:.2f}", r["plan_summary"]])
+               f"{r['search_time_s']:.2f}", "~" if r.get("tie") else "", r["plan_summary"]])
 
 
 @one_line_errors()

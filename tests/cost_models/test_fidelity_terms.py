@@ -67,3 +67,11 @@ def test_tp_allreduce_hides_behind_host_launches_when_launch_bound():
     assert comm == pytest.approx(1e-3, rel=1e-3)
     assert split.forward_s == pytest.approx(13e-3 - 2 * comm)
     assert split.forward_s + split.tp_comm_s / 2 == pytest.approx(13e-3)  # forward + its 2 all-reduces
+
+
+def test_error_band_turns_a_prediction_into_an_interval():
+    cm = AnalyticalModel(load_cluster("dgx-a100-80g"), cv_error_p10=-0.2, cv_error_p90=0.25)
+    lo, hi = cm.time_interval_s(1.0)  # measured = predicted / (1 + error)
+    assert (lo, hi) == pytest.approx((0.8, 1.25))
+    with pytest.raises(SpecError, match="cv_error_p10"):
+        AnalyticalConstants(cv_error_p10=0.1, cv_error_p90=0.0)
