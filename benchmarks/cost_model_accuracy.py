@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",
                                                         "activations measured", "activations formula"],
                        floatfmt=".1f"))
+    band = np.percentile(cv_pred / np.array([r.measured_s for r in single]) - 1, [10, 90])
+    print(f"CV error band (p10, p90 of predicted/measured - 1): {band[0]:+.4f}, {band[1]:+.4f}")
     spread = {n: (min(getattr(f, n) for f in fitted), max(getattr(f, n) for f in fitted))
               for n in ("gemm_half_efficiency_flops", "host_time_per_kernel_s", "micro_batch_overhead_s")}
     print("fold constants (min, max):", ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in spread.items()))
