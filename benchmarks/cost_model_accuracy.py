@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_model_accuracy", description=__doc__)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
+    parser.add_argument("--jobs", type=int, default=1, help="cross-validation folds fitted at once (processes)")
     parser.add_argument("--by", default=None, help="also print the error grouped by these features "
                         f"(comma-separated: {', '.join(error_analysis.FEATURES)}; or all) and the 20 worst runs")
     args = parser.parse_args(argv)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         {k: getattr(defaults, k) for k in ("gemm_half_efficiency_flops", "memory_efficiency", "kernel_overhead_s",
                                            "host_time_per_kernel_s", "micro_batch_overhead_s",
                                            "iteration_overhead_s")}),
-        max_evals=args.max_evals, progress=lambda k: print(f"  fold {k + 1}/{args.folds} fitted "
+        max_evals=args.max_evals, jobs=args.jobs, progress=lambda k: print(f"  fold {k + 1}/{args.folds} fitted "
                                                            f"({time.time() - start:.0f} s)", flush=True))
     rows = (_table("analytical, public defaults / single", single, predict(defaults, single))
             + _table(f"analytical, {args.folds}-fold CV / single", single, cv_pred)
