@@ -195,6 +195,17 @@ class CostModel(ABC):
         """Embedding (stage 0) and head + loss (last stage) of ``model`` on ``stage``: their
         time and memory (zero on stages that hold neither)."""
 
+    # -- uncertainty -----------------------------------------------------------------------
+    def error_band(self) -> tuple[float, float]:
+        """(p10, p90) of this model's relative time error, (p - m) / m, on runs like the ones
+        it was validated on; (0, 0) when not known."""
+        return 0.0, 0.0
+
+    def time_interval_s(self, predicted_s: float) -> tuple[float, float]:
+        """Measured times that 80% of the validation runs' errors allow for a prediction."""
+        p10, p90 = self.error_band()
+        return predicted_s / (1 + p90), predicted_s / (1 + p10)
+
     # -- whole plan -----------------------------------------------------------------------
     def plan_cost(self, model: ModelSpec, plan: Plan) -> PlanCost:
         """Iteration time and per-stage peak memory of ``plan`` (the formula in the module doc)."""

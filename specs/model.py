@@ -12,6 +12,11 @@ bert: post-norm encoder; t5_encoder/t5_decoder: T5 blocks (decoder has cross-att
 vit: pre-norm encoder over patches; swin: windowed-attention block."""
 
 NORMS = ("layernorm", "rmsnorm")
+ATTENTION_KINDS = ("eager", "flash")
+"""eager: scores, softmax and dropout as separate kernels that keep the s x s probabilities for
+backward (Megatron 2021, what the vTrain runs measured); flash: one fused kernel that keeps only
+the output and a per-row log-sum-exp and recomputes the scores in backward (FlashAttention-2/3,
+PyTorch SDPA)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,10 +51,13 @@ class LayerSpec:
     """Extra learned position parameters held by the block (T5 bias, Swin table)."""
     downsample_to: int = 0
     """Swin patch merging after this block: output width (0 = none)."""
+    attention: str = "eager"
+    """How attention is computed, one of ATTENTION_KINDS (time and activation memory differ)."""
 
     def __post_init__(self) -> None:
         one_of(self.kind, LAYER_KINDS, "kind")
         one_of(self.norm, NORMS, "norm")
+        one_of(self.attention, ATTENTION_KINDS, "attention")
         for name in ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len"):
             positive_int(getattr(self, name), name)
         kv = self.kv_heads
@@ -248,6 +256,12 @@ class ModelSpec:
                        for l in self.layers)
         head = dataclasses.replace(self.head, seq_len=seq_len if self.head.seq_len > 1 else 1)
         return dataclasses.replace(self, layers=layers, head=head)
+
+    def with_attention(self, attention: str) -> "ModelSpec":
+        """The same model with every layer's attention computed as ``attention`` (eager/flash)."""
+        one_of(attention, ATTENTION_KINDS, "attention")
+        return dataclasses.replace(self, layers=tuple(dataclasses.replace(l, attention=attention)
+                                                      for l in self.layers))
 
     def scaled(self, *, hidden_size: int | None = None, num_layers: int | None = None,
                seq_len: int | None = None, name: str | None = None) -> "ModelSpec":
