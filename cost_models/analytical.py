@@ -69,6 +69,9 @@ class AnalyticalModel(CostModel):
         self._transition = Memo(self._compute_transition)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
 
+    def error_band(self) -> tuple[float, float]:
+        return self.constants.cv_error_p10, self.constants.cv_error_p90
+
     # -- kernels --------------------------------------------------------------------------
     def op_time(self, op: Op) -> float:
         """Roofline of one kernel: FLOPs at a size-dependent efficiency, or bytes at the
@@ -83,10 +86,14 @@ class AnalyticalModel(CostModel):
         compute_s = (op.flops + c.gemm_half_efficiency_flops) / (gpu.peak_tflops * 1e12 * c.gemm_efficiency_max)
         return max(compute_s, memory_s)
 
-    def ops_time(self, ops: Sequence[Op]) -> float:
-        """GPU time of the kernels, or the host time to issue them if that is longer."""
+    def ops_time(self, ops: Sequence[Op], hidden_host_s: float = 0.0) -> float:
+        """GPU time of the kernels, or the host time to issue them if that is longer.
+
+        ``hidden_host_s``: GPU time of collectives enqueued on the same stream between these
+        kernels (Megatron's TP all-reduces). Launches are asynchronous, so the host keeps
+        issuing while they run: a launch-bound pass's compute is host time minus that."""
         gpu_s = sum(self.op_time(op) for op in ops)
-        return max(gpu_s, len(ops) * self.constants.host_time_per_kernel_s)
+        return max(gpu_s, len(ops) * self.constants.host_time_per_kernel_s - hidden_host_s)
 
     def _memory_bound_s(self, nbytes: float) -> float:
         c = self.constants
@@ -99,18 +106,13 @@ class AnalyticalModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
-        fwd_ops = forward_ops(layer, strategy.tp, mbs)
-        forward_s = self.ops_time(fwd_ops)
-        backward_s = self.ops_time(backward_ops(fwd_ops)) + (forward_s if strategy.checkpoint else 0.0)
         tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
-        tp_comm_s = 0.0
-        if strategy.tp > 1:
-            per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
-            passes = 3 if strategy.checkpoint else 2  # forward, backward, recomputed forward
-            nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-            if layer.downsample_to:
-                nbytes = mbs * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION
-            tp_comm_s = passes * per_pass * self.collective_time("all_reduce", nbytes, tp_groups)
+        pass_comm_s = self._tp_pass_comm_s(layer, strategy.tp, mbs, tp_groups)
+        fwd_ops = forward_ops(layer, strategy.tp, mbs)
+        forward_s = self.ops_time(fwd_ops, pass_comm_s)
+        backward_s = self.ops_time(backward_ops(fwd_ops), pass_comm_s) + (forward_s if strategy.checkpoint else 0.0)
+        passes = 3 if strategy.checkpoint else 2  # forward, backward, recomputed forward
+        tp_comm_s = passes * pass_comm_s
         local_params = layer.param_count() / strategy.tp
         traffic = self.dp_traffic(local_params, strategy.dp_type, dp_groups)
         per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
@@ -120,6 +122,16 @@ class AnalyticalModel(CostModel):
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb,
                          update_s=self.update_time(local_params, strategy.dp_type, strategy.dp))
+
+    def _tp_pass_comm_s(self, layer: LayerSpec, tp: int, mbs: int, tp_groups: Sequence[Sequence[int]]) -> float:
+        """The TP all-reduces of one forward (or backward) pass of ``layer``, seconds."""
+        if tp <= 1:
+            return 0.0
+        per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
+        nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
+        if layer.downsample_to:
+            nbytes = mbs * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION
+        return per_pass * self.collective_time("all_reduce", nbytes, tp_groups)
 
     def dp_traffic(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> "DPTraffic":
         """When each data-parallel collective runs, as DDP, Megatron's distributed optimizer,

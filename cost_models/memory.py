@@ -17,6 +17,8 @@ ACTIVATION_BYTES = 2
 """Activations are 16-bit."""
 MASK_BYTES = 1
 """Dropout masks are stored as one byte per element (Korthikanti et al.)."""
+FLASH_LSE_BYTES = 4
+"""Flash attention saves one fp32 log-sum-exp per query row and head for its backward."""
 
 
 def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
@@ -44,11 +46,15 @@ def _attention_bytes_per_token(layer: LayerSpec, span: int) -> tuple[float, floa
 
     Korthikanti: 11 s b h + 5 a s^2 b = QKV input 2h, Q and K 4h, V 2h, projection input 2h,
     output-dropout mask h, softmax output 2 a s, its dropout mask a s and output 2 a s.
+    Flash attention keeps no s x s tensor: only an fp32 log-sum-exp per head (4 a).
     """
     h, q, kv, a = layer.hidden_size, layer.q_width, layer.kv_width, layer.num_heads
     mask = MASK_BYTES if _has_dropout(layer) else 0
     replicated = ACTIVATION_BYTES * h + mask * h
-    scores = (ACTIVATION_BYTES + (mask + ACTIVATION_BYTES if mask else 0)) * a * span
+    if layer.attention == "flash":
+        scores = FLASH_LSE_BYTES * a
+    else:
+        scores = (ACTIVATION_BYTES + (mask + ACTIVATION_BYTES if mask else 0)) * a * span
     split = ACTIVATION_BYTES * (2 * q + 2 * kv) + scores
     return replicated, split
 

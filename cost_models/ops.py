@@ -1,7 +1,7 @@
 """The kernels of one Transformer block on one GPU: GEMMs (FLOPs and bytes) and memory-bound ops.
 
-A Megatron-style block (no fused/flash attention): norm, QKV GEMM, score GEMM, fused scale-mask
-softmax, attention dropout, context GEMM, output projection, bias-dropout-add, norm, FC1,
+A Megatron-style block: norm, QKV GEMM, attention (eager: score GEMM, fused scale-mask softmax,
+dropout, context GEMM; flash: one fused kernel), output projection, bias-dropout-add, norm, FC1,
 activation, FC2, bias-dropout-add. Widths split by the tensor-parallel degree tp.
 """
 from __future__ import annotations
@@ -30,6 +30,9 @@ class Op:
     """Matmul FLOPs (2 per multiply-add); 0 for memory-bound kernels."""
     nbytes: float
     """Device-memory traffic, bytes."""
+    backward_flops_factor: float = 2.0
+    """FLOPs of its backward over its forward: 2 for a GEMM (input and weight gradients, two
+    kernels), FLASH_BACKWARD_FLOPS_FACTOR for fused attention (one kernel)."""
 
 
 def gemm(name: str, m: float, n: float, k: float, batch: float = 1) -> Op:
@@ -41,6 +44,19 @@ def elementwise(name: str, elements_read: float, elements_written: float, masks:
     return Op(name, 0.0, ELEMENT_BYTES * (elements_read + elements_written) + MASK_BYTES * masks)
 
 
+FLASH_BACKWARD_FLOPS_FACTOR = 2.5
+"""FlashAttention backward runs five s x s matmuls (scores recomputed, dV, dP, dQ, dK) to the
+forward's two (Dao 2023, FlashAttention-2, section 3.1)."""
+
+
+def flash_attention(name: str, batch_heads: float, s: float, span: float, d: float) -> Op:
+    """One fused attention kernel: the score and context matmuls on chip; device memory sees
+    only Q, K, V, the output and the per-row log-sum-exp (fp32)."""
+    flops = 2.0 * 2.0 * batch_heads * s * span * d
+    nbytes = ELEMENT_BYTES * batch_heads * d * (2 * s + 2 * span) + 4 * batch_heads * s
+    return Op(name, flops, nbytes, backward_flops_factor=FLASH_BACKWARD_FLOPS_FACTOR)
+
+
 def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: int,
                    tag: str, dropout: bool) -> list[Op]:
     h, d = layer.hidden_size, layer.head_size
@@ -49,13 +65,15 @@ def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: i
     q, kv = layer.q_width / tp, layer.kv_width / tp
     s = layer.seq_len
     scores = batch * heads * s * span  # span: keys per query (window or sliding window, <= s)
-    ops = [gemm(f"{tag}qkv", tokens, q + 2 * kv, h),
-           gemm(f"{tag}scores", s, span, d, batch * heads),
-           elementwise(f"{tag}softmax", scores, scores)]
-    if dropout:
-        ops.append(elementwise(f"{tag}attn_dropout", scores, scores, masks=scores))
-    ops += [gemm(f"{tag}context", s, dv, span, batch * heads),
-            gemm(f"{tag}proj", tokens, h, heads * dv),
+    ops = [gemm(f"{tag}qkv", tokens, q + 2 * kv, h)]
+    if layer.attention == "flash":  # dropout is fused too (a seed, no mask)
+        ops.append(flash_attention(f"{tag}flash_attn", batch * heads, s, span, d))
+    else:
+        ops += [gemm(f"{tag}scores", s, span, d, batch * heads), elementwise(f"{tag}softmax", scores, scores)]
+        if dropout:
+            ops.append(elementwise(f"{tag}attn_dropout", scores, scores, masks=scores))
+        ops.append(gemm(f"{tag}context", s, dv, span, batch * heads))
+    ops += [gemm(f"{tag}proj", tokens, h, heads * dv),
             elementwise(f"{tag}residual", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0)]
     return ops
 
@@ -131,11 +149,15 @@ the input gradient: about 1.5x the traffic of its forward (read 1, write 1)."""
 
 
 def backward_ops(forward: list[Op]) -> list[Op]:
-    """Each GEMM becomes two of equal FLOPs (input gradient, weight gradient); each memory-bound
-    kernel moves BACKWARD_ELEMENTWISE_FACTOR times its forward bytes."""
+    """Each GEMM becomes two of equal FLOPs (input gradient, weight gradient); fused attention
+    one kernel of backward_flops_factor times its FLOPs (reading the output gradient too, and
+    writing dQ, dK, dV: twice its bytes); each memory-bound kernel moves
+    BACKWARD_ELEMENTWISE_FACTOR times its forward bytes."""
     out: list[Op] = []
     for op in forward:
-        if op.flops:
+        if op.flops and op.backward_flops_factor != 2.0:
+            out.append(Op(op.name + "_bwd", op.flops * op.backward_flops_factor, 2 * op.nbytes))
+        elif op.flops:
             out += [Op(op.name + "_dgrad", op.flops, op.nbytes), Op(op.name + "_wgrad", op.flops, op.nbytes)]
         else:
             out.append(Op(op.name + "_bwd", 0.0, op.nbytes * BACKWARD_ELEMENTWISE_FACTOR))

@@ -10,7 +10,7 @@ from typing import Any
 import cost_models
 from planners.base import Budget
 from planners.evaluate import EVALUATORS
-from planners.records import add_evaluation, record
+from planners.records import add_evaluation, mark_ties, record
 from planners.registry import get
 from planners.report import save_plan, write_tables
 from specs import load_cluster, load_model
@@ -78,6 +78,7 @@ def run(grid: Grid) -> list[dict[str, Any]]:
             bar.update(1)
     if bar is not None:
         bar.close()
+    mark_ties(records, cm.error_band())
     if grid.out:
         write_tables(grid.out, records)
     return records

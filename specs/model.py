@@ -18,6 +18,11 @@ DROPOUT_FREE_KINDS = ("llama", "moe")
 """Kinds trained without dropout (no one-byte masks kept)."""
 
 NORMS = ("layernorm", "rmsnorm")
+ATTENTION_KINDS = ("eager", "flash")
+"""eager: scores, softmax and dropout as separate kernels that keep the s x s probabilities for
+backward (Megatron 2021, what the vTrain runs measured); flash: one fused kernel that keeps only
+the output and a per-row log-sum-exp and recomputes the scores in backward (FlashAttention-2/3,
+PyTorch SDPA)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +77,8 @@ class LayerSpec:
     mla: MLASpec | None = None
     """DeepSeek multi-head latent attention instead of q/k/v projections (head_dim is then
     the query/key head width; num_kv_heads equals num_heads)."""
+    attention: str = "eager"
+    """How attention is computed, one of ATTENTION_KINDS (time and activation memory differ)."""
 
     def __post_init__(self) -> None:
         one_of(self.kind, LAYER_KINDS, "kind")
@@ -81,6 +88,7 @@ class LayerSpec:
                 f"moe {'set' if self.moe else 'unset'})")
         if self.sliding_window < 0:
             raise SpecError("sliding_window", f"must be >= 0, got {self.sliding_window}")
+        one_of(self.attention, ATTENTION_KINDS, "attention")
         for name in ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len"):
             positive_int(getattr(self, name), name)
         kv = self.kv_heads
@@ -317,6 +325,12 @@ class ModelSpec:
                        for l in self.layers)
         head = dataclasses.replace(self.head, seq_len=seq_len if self.head.seq_len > 1 else 1)
         return dataclasses.replace(self, layers=layers, head=head)
+
+    def with_attention(self, attention: str) -> "ModelSpec":
+        """The same model with every layer's attention computed as ``attention`` (eager/flash)."""
+        one_of(attention, ATTENTION_KINDS, "attention")
+        return dataclasses.replace(self, layers=tuple(dataclasses.replace(l, attention=attention)
+                                                      for l in self.layers))
 
     def scaled(self, *, hidden_size: int | None = None, num_layers: int | None = None,
                seq_len: int | None = None, name: str | None = None) -> "ModelSpec":
