@@ -69,7 +69,7 @@ def load_cases(set_name: str) -> list[Case]:
         model = _model(int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"]),
                        int(row["sequence length"]))
         plan = uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, global_batch=gbs,
-                            micro_batches=gbs // (mbs * dp), checkpoint=True, schedule="1f1b",
+                            micro_batches=gbs // (mbs * dp), recompute="full", schedule="1f1b",
                             model=model.name)
         cases.append(Case(set_name, model, _cluster(int(row["# GPUs"])), plan,
                           float(row["iteration time (ms)"]) / 1e3))

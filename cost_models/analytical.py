@@ -13,13 +13,14 @@ from typing import Mapping, Sequence
 
 from cost_models import collectives as coll
 from cost_models import memory as mem
+from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
 from cost_models.constants import AnalyticalConstants, constants_for
 from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
@@ -101,17 +102,11 @@ class AnalyticalModel(CostModel):
                             micro_batches: int, first_rank: int) -> LayerTime:
         fwd_ops = forward_ops(layer, strategy.tp, mbs)
         forward_s = self.ops_time(fwd_ops)
-        backward_s = self.ops_time(backward_ops(fwd_ops)) + (forward_s if strategy.checkpoint else 0.0)
-        tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
-        tp_comm_s = 0.0
-        if strategy.tp > 1:
-            per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
-            passes = 3 if strategy.checkpoint else 2  # forward, backward, recomputed forward
-            nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-            if layer.downsample_to:
-                nbytes = mbs * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION
-            tp_comm_s = passes * per_pass * self.collective_time("all_reduce", nbytes, tp_groups)
-        local_params = layer.param_count() / strategy.tp
+        backward_s = self.ops_time(backward_ops(fwd_ops)) + self.recompute_time(layer, strategy, mbs)
+        tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
+        per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
+        tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
+        local_params = layer.param_count() / strategy.weight_tp
         traffic = self.dp_traffic(local_params, strategy.dp_type, dp_groups)
         per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
             self.exposed_time(traffic.micro_batch_fwd_s, forward_s)
@@ -119,7 +114,12 @@ class AnalyticalModel(CostModel):
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb,
-                         update_s=self.update_time(local_params, strategy.dp_type, strategy.dp))
+                         update_s=self.update_time(local_params, strategy.dp_type, strategy.grad_dp))
+
+    def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
+        """Forward kernels re-run in backward: all of them (full) or the attention core (selective)."""
+        ops = seq.recompute_ops(layer, strategy, mbs)
+        return self.ops_time(ops) if ops else 0.0
 
     def dp_traffic(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> "DPTraffic":
         """When each data-parallel collective runs, as DDP, Megatron's distributed optimizer,
@@ -258,7 +258,10 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
     """Same degrees and layout: free. Same dp, other layout: every rank fetches its batch
     shard (p2p, forward and backward). Different dp (ratio r): the smaller-dp side
     all-gathers r shards (forward when dp shrinks, gradients in backward when it grows)."""
+    gather_s = _sequence_gather_s(model, layer, prev, nxt, mbs, first_rank)
     layout_matters = prev.tp > 1 and prev.dp > 1
+    if gather_s > 0 and prev.tp == nxt.tp and prev.dp == nxt.dp:
+        return gather_s
     if prev.tp == nxt.tp and prev.dp == nxt.dp and (prev.tp_consecutive == nxt.tp_consecutive
                                                     or not layout_matters):
         return 0.0
@@ -274,4 +277,17 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
         groups = [ranks[i:i + ratio] for i in range(0, gpus, ratio)]
     else:
         groups = [ranks[j::gpus // ratio] for j in range(gpus // ratio)]
-    return model.collective_time("all_gather", gathered, groups)
+    return gather_s + model.collective_time("all_gather", gathered, groups)
+
+
+def _sequence_gather_s(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
+                       mbs: int, first_rank: int) -> float:
+    """A sequence-split output (Megatron-SP, Ulysses) feeding a layer that wants whole
+    sequences, or the reverse: one all-gather over the split side's group (the activation in
+    forward or its gradient in backward; the other direction is a local slice)."""
+    split = [s for s in (prev, nxt) if s.sp != "none" and s.tp > 1]
+    if len(split) != 1:
+        return 0.0
+    side = split[0]
+    tp_groups, _ = seq.sync_groups(first_rank, side)
+    return model.collective_time("all_gather", layer.output_elements(mbs) * BYTES_PER_ACTIVATION, tp_groups)

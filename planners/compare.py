@@ -15,7 +15,8 @@ from specs import SpecError, load_cluster, load_model
 from specs.errors import one_line_errors
 
 DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
-                    "galvatron_dp_tp", "galvatron_dp_pp", "galvatron")
+                    "megatron_sp_selective", "galvatron_dp_tp", "galvatron_dp_pp", "galvatron_paper", "galvatron2",
+                    "galvatron")
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
 """Without --global-batch, search the global batch like Galvatron does (grow it while a plan

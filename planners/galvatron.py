@@ -37,7 +37,8 @@ def resolve_space(space: Any) -> SearchSpace:
 
 @register
 class GalvatronPlanner(Planner):
-    """The DP planner over the full space (all dp types, checkpointing, pp, tp)."""
+    """The DP planner over the full space (all dp types, tp, pp, sequence parallelism, selective
+    and full recomputation, interleaving, the vocabulary's tp/ZeRO-3/sp; caps lifted)."""
 
     name = "galvatron"
     defaults: dict[str, Any] = DEFAULTS
@@ -73,6 +74,15 @@ class GalvatronPlanner(Planner):
 
 def _all_single_stage(tables) -> bool:
     return all(t.combo.pp == 1 for t in tables)
+
+
+@register
+class Galvatron2(GalvatronPlanner):
+    """Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer,
+    Ulysses and ZeRO-3 for the vocabulary) searched by our DP."""
+
+    name = "galvatron2"
+    defaults = {**DEFAULTS, "space": "galvatron2"}
 
 
 @register

@@ -10,11 +10,12 @@ from specs import ClusterSpec, ModelSpec, SpecError
 _MODULES = {
     "galvatron": "planners.galvatron", "galvatron_dp_tp": "planners.galvatron",
     "galvatron_dp_pp": "planners.galvatron", "galvatron_paper": "planners.galvatron",
-    "galvatron_bins": "planners.galvatron",
+    "galvatron_bins": "planners.galvatron", "galvatron2": "planners.galvatron",
     "ilp": "planners.ilp", "cpsat": "planners.cpsat",
     "ddp": "planners.baselines", "zero2": "planners.baselines", "zero3": "planners.baselines",
     "megatron_tp": "planners.baselines", "gpipe": "planners.baselines",
     "megatron_3d": "planners.baselines", "deepspeed_3d": "planners.baselines",
+    "megatron_sp_selective": "planners.baselines",
 }
 """Name -> module that defines and registers it (imported on first use)."""
 _REGISTRY: dict[str, type[Planner]] = {}

@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0)
+    p.add_argument("--sp", choices=["none", "megatron", "ulysses"], default="none",
+                   help="sequence parallelism over the tp group")
+    p.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B model chunks per rank")
+    p.add_argument("--vocab-tp", type=int, default=1, help="tp degree of the embedding and head")
     p.add_argument("--cost-model", default="analytical")
     p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
     p.add_argument("--steps", action="store_true", help="play every ring step (default for <= 64 GPUs)")
@@ -37,9 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
-    if args.recompute == "selective":
-        raise SpecError("recompute", "selective recomputation is not expressible in a Plan yet "
-                        "(LayerStrategy.checkpoint is all or nothing); use none or full")
     for name in ("tp", "pp", "micro_batch"):
         if getattr(args, name) <= 0:
             raise SpecError(name.replace("_", "-"), f"must be a positive integer, got {getattr(args, name)}")
@@ -55,7 +56,8 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
         raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 (dp is 1)")
     return uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
                         micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],
-                        checkpoint=args.recompute == "full", schedule=args.schedule, model=str(args.model),
+                        recompute=args.recompute, sp=args.sp, schedule=args.schedule,
+                        virtual_stages=args.virtual_stages, vocab_tp=args.vocab_tp, model=str(args.model),
                         cluster=str(args.cluster))
 
 

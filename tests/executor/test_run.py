@@ -22,7 +22,7 @@ ALONE_2 = {
     "zero2": dict(dp=2, dp_type="zero2"),
     "zero3": dict(dp=2, dp_type="zero3", micro_batches=2),
     "tp": dict(tp=2),
-    "checkpoint": dict(dp=2, checkpoint=True),
+    "checkpoint": dict(dp=2, recompute="full"),
     "pp-1f1b": dict(pp=2, micro_batches=2),
     "pp-gpipe": dict(pp=2, micro_batches=4, schedule="gpipe"),
 }
@@ -35,14 +35,14 @@ def test_each_strategy_alone_on_2_ranks(tiny_gpt, kind):
 
 
 def test_sequence_parallel_on_2_ranks(tiny_gpt):
-    plan = mixed([4], [L(tp=2, sp=True)] * 4, global_batch=4, micro_batches=1)
+    plan = mixed([4], [L(tp=2, sp="megatron")] * 4, global_batch=4, micro_batches=1)
     assert_matches_reference(plan, tiny_gpt, 2)
 
 
 @pytest.mark.slow
 def test_sequence_parallel_mixed_with_relayouts_and_zero3_on_4_ranks(tiny_gpt):
-    plan = mixed([4], [L(tp=2, dp=2, sp=True, dp_type="zero3"), L(tp=4, sp=True, checkpoint=True), L(dp=4),
-                       L(tp=2, dp=2, tp_consecutive=False, sp=True)])
+    plan = mixed([4], [L(tp=2, dp=2, sp="megatron", dp_type="zero3"), L(tp=4, sp="megatron", recompute="full"), L(dp=4),
+                       L(tp=2, dp=2, tp_consecutive=False, sp="megatron")])
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
@@ -58,19 +58,19 @@ def test_2d_tp_and_zero3_on_4_ranks(tiny_gpt):
 
 def test_mixed_layers_with_relayouts_on_4_ranks(tiny_gpt):
     """Every pair of neighbours differs in tp, dp or rank layout; dp types and checkpointing mix."""
-    plan = mixed([4], [L(tp=2, dp=2), L(dp=4, dp_type="zero3", checkpoint=True), L(tp=4),
+    plan = mixed([4], [L(tp=2, dp=2), L(dp=4, dp_type="zero3", recompute="full"), L(tp=4),
                        L(tp=2, dp=2, tp_consecutive=False, dp_type="zero2")])
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
 def test_mixed_layers_inside_uneven_pipeline_stages_on_4_ranks(tiny_gpt):
-    plan = mixed([1, 3], [L(tp=2), L(dp=2, dp_type="zero2"), L(dp=2, checkpoint=True), L(tp=2)])
+    plan = mixed([1, 3], [L(tp=2), L(dp=2, dp_type="zero2"), L(dp=2, recompute="full"), L(tp=2)])
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
 def test_3d_mixed_plan_on_8_ranks(tiny_gpt):
     """Galvatron-style: pp2, and inside each stage layers of different tp/dp/layout/ZeRO."""
-    plan = mixed([1, 3], [L(tp=4), L(tp=2, dp=2, dp_type="zero2"), L(dp=4, checkpoint=True),
+    plan = mixed([1, 3], [L(tp=4), L(tp=2, dp=2, dp_type="zero2"), L(dp=4, recompute="full"),
                           L(tp=2, dp=2, tp_consecutive=False, dp_type="zero3")], schedule="gpipe")
     assert_matches_reference(plan, tiny_gpt, 8)
 
@@ -78,9 +78,9 @@ def test_3d_mixed_plan_on_8_ranks(tiny_gpt):
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", [
     uniform_plan(4, pp=2, tp=2, dp=2, dp_type="zero3", global_batch=8, micro_batches=2),
-    uniform_plan(4, tp=2, dp=4, tp_consecutive=False, global_batch=8, checkpoint=True),
+    uniform_plan(4, tp=2, dp=4, tp_consecutive=False, global_batch=8, recompute="full"),
     uniform_plan(4, pp=4, dp=2, global_batch=8, micro_batches=4, dp_type="zero2"),
-    mixed([3, 1], [L(tp=2, dp=2, tp_consecutive=False), L(dp=4, dp_type="zero3"), L(tp=4, checkpoint=True),
+    mixed([3, 1], [L(tp=2, dp=2, tp_consecutive=False), L(dp=4, dp_type="zero3"), L(tp=4, recompute="full"),
                    L(dp=4)]),
 ], ids=["pp2-tp2-zero3", "tp2s-dp4-ckpt", "pp4-zero2", "mixed-pp2"])
 def test_8_rank_matrix(tiny_gpt, plan):
@@ -91,7 +91,7 @@ def test_8_rank_matrix(tiny_gpt, plan):
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama"])
 def test_other_families_mixed_on_4_ranks(name):
     model = specs.load_model(name)
-    plan = mixed([2, 2], [L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, checkpoint=True), L(tp=2)], global_batch=4)
+    plan = mixed([2, 2], [L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, recompute="full"), L(tp=2)], global_batch=4)
     assert_matches_reference(plan, model, 4)
 
 
