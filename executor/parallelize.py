@@ -80,7 +80,7 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
             _add_relayout(stage_module, layouts[ids[pos - 1]], layouts[i], smesh, f"{i}")
         block = build_block(model, i, seed)
         block = apply_tp(block, meshes[layouts[i]]["tp"], sequence_parallel=plan.layers[i].megatron_sp)
-        block = apply_ac(block, plan.layers[i].checkpoint)
+        block = apply_ac(block, plan.layers[i].recompute)
         stage_module.layers[str(i)] = block
         stage_module.order.append(("layers", str(i)))
     if stage == plan.pp - 1:

@@ -5,14 +5,11 @@ from specs import Plan, SpecError
 
 
 def refuse_unsupported(plan: Plan) -> None:
-    """SpecError naming the first field the executor cannot honour (Ulysses, selective
-    recomputation, interleaved 1F1B, the vocabulary's sequence parallelism and ZeRO-3)."""
+    """SpecError naming the first field the executor cannot honour (Ulysses, interleaved
+    1F1B, the vocabulary's sequence parallelism and ZeRO-3)."""
     for i, s in enumerate(plan.layers):
         if s.ulysses:
             raise SpecError(f"layer {i}", "sp ulysses is planned and simulated but the executor does not run it yet")
-        if s.recompute == "selective":
-            raise SpecError(f"layer {i}", "recompute selective is planned and simulated but the executor does not "
-                            "run it yet")
     if plan.virtual_stages > 1:
         raise SpecError("virtual_stages", f"virtual_stages {plan.virtual_stages}: the executor does not run "
                         "interleaved 1F1B yet")

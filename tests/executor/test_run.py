@@ -6,7 +6,7 @@ import specs
 from executor.parallel.data import GradientSync
 from executor.run import run_plan
 from specs import LayerStrategy as L
-from specs import Plan, uniform_plan
+from specs import Plan, SpecError, uniform_plan
 
 from tests.executor.conftest import assert_matches_reference
 
@@ -23,6 +23,7 @@ ALONE_2 = {
     "zero3": dict(dp=2, dp_type="zero3", micro_batches=2),
     "tp": dict(tp=2),
     "checkpoint": dict(dp=2, recompute="full"),
+    "selective": dict(dp=2, recompute="selective"),
     "pp-1f1b": dict(pp=2, micro_batches=2),
     "pp-gpipe": dict(pp=2, micro_batches=4, schedule="gpipe"),
 }
@@ -37,6 +38,24 @@ def test_each_strategy_alone_on_2_ranks(tiny_gpt, kind):
 def test_sequence_parallel_on_2_ranks(tiny_gpt):
     plan = mixed([4], [L(tp=2, sp="megatron")] * 4, global_batch=4, micro_batches=1)
     assert_matches_reference(plan, tiny_gpt, 2)
+
+
+def test_sequence_parallel_with_selective_recompute_on_4_ranks(tiny_gpt):
+    """Korthikanti et al.'s recipe: Megatron-SP on tp 2, attention core recomputed, dp 2."""
+    plan = mixed([4], [L(tp=2, dp=2, sp="megatron", recompute="selective")] * 3 + [L(tp=2, dp=2, recompute="full")],
+                 global_batch=4, micro_batches=1)
+    assert_matches_reference(plan, tiny_gpt, 4)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(tp=2, dp=2, sp="ulysses"), "layer 0: sp ulysses is planned and simulated but the executor does not run it"),
+    (dict(dp=2, pp=2, micro_batches=2, virtual_stages=2), "virtual_stages 2: the executor does not run interleaved"),
+    (dict(dp=4, vocab_zero3=True), "vocab_zero3: the executor does not shard the vocabulary yet"),
+])
+def test_what_the_executor_cannot_run_is_refused_in_one_line(tiny_gpt, kw, message):
+    from executor.checks import check_runnable
+    with pytest.raises(SpecError, match=message):
+        check_runnable(tiny_gpt, uniform_plan(4, global_batch=4, **kw), 4)
 
 
 @pytest.mark.slow
