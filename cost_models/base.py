@@ -24,7 +24,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
+from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
+
 
 
 def chunk_sends(pp: int, virtual_stages: int, stage: int) -> tuple[list[int], list[int]]:
@@ -37,7 +39,7 @@ def chunk_sends(pp: int, virtual_stages: int, stage: int) -> tuple[list[int], li
     total = pp * virtual_stages
     return [j for j in chunks if j < total - 1], [j for j in chunks if j > 0]
 
-GIB = 1024**3
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -132,7 +134,7 @@ class PlanCost:
 def in_flight(schedule: str, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole
     stage's activations (interleaving holds chunk-micro-batches: 1/v of a stage each)."""
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return micro_batches
     v = virtual_stages
     if v == 1:

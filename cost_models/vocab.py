@@ -10,7 +10,7 @@ from cost_models import memory as mem
 from cost_models.base import BYTES_PER_ACTIVATION, LayerTime, MemoryBreakdown, in_flight
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
-from specs import ModelSpec, Plan
+from specs import DPType, ModelSpec, Plan
 
 if TYPE_CHECKING:
     from cost_models.analytical import AnalyticalModel
@@ -36,8 +36,8 @@ def _vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, fl
 def _dp_type(plan: Plan, layer_index: int, dp: int) -> str:
     """ZeRO-3 when the plan says so (Galvatron's embed_sdp), else the neighbouring layer's type."""
     if dp <= 1:
-        return "ddp"
-    return "zero3" if plan.vocab_zero3 else plan.layers[layer_index].dp_type
+        return DPType.DDP
+    return DPType.ZERO3 if plan.vocab_zero3 else plan.layers[layer_index].dp_type
 
 
 def padded_model(model: ModelSpec, plan: Plan) -> ModelSpec:

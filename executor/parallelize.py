@@ -16,7 +16,7 @@ from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
 from executor.parallel.tensor import apply_tp
 from executor.unsupported import refuse_unsupported
-from specs import ModelSpec, Plan
+from specs import DPType, ModelSpec, Plan
 
 
 class StageModule(nn.Module):
@@ -127,7 +127,7 @@ def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], 
     for module, i in parts:
         strategy = plan.layers[i]
         dp_mesh = meshes[Layout.of(strategy)]["dp"]
-        if strategy.dp_type == "ddp" or strategy.dp == 1:
+        if strategy.dp_type == DPType.DDP or strategy.dp == 1:
             apply_ddp(module, dp_mesh, sync)
             ddp_params.update(module.parameters())
         else:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator, NamedTuple
 
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Recompute, SequenceParallel, SpecError
+from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
+                   Schedule, SequenceParallel, SpecError)
 
-DP_TYPES_ALL = ("ddp", "zero1", "zero2", "zero3")
 DEGREE_RULES = ("powers_of_two", "divisors")
 """How degrees and micro-batch counts are enumerated: Galvatron's powers of two, or every divisor."""
 
@@ -49,7 +49,7 @@ class SearchSpace:
     """Explicit pipeline degrees; None: every power of two up to max_pp."""
     tp_degrees: tuple[int, ...] | None = None
     """Explicit tp degrees; None: every power of two up to max_tp."""
-    dp_types: tuple[str, ...] = DP_TYPES_ALL
+    dp_types: tuple[str, ...] = DP_TYPES
     """Data-parallel flavours a layer may use when its dp > 1."""
     recompute: tuple[str, ...] = (Recompute.NONE, Recompute.FULL)
     """Activation recomputation choices per layer (none, selective, full)."""
@@ -67,7 +67,7 @@ class SearchSpace:
     for tp and vocab tp, of the world for pp, of the global batch for micro-batch counts."""
     tp_consecutive: tuple[bool, ...] = (True, False)
     """TP rank layouts tried when tp > 1 and dp > 1."""
-    schedule: str = "1f1b"
+    schedule: str = Schedule.ONE_F_ONE_B
     """Pipeline schedule; 1f1b needs micro_batches >= pp."""
     micro_batches: tuple[int, ...] | None = None
     """Explicit micro-batch counts; None: powers of two dividing the batch, up to max_micro_batches."""
@@ -82,10 +82,10 @@ class SearchSpace:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise SpecError(name, f"must be a positive integer, got {v!r}")
-        bad = [t for t in self.dp_types if t not in DP_TYPES_ALL]
+        bad = [t for t in self.dp_types if t not in DP_TYPES]
         if bad or not self.dp_types:
-            raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES_ALL)}; got {self.dp_types!r}")
-        if self.schedule not in ("1f1b", "gpipe"):
+            raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES)}; got {self.dp_types!r}")
+        if self.schedule not in SCHEDULES:
             raise SpecError("schedule", f"must be 1f1b or gpipe, got {self.schedule!r}")
         if not self.recompute or not self.tp_consecutive or not self.sp or not self.virtual_stages:
             raise SpecError("recompute", "recompute, sp, virtual_stages and tp_consecutive need at least one choice")
@@ -107,18 +107,18 @@ class SearchSpace:
         with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
         dp+pp, 3d (tp x pp x dp, plain DDP), and the pure dimensions dp, zero3."""
         classic = cls()
-        paper = cls(dp_types=("ddp", "zero3"), recompute=(Recompute.NONE,))
+        paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), recompute=(Recompute.NONE,))
         galvatron2 = replace(classic, sp=tuple(SequenceParallel), vocab_zero3=(False, True),
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20)
         presets = {
             "full": full, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
-            "dp+tp": replace(classic, pp_degrees=(1,), dp_types=("ddp",)),
-            "dp+pp": replace(classic, tp_degrees=(1,), dp_types=("ddp",)),
-            "3d": replace(classic, dp_types=("ddp",)),
-            "dp": replace(classic, pp_degrees=(1,), tp_degrees=(1,), dp_types=("ddp",)),
-            "zero3": replace(classic, pp_degrees=(1,), tp_degrees=(1,), dp_types=("zero3",)),
+            "dp+tp": replace(classic, pp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "dp+pp": replace(classic, tp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "3d": replace(classic, dp_types=(DPType.DDP,)),
+            "dp": replace(classic, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "zero3": replace(classic, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.ZERO3,)),
         }
         if name not in presets:
             raise SpecError("space", f"unknown preset {name!r}; choose from {', '.join(presets)}")
@@ -127,8 +127,8 @@ class SearchSpace:
     def widened(self, *, zero2: bool = False, checkpoint: bool = False) -> "SearchSpace":
         """The same space plus ZeRO-2 and/or full activation checkpointing."""
         out = self
-        if zero2 and "zero2" not in out.dp_types:
-            out = replace(out, dp_types=out.dp_types + ("zero2",))
+        if zero2 and DPType.ZERO2 not in out.dp_types:
+            out = replace(out, dp_types=out.dp_types + (DPType.ZERO2,))
         if checkpoint and Recompute.FULL not in out.recompute:
             out = replace(out, recompute=out.recompute + (Recompute.FULL,))
         return out
@@ -154,7 +154,7 @@ class SearchSpace:
             layouts = self.tp_consecutive if tp > 1 and dp > 1 else (True,)
             for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
                 sharded = dp > 1 or sp == SequenceParallel.ULYSSES  # Ulysses shards over tp * dp
-                for dp_type in (self.dp_types if sharded else ("ddp",)):
+                for dp_type in (self.dp_types if sharded else (DPType.DDP,)):
                     for consec in layouts:
                         for recompute in self.recompute:
                             out.append(LayerStrategy(tp=tp, dp=dp, dp_type=dp_type, tp_consecutive=consec,
@@ -164,7 +164,7 @@ class SearchSpace:
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
         limit = min(self.max_micro_batches, global_batch)
         base = self.micro_batches or tuple(self._degrees(global_batch, limit))
-        return [m for m in base if global_batch % m == 0 and (self.schedule == "gpipe" or m >= pp)
+        return [m for m in base if global_batch % m == 0 and (self.schedule == Schedule.GPIPE or m >= pp)
                 and (virtual_stages == 1 or m % pp == 0)]
 
     def vocab_tp_choices(self, model: ModelSpec, gpus: int) -> list[int]:

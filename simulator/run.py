@@ -1,4 +1,4 @@
-"""``python -m simulator.run``: simulate one iteration of a Plan file, or of a uniform plan given
+"""python -m simulator.run: simulate one iteration of a Plan file, or of a uniform plan given
 by flags, and print a summary (or one JSON record); optionally write a Perfetto trace."""
 from __future__ import annotations
 
@@ -7,31 +7,39 @@ import json
 import sys
 from typing import Any
 
-from specs import SpecError, load_cluster, load_model, uniform_plan
+import cost_models
+from specs import SpecError, cluster_names, load_cluster, load_model, model_names, uniform_plan
+from specs.cli import HelpFormatter
 from specs.errors import one_line_errors
-from specs.plan import Plan
+from specs.plan import Plan, Recompute, Schedule, SequenceParallel
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+LISTINGS = {"models": model_names, "clusters": cluster_names, "cost-models": cost_models.available}
+"""What --list can print."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m simulator.run", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m simulator.run", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("plan", nargs="?", help="a Plan JSON file (else a uniform plan from the flags below)")
+    p.add_argument("--list", choices=sorted(LISTINGS), help="print the zoo's models or clusters, or the "
+                   "registered cost models, one a line, and exit")
     p.add_argument("--model", help="zoo name or Hugging Face config.json (default: the plan's)")
     p.add_argument("--cluster", help="zoo name (e.g. dgx-a100-80g:2) or cluster file (default: the plan's)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--dp", type=int, default=None, help="default: world / (tp * pp)")
-    p.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch per replica")
-    p.add_argument("--global-batch", type=int, default=None, help="default: micro-batch * dp")
-    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
-    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
-    p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0)
-    p.add_argument("--sp", choices=["none", "megatron", "ulysses"], default="none",
-                   help="sequence parallelism over the tp group")
-    p.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B model chunks per rank")
-    p.add_argument("--vocab-tp", type=int, default=1, help="tp degree of the embedding and head")
-    p.add_argument("--cost-model", default="analytical")
+    p.add_argument("--tp", type=int, default=1, help="uniform plan: tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="uniform plan: pipeline stages")
+    p.add_argument("--dp", type=int, default=None, help="uniform plan: data-parallel degree (default: world / (tp * pp))")
+    p.add_argument("--micro-batch", type=int, default=1, help="uniform plan: samples per micro-batch per replica")
+    p.add_argument("--global-batch", type=int, default=None, help="uniform plan: global batch (default: micro-batch * dp)")
+    p.add_argument("--schedule", choices=[s.value for s in Schedule], default=Schedule.ONE_F_ONE_B.value, help="uniform plan: pipeline schedule")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default=Recompute.NONE.value,
+                   help="uniform plan: activation recomputation")
+    p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0, help="uniform plan: ZeRO stage (0: DDP)")
+    p.add_argument("--sp", choices=[s.value for s in SequenceParallel], default=SequenceParallel.NONE.value,
+                   help="uniform plan: sequence parallelism over the tp group")
+    p.add_argument("--virtual-stages", type=int, default=1, help="uniform plan: interleaved 1F1B model chunks per rank")
+    p.add_argument("--vocab-tp", type=int, default=1, help="uniform plan: tp degree of the embedding and head")
+    p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
+                   help="where compute times and memory come from")
     p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
     p.add_argument("--steps", action="store_true", help="play every ring step (default for <= 64 GPUs)")
     p.add_argument("--no-overlap", action="store_true", help="sync gradients after the whole backward")
@@ -41,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
+
     for name in ("tp", "pp", "micro_batch"):
         if getattr(args, name) <= 0:
             raise SpecError(name.replace("_", "-"), f"must be a positive integer, got {getattr(args, name)}")
@@ -62,7 +71,6 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import cost_models
     from simulator import simulate
     plan = Plan.load(args.plan) if args.plan else None
     model_name = args.model or (plan.model if plan else "")
@@ -90,6 +98,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 @one_line_errors()
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list:
+        print("\n".join(LISTINGS[args.list]()))
+        return 0
     record = run(args)
     if args.json:
         print(json.dumps(record))

@@ -1,6 +1,8 @@
 """Pipeline schedules: the order of forward ("F", mb) and backward ("B", mb) ops on each stage."""
 from __future__ import annotations
 
+from specs import Schedule
+
 Op = tuple[str, int, int]
 """(F or B, micro-batch, chunk position on the stage: 0 .. v-1)."""
 
@@ -44,7 +46,7 @@ def one_f_one_b(stage: int, pp: int, micro_batches: int) -> list[Op]:
     return ops
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+SCHEDULES = {Schedule.GPIPE: gpipe, Schedule.ONE_F_ONE_B: one_f_one_b}
 
 
 def schedule_ops(schedule: str, stage: int, pp: int, micro_batches: int, virtual_stages: int = 1) -> list[Op]:

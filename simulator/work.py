@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from cost_models import CostModel, LayerTime, MemoryBreakdown
 from cost_models.base import BYTES_PER_ACTIVATION, activation_message_bytes
 from cost_models.sequence import sync_groups, ulysses_message_bytes
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
@@ -158,14 +158,14 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     layer, s, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
     lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
     one = cm.layer_memory(layer, s, mbs, 1)
-    unsharded = cm.layer_memory(layer, replace(s, dp_type="ddp"), mbs, 1)
+    unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP), mbs, 1)
     # the recomputed forward rebuilds what the layer did not keep while its backward runs
     # (everything under full recomputation, the attention core under selective)
     full_act = 0.0
     if s.recompute != "none":
         full_act = cm.layer_memory(layer, replace(s, recompute="none"), mbs, 1).activations_bytes
         full_act -= 0.0 if s.checkpoint else one.activations_bytes
-    gathered = unsharded.parameters_bytes if s.dp_type == "zero3" and s.grad_dp > 1 else 0.0
+    gathered = unsharded.parameters_bytes if s.dp_type == DPType.ZERO3 and s.grad_dp > 1 else 0.0
     tp_groups, dp_groups = sync_groups(first_rank, s)
     transition = 0.0
     if not last_of_stage:

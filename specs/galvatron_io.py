@@ -1,12 +1,12 @@
 """Import and export Galvatron's own plan files (flat JSON, comma-separated per-layer fields)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from specs.errors import SpecError, load_json_with
-from specs.plan import LayerStrategy, Plan, Recompute, SequenceParallel
+from specs.files import atomic_write_json
+from specs.plan import DPType, LayerStrategy, Plan, Recompute, SequenceParallel, even_stage_layers
 
 _SCHEDULE_FROM = {"gpipe": "gpipe", "pipedream_flush": "1f1b"}
 _SCHEDULE_TO = {"gpipe": "gpipe", "1f1b": "pipedream_flush"}
@@ -48,7 +48,7 @@ def plan_from_galvatron(raw: dict[str, Any], world_size: int) -> Plan:
     pp = int(raw.get("pp_deg", 1))
     tps = _ints(raw, "tp_sizes_enc")
     n = len(tps)
-    division = _ints(raw, "pp_division", pp) if "pp_division" in raw else _even(n, pp)
+    division = _ints(raw, "pp_division", pp) if "pp_division" in raw else list(even_stage_layers(n, pp))
     consec = _ints(raw, "tp_consecutive_flags", n, default=1)
     sdp = _ints(raw, "dp_types_enc", n, default=0)
     ckpt = _flags(raw, "checkpoint", n)
@@ -91,7 +91,7 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
     """Galvatron's plan dict for ``plan`` (ZeRO-2 layers set default_dp_type zero2); what a
     Galvatron file cannot say (ZeRO-1, Megatron-SP, selective recompute, interleaving) is refused."""
     types = {s.dp_type for s in plan.layers if s.dp > 1}
-    if "zero1" in types or ("zero2" in types and "ddp" in types):
+    if DPType.ZERO1 in types or (DPType.ZERO2 in types and DPType.DDP in types):
         raise SpecError("dp_type", f"Galvatron files express one default dp type besides zero3; plan mixes {sorted(types)}")
     for i, s in enumerate(plan.layers):
         if s.megatron_sp:
@@ -107,7 +107,7 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
         "pp_deg": plan.pp,
         "tp_sizes_enc": join(1 if s.ulysses else s.tp for s in plan.layers),
         "tp_consecutive_flags": join(s.tp_consecutive for s in plan.layers),
-        "dp_types_enc": join(s.dp_type == "zero3" for s in plan.layers),
+        "dp_types_enc": join(s.dp_type == DPType.ZERO3 for s in plan.layers),
         "use_sp": join(s.ulysses for s in plan.layers),
         "sp_sizes_enc": join(s.tp if s.ulysses else 1 for s in plan.layers),
         "checkpoint": join(s.checkpoint for s in plan.layers),
@@ -115,7 +115,7 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
         "chunks": plan.micro_batches,
         "pp_division": join(plan.stage_layers),
         "pipeline_type": _SCHEDULE_TO[plan.schedule],
-        "default_dp_type": "zero2" if "zero2" in types else "ddp",
+        "default_dp_type": DPType.ZERO2 if DPType.ZERO2 in types else DPType.DDP,
         "vtp": plan.vocab_tp,
         "vsp": int(plan.vocab_sp == SequenceParallel.ULYSSES),
         "embed_sdp": int(plan.vocab_zero3),
@@ -142,8 +142,5 @@ def load_galvatron_plan(path: str | Path, world_size: int) -> Plan:
 
 
 def save_galvatron_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan_to_galvatron(plan), indent=4))
-
-
-def _even(n: int, pp: int) -> list[int]:
-    return [n // pp + (1 if i < n % pp else 0) for i in range(pp)]
+    """Write ``plan`` as a Galvatron strategy file, atomically."""
+    atomic_write_json(path, plan_to_galvatron(plan), indent=4)

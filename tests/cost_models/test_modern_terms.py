@@ -2,6 +2,7 @@
 2022, Table 2), selective vs full recomputation, SP and Ulysses traffic, the interleaved pipeline,
 the padded vocabulary-parallel head, and Galvatron-2's sp_time table."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -150,7 +151,8 @@ def test_interleaving_sends_at_every_chunk_boundary():
     model = model_from_dict({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 8, "n_positions": 64,
                              "vocab_size": 128})
     strategies = [LayerStrategy(tp=1, dp=4), LayerStrategy(tp=2, dp=2)] * 4  # strategies alternate
-    plan = uniform_plan(8, dp=4, pp=2, global_batch=8, micro_batches=2, virtual_stages=2).with_layers(strategies)
+    plan = replace(uniform_plan(8, dp=4, pp=2, global_batch=8, micro_batches=2, virtual_stages=2),
+                   layers=tuple(strategies))
     cm = CountingModel(cluster)
     cost = cm.plan_cost(model, plan)
     # stage 0 holds chunks 0 (L0-1) and 2 (L4-5): sends forward after chunks 0 and 2, gradient back from chunk 2;
