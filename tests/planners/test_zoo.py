@@ -64,11 +64,13 @@ def test_full_space_beats_every_baseline_including_the_modern_grids(gib):
     model, cluster = load_model("bert-huge-32").scaled(num_layers=8), load_cluster("titan-8")
     cm = cost_models.get("analytical", cluster)
     budget = Budget(memory_gib=gib, global_batch=32)
-    best = planners.get("galvatron").plan(model, cluster, budget, cm)
+    best = planners.get("galvatron_full").plan(model, cluster, budget, cm)
     assert best.feasible
     best.plan.validate(model, cluster)
     assert cm.plan_cost(model, best.plan).peak_memory_bytes <= gib * 1024**3
-    for name in BASELINES + list(MODERN):
+    # the galvatron ablations (dp+pp, paper, ...) are left out: fast mode is a heuristic for pp > 1
+    # and a larger space can land on a slightly worse plan (docs/planners.md, Baselines)
+    for name in [p for p in DEFAULT_PLANNERS if not p.startswith("galvatron")]:
         other = planners.get(name).plan(model, cluster, budget, cm)
         if other.feasible:
             assert best.throughput_samples_per_s >= other.throughput_samples_per_s * (1 - 1e-12), name
