@@ -15,7 +15,7 @@ from executor.parallel.layout import Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
 from executor.parallel.tensor import apply_tp
-from executor.unsupported import refuse_unsupported
+from executor.unsupported import refuse_unsupported, vocab_notes
 from specs import DPType, ModelSpec, Plan
 
 
@@ -95,7 +95,7 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
         loss_fn = make_loss_fn(plan.global_batch)
         schedule = apply_pp(stage_module, stage, plan.pp, smesh["pp"].get_group(), torch.device(device),
                             plan.micro_batches, plan.schedule, loss_fn)
-    notes = ["vocab_tp ignored: embedding and head are replicated on the TP group"] if plan.vocab_tp > 1 else []
+    notes = vocab_notes(plan)
     return ParallelModel(module=stage_module, stage=stage, local_rank=local, first_layout=layouts[ids[0]],
                          last_layout=layouts[ids[-1]], grad_sync=sync, schedule=schedule, notes=notes)
 

@@ -5,15 +5,24 @@ from specs import Plan, SpecError
 
 
 def refuse_unsupported(plan: Plan) -> None:
-    """SpecError naming the first field the executor cannot honour (Ulysses, interleaved
-    1F1B, the vocabulary's sequence parallelism and ZeRO-3)."""
+    """SpecError naming the first field the executor cannot honour (Ulysses, interleaved 1F1B)."""
     for i, s in enumerate(plan.layers):
         if s.ulysses:
             raise SpecError(f"layer {i}", "sp ulysses is planned and simulated but the executor does not run it yet")
     if plan.virtual_stages > 1:
         raise SpecError("virtual_stages", f"virtual_stages {plan.virtual_stages}: the executor does not run "
                         "interleaved 1F1B yet")
+
+
+
+def vocab_notes(plan: Plan) -> list[str]:
+    """The vocabulary layout the executor does not reproduce: it runs the embedding and head
+    replicated on each stage (the same numbers; only memory and time differ), and says so."""
+    notes = []
+    if plan.vocab_tp > 1:
+        notes.append("vocab_tp ignored: embedding and head are replicated on the TP group")
     if plan.vocab_sp != "none":
-        raise SpecError("vocab_sp", f"vocab_sp {plan.vocab_sp}: the executor does not shard the vocabulary yet")
+        notes.append(f"vocab_sp {plan.vocab_sp} ignored: the embedding and head see whole sequences")
     if plan.vocab_zero3:
-        raise SpecError("vocab_zero3", "vocab_zero3: the executor does not shard the vocabulary yet")
+        notes.append("vocab_zero3 ignored: embedding and head states are not sharded")
+    return notes

@@ -50,7 +50,6 @@ def test_sequence_parallel_with_selective_recompute_on_4_ranks(tiny_gpt):
 @pytest.mark.parametrize("kw, message", [
     (dict(tp=2, dp=2, sp="ulysses"), "layer 0: sp ulysses is planned and simulated but the executor does not run it"),
     (dict(dp=2, pp=2, micro_batches=2, virtual_stages=2), "virtual_stages 2: the executor does not run interleaved"),
-    (dict(dp=4, vocab_zero3=True), "vocab_zero3: the executor does not shard the vocabulary yet"),
 ])
 def test_what_the_executor_cannot_run_is_refused_in_one_line(tiny_gpt, kw, message):
     from executor.checks import check_runnable
