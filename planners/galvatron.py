@@ -66,13 +66,18 @@ class GalvatronPlanner(Planner):
         meta = {"model": model.name, "cluster": cluster.name}
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state)
-        status = "optimal" if exact or not granularity and _all_single_stage(tables) else "heuristic"
+        status = "optimal" if _proven(exact, even, granularity, opts["max_temp_levels"], tables) else "heuristic"
         return finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                       status, 0.0 if status == "optimal" else None)
 
 
-def _all_single_stage(tables) -> bool:
-    return all(t.combo.pp == 1 for t in tables)
+def _proven(exact: bool, even: bool, granularity: float, max_temp_levels, tables) -> bool:
+    """Optimal is claimed only where the search is exact over the space: exact mode, or fast mode
+    with a single stage everywhere and exact temporary levels; never with rounded memory (the
+    bins change the problem) or even partitions (they leave boundaries unsearched)."""
+    if granularity or (even and any(t.combo.pp > 1 for t in tables)):
+        return False
+    return exact or (max_temp_levels is None and all(t.combo.pp == 1 for t in tables))
 
 
 @register
