@@ -200,14 +200,6 @@ class Plan:
             raise SpecError("stage_layers", f"sum {sum(self.stage_layers)} != {len(self.layers)} layers")
 
     # -- structure --------------------------------------------------------------------
-    def stage_of_layer(self) -> list[int]:
-        """Stage index of each layer."""
-        out = [0] * len(self.layers)
-        for s, ids in enumerate(self.stage_ranges()):
-            for i in ids:
-                out[i] = s
-        return out
-
     def chunk_ranges(self) -> list[range]:
         """Layer indices of each model chunk in pipeline order; chunk j runs on stage j % pp
         (v = 1: one chunk per stage; interleaved: layers round-robin in equal chunks)."""
