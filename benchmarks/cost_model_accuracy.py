@@ -59,8 +59,8 @@ def galvatron_memory_rows() -> list[list]:
         states = table["layernum[2]_bsz8_seq2048_rank0_ms"] - table["layernum[1]_bsz8_seq2048_rank0_ms"]
         act = table["layernum[2]_bsz8_seq2048_rank0_act"] - table["layernum[1]_bsz8_seq2048_rank0_act"]
         checkpoint = "c" in parts
-        strategy = LayerStrategy(tp=tp, dp=dp, dp_type=GALVATRON_MEMORY_DP_TYPE if dp > 1 else "ddp", sp=True,
-                                 checkpoint=checkpoint)
+        strategy = LayerStrategy(tp=tp, dp=dp, dp_type=GALVATRON_MEMORY_DP_TYPE if dp > 1 else "ddp", sp="megatron",
+                                 recompute="full" if checkpoint else "none")
         predicted = layer_memory(layer, strategy, 8 // dp, 1)
         rows.append([f"tp{tp} dp{dp}" + (" ckpt" if checkpoint else ""), states, predicted.states_bytes / mib, act, predicted.activations_bytes / mib])
     return rows

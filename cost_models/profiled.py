@@ -4,6 +4,7 @@ coefficient, read from our profile file or from Galvatron's own profile folder.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -11,12 +12,14 @@ from cost_models import collectives as coll
 from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
+from cost_models.ops import forward_ops
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
+from cost_models import sequence as seq
+from cost_models.sp_time import SpTimeTable, find_sp_time, read_sp_time
 from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
-from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError,
-                   layer_groups, load_model)
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, load_model
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: two activation all-reduces per layer in forward and two in backward."""
@@ -27,6 +30,26 @@ LOGIT_KEPT_BYTES = 4
 """Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
 
 
+def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
+    """Share of the measured forward re-run in backward: 1 (full), the attention core's share
+    of the forward's FLOPs and bytes by the kernel formulas (selective), 0 (none)."""
+    if strategy.recompute == "none":
+        return 0.0
+    if strategy.checkpoint:
+        return 1.0
+    ops = forward_ops(layer, strategy.tp, mbs)
+    core = seq.attention_core_ops(ops)
+    weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
+    return weight(core) / weight(ops)
+
+
+def activation_ratio(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
+    """Formula activations of ``strategy`` over those of plain tp (same degree): what sequence
+    parallelism and selective recomputation keep of the measured tp table."""
+    plain = replace(strategy, sp="none", recompute="none")
+    return mem.activation_bytes(layer, strategy, mbs) / mem.activation_bytes(layer, plain, mbs)
+
+
 @register
 class ProfiledModel(CostModel):
     """Cost model driven by measured tables."""
@@ -35,10 +58,14 @@ class ProfiledModel(CostModel):
 
     def __init__(self, cluster: ClusterSpec, profile_path: str | Path | None = None,
                  profile: Profile | None = None, galvatron_dir: str | Path | None = None,
-                 model: str | ModelSpec | None = None) -> None:
+                 model: str | ModelSpec | None = None, sp_time: str | Path | SpTimeTable | None = None) -> None:
         """One source: ``profile_path`` (our format), ``profile`` (object), or ``galvatron_dir``
-        with ``model`` (zoo name or ModelSpec; its layer is matched at the files' sequence)."""
+        with ``model`` (zoo name or ModelSpec; its layer is matched at the files' sequence).
+        ``sp_time``: Galvatron-2's all-to-all/all-reduce table (found in galvatron_dir by default)."""
         super().__init__(cluster)
+        if galvatron_dir is not None and sp_time is None:
+            sp_time = find_sp_time(galvatron_dir, cluster.nodes, cluster.gpus_per_node)
+        self.sp_time: SpTimeTable | None = read_sp_time(sp_time) if isinstance(sp_time, (str, Path)) else sp_time
         if sum(x is not None for x in (profile_path, profile, galvatron_dir)) != 1:
             raise SpecError("profiled", "give exactly one of profile_path, profile, galvatron_dir")
         self.vocab_memory_mib: dict = {}
@@ -93,14 +120,10 @@ class ProfiledModel(CostModel):
         the fixed part does not shrink with tp), backward likewise (+ a forward if checkpointed)."""
         (fa, fb), (ba, bb) = self._fits(layer)
         forward_s = (fa * mbs / strategy.tp + fb) * 1e-3
-        backward_s = (ba * mbs / strategy.tp + bb) * 1e-3 + (forward_s if strategy.checkpoint else 0.0)
-        tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
-        tp_comm_s = 0.0
-        if strategy.tp > 1:
-            passes = 3 if strategy.checkpoint else 2
-            nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-            tp_comm_s = passes * TP_ALLREDUCES_PER_PASS * self.collective_time("all_reduce", nbytes, tp_groups)
-        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param / strategy.tp
+        backward_s = (ba * mbs / strategy.tp + bb) * 1e-3 + forward_s * recompute_share(layer, strategy, mbs)
+        tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
+        tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, TP_ALLREDUCES_PER_PASS)
+        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param / strategy.weight_tp
         per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, strategy.dp_type, dp_groups)
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
                          dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
@@ -151,8 +174,10 @@ class ProfiledModel(CostModel):
     def _compute_layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                               in_flight: int) -> MemoryBreakdown:
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
-        return mem.layer_memory(layer, strategy, mbs, in_flight, params=params,
-                                kept_bytes=mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint),
+        kept = mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint)
+        if not strategy.checkpoint:  # the measured table is tp-only: scale by the formula's ratio
+            kept *= activation_ratio(layer, strategy, mbs)
+        return mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
                                 recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False))
 
     def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
@@ -170,6 +195,9 @@ class ProfiledModel(CostModel):
         p = len(group)
         if p <= 1 or nbytes <= 0:
             return 0.0
+        measured = self.sp_time.time_s(kind, p, nbytes) if self.sp_time and kind == "all_to_all" else None
+        if measured is not None:
+            return measured
         consecutive = all(b - a == 1 for a, b in zip(group, group[1:]))
         busbw = self.allreduce_bus_bytes_per_s(p, consecutive)
         return self.profile.allreduce_latency_us * 1e-6 + coll.BUS_FACTOR[kind](p) * nbytes / busbw

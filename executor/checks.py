@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from executor.unsupported import refuse_unsupported
 from specs import LayerSpec, ModelSpec, Plan, SpecError
 
 
@@ -12,12 +13,13 @@ def check_runnable(model: ModelSpec, plan: Plan, world_size: int) -> None:
     if world_size < 1:
         raise SpecError("world_size", f"must be >= 1, got {world_size}")
     plan.validate(model, SimpleNamespace(world_size=world_size))
+    refuse_unsupported(plan)
     for i, spec in enumerate(model.layers):
         _check_buildable(i, spec)
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
-        if s.sp and (spec.cross_attention_seq_len or spec.downsample_to):
+        if s.megatron_sp and (spec.cross_attention_seq_len or spec.downsample_to):
             raise SpecError(f"layer {i}", "sp is not supported on blocks with cross-attention or patch merging")
-        if s.sp and spec.seq_len % s.tp:
+        if s.megatron_sp and spec.seq_len % s.tp:
             raise SpecError(f"layer {i}", f"sp: tp({s.tp}) does not divide seq_len({spec.seq_len})")
         if spec.kv_heads % s.tp:
             raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide kv heads({spec.kv_heads})")

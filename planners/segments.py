@@ -17,7 +17,8 @@ from specs import even_stage_layers
 class GroupSolution:
     """One plan of a group: a strategy index per layer, the stage sizes, the vocab tp, its objective."""
 
-    vocab_tp: int
+    vocab_tp: "VocabChoice"
+    """The embedding/head choice (tp, ZeRO-3, sp)."""
     choice: list[int]
     stage_layers: list[int]
     objective_s: float

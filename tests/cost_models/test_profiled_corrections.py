@@ -32,8 +32,8 @@ def test_zero3_traffic_is_charged_every_micro_batch(cm):
 
 def test_checkpointed_input_is_split_by_tp_under_sequence_parallel_profiles(cm):
     layer = cm.model_spec.layers[0]
-    one = cm.layer_memory(layer, LayerStrategy(tp=1, dp=8, checkpoint=True), 1, 1).activations_bytes
-    four = cm.layer_memory(layer, LayerStrategy(tp=4, dp=2, checkpoint=True), 1, 1).activations_bytes
+    one = cm.layer_memory(layer, LayerStrategy(tp=1, dp=8, recompute="full"), 1, 1).activations_bytes
+    four = cm.layer_memory(layer, LayerStrategy(tp=4, dp=2, recompute="full"), 1, 1).activations_bytes
     assert four == pytest.approx(one / 4)
 
 
