@@ -15,6 +15,7 @@ import numpy as np
 from cost_models.profile_format import LayerProfile, LayerSignature, Profile, ProfileError, VocabProfile
 from specs import ClusterSpec, LayerSpec, SpecError
 from specs.errors import read_json
+from specs.schema import check_number_tree
 
 MIB = 1024**2
 FP32_BYTES = 4
@@ -37,7 +38,9 @@ class GalvatronProfile:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        return read_json(path)
+        raw = read_json(path)
+        check_number_tree(raw)
+        return raw
     except SpecError as err:
         raise ProfileError(err.field, err.message, err.source) from None
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from specs.errors import SpecError, load_json_with
 from specs.plan import LayerStrategy, Plan
+from specs.schema import GalvatronPlanFile, check
 
 _SCHEDULE_FROM = {"gpipe": "gpipe", "pipedream_flush": "1f1b"}
 _SCHEDULE_TO = {"gpipe": "gpipe", "1f1b": "pipedream_flush"}
@@ -29,8 +30,7 @@ def _ints(raw: dict, key: str, n: int | None = None, default: int | None = None)
 
 def plan_from_galvatron(raw: dict[str, Any], world_size: int) -> Plan:
     """A Plan from Galvatron's plan dict; dp = world / (pp * tp) for each layer."""
-    if not isinstance(raw, dict):
-        raise SpecError("(top level)", "expected a JSON object")
+    check(GalvatronPlanFile, raw)
     pp = int(raw.get("pp_deg", 1))
     tps = _ints(raw, "tp_sizes_enc")
     n = len(tps)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specs.errors import SpecError, load_json_with, positive_int
+from specs.schema import ModelConfigFile, check
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
 
 
@@ -152,8 +153,7 @@ BUILDERS: dict[str, Callable[[_Config, str], ModelSpec]] = {
 
 def model_from_dict(raw: dict[str, Any], name: str = "model") -> ModelSpec:
     """A ModelSpec from an already-parsed config dict."""
-    if not isinstance(raw, dict):
-        raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+    check(ModelConfigFile, raw)
     kind = raw.get("model_type")
     if not isinstance(kind, str) or kind not in BUILDERS:
         raise SpecError("model_type", f"must be one of {', '.join(BUILDERS)}; got {kind!r}")

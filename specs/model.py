@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from specs.errors import SpecError, one_of, positive_int, require
+from specs.limits import MAX_LAYERS, at_most
 
 LAYER_KINDS = ("gpt", "llama", "bert", "t5_encoder", "t5_decoder", "vit", "swin")
 """gpt: pre-norm decoder (GPT-2/Megatron); llama: RMSNorm, gated SiLU FFN, no biases;
@@ -219,6 +220,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         require(len(self.layers) > 0, "layers", "a model needs at least one layer")
+        at_most(len(self.layers), MAX_LAYERS, "layers", "planners keep per-layer tables")
         object.__setattr__(self, "layers", tuple(self.layers))
 
     @property

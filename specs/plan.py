@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import SpecError, load_json_with, one_of, positive_int
+from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
+from specs.schema import PlanFile, check
 
 PLAN_VERSION = 1
 DP_TYPES = ("ddp", "zero1", "zero2", "zero3")
@@ -86,6 +88,9 @@ class Plan:
         positive_int(self.global_batch, "global_batch")
         positive_int(self.micro_batches, "micro_batches")
         positive_int(self.vocab_tp, "vocab_tp")
+        at_most(self.global_batch, MAX_GLOBAL_BATCH, "global_batch", "samples per iteration")
+        at_most(self.micro_batches, MAX_MICRO_BATCHES, "micro_batches", "each is played per stage")
+        at_most(len(self.layers), MAX_LAYERS, "layers", "planners keep per-layer tables")
         one_of(self.schedule, SCHEDULES, "schedule")
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
@@ -156,8 +161,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Plan":
-        if not isinstance(raw, dict):
-            raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+        check(PlanFile, raw)
         version = raw.get("version", PLAN_VERSION)
         if version != PLAN_VERSION:
             raise SpecError("version", f"unsupported plan version {version!r} (this code reads {PLAN_VERSION})")
