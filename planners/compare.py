@@ -3,7 +3,6 @@ JSON records (--json) or files (--out DIR: one Plan JSON per cell plus results.c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -12,7 +11,9 @@ from cost_models import GIB
 from planners.base import Budget, PlanResult
 from planners.registry import available, get
 from specs import SpecError, load_cluster, load_model
+from specs.cli import ArgumentParser, count, dumps, finite, number, output_dir
 from specs.errors import one_line_errors
+from specs.limits import MAX_GLOBAL_BATCH
 
 DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
                     "galvatron_dp_tp", "galvatron_dp_pp", "galvatron")
@@ -27,15 +28,16 @@ COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasibl
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m planners.compare", description=__doc__)
+    p = ArgumentParser(prog="python -m planners.compare", description=__doc__)
     p.add_argument("--model", default="bert-huge-32", help="zoo name or config.json path")
     p.add_argument("--cluster", default="titan-8", help="zoo name (name:nodes) or cluster file")
-    p.add_argument("--budget-gib", type=float, nargs="+", default=list(DEFAULT_BUDGETS))
+    p.add_argument("--budget-gib", type=number(0.0, 1e6), nargs="+", default=list(DEFAULT_BUDGETS))
     p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
                    help=f"any of: {', '.join(available())} (comma or space separated)")
-    p.add_argument("--global-batch", type=int, help="fix the global batch (default: search "
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), help="fix the global batch (default: search "
                    f"powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
-    p.add_argument("--global-batch-range", type=int, nargs=2, metavar=("LO", "HI"),
+    batch.add_argument("--global-batch-range", type=count(MAX_GLOBAL_BATCH), nargs=2, metavar=("LO", "HI"),
                    help="search the global batch too (powers of two in [LO, HI])")
     p.add_argument("--cost-model", default="analytical", help="analytical or profiled")
     p.add_argument("--profile", help="profiled: a hybridpar profile file (python -m executor.profile)")
@@ -51,6 +53,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _planner_names(raw: list[str]) -> list[str]:
     names = [n for item in raw for n in item.split(",") if n]
+    if not names:
+        raise SpecError("planners", f"no planner named in {' '.join(raw)!r}; choose from {', '.join(available())}")
     for n in names:
         if n not in available():
             raise SpecError("planners", f"unknown {n!r}; choose from {', '.join(available())}")
@@ -97,8 +101,9 @@ def _simulate(rec: dict, model, cluster, plan) -> None:
     except ImportError as err:  # the simulator package may not be there yet
         raise SpecError("evaluate", f"the simulator is not available ({err})") from None
     sim = simulate(model, cluster, plan)
-    rec["sim_iteration_time_s"] = sim.iteration_time_s
-    rec["sim_throughput_samples_per_s"] = sim.throughput_samples_per_s
+    ran = sim.oom is None  # an OOM iteration never finished: no time, no throughput
+    rec["sim_iteration_time_s"] = sim.iteration_time_s if ran else None
+    rec["sim_throughput_samples_per_s"] = sim.throughput_samples_per_s if ran else None
     rec["sim_peak_memory_gib"] = max(sim.peak_memory_bytes) / GIB
     rec["sim_oom"] = sim.oom is not None
 
@@ -106,6 +111,10 @@ def _simulate(rec: dict, model, cluster, plan) -> None:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import cost_models
     names = _planner_names(args.planners)
+    lo, hi = args.global_batch_range or DEFAULT_BATCH_RANGE
+    if lo > hi:
+        raise SpecError("global-batch-range", f"LO({lo}) > HI({hi})")
+    output_dir(args.out, "--out")  # before the work, so a bad folder never costs a search
     model, cluster = load_model(args.model), load_cluster(args.cluster)
     cm = cost_models.get(args.cost_model, cluster, **_cost_model_options(args))
     model = getattr(cm, "model_spec", None) or model
@@ -123,12 +132,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.out and result.feasible:
             rec["plan_file"] = _save_plan(args.out, name, budget, result)
         records.append(rec)
+        if args.out:  # each record as it completes: a run killed midway keeps what it finished
+            _write_tables(args.out, records)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    if args.out:
-        _write_tables(args.out, records)
     return records
 
 
@@ -182,9 +191,9 @@ def _write_tables(out: Path, records: list[dict]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(COLUMNS))
     writer.writeheader()
-    writer.writerows(records)
+    writer.writerows(finite(records))
     _atomic_write(out / "results.csv", buf.getvalue())
-    _atomic_write(out / "results.json", json.dumps(records, indent=1))
+    _atomic_write(out / "results.json", dumps(records, indent=1))
 
 
 def table(records: list[dict]) -> str:
@@ -211,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     records = run(args)
     if args.json:
-        print(json.dumps(records, indent=1))
+        print(dumps(records, indent=1))
     else:
         print(table(records))
     return 0
