@@ -80,6 +80,9 @@ def read_galvatron_dir(folder: str | Path, cluster: ClusterSpec, layer: LayerSpe
     folder = Path(folder)
     if not folder.is_dir():
         raise ProfileError("galvatron_dir", f"not a folder: {folder}")
+    for path in sorted(folder.glob("*.json")):  # every profile file valid, also those this cluster skips
+        if not path.name.startswith("galvatron_config"):
+            _read(path)
     fwd, other, seq = _layer_forward_ms(_read(_one(folder, "computation_profiling_*.json")))
     memory = _read(_one(folder, "memory_profiling_*.json"))
     layer_mem = _pick_seq(memory.get("layertype_0_sp") or memory.get("layertype_0"), "layertype_0_sp", seq)

@@ -203,7 +203,8 @@ class ModelConfigFile(BaseModel):
 
 # -- Galvatron's files ------------------------------------------------------------------------
 _CSV_INTS = re.compile(r"\s*[0-9]{1,6}\s*(,\s*[0-9]{1,6}\s*)*")
-CsvInts = Annotated[str, Field(pattern=_CSV_INTS.pattern, max_length=8 * MAX_LAYERS)] | Annotated[int, Field(ge=0, le=MAX_GPUS)]
+CsvInts = Annotated[str, Field(pattern=_CSV_INTS.pattern, max_length=8 * MAX_LAYERS)]
+Flag = Annotated[int, Field(ge=0, le=1)]
 
 
 class GalvatronPlanFile(BaseModel):
@@ -220,6 +221,10 @@ class GalvatronPlanFile(BaseModel):
     pipeline_type: Literal["gpipe", "pipedream_flush"] = "pipedream_flush"
     default_dp_type: Literal["ddp", "zero2"] = "ddp"
     vtp: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    vsp: Flag = 0
+    """Galvatron's vocabulary sequence parallelism (read by Galvatron, ignored here)."""
+    embed_sdp: Flag = 0
+    """Galvatron's ZeRO-3 for the embedding (read by Galvatron, ignored here)."""
 
 
 def check_number_tree(raw: Any, field: str = "(top level)") -> None:
@@ -231,3 +236,48 @@ def check_number_tree(raw: Any, field: str = "(top level)") -> None:
     ok = isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and raw >= 0
     if not ok:
         raise SpecError(field, f"must be a finite number >= 0, got {_short(raw)}")
+
+
+# -- profile files (format hybridpar-profile, docs/profile_format.md) ----------------------------
+BatchKey = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
+BatchTable = Annotated[dict[BatchKey, Positive], Field(min_length=1)]
+
+
+class SignatureFile(BaseModel):
+    model_config = _STRICT
+    kind: str
+    hidden_size: Width
+    num_heads: Width
+    num_kv_heads: Width | None = None
+    ffn_hidden_size: Width
+    seq_len: Width
+
+
+class LayerProfileFile(BaseModel):
+    model_config = _STRICT
+    signature: SignatureFile
+    forward_ms: BatchTable
+    backward_ms: BatchTable
+    parameter_bytes: NonNegative
+    activation_bytes_per_sample: dict[Annotated[str, Field(pattern=r"^([0-9]{1,9}|ckpt)$")], NonNegative]
+
+
+class VocabProfileFile(BaseModel):
+    model_config = _STRICT
+    forward_ms: BatchTable
+    backward_ms: BatchTable
+    parameter_bytes: NonNegative
+
+
+class ProfileFile(BaseModel):
+    model_config = _STRICT
+    format: Literal["hybridpar-profile"]
+    version: Version1
+    hardware: dict[str, Any] = {}
+    """Free-form notes on where it was measured (device, torch version...)."""
+    layers: Annotated[list[LayerProfileFile], Field(max_length=MAX_LAYERS)] = []
+    vocab: VocabProfileFile | None = None
+    allreduce_gbytes_per_s: dict[Annotated[str, Field(pattern=r"^[0-9]{1,6}_(consec|strided)$")], Positive] = {}
+    allreduce_latency_us: NonNegative = 0.0
+    p2p_gbytes_per_s: dict[BatchKey, Positive] = {}
+    overlap_coefficient: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 1.0
