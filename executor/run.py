@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, replace
 
@@ -16,6 +17,7 @@ from executor.launch import LaunchError, launch
 from executor.reference import CHECK_ATOL, CheckResult, compare, reference_run
 from executor.train import TrainConfig, median_step_time, worker
 from specs import ModelSpec, Plan, SpecError, load_model
+from specs.cli import ArgumentParser, count, number
 from specs.errors import one_line_errors
 
 
@@ -49,7 +51,7 @@ def scaled_model(model: ModelSpec, scale: str | None) -> ModelSpec:
     kwargs = {}
     for item in scale.split(","):
         key, _, value = item.partition("=")
-        if key.strip() not in keys or not value.strip().isdigit():
+        if key.strip() not in keys or not re.fullmatch(r"[0-9]{1,9}", value.strip()):  # ASCII digits only
             raise SpecError("--scale", f"expected hidden=H,layers=L,seq=S; got {item!r}")
         kwargs[keys[key.strip()]] = int(value)
     return model.scaled(**kwargs)
@@ -135,15 +137,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan JSON file")
     parser.add_argument("--model", help="zoo model name (default: the plan's)")
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S (any subset)")
-    parser.add_argument("--world-size", type=int, help="local CPU processes (default: from the plan)")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a hung run is ended")
+    parser.add_argument("--world-size", type=count(1024), help="local CPU processes (default: from the plan)")
+    parser.add_argument("--steps", type=count(10**6), default=4)
+    parser.add_argument("--timeout", type=number(0.0, 7 * 86400.0), default=300.0,
+                        help="seconds before a hung run is ended")
     parser.add_argument("--bf16", action="store_true", help="autocast forward to bfloat16 (GPU runs)")
 
 
 @one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m executor.run", description=__doc__)
+    parser = ArgumentParser(prog="python -m executor.run", description=__doc__)
     add_common_args(parser)
     parser.add_argument("--check", action="store_true", help="compare with a one-process reference")
     parser.add_argument("--json", action="store_true", help="print the Measurement as JSON")

@@ -211,11 +211,11 @@ class GalvatronPlanFile(BaseModel):
     model_config = _OPEN  # vsp, embed_sdp, ... are read by Galvatron only
     pp_deg: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     tp_sizes_enc: CsvInts
-    tp_consecutive_flags: CsvInts | None = None
-    dp_types_enc: CsvInts | None = None
-    use_sp: CsvInts | None = None
-    checkpoint: CsvInts | None = None
-    pp_division: CsvInts | None = None
+    tp_consecutive_flags: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
+    dp_types_enc: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
+    use_sp: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
+    checkpoint: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
+    pp_division: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
     global_bsz: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH)]
     chunks: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] = 1
     pipeline_type: Literal["gpipe", "pipedream_flush"] = "pipedream_flush"
