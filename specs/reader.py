@@ -46,10 +46,28 @@ def parse_json_text(text: str) -> Any:
     """Parse JSON text: depth, integer length, finiteness and duplicate keys checked."""
     _check_depth(text)
     try:
-        return json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant,
-                          object_pairs_hook=_object)
+        value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_Refused,
+                           object_pairs_hook=_object)
     except json.JSONDecodeError as err:
         raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}") from None
+    _refuse_marked(value, "")
+    return value
+
+
+class _Refused:
+    """A number the reader refuses, kept in place until the walk below can name its field."""
+
+    def __init__(self, text: str, why: str = "") -> None:
+        self.text = text
+        self.why = why or f"{text} is not a finite number (JSON has no {text})"
+
+
+def _refuse_marked(value: Any, field: str) -> None:
+    if isinstance(value, _Refused):
+        raise SpecError(field or "(top level)", value.why)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        _refuse_marked(child, f"{field}[{key}]" if isinstance(key, int) else f"{field}.{key}".lstrip("."))
 
 
 def _check_depth(text: str) -> None:
@@ -61,22 +79,16 @@ def _check_depth(text: str) -> None:
             raise SpecError("(json)", f"nested deeper than the limit of {MAX_JSON_DEPTH} levels")
 
 
-def _int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise SpecError("(json)", f"an integer of {len(digits.lstrip('-'))} digits exceeds the "
-                        f"limit of {MAX_INT_DIGITS}")
+def _int(digits: str) -> "int | _Refused":
+    n = len(digits.lstrip("-"))
+    if n > MAX_INT_DIGITS:
+        return _Refused(digits, f"an integer of {n} digits exceeds the limit of {MAX_INT_DIGITS}")
     return int(digits)
 
 
-def _float(text: str) -> float:
+def _float(text: str) -> "float | _Refused":
     value = float(text)
-    if not math.isfinite(value):
-        raise SpecError("(json)", f"number {text[:40]} is too large to be finite")
-    return value
-
-
-def _constant(name: str) -> None:
-    raise SpecError("(json)", f"{name} is not a finite number (JSON has no {name})")
+    return value if math.isfinite(value) else _Refused(text, f"number {text[:40]} is too large to be finite")
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
