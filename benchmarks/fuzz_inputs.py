@@ -235,7 +235,8 @@ def cli_executor(s: dict, tmp: Path, rng: random.Random) -> Case:
         argv = ["--plan", str(_file(tmp, Mutant(json.dumps(plan).encode(), False, "")))]
         pick = rng.choice([(["--steps", "\u0663"], True), (["--steps", "-1"], True), (["--world-size", "0"], True),
                            (["--timeout", "nan"], True), (["--timeout", "-5"], True), (["--scale", "hidden=\u0663"], True),
-                           (["--scale", "layers=0"], True), (["--model", "nope"], True)])
+                           (["--scale", "layers=0"], True), (["--model", "nope"], True),
+                           (["--timeout", "120"], False)])
         argv, garbage, what = argv + pick[0], pick[1], " ".join(pick[0])
     # accepted inputs really train: one step, a short timeout (a valid plan finishes in seconds)
     return (lambda: _cli(main, ["--steps", "1", "--timeout", "60", "--scale", "hidden=32,seq=16", *argv])), garbage, what

@@ -22,6 +22,7 @@ from cost_models.analytical import AnalyticalModel
 from cost_models.base import pipeline_time
 from cost_models.constants import AnalyticalConstants, save_calibration
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
+from specs.cli import ArgumentParser, count, output_file
 from specs.errors import one_line_errors
 
 COMPUTE_PARAMS: dict[str, tuple[float, float]] = {
@@ -172,17 +173,18 @@ def errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
 # -- command line ----------------------------------------------------------------------------------
 def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     repo = Path(__file__).resolve().parents[1]
-    parser = argparse.ArgumentParser(prog="python -m cost_models.calibrate", description=__doc__)
+    parser = ArgumentParser(prog="python -m cost_models.calibrate", description=__doc__)
     parser.add_argument("--cluster", default="dgx-a100-80g", help="zoo cluster whose file gets the result")
     parser.add_argument("--out", default=str(repo / "specs/zoo/calibration/a100.json"))
     parser.add_argument("--nccl", default=str(repo.parent / "shared/validation/nccl_a100"))
-    parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
+    parser.add_argument("--max-evals", type=count(10_000), default=80, help="cost evaluations per fit")
     return parser.parse_args(argv)
 
 
 @one_line_errors()
 def main(argv: Iterable[str] | None = None) -> int:
     args = _parse(argv)
+    output_file(args.out, "--out")  # before the fits, not after them
     from benchmarks.cost_model_accuracy import megatron_runs  # the vTrain loader lives there
     cluster = load_cluster(args.cluster)
     base = AnalyticalConstants()
