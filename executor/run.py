@@ -17,7 +17,7 @@ from executor.launch import LaunchError, launch
 from executor.reference import CHECK_ATOL, CheckResult, compare, reference_run
 from executor.train import TrainConfig, median_step_time, worker
 from specs import ModelSpec, Plan, SpecError, load_model
-from specs.cli import ArgumentParser, count, number
+from specs.cli import ArgumentParser, count, number, output_file
 from specs.errors import one_line_errors
 
 
@@ -60,15 +60,15 @@ def scaled_model(model: ModelSpec, scale: str | None) -> ModelSpec:
 def run_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None, steps: int = 4,
              warmup: int = 1, check: bool = False, seed: int = 0, timeout_s: float = 300.0,
              track_memory: bool = True, bf16: bool = False, device: str = "cpu",
-             check_atol: float = CHECK_ATOL) -> Measurement:
+             check_atol: float = CHECK_ATOL, progress_path: str | None = None) -> Measurement:
     """Run ``plan`` on ``world_size`` local processes (default: the plan's pp * stage width;
     device "cuda": one GPU each, NCCL) and measure it; ``check`` also compares with a
-    one-process CPU reference."""
+    one-process CPU reference. ``progress_path``: each rank's finished steps, as they finish."""
     world_size = world_size or plan.pp * plan.layers[0].tp * plan.layers[0].dp
     check_runnable(model, plan, world_size)
     cfg = TrainConfig(steps=steps, warmup=0 if check else warmup, seed=seed, check=check,
                       track_memory=track_memory, bf16=bf16, device=device)
-    per_rank = launch(worker, world_size, model, plan, cfg, timeout_s=timeout_s,
+    per_rank = launch(worker, world_size, model, plan, cfg, timeout_s=timeout_s, progress_path=progress_path,
                       backend="nccl" if device.startswith("cuda") else "gloo")
     return _measurement(model, plan, world_size, per_rank, cfg, check_atol)
 
@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(parser)
     parser.add_argument("--check", action="store_true", help="compare with a one-process reference")
     parser.add_argument("--json", action="store_true", help="print the Measurement as JSON")
+    parser.add_argument("--progress", metavar="FILE", help="append each rank's finished steps here (JSON lines)")
     args = parser.parse_args(argv)
+    output_file(args.progress, "--progress")
     plan, model = load_inputs(args)
     if "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ:
         m = run_torchrun(plan, model, TrainConfig(steps=args.steps, check=args.check, bf16=args.bf16,
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     else:
         m = run_plan(plan, model, world_size=args.world_size, steps=args.steps, check=args.check,
-                     timeout_s=args.timeout, bf16=args.bf16)
+                     timeout_s=args.timeout, bf16=args.bf16, progress_path=args.progress)
     print(json.dumps(m.to_dict(), indent=1) if args.json else format_measurement(m))
     return 0 if m.check is None or m.check.passed else 1
 
