@@ -132,7 +132,7 @@ def reader_calibration(s: dict, tmp: Path, rng: random.Random) -> Case:
 
 
 def reader_profile(s: dict, tmp: Path, rng: random.Random) -> Case:
-    from cost_models.profile_format import load_profile
+    from specs.profile_format import load_profile
     m = mutate(s["profile"], PROFILE, rng)
     path = _file(tmp, m)
     return (lambda: load_profile(path).to_dict()), m.garbage, m.what

@@ -15,7 +15,7 @@ from executor.parallel.layout import Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
 from executor.parallel.tensor import apply_tp
-from specs import ModelSpec, Plan
+from specs import DPType, ModelSpec, Plan
 
 
 class StageModule(nn.Module):
@@ -125,7 +125,7 @@ def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], 
     for module, i in parts:
         strategy = plan.layers[i]
         dp_mesh = meshes[Layout.of(strategy)]["dp"]
-        if strategy.dp_type == "ddp" or strategy.dp == 1:
+        if strategy.dp_type == DPType.DDP or strategy.dp == 1:
             apply_ddp(module, dp_mesh, sync)
             ddp_params.update(module.parameters())
         else:

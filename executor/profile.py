@@ -1,5 +1,5 @@
 """Measure what the profiled cost model needs on this hardware and write a profile file
-(docs/profile_format.md): ``python -m executor.profile --model tiny-gpt --out profile.json``.
+(docs/profile_format.md): python -m executor.profile --model tiny-gpt --out profile.json.
 
 Per layer type: forward/backward ms per micro-batch size, parameter bytes, activation bytes
 per sample per tp degree (and checkpointed). Embedding + head the same way. With
@@ -23,6 +23,7 @@ from executor.launch import LaunchError, launch
 from executor.model import Block, Embedding, Head
 from executor.run import scaled_model
 from specs import LayerSpec, ModelSpec, load_model
+from specs.cli import HelpFormatter
 from specs.errors import one_line_errors
 
 
@@ -146,7 +147,7 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
                   dtype: torch.dtype = torch.float32, repeats: int = 3, world_size: int = 1,
                   collective_bytes: int = 1 << 22, timeout_s: float = 300.0):
     """The whole Profile object (compute on this process, collectives on world_size processes)."""
-    from cost_models.profile_format import Profile
+    from specs.profile_format import Profile
     layers = [profile_layer(l, batch_sizes, tps, device, dtype, repeats) for l in model.layer_types()]
     raw = {"format": "hybridpar-profile", "version": 1,
            "hardware": {"device": _device_name(device), "world_size": world_size,
@@ -165,21 +166,21 @@ def _device_name(device: str) -> str:
 
 @one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m executor.profile", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m executor.profile", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", required=True, help="zoo model name")
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4], help="micro-batch sizes to time")
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8], help="tensor-parallel degrees for the activation tables")
     parser.add_argument("--world-size", type=int, default=1, help="CPU processes for the collective tables")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where to time the layers")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                         help="default: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
+    parser.add_argument("--out", required=True, help="profile file to write")
     args = parser.parse_args(argv)
     dtype_name = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
-    from cost_models.profile_format import save_profile
+    from specs.profile_format import save_profile
     model = scaled_model(load_model(args.model), args.scale)
     profile = build_profile(model, batch_sizes=args.batch_sizes, tps=args.tp, device=args.device,
                             dtype=dtype, repeats=args.repeats, world_size=args.world_size)

@@ -1,4 +1,4 @@
-"""Run a plan for real: ``python -m executor.run --plan PLAN.json [--world-size N] [--check]``.
+"""Run a plan for real: python -m executor.run --plan PLAN.json [--world-size N] [--check].
 
 On CPU it forks N local processes (gloo on 127.0.0.1); under torchrun (WORLD_SIZE set) every
 process runs its own rank on its GPU (NCCL) and rank 0 prints the result.
@@ -138,7 +138,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="zoo model name (default: the plan's)")
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S (any subset)")
     parser.add_argument("--world-size", type=count(1024), help="local CPU processes (default: from the plan)")
-    parser.add_argument("--steps", type=count(10**6), default=4)
+    parser.add_argument("--steps", type=count(10**6), default=4, help="training steps to time")
     parser.add_argument("--timeout", type=number(0.0, 7 * 86400.0), default=300.0,
                         help="seconds before a hung run is ended")
     parser.add_argument("--bf16", action="store_true", help="autocast forward to bfloat16 (GPU runs)")

@@ -1,6 +1,7 @@
-"""Command-line arguments validated like file fields: strict ASCII integers and finite numbers
-within the stated limits, output paths checked before any work, JSON output without NaN or
-Infinity, and an argparse whose errors are one SpecError line."""
+"""What the command lines share: ``--help`` shows every flag's default; arguments are validated
+like file fields (strict ASCII integers and finite numbers within the stated limits); output
+paths are checked before any work; JSON output has no NaN or Infinity; an argparse whose
+errors are one SpecError line."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,12 @@ _NUMBER = re.compile(r"-?([0-9]{1,18}(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]{1,3})?
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad argument is a SpecError (one line naming it), not usage text."""
+    """argparse, but a bad argument is a SpecError (one line naming it), not usage text; help
+    shows the defaults (HelpFormatter)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         field, _, rest = message.partition(": ")
@@ -93,3 +99,22 @@ def finite(obj: Any) -> Any:
 def dumps(obj: Any, **kwargs: Any) -> str:
     """json.dumps of ``finite(obj)``; allow_nan=False proves nothing non-finite slipped through."""
     return json.dumps(finite(obj), allow_nan=False, **kwargs)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks and appends ``(default: X)`` to every flag that has
+    a default worth showing (not None, False or empty, not already in the help text)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or not action.option_strings or _nothing(default):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+
+def _nothing(default: object) -> bool:
+    # identity, not ==: a default of 0 is worth showing, False (a store_true flag) is not
+    return default is None or default is False or default is argparse.SUPPRESS or default in ([], ())

@@ -16,6 +16,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from specs import DPType
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
@@ -86,7 +88,7 @@ def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, sync: GradientSync) -> Non
 def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp_type: str) -> nn.Module:
     """Shard ``module`` over ``dp_mesh``: ZeRO-3 frees gathered parameters after forward,
     ZeRO-1/2 keep them until backward is done."""
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=dp_type == "zero3")
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=dp_type == DPType.ZERO3)
     _sum_reduction(module)
     return module
 
