@@ -116,3 +116,15 @@ def test_output_paths_are_checked_before_the_work(capsys, trace, text):
     rc = simulate_main(["--model", "tiny-gpt", "--cluster", "cpu-4", "--trace", trace])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: --trace:") and text in err
+
+
+def test_the_schemas_closed_sets_match_the_dataclasses_enums():
+    # the schema spells the names out (it is read before the dataclasses exist); they must agree
+    from typing import get_args
+
+    from specs.cluster import INTRA_KINDS
+    from specs.plan import DP_TYPES, SCHEDULES
+    from specs.schema import IntraNodeFile, PlanFile, StrategyFile
+    assert set(get_args(StrategyFile.model_fields["dp_type"].annotation)) == {str(t) for t in DP_TYPES}
+    assert set(get_args(PlanFile.model_fields["schedule"].annotation)) == {str(s) for s in SCHEDULES}
+    assert set(get_args(IntraNodeFile.model_fields["kind"].annotation)) == set(INTRA_KINDS)
