@@ -24,6 +24,11 @@ from typing import ClassVar, Sequence
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
+ALLOCATOR_RESERVE_FRACTION = 0.2
+"""Share of a budget kept free for PyTorch's caching allocator (cached, fragmented blocks)."""
+ALLOCATOR_RESERVE_ABOVE_GIB = 20
+"""Budgets of more than 20 GiB (floor) keep the reserve; smaller ones none. Galvatron's rule
+(hetu-galvatron 2.4.0, DpOnModel: mem_cache = int(0.2 * max_mem) when max_mem // 1024 > 20)."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -134,8 +139,25 @@ class CostModel(ABC):
     runtime_overhead_bytes: float = 1.0 * GIB
     """Per-GPU memory outside the model (CUDA context, allocator slack); set per instance."""
 
+    allocator_reserve: bool = True
+    """Keep the caching-allocator reserve (ALLOCATOR_RESERVE_FRACTION above ALLOCATOR_RESERVE_ABOVE_GIB)
+    out of every budget; set per instance (``cost_models.get(..., allocator_reserve=False)``)."""
+
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
+
+    def allocator_reserve_bytes(self, budget_bytes: float) -> float:
+        """Bytes of a ``budget_bytes`` budget a plan may not use: the allocator's cache (a budget term;
+        plan_cost's peaks do not include it, planners take it off the budget)."""
+        if not self.allocator_reserve or budget_bytes // GIB <= ALLOCATOR_RESERVE_ABOVE_GIB:
+            return 0.0
+        return ALLOCATOR_RESERVE_FRACTION * budget_bytes
+
+    def layer_memory_in(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                        in_flight: int, micro_batches: int) -> MemoryBreakdown:
+        """``layer_memory`` for a plan of ``micro_batches`` micro-batches (models whose states
+        depend on it, like Galvatron's, override this)."""
+        return self.layer_memory(layer, strategy, micro_batch_size, in_flight)
 
     # -- per layer --------------------------------------------------------------------
     @abstractmethod
@@ -202,7 +224,7 @@ class CostModel(ABC):
             lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
             time_s += lt.micro_batch_s
             tail_s += lt.tail_s
-            memory = memory + self.layer_memory(layer, strategy, mbs, held)
+            memory = memory + self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches)
             if pos > 0:
                 prev = i - 1
                 time_s += self.transition_time(model.layers[prev], plan.layers[prev], strategy,

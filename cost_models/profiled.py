@@ -23,8 +23,6 @@ TP_ALLREDUCES_PER_PASS = 2
 VOCAB_HEAD_SHARE = 0.9
 """Share of the measured embedding+head time that belongs to the head (logits GEMM and
 loss); the lookup on the first stage is small and memory-bound."""
-ZERO3_VOLUME_FACTOR = 1.5
-"""ZeRO-3 moves 1.5x the bytes of DP (Galvatron adds one parameter all-gather)."""
 LOGIT_KEPT_BYTES = 4
 """Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
 
@@ -91,10 +89,11 @@ class ProfiledModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
-        """Galvatron: forward = fit(b) / tp, backward likewise (+ a forward if checkpointed)."""
+        """Galvatron: forward = slope * b / tp + intercept (every tp rank launches the same kernels, so
+        the fixed part does not shrink with tp), backward likewise (+ a forward if checkpointed)."""
         (fa, fb), (ba, bb) = self._fits(layer)
-        forward_s = (fa * mbs + fb) / strategy.tp * 1e-3
-        backward_s = (ba * mbs + bb) / strategy.tp * 1e-3 + (forward_s if strategy.checkpoint else 0.0)
+        forward_s = (fa * mbs / strategy.tp + fb) * 1e-3
+        backward_s = (ba * mbs / strategy.tp + bb) * 1e-3 + (forward_s if strategy.checkpoint else 0.0)
         tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
         tp_comm_s = 0.0
         if strategy.tp > 1:
@@ -102,13 +101,33 @@ class ProfiledModel(CostModel):
             nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
             tp_comm_s = passes * TP_ALLREDUCES_PER_PASS * self.collective_time("all_reduce", nbytes, tp_groups)
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param / strategy.tp
-        dp_comm_s = self._dp_sync_s(params, strategy.dp_type, dp_groups)
-        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s, dp_comm_s=dp_comm_s,
-                         exposed_dp_comm_s=self.exposed_time(dp_comm_s, backward_s))
+        per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, strategy.dp_type, dp_groups)
+        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
+                         dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
+                         exposed_dp_comm_s=self.exposed_time(once, backward_s),
+                         exposed_micro_batch_dp_s=self.exposed_time(per_mb_bwd, backward_s)
+                         + self.exposed_time(per_mb_fwd, forward_s))
 
-    def _dp_sync_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
-        factor = ZERO3_VOLUME_FACTOR if dp_type == DPType.ZERO3 else 1.0
-        return factor * self.collective_time("all_reduce", local_params * mem.GRAD_BYTES_PER_PARAM, dp_groups)
+    def _dp_traffic_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]
+                      ) -> tuple[float, float, float]:
+        """(per micro-batch forward, per micro-batch backward, once per iteration) data-parallel time.
+
+        Our memory model keeps ZeRO-2/3 gradients sharded (2 + 14/d and 16/d bytes per parameter), as
+        FSDP2 does when it reduce-scatters every backward; so ZeRO-2 reduce-scatters every
+        micro-batch and ZeRO-3 also all-gathers the parameters in every forward and backward
+        (the analytical model's schedule). DDP all-reduces, ZeRO-1 reduce-scatters, once."""
+        nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
+        if max((len(g) for g in dp_groups), default=1) <= 1 or nbytes <= 0:
+            return 0.0, 0.0, 0.0
+        rs = self.collective_time("reduce_scatter", nbytes, dp_groups)
+        ag = self.collective_time("all_gather", nbytes, dp_groups)
+        if dp_type == DPType.DDP:
+            return 0.0, 0.0, self.collective_time("all_reduce", nbytes, dp_groups)
+        if dp_type == DPType.ZERO1:
+            return 0.0, 0.0, rs + ag
+        if dp_type == DPType.ZERO2:
+            return 0.0, rs, ag
+        return ag, rs + ag, 0.0
 
     def exposed_time(self, comm_s: float, backward_s: float) -> float:
         """Galvatron: B and C together take max(B, C) + (gamma - 1) min(B, C)."""
@@ -122,7 +141,8 @@ class ProfiledModel(CostModel):
     def _activation_per_sample(self, layer: LayerSpec, tp: int, checkpoint: bool) -> float:
         table = self.profile.layer(layer).activation_bytes_per_sample
         if checkpoint and "ckpt" in table:
-            return table["ckpt"]
+            # Under Megatron-SP (how Galvatron's *_sp tables were measured) the kept input is split by tp.
+            return table["ckpt"] / (tp if self.profile.hardware.get("sequence_parallel") else 1)
         if str(tp) in table:
             return table[str(tp)]
         base = min((int(k) for k in table if k != "ckpt"))
@@ -180,6 +200,12 @@ class ProfiledModel(CostModel):
         bwd = share * (ba * mbs + bb) / tp * 1e-3
         return LayerTime(forward_s=fwd, backward_s=bwd), self._vocab_memory(model, plan, stage, mbs, tp, dp)
 
+    @staticmethod
+    def _vocab_state_share(plan: Plan, stage: int, dp: int) -> float:
+        """Embedding (stage 0) sharded as layer 0, head (last stage) as the last layer; mean of both on one stage."""
+        parts = ([plan.layers[0].dp_type] if stage == 0 else []) + ([plan.layers[-1].dp_type] if stage == plan.pp - 1 else [])
+        return sum(_state_share(t, dp) for t in parts) / len(parts)
+
     def _vocab_memory(self, model: ModelSpec, plan: Plan, stage: int, mbs: float, tp: int, dp: int
                       ) -> MemoryBreakdown:
         """Galvatron's measured other_memory tables when read from its folder, else our formula."""
@@ -188,7 +214,10 @@ class ProfiledModel(CostModel):
             key = "pp_off" if plan.pp == 1 else ("first" if stage == 0 else "last")
             table = self.vocab_memory_mib[key]
             vtp = str(tp) if str(tp) in table["model_states"] else min(table["model_states"], key=lambda k: abs(int(k) - tp))
-            return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB,
+            # The tables hold unsharded states (16 B/param); the executor shards the embedding like the
+            # first layer and the head like the last (executor/parallelize.py), so do we.
+            share = self._vocab_state_share(plan, stage, dp)
+            return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB * share,
                                    activations_bytes=table["activation"][vtp] * MIB * mbs)
         params = self.profile.vocab.parameter_bytes / self.bytes_per_param / tp
         params *= 0.5 if plan.pp > 1 else 1.0  # embedding on the first stage, head on the last
@@ -196,6 +225,12 @@ class ProfiledModel(CostModel):
         states = mem.model_state_bytes(params, dp_type, dp)
         kept = mbs * model.head.seq_len * model.head.output_size / tp * LOGIT_KEPT_BYTES if stage == last else 0.0
         return states + MemoryBreakdown(activations_bytes=kept)
+
+
+def _state_share(dp_type: str, dp: int) -> float:
+    """Share of the 16 B/param mixed-precision Adam states one GPU keeps (formulas.md)."""
+    states = mem.model_state_bytes(1.0, dp_type if dp > 1 else "ddp", dp)
+    return states.states_bytes / (mem.WEIGHT_BYTES_PER_PARAM + mem.GRAD_BYTES_PER_PARAM + mem.OPTIMIZER_BYTES_PER_PARAM)
 
 
 def from_galvatron_dir(folder: str | Path, cluster: ClusterSpec, model: str | ModelSpec = "llama2-7b"

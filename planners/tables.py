@@ -142,9 +142,9 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
             if key not in cache:
                 cache[key] = cm.layer_time(layer, s, mbs, combo.micro_batches, first)
             lt = cache[key]
-            key = ("lm", layer, s, mbs, held)
+            key = ("lm", layer, s, mbs, held, combo.micro_batches)
             if key not in cache:
-                cache[key] = cm.layer_memory(layer, s, mbs, held)
+                cache[key] = cm.layer_memory_in(layer, s, mbs, held, combo.micro_batches)
             lm = cache[key]
             arrays["t"][ti, si], arrays["d"][ti, si] = lt.micro_batch_s, lt.tail_s
             arrays["mem"][ti, si] = lm.states_bytes + lm.activations_bytes
