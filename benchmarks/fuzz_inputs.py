@@ -150,7 +150,8 @@ def reader_galvatron_dir(s: dict, tmp: Path, rng: random.Random) -> Case:
     from specs import load_cluster, load_model
     folder = tmp / "galvatron"
     folder.mkdir(exist_ok=True)
-    files = sorted(p for p in s["galvatron_dir"].glob("*.json") if "galvatron_config" not in p.name)
+    from cost_models.galvatron_profile import PROFILE_FILES
+    files = sorted(p for pattern in PROFILE_FILES for p in s["galvatron_dir"].glob(pattern))
     for p in files:
         (folder / p.name).write_bytes(p.read_bytes())
     victim = rng.choice(files)

@@ -21,6 +21,9 @@ from specs.units import MIB
 FP32_BYTES = 4
 PROFILED_DTYPE_BYTES = 2
 """Galvatron profiles in bf16/fp16; our parameter_bytes are in the profiled dtype."""
+PROFILE_FILES = ("computation_profiling_*.json", "memory_profiling_*.json", "allreduce_bandwidth_*.json",
+                 "p2p_bandwidth_*.json", "overlap_coefficient*.json", "sp_time_*.json")
+"""Galvatron's profile files (tables of numbers); other files in the folder are not read here."""
 BACKWARD_OVER_FORWARD = 2.0
 """Galvatron's rule: backward takes twice the forward."""
 
@@ -80,8 +83,8 @@ def read_galvatron_dir(folder: str | Path, cluster: ClusterSpec, layer: LayerSpe
     folder = Path(folder)
     if not folder.is_dir():
         raise ProfileError("galvatron_dir", f"not a folder: {folder}")
-    for path in sorted(folder.glob("*.json")):  # every profile file valid, also those this cluster skips
-        if not path.name.startswith("galvatron_config"):
+    for pattern in PROFILE_FILES:  # every profile file valid, also those this cluster skips
+        for path in sorted(folder.glob(pattern)):
             _read(path)
     fwd, other, seq = _layer_forward_ms(_read(_one(folder, "computation_profiling_*.json")))
     memory = _read(_one(folder, "memory_profiling_*.json"))
