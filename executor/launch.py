@@ -47,12 +47,13 @@ class LaunchError(RuntimeError):
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 300.0,
            threads_per_rank: int = 1, backend: str = "gloo", heartbeat_timeout_s: float = 30.0,
-           progress_path: str | Path | None = None, start_timeout_s: float = 180.0) -> list[Any]:
+           progress_path: str | Path | None = None, start_timeout_s: float = 600.0) -> list[Any]:
     """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; their results by rank.
 
     ``fn`` and ``args`` must pickle (module-level functions). With backend="nccl" rank r uses
     GPU r; the parent never touches CUDA. Each rank imports torch afresh (spawn), which may take
-    a while on a busy host: ``start_timeout_s`` bounds that, and ``timeout_s`` counts from when
+    a while on a busy host (over 180 s seen at load 16 on 2 cores): ``start_timeout_s`` bounds
+    that (a rank that dies meanwhile is named at once), and ``timeout_s`` counts from when
     every rank has started. A rank silent for ``heartbeat_timeout_s`` (stopped,
     or stuck holding the GIL) is named at once; records a rank passes to ``progress()`` are
     appended to ``progress_path`` (JSON lines) as they arrive.
