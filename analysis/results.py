@@ -7,12 +7,15 @@ newest row of a run is the one that counts). Every write goes through a temporar
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,10 +23,16 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from specs.cli import finite
 from specs.files import atomic_write_text
 
 TABLE_NAME = "results.jsonl"
 RUNS_DIR = "runs"
+LOCK_NAME = ".lock"
+
+
+class StoreBusy(RuntimeError):
+    """Another process holds the results folder's lock (and we were told not to wait)."""
 SCALARS = (str, int, float, bool, type(None))
 
 
@@ -130,12 +139,50 @@ class ResultStore:
             raise FileNotFoundError(f"{path}: no such result file (run the experiment {experiment!r} first)")
         return path.read_text(encoding="utf-8")
 
+    # -- one writer at a time ------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, wait: bool = True):
+        """Hold the folder's lock (flock on ``.lock``): a second sweep waits, or with
+        wait=False raises StoreBusy. The kernel drops the lock if the holder dies."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_NAME, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = (self.root / LOCK_NAME).read_text().strip() or "?"
+                if not wait:
+                    raise StoreBusy(f"{self.root}: in use by another sweep (pid {holder})") from None
+                print(f"{self.root}: waiting for the sweep of pid {holder} to finish", file=sys.stderr)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            self._done = None  # another process may have finished cells meanwhile
+            try:
+                yield self
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def clean(self) -> list[Path]:
+        """Remove what a killed writer left (call while holding the lock): temporary files and
+        folders, and run folders that no row of the table names. Returns what was removed."""
+        removed = [p for p in self.root.rglob(".*.tmp")]
+        named = {(r.get("experiment"), r.get("run_id")) for r in self.rows()}
+        runs = self.root / RUNS_DIR
+        if runs.is_dir():
+            removed += [d for exp in runs.iterdir() if exp.is_dir() for d in exp.iterdir()
+                        if d.is_dir() and not d.name.startswith(".") and (exp.name, d.name) not in named]
+        for path in removed:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        return removed
+
     # -- writing ------------------------------------------------------------------------
     def write_run(self, experiment: str, params: Mapping[str, Any], record: RunRecord,
                   command: str = "") -> dict[str, Any]:
         """Write the run folder, then append its row; returns the row."""
         key = cell_key(experiment, params)
-        row = {"experiment": experiment, **params, **record.metrics,
+        row = {"experiment": experiment, **params, **finite(dict(record.metrics)),
                "run_id": run_id(experiment, params), "key": key,
                "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         self._write_folder(self.run_dir(experiment, params), params, record, command, row)
@@ -154,7 +201,7 @@ class ResultStore:
         inputs = {"params": dict(params), **record.inputs}
         (tmp / "inputs.json").write_text(json.dumps(inputs, indent=1, sort_keys=True, default=str))
         (tmp / "command.txt").write_text(command + "\n")
-        (tmp / "metrics.json").write_text(json.dumps(dict(row), indent=1, sort_keys=True))
+        (tmp / "metrics.json").write_text(json.dumps(dict(row), indent=1, sort_keys=True, allow_nan=False))
         for name, text in record.files.items():
             (tmp / name).write_text(text)
         if final.exists():
@@ -166,4 +213,4 @@ class ResultStore:
         if old and not old.endswith("\n"):
             old += "\n"
         self.table_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.table_path, old + json.dumps(dict(row), sort_keys=True) + "\n")
+        atomic_write_text(self.table_path, old + json.dumps(dict(row), sort_keys=True, allow_nan=False) + "\n")

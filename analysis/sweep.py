@@ -45,9 +45,20 @@ def check_cells(experiment: str, cells: Sequence[Mapping[str, Any]]) -> None:
 
 def run_sweep(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, Any]],
               fn: Callable[..., RunRecord], *, command: str | None = None,
-              progress: bool = True) -> SweepReport:
-    """Call ``fn(**params)`` for every cell not yet in ``store`` and record each result."""
+              progress: bool = True, wait: bool = True) -> SweepReport:
+    """Call ``fn(**params)`` for every cell not yet in ``store`` and record each result.
+
+    One sweep per results folder at a time: a second one waits for the lock (or, with
+    wait=False, raises StoreBusy), then skips what the first finished. What a killed sweep
+    left half-written is removed first."""
     check_cells(experiment, cells)
+    with store.lock(wait=wait):
+        store.clean()
+        return _run_locked(store, experiment, cells, fn, command, progress)
+
+
+def _run_locked(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, Any]],
+                fn: Callable[..., RunRecord], command: str | None, progress: bool) -> SweepReport:
     todo = [c for c in cells if not store.is_done(experiment, c)]
     command = default_command() if command is None else command
     skipped = len(cells) - len(todo)

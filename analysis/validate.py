@@ -19,7 +19,7 @@ import simulator
 from executor.launch import LaunchError
 from executor.run import Measurement, TrainConfig, add_common_args, load_inputs, run_plan, run_torchrun
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
-from specs.cli import HelpFormatter
+from specs.cli import ArgumentParser
 from specs.errors import one_line_errors
 
 
@@ -104,7 +104,7 @@ def _cluster_for(args: argparse.Namespace, plan: Plan, world_size: int) -> Clust
 
 @one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.validate", description=__doc__, formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog="python -m analysis.validate", description=__doc__)
     add_common_args(parser)
     parser.add_argument("--cluster", help="zoo cluster the predictions are for (default: the plan's, "
                         "else cpu-<world size>)")

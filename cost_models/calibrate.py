@@ -23,6 +23,7 @@ from cost_models.base import pipeline_time
 from cost_models.constants import AnalyticalConstants, save_calibration
 from cost_models.measured_runs import Run, megatron_runs
 from specs import ClusterSpec, SpecError, load_cluster
+from specs.cli import ArgumentParser, count, output_file
 from specs.datasets import Dataset, data_path
 from specs.errors import one_line_errors
 
@@ -187,16 +188,16 @@ def errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
 # -- command line ----------------------------------------------------------------------------------
 def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     repo = Path(__file__).resolve().parents[1]
-    parser = argparse.ArgumentParser(prog="python -m cost_models.calibrate", description=__doc__)
+    parser = ArgumentParser(prog="python -m cost_models.calibrate", description=__doc__)
     parser.add_argument("--cluster", default="dgx-a100-80g", help="zoo cluster whose file gets the result")
     parser.add_argument("--out", default=str(repo / "specs/zoo/calibration/a100.json"),
                         help="calibration file to write")
     parser.add_argument("--nccl", default=None, help="folder of nccl-tests *allreduce_*gpu.csv tables "
                         "(default: data/nccl_a100)")
-    parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
-    parser.add_argument("--folds", type=int, default=5,
+    parser.add_argument("--max-evals", type=count(10_000), default=80, help="cost evaluations per fit")
+    parser.add_argument("--folds", type=count(100, minimum=0), default=5,
                         help="cross-validation folds for the error band (cv_error_p10/p90); 0 skips it")
-    parser.add_argument("--jobs", type=int, default=1, help="folds fitted at once (processes)")
+    parser.add_argument("--jobs", type=count(64), default=1, help="folds fitted at once (processes)")
     return parser.parse_args(argv)
 
 
@@ -209,6 +210,7 @@ def error_band(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
 @one_line_errors()
 def main(argv: Iterable[str] | None = None) -> int:
     args = _parse(argv)
+    output_file(args.out, "--out")  # before the fits, not after them
     cluster = load_cluster(args.cluster)
     base = AnalyticalConstants()
     rows = read_nccl_tables(Path(args.nccl) if args.nccl else data_path(Dataset.NCCL_A100))

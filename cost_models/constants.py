@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from specs import SpecError
 from specs.errors import read_json
 from specs.files import atomic_write_json
+from specs.schema import CalibrationFile, check
 from specs.units import MIB
 
 CALIBRATION_FORMAT = "hybridpar-calibration"
@@ -106,7 +107,7 @@ class AnalyticalConstants:
         for key in values:
             if key not in known:
                 raise SpecError(f"constants.{key}", f"unknown constant; known: {', '.join(sorted(known))}")
-        return replace(self, **{k: float(v) for k, v in values.items()})
+        return replace(self, **dict(values))  # __post_init__ rejects non-numbers (and booleans)
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -116,6 +117,10 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
     """A calibration file as a dict with at least 'constants'; errors name the file and field."""
     path = Path(path)
     raw = read_json(path)
+    try:
+        check(CalibrationFile, raw)
+    except SpecError as err:
+        raise err.with_source(str(path)) from None
     if not isinstance(raw, dict) or raw.get("format") != CALIBRATION_FORMAT:
         raise SpecError("format", f"expected {CALIBRATION_FORMAT!r}", str(path))
     if raw.get("version") != CALIBRATION_VERSION:

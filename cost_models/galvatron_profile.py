@@ -15,11 +15,15 @@ import numpy as np
 from specs.profile_format import LayerProfile, LayerSignature, Profile, ProfileError, VocabProfile
 from specs import ClusterSpec, LayerSpec, SpecError
 from specs.errors import read_json
+from specs.schema import check_number_tree
 from specs.units import MIB
 
 FP32_BYTES = 4
 PROFILED_DTYPE_BYTES = 2
 """Galvatron profiles in bf16/fp16; our parameter_bytes are in the profiled dtype."""
+PROFILE_FILES = ("computation_profiling_*.json", "memory_profiling_*.json", "allreduce_bandwidth_*.json",
+                 "p2p_bandwidth_*.json", "overlap_coefficient*.json", "sp_time_*.json")
+"""Galvatron's profile files (tables of numbers); other files in the folder are not read here."""
 BACKWARD_OVER_FORWARD = 2.0
 """Galvatron's rule: backward takes twice the forward."""
 
@@ -37,7 +41,9 @@ class GalvatronProfile:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        return read_json(path)
+        raw = read_json(path)
+        check_number_tree(raw)
+        return raw
     except SpecError as err:
         raise ProfileError(err.field, err.message, err.source) from None
 
@@ -77,6 +83,9 @@ def read_galvatron_dir(folder: str | Path, cluster: ClusterSpec, layer: LayerSpe
     folder = Path(folder)
     if not folder.is_dir():
         raise ProfileError("galvatron_dir", f"not a folder: {folder}")
+    for pattern in PROFILE_FILES:  # every profile file valid, also those this cluster skips
+        for path in sorted(folder.glob(pattern)):
+            _read(path)
     fwd, other, seq = _layer_forward_ms(_read(_one(folder, "computation_profiling_*.json")))
     memory = _read(_one(folder, "memory_profiling_*.json"))
     layer_mem = _pick_seq(memory.get("layertype_0_sp") or memory.get("layertype_0"), "layertype_0_sp", seq)

@@ -1,131 +1,357 @@
-"""Run a function on N local processes (fork, gloo on 127.0.0.1) and collect what each returns.
+"""Run a function on N local processes (spawned, gloo on 127.0.0.1) and collect what each returns.
 
-A rank that raises, dies or outlives the timeout ends the whole run with a LaunchError that
-names the rank; the other ranks are killed, so nothing hangs forever.
+A rank that raises, dies, stops sending heartbeats or outlives the timeout ends the whole run with
+a LaunchError naming the rank that caused it and one line per rank of where it was (full stacks go
+to a file). Ranks die with their launcher (parent-death signal plus a watchdog on the parent).
 """
 from __future__ import annotations
 
+import ctypes
 import faulthandler
+import json
+import math
 import multiprocessing as mp
-import sys
 import os
 import pickle
 import signal
 import socket
+import sys
+import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-
 LOOPBACK = "127.0.0.1"
+BEAT_S = 0.5
+"""Seconds between two heartbeats of a rank (each carries where its main thread is)."""
+GRACE_S = 1.0
+"""After the first failure, how long to keep listening: a rank killed first and the ranks whose
+collectives then fail report within this, and the root cause is named, not the first reporter."""
+_CHANNEL: "_Channel | None" = None
 
 
 class LaunchError(RuntimeError):
-    """A rank failed, died or hung; the message names it."""
+    """A rank failed, died or hung; the message names it, then where every rank was."""
 
-    def __init__(self, rank: int | None, message: str) -> None:
+    def __init__(self, rank: int | None, message: str, where: dict[int, str] | None = None) -> None:
         self.rank = rank
-        super().__init__(message if rank is None else f"rank {rank}: {message}")
+        self.where = dict(where or {})
+        head = message if rank is None else f"rank {rank}: {message}"
+        lines = [head] + [f"  rank {r}: {w}" for r, w in sorted(self.where.items())]
+        super().__init__("\n".join(lines))
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 300.0,
-           threads_per_rank: int = 1, backend: str = "gloo") -> list[Any]:
-    """``fn(rank, world_size, *args)`` on ``world_size`` forked processes; their results by rank.
+           threads_per_rank: int = 1, backend: str = "gloo", heartbeat_timeout_s: float = 30.0,
+           progress_path: str | Path | None = None, start_timeout_s: float = 600.0) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; their results by rank.
 
-    With backend="nccl" rank r uses GPU r; the parent must not have touched CUDA (fork).
+    ``fn`` and ``args`` must pickle (module-level functions). With backend="nccl" rank r uses
+    GPU r; the parent never touches CUDA. Each rank imports torch afresh (spawn), which may take
+    a while on a busy host (over 180 s seen at load 16 on 2 cores): ``start_timeout_s`` bounds
+    that (a rank that dies meanwhile is named at once), and ``timeout_s`` counts from when
+    every rank has started. A rank silent for ``heartbeat_timeout_s`` (stopped,
+    or stuck holding the GIL) is named at once; records a rank passes to ``progress()`` are
+    appended to ``progress_path`` (JSON lines) as they arrive.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    # The parent only opens the listening socket; rank 0 serves the store on it. A store
-    # server thread in the parent could hold a lock at fork time and hang a child.
+    _check_args(world_size, timeout_s, heartbeat_timeout_s, start_timeout_s)
+    # The parent only opens the listening socket; rank 0 serves the store on it.
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((LOOPBACK, 0))
     listener.listen(128)
-    port = listener.getsockname()[1]
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")
+    dump_dir = Path(tempfile.mkdtemp(prefix="hybridpar-launch-"))
     procs, conns = [], []
-    for rank in range(world_size):
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, rank, world_size, port, listener.fileno(), timeout_s,
-                                             threads_per_rank, backend, send, args), daemon=True)
-        p.start()
-        send.close()
-        procs.append(p)
-        conns.append(recv)
     try:
-        return _collect(procs, conns, timeout_s)
+        for rank in range(world_size):
+            recv, send = ctx.Pipe(duplex=False)
+            setup = _Setup(rank=rank, world_size=world_size, port=listener.getsockname()[1],
+                           timeout_s=timeout_s, threads=threads_per_rank, backend=backend,
+                           parent_pid=os.getpid(), dump_path=str(dump_dir / f"rank{rank}.txt"))
+            p = ctx.Process(target=_child, args=(fn, setup, listener if rank == 0 else None, send, args),
+                            daemon=True, name=f"rank{rank}")
+            p.start()
+            send.close()
+            procs.append(p)
+            conns.append(recv)
+        monitor = _Monitor(procs, conns, timeout_s, heartbeat_timeout_s, progress_path, dump_dir, start_timeout_s)
+        results = monitor.run()
+        _remove(dump_dir)
+        return results
     finally:
         _kill_all(procs)
         listener.close()
 
 
-def _collect(procs: list, conns: list, timeout_s: float) -> list[Any]:
-    """Wait for every rank's result; raise on the first failure, death or the deadline."""
-    results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    pending = {c: r for r, c in enumerate(conns)}
-    sentinels = {p.sentinel: r for r, p in enumerate(procs)}
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            ranks = sorted(pending.values())
-            raise LaunchError(ranks[0], f"timed out after {timeout_s:.0f} s (ranks {ranks} unfinished)")
-        ready = wait(list(pending) + [s for s, r in sentinels.items() if r in pending.values()], left)
-        for obj in ready:
-            if obj in pending:
-                rank = pending.pop(obj)
-                try:
-                    status, payload = pickle.loads(obj.recv_bytes())
-                except EOFError:
-                    procs[rank].join(timeout=2)  # to read its exit code
-                    raise LaunchError(rank, f"died (exit code {procs[rank].exitcode})") from None
-                if status == "error":
-                    raise LaunchError(rank, payload)
-                results[rank] = payload
-            elif sentinels.get(obj) in pending.values():
-                rank = sentinels[obj]
-                conn = next(c for c, r in pending.items() if r == rank)
-                if not conn.poll():  # exited without a result
-                    raise LaunchError(rank, f"died (exit code {procs[rank].exitcode})")
-    return [results[r] for r in range(len(procs))]
+def progress(record: dict[str, Any]) -> None:
+    """From inside a rank: send ``record`` (JSON-able) to the launcher now (a finished step)."""
+    if _CHANNEL is not None:
+        _CHANNEL.send(("progress", record))
+
+
+def _check_args(world_size: Any, timeout_s: Any, heartbeat_timeout_s: Any, start_timeout_s: Any) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= 1024:
+        raise ValueError(f"world_size must be an integer in [1, 1024], got {world_size!r}")
+    for name, value in (("timeout_s", timeout_s), ("heartbeat_timeout_s", heartbeat_timeout_s),
+                        ("start_timeout_s", start_timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+class _Setup:
+    """What a rank needs to start (a plain object: it crosses the spawn boundary by pickle)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+class _Monitor:
+    """The launcher's side: results, heartbeats, deaths, the deadline, and the root cause."""
+
+    def __init__(self, procs: list, conns: list, timeout_s: float, heartbeat_timeout_s: float,
+                 progress_path: str | Path | None, dump_dir: Path, start_timeout_s: float) -> None:
+        self.procs, self.conns = procs, conns
+        self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.progress_path = Path(progress_path) if progress_path else None
+        self.dump_dir = dump_dir
+        self.results: dict[int, Any] = {}
+        self.where: dict[int, str] = {r: "starting" for r in range(len(procs))}
+        self.last_beat: dict[int, float] = {}
+        self.failures: dict[int, tuple[int, str]] = {}  # rank -> (priority, message); lower = root cause
+        self.open = set(range(len(procs)))
+
+    def run(self) -> list[Any]:
+        deadline = time.monotonic() + self.start_timeout_s  # until every rank has started
+        started = False
+        failed_at = None
+        while len(self.results) < len(self.procs):
+            now = time.monotonic()
+            if failed_at is not None and now - failed_at > GRACE_S:
+                break
+            self._wait(min(BEAT_S, max(0.0, deadline - now)))
+            if not started and len(self.last_beat) + len(self.results) == len(self.procs):
+                started, deadline = True, time.monotonic() + self.timeout_s
+            self._check_silence(time.monotonic())
+            if time.monotonic() > deadline and not self.failures:
+                self._timed_out() if started else self._never_started()
+            if self.failures and failed_at is None:
+                failed_at = time.monotonic()
+        if self.failures:
+            self._raise()
+        return [self.results[r] for r in range(len(self.procs))]
+
+    def _wait(self, timeout: float) -> None:
+        watched = [self.conns[r] for r in self.open] + [p.sentinel for r, p in enumerate(self.procs)
+                                                        if r not in self.results and r not in self.failures]
+        for obj in wait(watched, timeout):
+            if obj in self.conns:
+                self._drain(self.conns.index(obj))
+            else:
+                rank = next(r for r, p in enumerate(self.procs) if p.sentinel == obj)
+                self._drain(rank)
+                if rank not in self.results:
+                    self.procs[rank].join(timeout=1)
+                    self._fail(rank, 0, _death(self.procs[rank].exitcode))
+
+    def _drain(self, rank: int) -> None:
+        conn = self.conns[rank]
+        try:
+            while rank in self.open and conn.poll():
+                self._handle(rank, pickle.loads(conn.recv_bytes()))
+        except (EOFError, OSError):
+            self.open.discard(rank)
+
+    def _handle(self, rank: int, message: tuple) -> None:
+        kind = message[0]
+        if kind == "beat":
+            self.last_beat[rank], self.where[rank] = time.monotonic(), message[1]
+        elif kind == "progress":
+            self._append_progress(rank, message[1])
+        elif kind == "ok":
+            self.results[rank], self.where[rank] = message[1], "finished"
+        elif kind == "error":
+            text, distributed, self.where[rank] = message[1], message[2], message[3]
+            # a collective that fails because a peer died is a symptom, not the cause
+            self._fail(rank, 3 if distributed else 2, text)
+
+    def _append_progress(self, rank: int, record: Any) -> None:
+        if self.progress_path is not None:
+            with open(self.progress_path, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"rank": rank, **record}, default=str) + "\n")
+                out.flush()
+
+    def _check_silence(self, now: float) -> None:
+        for rank, beat in self.last_beat.items():
+            if rank in self.results or rank in self.failures:
+                continue
+            if now - beat > self.heartbeat_timeout_s:
+                self._fail(rank, 1, f"no heartbeat for {now - beat:.0f} s (stopped, or stuck "
+                           f"without releasing the GIL); last seen {self.where[rank]}")
+
+    def _timed_out(self) -> None:
+        unfinished = [r for r in range(len(self.procs)) if r not in self.results]
+        # the rank not waiting in a collective is the one the others wait for
+        culprits = [r for r in unfinished if "torch.distributed" not in self.where[r]] or unfinished
+        self._fail(culprits[0], 1, f"timed out after {self.timeout_s:.0f} s {self.where[culprits[0]]} "
+                   f"(ranks {unfinished} unfinished)")
+
+    def _never_started(self) -> None:
+        late = [r for r in range(len(self.procs)) if r not in self.last_beat and r not in self.results]
+        self._fail(late[0], 1, f"not started after {self.start_timeout_s:.0f} s (ranks {late} never reported)")
+
+    def _fail(self, rank: int, priority: int, message: str) -> None:
+        if rank not in self.failures:
+            self.failures[rank] = (priority, message)
+
+    def _raise(self) -> None:
+        _dump_stacks(self.procs, self.results)
+        rank, (_, message) = min(self.failures.items(), key=lambda kv: (kv[1][0], kv[0]))
+        where = dict(self.where)
+        for r, (_, text) in self.failures.items():
+            if r != rank:  # a symptom: where it was, then how it failed
+                where[r] = f"{where[r]}; then {text[:120]}"
+        dumps = sorted(self.dump_dir.glob("rank*.txt"))
+        note = f" (full stacks: {self.dump_dir})" if any(p.stat().st_size for p in dumps) else ""
+        raise LaunchError(rank, message + note, where)
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"died (killed by {signal.Signals(-exitcode).name})"
+    return f"died (exit code {exitcode})"
+
+
+def _dump_stacks(procs: list, results: dict) -> None:
+    """Ask every live rank to write its full stacks (faulthandler on SIGUSR1), then give it a moment."""
+    asked = False
+    for rank, p in enumerate(procs):
+        if rank not in results and p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGUSR1)
+                asked = True
+            except ProcessLookupError:
+                pass
+    if asked:
+        time.sleep(0.3)
 
 
 def _kill_all(procs: list) -> None:
     for p in procs:
         if p.is_alive():
-            os.kill(p.pid, signal.SIGKILL)
+            try:
+                os.kill(p.pid, signal.SIGKILL)  # works on a stopped process too
+            except ProcessLookupError:
+                pass
     for p in procs:
         p.join(timeout=5)
 
 
-def _child(fn: Callable, rank: int, world_size: int, port: int, listen_fd: int, timeout_s: float,
-           threads: int, backend: str, conn: Any, args: tuple) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
-    # a rank about to be killed for hanging first prints where it is stuck
-    faulthandler.dump_traceback_later(max(1.0, timeout_s - 2.0), file=sys.stderr)
-    torch.set_num_threads(threads)
+def _remove(folder: Path) -> None:
+    for path in folder.glob("*"):
+        path.unlink(missing_ok=True)
+    folder.rmdir()
+
+
+# -- the rank's side ------------------------------------------------------------------------------------
+class _Channel:
+    """The rank's end of the result pipe; the heartbeat thread and the main thread share it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.lock = conn, threading.Lock()
+
+    def send(self, message: tuple) -> None:
+        data = pickle.dumps(message)  # plain pickle: no shared-memory tensors that die with us
+        with self.lock:
+            self.conn.send_bytes(data)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this rank when the launcher dies (Linux prctl), and a watchdog where that is missing."""
     try:
-        master = rank == 0
-        store = dist.TCPStore(LOOPBACK, port, world_size, is_master=master, wait_for_workers=False,
-                              master_listen_fd=listen_fd if master else None,
-                              timeout=timedelta(seconds=timeout_s))
-        if backend == "nccl":
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+
+def _where(stack: traceback.StackSummary) -> str:
+    """One line: where a stack is (the collective it waits in, and our innermost frame)."""
+    dist = [f for f in stack if "torch/distributed" in f.filename]
+    ours = [f for f in stack if "site-packages" not in f.filename and "/lib/python" not in f.filename]
+    here = (ours or stack)[-1]
+    text = f"{Path(here.filename).name}:{here.lineno} in {here.name}"
+    return f"waiting in torch.distributed.{dist[-1].name} ({text})" if dist else f"at {text}"
+
+
+def _heartbeat(channel: _Channel, stop: threading.Event) -> None:
+    main_id = threading.main_thread().ident
+    while not stop.is_set():  # the first beat at once: a rank may be stopped within BEAT_S
+        frame = sys._current_frames().get(main_id)
+        try:
+            channel.send(("beat", _where(traceback.extract_stack(frame)) if frame else "exiting"))
+        except OSError:
+            return
+        stop.wait(BEAT_S)
+
+
+def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: Any, args: tuple) -> None:
+    global _CHANNEL
+    _die_with_parent(setup.parent_pid)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    dump = open(setup.dump_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    channel = _CHANNEL = _Channel(conn)
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(channel, stop), daemon=True, name="heartbeat").start()
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(setup.threads)
+    store = None
+    try:
+        rank, world = setup.rank, setup.world_size
+        store = dist.TCPStore(LOOPBACK, setup.port, world, is_master=rank == 0, wait_for_workers=False,
+                              master_listen_fd=listener.fileno() if listener is not None else None,
+                              timeout=timedelta(seconds=setup.timeout_s))
+        if setup.backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
-                                timeout=timedelta(seconds=timeout_s))
-        result = fn(rank, world_size, *args)
-        # plain pickle: the default reducers would pass tensors through shared memory,
-        # which breaks once this process exits
-        conn.send_bytes(pickle.dumps(("ok", result)))
+        dist.init_process_group(setup.backend, rank=rank, world_size=world, store=store,
+                                timeout=timedelta(seconds=setup.timeout_s))
+        result = fn(rank, world, *args)
+        stop.set()
+        channel.send(("ok", result))
+        _leave_together(store, rank, world, setup.timeout_s)
     except BaseException as err:  # report anything, including KeyboardInterrupt, to the parent
-        last = traceback.format_exc().strip().splitlines()
-        where = last[-3].strip() if len(last) > 2 else ""
-        conn.send_bytes(pickle.dumps(("error", f"{type(err).__name__}: {err} [{where}]")))
+        stop.set()
+        stack = traceback.extract_tb(err.__traceback__)
+        distributed = "Dist" in type(err).__name__ or "Connection" in str(err) or "Gloo" in str(err)
+        try:
+            channel.send(("error", f"{type(err).__name__}: {err} [{_where(stack)}]", distributed,
+                          _where(stack)))
+        except OSError:
+            pass
     finally:
         conn.close()
-        # skip atexit handlers inherited from the parent (and gloo teardown, which can block)
+        # skip atexit handlers and gloo teardown, which can block
         os._exit(0)
+
+
+def _leave_together(store: Any, rank: int, world: int, timeout_s: float) -> None:
+    """Rank 0 serves the store: it leaves only after every rank is done with it."""
+    store.add("hybridpar/left", 1)
+    if rank != 0:
+        return
+    end = time.monotonic() + timeout_s
+    while store.add("hybridpar/left", 0) < world and time.monotonic() < end:
+        time.sleep(0.01)

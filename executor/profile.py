@@ -9,7 +9,6 @@ slowdown.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -23,7 +22,7 @@ from executor.launch import LaunchError, launch
 from executor.model import Block, Embedding, Head
 from executor.run import scaled_model
 from specs import LayerSpec, ModelSpec, load_model
-from specs.cli import HelpFormatter
+from specs.cli import ArgumentParser, count, output_file
 from specs.errors import one_line_errors
 
 
@@ -166,18 +165,19 @@ def _device_name(device: str) -> str:
 
 @one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m executor.profile", description=__doc__, formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog="python -m executor.profile", description=__doc__)
     parser.add_argument("--model", required=True, help="zoo model name")
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4], help="micro-batch sizes to time")
-    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8], help="tensor-parallel degrees for the activation tables")
-    parser.add_argument("--world-size", type=int, default=1, help="CPU processes for the collective tables")
+    parser.add_argument("--batch-sizes", type=count(4096), nargs="+", default=[1, 2, 4], help="micro-batch sizes to time")
+    parser.add_argument("--tp", type=count(64), nargs="+", default=[1, 2, 4, 8], help="tensor-parallel degrees for the activation tables")
+    parser.add_argument("--world-size", type=count(1024), default=1, help="CPU processes for the collective tables")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where to time the layers")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                         help="default: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
+    parser.add_argument("--repeats", type=count(10_000), default=5, help="timed repeats per measurement")
     parser.add_argument("--out", required=True, help="profile file to write")
     args = parser.parse_args(argv)
+    output_file(args.out, "--out")  # before the timing runs, not after them
     dtype_name = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     from specs.profile_format import save_profile

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, replace
 
@@ -16,7 +17,7 @@ from executor.launch import LaunchError, launch
 from executor.reference import CHECK_ATOL, CheckResult, compare, reference_run
 from executor.train import TrainConfig, median_step_time, worker
 from specs import ModelSpec, Plan, SpecError, load_model
-from specs.cli import HelpFormatter
+from specs.cli import ArgumentParser, count, number, output_file
 from specs.errors import one_line_errors
 
 
@@ -50,7 +51,7 @@ def scaled_model(model: ModelSpec, scale: str | None) -> ModelSpec:
     kwargs = {}
     for item in scale.split(","):
         key, _, value = item.partition("=")
-        if key.strip() not in keys or not value.strip().isdigit():
+        if key.strip() not in keys or not re.fullmatch(r"[0-9]{1,9}", value.strip()):  # ASCII digits only
             raise SpecError("--scale", f"expected hidden=H,layers=L,seq=S; got {item!r}")
         kwargs[keys[key.strip()]] = int(value)
     return model.scaled(**kwargs)
@@ -59,15 +60,15 @@ def scaled_model(model: ModelSpec, scale: str | None) -> ModelSpec:
 def run_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None, steps: int = 4,
              warmup: int = 1, check: bool = False, seed: int = 0, timeout_s: float = 300.0,
              track_memory: bool = True, bf16: bool = False, device: str = "cpu",
-             check_atol: float = CHECK_ATOL) -> Measurement:
+             check_atol: float = CHECK_ATOL, progress_path: str | None = None) -> Measurement:
     """Run ``plan`` on ``world_size`` local processes (default: the plan's pp * stage width;
     device "cuda": one GPU each, NCCL) and measure it; ``check`` also compares with a
-    one-process CPU reference."""
+    one-process CPU reference. ``progress_path``: each rank's finished steps, as they finish."""
     world_size = world_size or plan.pp * plan.layers[0].tp * plan.layers[0].dp
     check_runnable(model, plan, world_size)
     cfg = TrainConfig(steps=steps, warmup=0 if check else warmup, seed=seed, check=check,
                       track_memory=track_memory, bf16=bf16, device=device)
-    per_rank = launch(worker, world_size, model, plan, cfg, timeout_s=timeout_s,
+    per_rank = launch(worker, world_size, model, plan, cfg, timeout_s=timeout_s, progress_path=progress_path,
                       backend="nccl" if device.startswith("cuda") else "gloo")
     return _measurement(model, plan, world_size, per_rank, cfg, check_atol)
 
@@ -136,19 +137,22 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, help="plan JSON file")
     parser.add_argument("--model", help="zoo model name (default: the plan's)")
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S (any subset)")
-    parser.add_argument("--world-size", type=int, help="local CPU processes (default: from the plan)")
-    parser.add_argument("--steps", type=int, default=4, help="training steps to time")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a hung run is ended")
+    parser.add_argument("--world-size", type=count(1024), help="local CPU processes (default: from the plan)")
+    parser.add_argument("--steps", type=count(10**6), default=4, help="training steps to time")
+    parser.add_argument("--timeout", type=number(0.0, 7 * 86400.0), default=300.0,
+                        help="seconds before a hung run is ended")
     parser.add_argument("--bf16", action="store_true", help="autocast forward to bfloat16 (GPU runs)")
 
 
 @one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m executor.run", description=__doc__, formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog="python -m executor.run", description=__doc__)
     add_common_args(parser)
     parser.add_argument("--check", action="store_true", help="compare with a one-process reference")
     parser.add_argument("--json", action="store_true", help="print the Measurement as JSON")
+    parser.add_argument("--progress", metavar="FILE", help="append each rank's finished steps here (JSON lines)")
     args = parser.parse_args(argv)
+    output_file(args.progress, "--progress")
     plan, model = load_inputs(args)
     if "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ:
         m = run_torchrun(plan, model, TrainConfig(steps=args.steps, check=args.check, bf16=args.bf16,
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     else:
         m = run_plan(plan, model, world_size=args.world_size, steps=args.steps, check=args.check,
-                     timeout_s=args.timeout, bf16=args.bf16)
+                     timeout_s=args.timeout, bf16=args.bf16, progress_path=args.progress)
     print(json.dumps(m.to_dict(), indent=1) if args.json else format_measurement(m))
     return 0 if m.check is None or m.check.passed else 1
 

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from executor.launch import progress
 from executor.model import synthetic_batch
 from executor.parallel.layout import Layout
 from executor.parallel.pipeline import run_schedule
@@ -118,6 +119,7 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
         _sync(cfg.device)
         result["step_times_s"].append(time.perf_counter() - start)
         result["losses"].append(_global_loss(pm, plan, local, cfg.device))
+        progress({"step": step, "loss": result["losses"][-1], "step_time_s": result["step_times_s"][-1]})
     if cfg.check:
         result["params"] = full_tensors(pm.module, grads=False)
     result["peak_memory_bytes"] = _peak_memory(pm, plan, opt, loss_fn, model, cfg) if cfg.track_memory else 0

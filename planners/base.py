@@ -84,6 +84,9 @@ class SearchStats:
     """optimal, feasible (time limit hit with a plan), infeasible, heuristic, exhaustive."""
     gap: float | None = None
     """Relative optimality gap the solver proved (0 = optimal); None where no bound exists."""
+    bound_s: float | None = None
+    """Lower bound on the returned plan's iteration time the solver proved (its group), s; None
+    where the solver gives none."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +169,8 @@ class Planner(ABC):
         stats = result.stats
         new_stats = SearchStats(wall_time_s=time.perf_counter() - start,
                                 states_explored=stats.states_explored, candidates=stats.candidates,
-                                pruned=stats.pruned, solver_status=stats.solver_status, gap=stats.gap)
+                                pruned=stats.pruned, solver_status=stats.solver_status, gap=stats.gap,
+                                bound_s=stats.bound_s)
         return _replace_stats(result, new_stats)
 
     @abstractmethod

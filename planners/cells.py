@@ -75,6 +75,8 @@ def run(grid: Grid) -> list[dict[str, Any]]:
         if grid.out and result.feasible:
             rec["plan_file"] = save_plan(grid.out, name, budget, result)
         records.append(rec)
+        if grid.out:  # each record as it completes: a run killed midway keeps what it finished
+            write_tables(grid.out, records)
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -4,7 +4,6 @@ plus results.csv and results.json). --list shows what the names below can be."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,8 +16,9 @@ from planners.records import plan_summary
 from planners.registry import available
 from planners.report import table
 from specs import SpecError, cluster_names, model_names
-from specs.cli import HelpFormatter
+from specs.cli import ArgumentParser, count, dumps, number, output_dir
 from specs.errors import one_line_errors
+from specs.limits import MAX_GLOBAL_BATCH
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options", "plan_summary"]
 LISTINGS = {"models": model_names, "clusters": cluster_names, "planners": available,
@@ -27,23 +27,23 @@ LISTINGS = {"models": model_names, "clusters": cluster_names, "planners": availa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m planners.compare", description=__doc__,
-                                formatter_class=HelpFormatter)
+    p = ArgumentParser(prog="python -m planners.compare", description=__doc__)
     p.add_argument("--list", choices=sorted(LISTINGS), help="print the zoo's models or clusters, or the "
                    "registered planners, cost models or evaluators, one a line, and exit")
     p.add_argument("--model", default="bert-huge-32", help="zoo model name or a config.json path")
     p.add_argument("--cluster", default="titan-8", help="zoo cluster name (name:nodes) or a cluster file")
-    p.add_argument("--budget-gib", type=float, nargs="+", default=list(DEFAULT_BUDGETS),
+    p.add_argument("--budget-gib", type=number(0.0, 1e6), nargs="+", default=list(DEFAULT_BUDGETS),
                    help="memory budgets per GPU, GiB")
     p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
                    help="registered planner names, comma or space separated (see --list planners)")
     p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
                    help="a planner option, e.g. galvatron.mode=exact (repeatable; VALUE is read as "
                    "int, float, true/false, else text)")
-    p.add_argument("--global-batch", type=int, help="fix the global batch (else it is searched: powers "
-                   f"of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
-    p.add_argument("--global-batch-range", type=int, nargs=2, metavar=("LO", "HI"),
-                   help="search the global batch over the powers of two in [LO, HI]")
+    batch = p.add_mutually_exclusive_group()  # one silently overriding the other was a trap
+    batch.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), help="fix the global batch (else it "
+                       f"is searched: powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
+    batch.add_argument("--global-batch-range", type=count(MAX_GLOBAL_BATCH), nargs=2, metavar=("LO", "HI"),
+                       help="search the global batch over the powers of two in [LO, HI]")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="the cost model the planners minimise")
     p.add_argument("--profile", help="for --cost-model profiled: a hybridpar profile file "
@@ -65,6 +65,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _planner_names(raw: list[str]) -> tuple[str, ...]:
     names = tuple(n for item in raw for n in item.split(",") if n)
+    if not names:
+        raise SpecError("planners", f"no planner named in {' '.join(raw)!r}; choose from {', '.join(available())}")
     for n in names:
         if n not in available():
             raise SpecError("planners", f"unknown {n!r}; choose from {', '.join(available())}")
@@ -118,6 +120,10 @@ def _budget(gib: float, args: argparse.Namespace) -> Budget:
 
 def grid_from_args(args: argparse.Namespace) -> Grid:
     names = _planner_names(args.planners)
+    lo, hi = args.global_batch_range or DEFAULT_BATCH_RANGE
+    if lo > hi:
+        raise SpecError("global-batch-range", f"LO({lo}) > HI({hi})")
+    output_dir(args.out, "--out")  # before the work, so a bad folder never costs a search
     return Grid(model=args.model, cluster=args.cluster, budgets=tuple(_budget(b, args) for b in args.budget_gib),
                 planners=names, options=parse_options(args.option, names), cost_model=args.cost_model,
                 cost_model_options=_cost_model_options(args),
@@ -133,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     grid = grid_from_args(args)
     records = run(grid)
-    print(json.dumps(records, indent=1) if args.json else table(records, grid.evaluator))
+    print(dumps(records, indent=1) if args.json else table(records, grid.evaluator))
     return 0
 
 

@@ -86,12 +86,12 @@ class CpSatPlanner(ExactPlanner):
         # check status, then read the solution
         status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
                   cp_model.INFEASIBLE: "pruned"}.get(code, "unknown")
-        log.statuses.append(status)
         if status not in ("optimal", "feasible"):
+            timed_out = code == cp_model.UNKNOWN and solver.WallTime() >= 0.99 * solver.parameters.max_time_in_seconds
+            log.solved("time_limit" if timed_out else status)
             return None
-        if status == "feasible":
-            obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
-            log.gaps.append(abs(obj - bound) / max(abs(obj), 1e-12))
+        # objective and bound as the solver reports them (integer time units)
+        log.solved(status, solver.ObjectiveValue() * TIME_UNIT_S, solver.BestObjectiveBound() * TIME_UNIT_S)
         values = {n: float(solver.Value(x)) for n, x in xs.items() if f.var_unit[n] == "count"}
         choice, sizes = read_plan(values, f, len(tables.layer_type), tables.combo.pp)
         return GroupSolution(v, choice, sizes, solver.ObjectiveValue() * TIME_UNIT_S)

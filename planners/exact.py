@@ -4,9 +4,11 @@ with the incumbent as a cutoff and the DP plan as a warm start."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
+import time
 from abc import abstractmethod
 from typing import Any
 
@@ -18,7 +20,7 @@ from planners.formulation import Formulation, build
 from planners.galvatron import GalvatronPlanner, resolve_space
 from planners.outer import OuterState, finish, run_outer
 from planners.segments import GroupDP, GroupSolution
-from specs import ClusterSpec, ModelSpec
+from specs import ClusterSpec, ModelSpec, SpecError
 
 CUTOFF_RTOL = 1e-9
 """A group must beat the incumbent by more than this (relative) to be solved."""
@@ -70,11 +72,38 @@ class SolveLog:
     def __init__(self) -> None:
         self.statuses: list[str] = []
         self.gaps: list[float] = []
+        self.bounds: list[tuple[float, float]] = []
+        """(objective_s, bound_s) of each group solved, as the solver reported them."""
+
+    def solved(self, status: str, objective_s: float | None = None, bound_s: float | None = None) -> None:
+        """One group's outcome; with a bound, its gap read from the solver."""
+        self.statuses.append(status)
+        if objective_s is not None and bound_s is not None:
+            self.bounds.append((objective_s, bound_s))
+            if status != "optimal":
+                self.gaps.append(abs(objective_s - bound_s) / max(abs(objective_s), 1e-12))
 
     def overall(self) -> str:
+        if "time_limit" in self.statuses:
+            return "time_limit"
         if any(s not in ("optimal", "pruned") for s in self.statuses):
             return "feasible"
         return "optimal"
+
+    def bound_for(self, iteration_time_s: float) -> float | None:
+        """The bound of the group whose objective is the returned plan's time."""
+        if not self.bounds:
+            return None
+        obj, bound = min(self.bounds, key=lambda ob: abs(ob[0] - iteration_time_s))
+        return bound if abs(obj - iteration_time_s) <= 1e-6 * max(iteration_time_s, 1e-12) else None
+
+
+def time_limit(value: Any) -> float:
+    """``time_limit_s`` as seconds, refused up front unless a finite number > 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise SpecError("time_limit_s", f"must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 class ExactPlanner(Planner):
@@ -90,6 +119,8 @@ class ExactPlanner(Planner):
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                 options: dict[str, Any]) -> PlanResult:
         opts = pop_options(options, self.defaults, self.name)
+        limit_s = time_limit(opts["time_limit_s"])
+        deadline = time.monotonic() + limit_s  # bounds the whole call: seed, every group, every batch
         self.check_options(opts)
         space, even = resolve_space(opts["space"]), opts["partition"] == "even"
         log, state = SolveLog(), OuterState()
@@ -108,8 +139,12 @@ class ExactPlanner(Planner):
                 if cutoff is not None and lp_bound(f) > cutoff:
                     log.statuses.append("pruned")
                     continue
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    log.solved("time_limit")
+                    continue
                 warm = dp.solve(v) if dp else None
-                sol = self.solve_formulation(tables, v, f, warm, opts, log, state)
+                sol = self.solve_formulation(tables, v, f, warm, {**opts, "time_limit_s": left_s}, log, state)
                 if sol is not None:
                     out.append(sol)
             return out
@@ -119,8 +154,10 @@ class ExactPlanner(Planner):
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state)
         status = log.overall()
         gap = 0.0 if status == "optimal" else (max(log.gaps) if log.gaps else None)
-        return finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
-                      status, gap)
+        result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
+                        status, gap)
+        bound = log.bound_for(result.iteration_time_s) if result.feasible else None
+        return dataclasses.replace(result, stats=dataclasses.replace(result.stats, bound_s=bound))
 
     def check_options(self, opts: dict) -> None:
         """Subclasses validate their own options."""

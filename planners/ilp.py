@@ -5,6 +5,8 @@ PuLP's ``status`` says "Optimal" for a time-limited feasible solution too, so th
 """
 from __future__ import annotations
 
+import math
+
 import pulp
 
 from planners.exact import ExactPlanner, SolveLog, stdout_to_stderr, to_pulp
@@ -52,9 +54,29 @@ class IlpPlanner(ExactPlanner):
         status = {pulp.LpSolutionOptimal: "optimal", pulp.LpSolutionIntegerFeasible: "feasible",
                   pulp.LpSolutionInfeasible: "pruned", pulp.LpSolutionNoSolutionFound: "unknown"}.get(
                       prob.sol_status, "unknown")
-        log.statuses.append(status)
         if status in ("pruned", "unknown") or prob.status not in (pulp.LpStatusOptimal,):
+            log.solved("time_limit" if status == "unknown" and _hit_time_limit(prob) else status)
             return None
+        objective_s = float(pulp.value(prob.objective))
+        log.solved(status, objective_s, _dual_bound(prob, objective_s))
         values = {n: x.value() or 0.0 for n, x in xs.items()}
         choice, sizes = read_plan(values, f, len(tables.layer_type), tables.combo.pp)
-        return GroupSolution(v, choice, sizes, float(pulp.value(prob.objective)))
+        return GroupSolution(v, choice, sizes, objective_s)
+
+
+def _dual_bound(prob: pulp.LpProblem, objective_s: float) -> float | None:
+    """HiGHS's proven lower bound (its mip_dual_bound, shifted by any constant PuLP kept out of
+    the solver's objective); None from CBC, which PuLP gives no bound for."""
+    highs = getattr(prob, "solverModel", None)
+    if highs is None or not hasattr(highs, "getInfo"):
+        return None
+    info = highs.getInfo()
+    offset = objective_s - float(info.objective_function_value)
+    bound = float(info.mip_dual_bound) + offset
+    return bound if math.isfinite(bound) else None
+
+
+def _hit_time_limit(prob: pulp.LpProblem) -> bool:
+    highs = getattr(prob, "solverModel", None)
+    return highs is not None and hasattr(highs, "getModelStatus") and \
+        highs.modelStatusToString(highs.getModelStatus()).lower().startswith("time limit")

@@ -118,7 +118,8 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
            budget_bytes: float, top_k: int, status: str, gap: float | None, extra_states: int = 0) -> PlanResult:
     """PlanResult of the best plan (re-scored), or the smallest memory at which the space fits."""
     stats = SearchStats(states_explored=state.states + extra_states, candidates=state.candidates,
-                        pruned=state.pruned, solver_status=status if state.solutions else "infeasible", gap=gap)
+                        pruned=state.pruned, gap=gap,
+                        solver_status=status if state.solutions or status == "time_limit" else "infeasible")
     if not state.solutions:
         if not tables:
             return infeasible_result(name, None, stats, "the search space is empty for these global batches "

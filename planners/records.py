@@ -10,7 +10,7 @@ from specs.units import GIB
 
 COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
-           "gap", "states_explored", "tie", "plan_summary", "plan_file")
+           "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file")
 """The columns every record has, in table order."""
 EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
 """Added as ``<evaluator>_<field>`` (e.g. sim_iteration_time_s) by ``add_evaluation``."""
@@ -30,7 +30,7 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict
         "iteration_time_s": result.iteration_time_s if ok else None,
         "peak_memory_gib": result.peak_memory_gib if ok else None,
         "min_memory_gib": result.min_memory_gib, "search_time_s": result.stats.wall_time_s,
-        "solver_status": result.stats.solver_status, "gap": result.stats.gap,
+        "solver_status": result.stats.solver_status, "gap": result.stats.gap, "bound_s": result.stats.bound_s,
         "states_explored": result.stats.states_explored,
         "tie": None, "plan_summary": plan_summary(plan) if plan else _oom_text(result), "plan_file": None,
     }
@@ -49,8 +49,9 @@ def mark_ties(records: list[dict], band: tuple[float, float]) -> None:
 
 def add_evaluation(rec: dict[str, Any], evaluator: str, evaluation: Any | None) -> None:
     """The evaluator's figures (None for a cell without a plan) under its prefixed columns."""
+    ran = evaluation is not None and evaluation.oom is None  # an OOM iteration has no time or throughput
     values = (None,) * len(EVALUATION_FIELDS) if evaluation is None else (
-        evaluation.iteration_time_s, evaluation.throughput_samples_per_s,
+        evaluation.iteration_time_s if ran else None, evaluation.throughput_samples_per_s if ran else None,
         max(evaluation.peak_memory_bytes) / GIB, evaluation.oom is not None)
     rec.update(zip(evaluation_columns(evaluator), values))
 

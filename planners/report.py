@@ -9,7 +9,8 @@ from typing import Any
 
 from planners.base import Budget, PlanResult
 from planners.records import COLUMNS
-from specs.files import atomic_write_json, atomic_write_text
+from specs.cli import dumps, finite
+from specs.files import atomic_write_text
 
 
 def table(records: list[dict[str, Any]], evaluator: str | None = None) -> str:
@@ -49,6 +50,6 @@ def write_tables(out: Path, records: list[dict[str, Any]]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns)
     writer.writeheader()
-    writer.writerows(records)
+    writer.writerows(finite(records))
     atomic_write_text(out / "results.csv", buf.getvalue())
-    atomic_write_json(out / "results.json", records)
+    atomic_write_text(out / "results.json", dumps(records, indent=1) + "\n")

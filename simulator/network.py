@@ -3,9 +3,11 @@
 A flow carries bytes over a set of resources (ClusterSpec.path ids: GPU ports, PCIe uplinks,
 NICs). Rates are recomputed, by water-filling, whenever a flow starts or ends; only the flows
 connected to the change through shared resources are touched, which keeps large runs fast.
+Flows are visited in the order they started (never in set order), so runs are reproducible.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping
 
@@ -38,6 +40,8 @@ class Flow:
     version: int = 0
     segments: list = field(default_factory=list)
     """(start_s, end_s, rate) pieces, kept only when the network records a trace."""
+    seq: int = 0
+    """Order of start in its network: the stable key every iteration over flows sorts by."""
 
 
 class Network:
@@ -50,27 +54,30 @@ class Network:
         self.record = record
         self.on_flow_end = on_flow_end
         self.carried_bytes: dict[Hashable, float] = {res: 0.0 for res in self.capacity}
-        self._flows_on: dict[Hashable, set[Flow]] = {res: set() for res in self.capacity}
+        # insertion-ordered (dicts, not sets): a set of flows iterates in memory-address order
+        self._flows_on: dict[Hashable, dict[Flow, None]] = {res: {} for res in self.capacity}
+        self._seq = itertools.count()
         self.finished = 0
 
     def add_resource(self, res: Hashable, cap_gbytes_per_s: float) -> None:
         if res not in self.capacity:
             self.capacity[res] = cap_gbytes_per_s * GBYTE
             self.carried_bytes[res] = 0.0
-            self._flows_on[res] = set()
+            self._flows_on[res] = {}
 
     # -- public --------------------------------------------------------------------------
     def put(self, name: str, nbytes: float, weights: Mapping[Hashable, int], streams: int = 1) -> simpy.Event:
         """Start moving ``nbytes`` per stream over the resources in ``weights``."""
         done = self.env.event()
         flow = Flow(name=name, nbytes=nbytes, weights=dict(weights), done=done, streams=streams,
-                    remaining=float(nbytes), updated_s=self.env.now, start_s=self.env.now)
+                    remaining=float(nbytes), updated_s=self.env.now, start_s=self.env.now,
+                    seq=next(self._seq))
         if nbytes <= EPS_BYTES or not flow.weights:
             done.succeed(flow)
             return done
         shared = any(self._flows_on[res] for res in flow.weights)
         for res in flow.weights:
-            self._flows_on[res].add(flow)
+            self._flows_on[res][flow] = None
         if shared:
             self._rebalance(self._component(flow.weights))
         else:  # alone on its links: no other rate changes
@@ -78,8 +85,8 @@ class Network:
         return done
 
     # -- internals -----------------------------------------------------------------------
-    def _component(self, seeds) -> set[Flow]:
-        """Flows linked to the resources ``seeds`` through chains of shared resources."""
+    def _component(self, seeds) -> list[Flow]:
+        """Flows linked to the resources ``seeds`` through chains of shared resources, by start order."""
         seen_res, flows, todo = set(), set(), list(seeds)
         while todo:
             res = todo.pop()
@@ -90,7 +97,7 @@ class Network:
                 if f not in flows:
                     flows.add(f)
                     todo.extend(r for r in f.weights if r not in seen_res)
-        return flows
+        return sorted(flows, key=_start_order)
 
     def _settle(self, flow: Flow) -> None:
         """Account the bytes moved since the last rate change."""
@@ -104,7 +111,7 @@ class Network:
                 flow.segments.append((flow.updated_s, self.env.now, flow.rate))
         flow.updated_s = self.env.now
 
-    def _rebalance(self, flows: set[Flow]) -> None:
+    def _rebalance(self, flows: list[Flow]) -> None:
         """Give ``flows`` their max-min fair rates and reschedule their completions."""
         if not flows:
             return
@@ -131,7 +138,7 @@ class Network:
             self._settle(flow)
             flow.remaining = 0.0
             for res in flow.weights:
-                self._flows_on[res].discard(flow)
+                self._flows_on[res].pop(flow, None)
             self.finished += 1
             if self.on_flow_end is not None:
                 self.on_flow_end(flow)
@@ -153,7 +160,7 @@ def water_fill(flows, capacity: Mapping[Hashable, float]) -> dict:
         for res, w in f.weights.items():
             left.setdefault(res, capacity[res])
             load[res] = load.get(res, 0.0) + w
-    rates, active = {}, set(flows)
+    rates, active = {}, dict.fromkeys(sorted(flows, key=_start_order))  # an ordered set
     while active:
         share = min(left[r] / load[r] for r in load if load[r] > 0)
         # links within round-off of the same share saturate together (no sliver left behind)
@@ -161,8 +168,12 @@ def water_fill(flows, capacity: Mapping[Hashable, float]) -> dict:
         frozen = [f for f in active if any(r in full for r in f.weights)]
         for f in frozen:
             rates[f] = share
-            active.discard(f)
+            del active[f]
             for res, w in f.weights.items():
                 left[res] = max(0.0, left[res] - share * w)
                 load[res] -= w
     return rates
+
+
+def _start_order(flow: Flow) -> int:
+    return getattr(flow, "seq", 0)

@@ -3,14 +3,14 @@ by flags, and print a summary (or one JSON record); optionally write a Perfetto 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import cost_models
 from specs import SpecError, cluster_names, load_cluster, load_model, model_names, uniform_plan
-from specs.cli import HelpFormatter
+from specs.cli import ArgumentParser, count, dumps, output_file
 from specs.errors import one_line_errors
+from specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS
 from specs.plan import Plan, Recompute, Schedule, SequenceParallel
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
@@ -19,25 +19,30 @@ LISTINGS = {"models": model_names, "clusters": cluster_names, "cost-models": cos
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m simulator.run", description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(prog="python -m simulator.run", description=__doc__)
     p.add_argument("plan", nargs="?", help="a Plan JSON file (else a uniform plan from the flags below)")
     p.add_argument("--list", choices=sorted(LISTINGS), help="print the zoo's models or clusters, or the "
                    "registered cost models, one a line, and exit")
     p.add_argument("--model", help="zoo name or Hugging Face config.json (default: the plan's)")
     p.add_argument("--cluster", help="zoo name (e.g. dgx-a100-80g:2) or cluster file (default: the plan's)")
-    p.add_argument("--tp", type=int, default=1, help="uniform plan: tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=1, help="uniform plan: pipeline stages")
-    p.add_argument("--dp", type=int, default=None, help="uniform plan: data-parallel degree (default: world / (tp * pp))")
-    p.add_argument("--micro-batch", type=int, default=1, help="uniform plan: samples per micro-batch per replica")
-    p.add_argument("--global-batch", type=int, default=None, help="uniform plan: global batch (default: micro-batch * dp)")
+    p.add_argument("--tp", type=count(MAX_GPUS), default=1, help="uniform plan: tensor-parallel degree")
+    p.add_argument("--pp", type=count(MAX_GPUS), default=1, help="uniform plan: pipeline stages")
+    p.add_argument("--dp", type=count(MAX_GPUS), default=None,
+                   help="uniform plan: data-parallel degree (default: world / (tp * pp))")
+    p.add_argument("--micro-batch", type=count(MAX_GLOBAL_BATCH), default=1,
+                   help="uniform plan: samples per micro-batch per replica")
+    p.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), default=None,
+                   help="uniform plan: global batch (default: micro-batch * dp)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default=Schedule.ONE_F_ONE_B.value, help="uniform plan: pipeline schedule")
     p.add_argument("--recompute", choices=[r.value for r in Recompute], default=Recompute.NONE.value,
                    help="uniform plan: activation recomputation")
-    p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0, help="uniform plan: ZeRO stage (0: DDP)")
+    p.add_argument("--zero", type=count(3, minimum=0), choices=sorted(ZERO), default=0,
+                   help="uniform plan: ZeRO stage (0: DDP)")
     p.add_argument("--sp", choices=[s.value for s in SequenceParallel], default=SequenceParallel.NONE.value,
                    help="uniform plan: sequence parallelism over the tp group")
-    p.add_argument("--virtual-stages", type=int, default=1, help="uniform plan: interleaved 1F1B model chunks per rank")
-    p.add_argument("--vocab-tp", type=int, default=1, help="uniform plan: tp degree of the embedding and head")
+    p.add_argument("--virtual-stages", type=count(MAX_GPUS), default=1,
+                   help="uniform plan: interleaved 1F1B model chunks per rank")
+    p.add_argument("--vocab-tp", type=count(MAX_GPUS), default=1, help="uniform plan: tp degree of the embedding and head")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="where compute times and memory come from")
     p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
@@ -72,6 +77,7 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from simulator import simulate
+    output_file(args.trace, "--trace")  # before the work, not after it
     plan = Plan.load(args.plan) if args.plan else None
     model_name = args.model or (plan.model if plan else "")
     cluster_name = args.cluster or (plan.cluster if plan else "")
@@ -87,9 +93,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = simulate(model, cluster, plan, cm, full=args.full, trace_path=args.trace,
                       overlap_dp=not args.no_overlap, coalesce_steps=coalesce)
     record = {"model": model.name, "cluster": cluster.name, "plan": plan.summary(), **result.to_record()}
+    if result.oom is not None:  # the iteration never finished: it has no time or throughput
+        record.update(feasible=False, iteration_time_s=None, throughput_samples_per_s=None)
     if not args.json:
         print(f"{model.name} on {cluster.name}: {plan.summary()}")
-        print(result.summary())
+        print(result.summary() if result.oom is None else f"OOM: {result.oom} (no iteration time or throughput)")
         if args.trace:
             print(f"trace            {args.trace} (open in https://ui.perfetto.dev)")
     return record
@@ -103,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     record = run(args)
     if args.json:
-        print(json.dumps(record))
-    return 0
+        print(dumps(record))
+    return 0 if record["oom"] is None else 1
 
 
 if __name__ == "__main__":

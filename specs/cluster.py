@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from specs.errors import SpecError, check_fields, one_of, positive_int, positive_number, require
+from specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, at_most
+from specs.schema import ClusterFile, check
 
 INTRA_KINDS = ("nvswitch", "nvlink", "pcie", "shm")
 """nvswitch/nvlink: every GPU has its own port; pcie: GPUs under a switch share its uplink to
@@ -102,6 +104,9 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         positive_int(self.nodes, "nodes")
         positive_int(self.gpus_per_node, "gpus_per_node")
+        at_most(self.nodes, MAX_NODES, "nodes", "the largest published training runs")
+        at_most(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "rack-scale NVLink domains")
+        at_most(self.world_size, MAX_GPUS, "nodes*gpus_per_node", "the simulator plays every rank")
         per = self.intra_node.gpus_per_switch
         require(per == 0 or self.gpus_per_node % per == 0, "intra_node.gpus_per_switch",
                 f"gpus_per_switch({per}) does not divide gpus_per_node({self.gpus_per_node})")
@@ -187,8 +192,7 @@ def layer_groups(first_rank: int, tp: int, dp: int, tp_consecutive: bool = True
 
 def cluster_from_dict(raw: Any, name: str = "cluster") -> ClusterSpec:
     """A ClusterSpec from a parsed JSON object; errors name the field."""
-    if not isinstance(raw, dict):
-        raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+    check(ClusterFile, raw)  # types, ranges, limits and cross-field rules, before any dataclass
     gpu = GPUSpec(**_section(raw, "gpu", GPUSpec))
     intra = IntraNodeLink(**_section(raw, "intra_node", IntraNodeLink))
     inter = InterNodeLink(**_section(raw, "inter_node", InterNodeLink, required=False))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
@@ -26,7 +25,8 @@ class SpecError(ValueError):
 
     def _line(self) -> str:
         head = f"{self.source}: " if self.source else ""
-        return f"{head}{self.field}: {self.message}"
+        line = f"{head}{self.field}: {self.message}"
+        return line.replace("\r", "\\r").replace("\n", "\\n")  # one line whatever the input held
 
     def with_source(self, source: str) -> "SpecError":
         """The same error, attributed to a file (kept if one is already named)."""
@@ -81,14 +81,10 @@ def check_fields(cls: type, given: Iterable[str], where: str = "") -> None:
 
 
 def read_json(path: "str | Path") -> Any:
-    """A JSON file's content; an unreadable or malformed file is one SpecError naming it."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except OSError as err:
-        raise SpecError("(file)", f"cannot read: {err.strerror}", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise SpecError("(json)", f"line {err.lineno} column {err.colno}: {err.msg}", str(path)) from None
+    """A JSON file's content through the one strict reader (specs.reader); any problem with
+    the file is one SpecError naming it."""
+    from specs.reader import read_json_file  # the reader needs SpecError from this module
+    return read_json_file(path)
 
 
 def load_json_with(path: "str | Path", parse: Callable[[Any], T]) -> T:

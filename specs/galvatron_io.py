@@ -7,6 +7,7 @@ from typing import Any
 from specs.errors import SpecError, load_json_with
 from specs.files import atomic_write_json
 from specs.plan import DPType, LayerStrategy, Plan, Recompute, SequenceParallel, even_stage_layers
+from specs.schema import GalvatronPlanFile, check
 
 _SCHEDULE_FROM = {"gpipe": "gpipe", "pipedream_flush": "1f1b"}
 _SCHEDULE_TO = {"gpipe": "gpipe", "1f1b": "pipedream_flush"}
@@ -45,6 +46,7 @@ def plan_from_galvatron(raw: dict[str, Any], world_size: int) -> Plan:
     unknown = sorted(set(raw) - KNOWN_KEYS)
     if unknown:
         raise SpecError(unknown[0], f"Galvatron key {unknown[0]!r} has no meaning in hybridpar; refusing the file")
+    check(GalvatronPlanFile, raw)
     pp = int(raw.get("pp_deg", 1))
     tps = _ints(raw, "tp_sizes_enc")
     n = len(tps)

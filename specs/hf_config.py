@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from specs.errors import SpecError, load_json_with, positive_int
 from specs.hf_decoders import DECODER_BUILDERS
+from specs.schema import ModelConfigFile, check
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ def model_from_dict(raw: dict[str, Any], name: str = "model", seq_length: int | 
     """A ModelSpec from an already-parsed config dict; ``seq_length`` overrides the file's."""
     if not isinstance(raw, dict):
         raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+    check(ModelConfigFile, raw)
     kind = raw.get("model_type")
     if not isinstance(kind, str) or kind not in BUILDERS:
         raise SpecError("model_type", f"must be one of {', '.join(BUILDERS)}; got {kind!r}")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specs.errors import SpecError, one_of, positive_int, require
 from specs.layer_parts import MLASpec, MoESpec
+from specs.limits import MAX_LAYERS, at_most
 
 LAYER_KINDS = ("gpt", "llama", "bert", "t5_encoder", "t5_decoder", "vit", "swin", "moe")
 """gpt: pre-norm decoder (GPT-2/Megatron); llama: RMSNorm, gated SiLU FFN, no biases (also
@@ -291,6 +292,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         require(len(self.layers) > 0, "layers", "a model needs at least one layer")
+        at_most(len(self.layers), MAX_LAYERS, "layers", "planners keep per-layer tables")
         object.__setattr__(self, "layers", tuple(self.layers))
 
     @property

@@ -9,6 +9,8 @@ from typing import Any
 
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
+from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
+from specs.schema import PlanFile, check
 
 PLAN_VERSION = 1
 
@@ -183,6 +185,9 @@ class Plan:
         positive_int(self.micro_batches, "micro_batches")
         positive_int(self.vocab_tp, "vocab_tp")
         positive_int(self.virtual_stages, "virtual_stages")
+        at_most(self.global_batch, MAX_GLOBAL_BATCH, "global_batch", "samples per iteration")
+        at_most(self.micro_batches, MAX_MICRO_BATCHES, "micro_batches", "each is played per stage")
+        at_most(len(self.layers), MAX_LAYERS, "layers", "planners keep per-layer tables")
         object.__setattr__(self, "schedule", Schedule(one_of(self.schedule, SCHEDULES, "schedule")))
         if not isinstance(self.vocab_zero3, bool):
             raise SpecError("vocab_zero3", f"must be true or false, got {self.vocab_zero3!r}")
@@ -303,8 +308,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Plan":
-        if not isinstance(raw, dict):
-            raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+        check(PlanFile, raw)
         version = raw.get("version", PLAN_VERSION)
         if version != PLAN_VERSION:
             raise SpecError("version", f"unsupported plan version {version!r} (this code reads {PLAN_VERSION})")

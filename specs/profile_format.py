@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from specs.errors import SpecError, load_json_with
 from specs.files import atomic_write_json
 from specs.model import LayerSpec
+from specs.schema import ProfileFile, check
 
 FORMAT = "hybridpar-profile"
 VERSION = 1
@@ -215,8 +216,10 @@ class Profile:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Profile":
-        if not isinstance(raw, Mapping):
-            raise ProfileError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+        try:
+            check(ProfileFile, raw)
+        except SpecError as err:
+            raise ProfileError(err.field, err.message) from None
         layers_raw = raw.get("layers", [])
         if not isinstance(layers_raw, list):
             raise ProfileError("layers", f"must be a list, got {layers_raw!r}")

@@ -1,6 +1,7 @@
 """The model and cluster zoo: JSON files under specs/zoo/, looked up by name or by path."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from specs.cluster import ClusterSpec, cluster_from_dict
@@ -35,7 +36,7 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
 def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     """A zoo cluster by name, optionally scaled by a node count (``dgx-a100-80g:64``), or a file."""
     text = str(name_or_path)
-    base, _, count = text.partition(":")
+    base, colon, count = text.partition(":")
     path = CLUSTERS_DIR / f"{base}.json"
     if not path.exists():
         path = Path(base)
@@ -46,8 +47,8 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     if cluster.calibration:
         from dataclasses import replace
         cluster = replace(cluster, calibration=str((path.parent / cluster.calibration).resolve()))
-    if count:
-        if not count.isdigit() or int(count) <= 0:
+    if colon:
+        if not re.fullmatch(r"[0-9]{1,9}", count) or int(count) <= 0:  # ASCII digits only (not '٣')
             raise SpecError("cluster", f"node count after ':' must be a positive integer, got {count!r}")
         cluster = cluster.with_nodes(int(count))
     return cluster

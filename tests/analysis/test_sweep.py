@@ -1,11 +1,20 @@
-"""The results store and the sweep runner: atomic rows, skip done cells, resume after a crash."""
+"""The results store and the sweep runner: atomic rows, skip done cells, resume after a kill,
+one sweep per folder at a time, leftovers of a killed sweep cleaned."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from analysis.results import ResultStore, RunRecord, cell_key, plan_hash, run_id
+from analysis.results import ResultStore, RunRecord, StoreBusy, cell_key, plan_hash, run_id
 from analysis.sweep import run_sweep
+
+REPO = Path(__file__).resolve().parents[2]
 
 CELLS = [{"model": m, "budget_gib": b, "planner": p}
          for m in ("a", "b") for b in (8, 16) for p in ("x", "y")]
@@ -18,17 +27,27 @@ def fake_experiment(model: str, budget_gib: int, planner: str) -> RunRecord:
                      inputs={"model": {"name": model}}, files={"plan.json": json.dumps({"p": planner})})
 
 
-class CrashOnce:
-    """Raises on the k-th call only (a crash mid-sweep), then behaves."""
-
-    def __init__(self, k: int) -> None:
-        self.k, self.calls = k, 0
-
-    def __call__(self, **params):
-        self.calls += 1
-        if self.calls == self.k:
-            raise RuntimeError("simulated crash")
+SWEEP = textwrap.dedent("""
+    import os, signal, sys, time
+    from analysis.results import ResultStore
+    from analysis.sweep import run_sweep
+    from tests.analysis.test_sweep import CELLS, fake_experiment
+    kill_at, delay = int(sys.argv[2]), float(sys.argv[3])
+    calls = []
+    def cell(**params):
+        calls.append(1)
+        if len(calls) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # a real crash mid-sweep, no cleanup runs
+        time.sleep(delay)
         return fake_experiment(**params)
+    run_sweep(ResultStore(sys.argv[1]), "exp", CELLS, cell, progress=False)
+""")
+
+
+def _sweep_process(root, kill_at: int = 0, delay: float = 0.0) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", SWEEP, str(root), str(kill_at), str(delay)], env=env,
+                            cwd=REPO, stderr=subprocess.PIPE, text=True)
 
 
 def stable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -38,12 +57,10 @@ def stable(frame: pd.DataFrame) -> pd.DataFrame:
 def test_resumed_sweep_gives_the_same_table_as_an_uninterrupted_one(tmp_path):
     whole = ResultStore(tmp_path / "whole")
     run_sweep(whole, "exp", CELLS, fake_experiment, progress=False)
-    broken = ResultStore(tmp_path / "broken")
-    crashing = CrashOnce(k=4)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run_sweep(broken, "exp", CELLS, crashing, progress=False)
+    killed = _sweep_process(tmp_path / "broken", kill_at=4)
+    assert killed.wait(timeout=120) == -signal.SIGKILL
     assert len(ResultStore(tmp_path / "broken").rows()) == 3
-    report = run_sweep(ResultStore(tmp_path / "broken"), "exp", CELLS, crashing, progress=False)
+    report = run_sweep(ResultStore(tmp_path / "broken"), "exp", CELLS, fake_experiment, progress=False)
     assert (report.skipped, report.ran) == (3, len(CELLS) - 3)
     pd.testing.assert_frame_equal(stable(whole.table()), stable(ResultStore(tmp_path / "broken").table()))
     # Order of rows is the order of the cells, as in the uninterrupted run.
@@ -126,3 +143,41 @@ def test_a_run_that_recorded_an_error_is_retried_and_its_new_row_wins(tmp_path):
     table = ResultStore(tmp_path).table()
     assert len(table) == 1 and table.throughput.item() == 2.0 and table.error.item() == ""
     assert run_sweep(ResultStore(tmp_path), "exp", cell, flaky, progress=False).ran == 0
+
+
+def test_two_simultaneous_sweeps_on_one_folder_run_each_cell_once(tmp_path):
+    with ResultStore(tmp_path).lock():  # hold the folder until both sweeps are waiting for it
+        sweeps = [_sweep_process(tmp_path, delay=0.05) for _ in range(2)]
+        for proc in sweeps:
+            assert "waiting for the sweep of pid" in proc.stderr.readline()
+    assert [proc.wait(timeout=120) for proc in sweeps] == [0, 0]
+    keys = [r["key"] for r in ResultStore(tmp_path).rows()]
+    assert sorted(keys) == sorted(cell_key("exp", c) for c in CELLS)  # each cell once
+
+
+def test_a_busy_folder_is_refused_in_one_line_when_told_not_to_wait(tmp_path):
+    with ResultStore(tmp_path).lock():
+        with pytest.raises(StoreBusy, match=f"in use by another sweep \\(pid {os.getpid()}\\)"):
+            with ResultStore(tmp_path).lock(wait=False):
+                pass
+
+
+def test_leftovers_of_a_killed_sweep_are_removed_on_start(tmp_path):
+    store = ResultStore(tmp_path)
+    run_sweep(store, "exp", CELLS[:1], fake_experiment, progress=False)
+    (tmp_path / ".results.jsonl.999.tmp").write_text("half a table")
+    half = store.run_dir("exp", CELLS[1])
+    (half.parent / f".{half.name}.999.tmp").mkdir(parents=True)
+    half.mkdir()  # renamed into place, but the sweep died before appending its row
+    kept = store.run_dir("exp", CELLS[0])
+    report = run_sweep(ResultStore(tmp_path), "exp", CELLS[:1], fake_experiment, progress=False)
+    assert report.ran == 0 and kept.is_dir() and not half.exists()
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_non_finite_metrics_are_written_as_null(tmp_path):
+    store = ResultStore(tmp_path)
+    store.write_run("exp", CELLS[0], RunRecord(metrics={"throughput": float("inf"), "gap": float("nan")}))
+    text = store.table_path.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    assert store.rows()[0]["throughput"] is None

@@ -113,9 +113,18 @@ def test_other_families_mixed_on_4_ranks(name):
     assert_matches_reference(plan, model, 4)
 
 
+def _worker_without_grad_sync(*args, **kwargs):
+    """The training worker with DDP's all-reduce removed, patched inside the (spawned) rank."""
+    from executor import train
+    GradientSync.sync = lambda self: None
+    return train.worker(*args, **kwargs)
+
+
 def test_the_check_fails_when_gradients_are_not_summed(tiny_gpt, monkeypatch):
-    """The forked ranks inherit the patch: DDP without its all-reduce must not pass."""
-    monkeypatch.setattr(GradientSync, "sync", lambda self: None)
+    """DDP without its all-reduce must not pass (spawned ranks inherit no patch from the parent,
+    so the launched function itself removes the all-reduce)."""
+    import executor.run
+    monkeypatch.setattr(executor.run, "worker", _worker_without_grad_sync)
     m = run_plan(uniform_plan(4, dp=2, global_batch=4), tiny_gpt, world_size=2, steps=2, check=True,
                  track_memory=False, timeout_s=120)
     assert not m.check.passed and m.check.grad_max_abs_diff > 1e-4

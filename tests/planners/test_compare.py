@@ -41,13 +41,25 @@ def test_out_writes_plans_and_tables(tmp_path, capsys):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def _without_batch(argv: list[str]) -> list[str]:
+    i = argv.index("--global-batch")
+    return argv[:i] + argv[i + 2:]
+
+
 @pytest.mark.parametrize("argv, text", [
     (["--planners", "nope"], "planners: unknown 'nope'"),
     (["--model", "no-such-model"], "model:"),
-    (["--budget-gib", "-3"], "memory_gib"),
+    (["--budget-gib", "-3"], "--budget-gib: must be in (0, 1e+06], got -3"),
+    (["--budget-gib", "nan"], "--budget-gib: expected a finite decimal number"),
+    (["--planners", ","], "planners: no planner named"),
+    (["--global-batch", "8", "--global-batch-range", "8", "16"], "not allowed with argument --global-batch"),
+    (["--global-batch", "٣"], "--global-batch: expected an integer in ASCII digits"),
+    (["--global-batch-range", "64", "8"], "global-batch-range: LO(64) > HI(8)"),
+    (["--out", "/dev/null/x"], "--out: cannot create folder /dev/null/x"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, text):
-    assert compare.main(FAST + argv) == 2
+    fast = FAST if "--global-batch-range" not in argv else _without_batch(FAST)
+    assert compare.main(fast + argv) == 2
     err = capsys.readouterr().err.strip()
     assert text in err and "\n" not in err and "Traceback" not in err
 

@@ -52,6 +52,9 @@ def test_layer_groups_consecutive_and_strided():
     (lambda c: c.update(gpus_per_node=0), "gpus_per_node"),
     (lambda c: c["intra_node"].update(gpus_per_switch=3), "intra_node.gpus_per_switch"),
     (lambda c: c["gpu"].update(colour="green"), "gpu.colour"),
+    (lambda c: c["intra_node"].update(gpus_per_switch=-1), "intra_node.gpus_per_switch"),
+    (lambda c: c.update(nodes=True), "nodes"),
+    (lambda c: c.update(nodes=10**6), "nodes"),
     (lambda c: c["gpu"].pop("memory_gib"), "gpu.memory_gib"),
 ])
 def test_broken_cluster_files_give_one_line_errors(tmp_path, mutate, field):
