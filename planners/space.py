@@ -122,11 +122,15 @@ class SearchSpace:
         return [v for v in base if v <= gpus and (not vocab or vocab % v == 0)]
 
 
+def tp_splits(layer: LayerSpec, tp: int) -> bool:
+    """tp divides the heads, the kv heads and the MLP width: the executor splits each of them
+    (kv heads are not replicated over tp > kv heads), so a plan outside this never runs."""
+    return not (layer.num_heads % tp or layer.kv_heads % tp or layer.ffn_hidden_size % tp)
+
+
 def layer_allows(layer: LayerSpec, s: LayerStrategy, global_batch: int, micro_batches: int) -> bool:
-    """The per-layer rules of Plan.validate: heads divisible by tp, batch divisible by dp*m."""
-    if layer.num_heads % s.tp:
-        return False
-    if layer.kv_heads % s.tp and s.tp % layer.kv_heads:
+    """The per-layer rules of Plan.validate and the executor: tp_splits, batch divisible by dp*m."""
+    if not tp_splits(layer, s.tp):
         return False
     return global_batch % (s.dp * micro_batches) == 0
 
