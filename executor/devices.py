@@ -16,13 +16,17 @@ DEVICES = ("cpu", "cuda")
 def visible_gpus() -> int:
     """CUDA GPUs a rank would see: 0 for a CPU-only torch build or CUDA_VISIBLE_DEVICES="";
     otherwise counted by torch.cuda.device_count() in a throw-away subprocess."""
-    import torch  # torch.version is build metadata: reading it initialises nothing
-
-    if torch.version.cuda is None or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+    if not cuda_build() or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return 0
     done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                           capture_output=True, text=True, timeout=120)
     return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
+
+
+def cuda_build() -> bool:
+    """This torch was built with CUDA (build metadata: reading it initialises nothing)."""
+    import torch
+    return torch.version.cuda is not None
 
 
 def resolve_device(requested: str | None) -> tuple[str, str]:
