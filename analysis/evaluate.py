@@ -9,11 +9,13 @@ import dataclasses
 import json
 from typing import Any
 
-from analysis import deps
+import cost_models
+import planners
+import simulator
 from analysis.results import plan_hash
 from specs import ClusterSpec, ModelSpec, Plan, SpecError
+from specs.units import GIB
 
-GIB = 1024**3
 
 
 def spec_dict(spec: Any) -> dict[str, Any]:
@@ -23,7 +25,6 @@ def spec_dict(spec: Any) -> dict[str, Any]:
 
 def budget(memory_gib: float, global_batch: int = 0, max_batch: int = 0) -> Any:
     """A planners.Budget: a fixed global batch, or a range 8..max_batch searched, or the default."""
-    planners = deps.planners()
     if global_batch:
         return planners.Budget(memory_gib=memory_gib, global_batch=global_batch)
     if max_batch:
@@ -37,13 +38,10 @@ def run_planner(planner: str, model: ModelSpec, cluster: ClusterSpec, budget_gib
     """Plan with ``planner`` (``options`` go to the planner); returns (PlanResult or None,
     metrics). A planner that rejects the problem (SpecError/ValueError) is recorded as an
     error (retried on the next sweep), not raised."""
-    planners = deps.planners()
-    costs = None if cost_model is None else deps.cost_model(cost_model, cluster)
+    costs = None if cost_model is None else cost_models.get(cost_model, cluster)
     try:
         result = planners.plan(planner, model, cluster, budget(budget_gib, global_batch, max_batch),
                                cost_model=costs, **options)
-    except ImportError as err:
-        raise deps.MissingPackageError(f"planner {planner!r} cannot be imported: {err}") from None
     except (SpecError, ValueError) as err:
         return None, {"feasible": False, "error": f"{type(err).__name__}: {err}"}
     return result, planner_metrics(result)
@@ -74,7 +72,7 @@ def planner_metrics(result: Any) -> dict[str, Any]:
 def cost_model_metrics(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
                        name: str = "analytical") -> dict[str, Any]:
     """The cost model's prediction of ``plan``."""
-    cost = deps.cost_model(name, cluster).plan_cost(model, plan)
+    cost = cost_models.get(name, cluster).plan_cost(model, plan)
     return {"cost_model_throughput": cost.throughput_samples_per_s,
             "cost_model_iteration_time_s": cost.iteration_time_s,
             "cost_model_peak_memory_gib": cost.peak_memory_bytes / GIB}
@@ -83,7 +81,7 @@ def cost_model_metrics(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
 def simulator_metrics(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
                       **options: Any) -> tuple[Any, dict[str, Any]]:
     """The simulator's prediction of ``plan`` (``options`` go to simulate): (SimResult, metrics)."""
-    result = deps.simulator().simulate(model, cluster, plan, **options)
+    result = simulator.simulate(model, cluster, plan, **options)
     return result, {"sim_throughput": _float(result.throughput_samples_per_s),
                     "sim_iteration_time_s": _float(result.iteration_time_s),
                     "sim_peak_memory_gib": _float(result.peak_memory_gib),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from analysis import deps
+import planners
 from analysis.evaluate import cost_model_metrics, plan_and_predict, run_planner, simulator_metrics, spec_dict
 from analysis.results import ResultStore, RunRecord, cell_key
 from analysis.sweep import SweepReport, run_sweep
@@ -60,7 +60,6 @@ _WARNED: set[str] = set()
 def available_planners(among: tuple[str, ...] | None = None) -> list[str]:
     """Registered planners (optionally only those in ``among``) whose module imports; any that
     does not is reported on stderr once and left out."""
-    planners = deps.planners()
     names = [p for p in planners.available() if among is None or p in among]
     usable = []
     for name in names:

@@ -1,7 +1,7 @@
-"""Regenerate every figure and table: ``python -m analysis.figures [--quick] [--results DIR] [--out DIR]``.
+"""Regenerate every figure and table: python -m analysis.figures [--quick] [--results DIR] [--out DIR].
 
 Each figure first runs the experiments it needs (finished cells are skipped), then draws
-from the results files only. PNG and PDF per figure; tables as Markdown and CSV.
+from the results files only. PNG, PDF and the data drawn (CSV) per figure; tables as Markdown and CSV.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Callable
 import pandas as pd
 
 from analysis import plots
-from analysis.deps import MissingPackageError
 from analysis.experiments import EXACT_PLANNERS, finished, run_experiment
 from analysis.results import ResultStore
 from analysis.timeline import read_memory_csv, read_spans_csv
@@ -32,13 +31,15 @@ class FigureJob:
     """(results dir, quick, out dir) -> files written."""
 
 
-def save(fig, out: Path, name: str) -> list[Path]:
-    """``name``.png and ``name``.pdf under ``out``."""
+def save(fig, out: Path, name: str, data: pd.DataFrame | None = None) -> list[Path]:
+    """``name``.png and ``name``.pdf under ``out``, and ``name``.csv: the numbers drawn."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     for path in paths:
-        fig.savefig(path, dpi=200 if path.suffix == ".png" else None)
-    plots.plt.close(fig)
+        fig.savefig(path, dpi=200 if path.suffix == ".png" else None, bbox_inches="tight")
+    if data is not None:
+        paths.append(out / f"{name}.csv")
+        data.to_csv(paths[-1], index=False)
     return paths
 
 
@@ -64,10 +65,11 @@ DETAIL_COLUMNS = ["cluster", "model", "budget_gib", "planner", "feasible", "plan
 
 def draw_paper(results: Path, quick: bool, out: Path) -> list[Path]:
     frame = _need_rows(finished("paper_eval", results, quick), "paper_eval")
-    paths = save(plots.throughput_vs_budget(frame), out, "paper_throughput_vs_budget")
+    paths = save(plots.throughput_vs_budget(frame), out, "paper_throughput_vs_budget",
+                 plots.throughput_data(frame))
     paths += save(plots.throughput_vs_budget(frame, "cost_model_throughput",
                                              "cost-model throughput (samples/s)"),
-                  out, "paper_throughput_vs_budget_cost_model")
+                  out, "paper_throughput_vs_budget_cost_model", plots.throughput_data(frame, "cost_model_throughput"))
     paths += save_table(plots.paper_table(frame), out, "paper_table",
                         "Simulated throughput (samples/s) by planner; OOM = no feasible plan")
     details = frame[[c for c in DETAIL_COLUMNS if c in frame]].sort_values(["cluster", "model", "budget_gib"])
@@ -78,7 +80,8 @@ def draw_paper(results: Path, quick: bool, out: Path) -> list[Path]:
 
 def draw_search(results: Path, quick: bool, out: Path) -> list[Path]:
     frame = _need_rows(finished("search_scaling", results, quick), "search_scaling")
-    return save(plots.search_time(frame), out, "search_time_scaling")
+    drawn = frame[[c for c in ("planner", "layers", "gpus", "search_time_s", "solver_status") if c in frame]]
+    return save(plots.search_time(frame), out, "search_time_scaling", drawn)
 
 
 def draw_gap(results: Path, quick: bool, out: Path) -> list[Path]:
@@ -88,15 +91,17 @@ def draw_gap(results: Path, quick: bool, out: Path) -> list[Path]:
         raise RuntimeError(f"no exact planner ({', '.join(EXACT_PLANNERS)}) found a plan; no optimum to compare to")
     summary = gaps.groupby("planner").agg(problems=("gap_pct", "size"), feasible=("feasible", "sum"),
                                           mean_gap_pct=("gap_pct", "mean"), max_gap_pct=("gap_pct", "max"))
-    return (save(plots.optimality_gap_figure(gaps), out, "optimality_gap")
-            + save_table(summary, out, "optimality_gap", "Gap to the exact optimum (cost-model throughput, %)"))
+    return (save(plots.optimality_gap_figure(gaps), out, "optimality_gap", gaps)
+            + save_table(summary, out, "optimality_gap_summary", "Gap to the exact optimum (cost-model throughput, %)"))
 
 
 def draw_modern(results: Path, quick: bool, out: Path) -> list[Path]:
     frame = _need_rows(finished("modern_clusters", results, quick), "modern_clusters")
     table = plots.paper_table(frame, "cost_model_throughput")
-    return (save(plots.relative_throughput(frame), out, "modern_clusters")
-            + save_table(table, out, "modern_clusters", "Cost-model throughput (samples/s) on modern clusters"))
+    drawn = frame[[c for c in ("model", "cluster", "budget_gib", "planner", "feasible", "cost_model_throughput")
+                   if c in frame]]
+    return (save(plots.relative_throughput(frame), out, "modern_clusters", drawn)
+            + save_table(table, out, "modern_clusters_table", "Cost-model throughput (samples/s) on modern clusters"))
 
 
 def draw_validation(results: Path, quick: bool, out: Path) -> list[Path]:
@@ -111,7 +116,7 @@ def draw_validation(results: Path, quick: bool, out: Path) -> list[Path]:
     ape = (ok.predicted_s - ok.measured_s).abs() / ok.measured_s * 100
     summary = ok.assign(ape=ape).groupby(["predictor", "dataset"]).agg(cases=("ape", "size"),
                                                                      mape_pct=("ape", "mean"))
-    return (save(plots.predicted_vs_measured(preds), out, "validation_scatter")
+    return (save(plots.predicted_vs_measured(preds), out, "validation_scatter", preds)
             + save_table(summary, out, "validation_mape", "Mean absolute percentage error vs vTrain measurements"))
 
 
@@ -124,7 +129,9 @@ def draw_picture(results: Path, quick: bool, out: Path) -> list[Path]:
     intervals, memory = read_spans_csv(read("spans.csv")), read_memory_csv(read("memory.csv"))
     title = (f"{cell.planner} plan for {cell.model} on {cell.cluster} at {cell.budget_gib} GiB: "
              f"simulated {cell.sim_throughput:.1f} samples/s")
-    return save(plots.plan_picture(plan, intervals, memory, title, float(cell.budget_gib)), out, "plan_picture")
+    figure = plots.plan_picture(plan, intervals, memory, title, float(cell.budget_gib))
+    drawn = pd.concat([intervals.assign(table="timeline"), memory.assign(table="memory")], ignore_index=True)
+    return save(figure, out, "plan_picture", drawn)
 
 
 JOBS = [FigureJob(name="paper", experiments=("paper_eval",), draw=draw_paper),
@@ -157,32 +164,38 @@ def error_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__.splitlines()[0])
+    names = ", ".join(j.name for j in JOBS)
+    parser = argparse.ArgumentParser(prog="python -m analysis.figures", description="Run the experiments each figure needs (finished runs are "
+                                     "skipped), then draw every figure and table from the result files.",
+                                     epilog=f"Figure groups: {names}. Exit status 0, 1 if a group failed, "
+                                            "2 for bad arguments.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sweeps (a few minutes)")
-    parser.add_argument("--results", default="results", help="results folder (default results/)")
-    parser.add_argument("--out", default="figures", help="figures folder (default figures/)")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help=f"some of: {', '.join(j.name for j in JOBS)}")
-    parser.add_argument("--no-run", action="store_true", help="draw from existing results only")
+    parser.add_argument("--results", default="results", metavar="DIR", help="results folder the experiments write and figures read")
+    parser.add_argument("--out", default="figures", metavar="DIR", help="folder for the figures (PNG, PDF, CSV) and tables (MD, CSV)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", default="all",
+                        help=f"figure groups to draw, some of: {names} (default: %(default)s)")
+    parser.add_argument("--no-run", action="store_true", help="draw from existing results only (run no experiment)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    plots.plt.switch_backend("Agg")  # the CLI writes files only and never needs a display
     names = [j.name for j in JOBS]
-    unknown = [n for n in args.only or [] if n not in names]
+    chosen = names if args.only == "all" else args.only
+    unknown = [n for n in chosen if n not in names]
     if unknown:
         print(f"error: --only: unknown {', '.join(unknown)}; choose from {', '.join(names)}", file=sys.stderr)
         return 2
     failed = []
     for job in JOBS:
-        if args.only and job.name not in args.only:
+        if job.name not in chosen:
             continue
         try:
             for path in run_job(job, args):
                 print(f"wrote {path}")
-        except (MissingPackageError, RuntimeError, ValueError, FileNotFoundError) as err:
+        except (ImportError, RuntimeError, ValueError, FileNotFoundError) as err:
             failed.append(job.name)
             print(f"error: figure {job.name!r}: {err}", file=sys.stderr)
     if failed:

@@ -1,18 +1,41 @@
-"""Figures from result tables (matplotlib, paper-sized): each function takes DataFrames, returns a Figure."""
+"""Figures from result tables (matplotlib, paper-sized): each function takes DataFrames, returns a Figure.
+
+Figures are explicit ``matplotlib.figure.Figure`` objects drawn under a style context, so
+importing or calling this module leaves pyplot, the backend and the global rcParams alone.
+"""
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+import re
+from typing import Any, Callable
 
 import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
-plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 7,
-                     "xtick.labelsize": 7, "ytick.labelsize": 7, "figure.dpi": 150,
-                     "axes.grid": True, "grid.alpha": 0.3, "savefig.bbox": "tight"})
+STYLE = {"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 7,
+         "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.dpi": 150,
+         "axes.grid": True, "grid.alpha": 0.3}
+"""Paper-sized text; applied only while a figure is built (matplotlib.rc_context)."""
 MARKERS = "osD^vP*Xhp<>"
+DODGE_FRACTION = 0.035
+"""Sideways shift of each planner's points, as a fraction of the smallest gap between budgets,
+so planners with equal values stay visible side by side."""
+TIE_REL = 1e-3
+"""Planners whose values agree within this relative difference at every budget are a tie."""
+
+
+def styled(draw: Callable[..., Figure]) -> Callable[..., Figure]:
+    """Run a figure function under STYLE (rcParams are restored when it returns)."""
+    @functools.wraps(draw)
+    def wrapper(*args: Any, **kwargs: Any) -> Figure:
+        with matplotlib.rc_context(STYLE):
+            return draw(*args, **kwargs)
+    return wrapper
 
 
 PLANNER_ORDER = ("galvatron", "ilp", "cpsat", "galvatron_dp_tp", "galvatron_dp_pp", "deepspeed_3d", "gpipe",
@@ -28,8 +51,8 @@ def order_planners(planners: Any) -> list[str]:
 
 def planner_style(planners: Any) -> dict[str, dict[str, Any]]:
     """One colour and marker per planner, the same in every figure (keyed on PLANNER_ORDER)."""
-    palette = [plt.get_cmap("tab10")(i) for i in range(10)] + \
-              [plt.get_cmap("tab20")(2 * i + 1) for i in (0, 1, 2, 4, 3, 5, 6, 7, 8, 9)]
+    tab10, tab20 = matplotlib.colormaps["tab10"], matplotlib.colormaps["tab20"]
+    palette = [tab10(i) for i in range(10)] + [tab20(2 * i + 1) for i in (0, 1, 2, 4, 3, 5, 6, 7, 8, 9)]
     slots = {p: i for i, p in enumerate(PLANNER_ORDER)}
     extra = [p for p in order_planners(planners) if p not in slots]
     slots.update({p: len(PLANNER_ORDER) + i for i, p in enumerate(extra)})
@@ -38,9 +61,8 @@ def planner_style(planners: Any) -> dict[str, dict[str, Any]]:
 
 
 def _grid(rows: int, cols: int, width_in: float = 1.9, height_in: float = 1.7, **kw: Any):
-    fig, axes = plt.subplots(rows, cols, figsize=(width_in * cols + 0.6, height_in * rows + 0.7),
-                             squeeze=False, layout="constrained", **kw)
-    return fig, axes
+    fig = Figure(figsize=(width_in * cols + 0.6, height_in * rows + 0.7), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False, **kw)
 
 
 def _legend_below(fig, axes, ncol: int = 10) -> None:
@@ -60,29 +82,87 @@ def _legend_below(fig, axes, ncol: int = 10) -> None:
 
 
 # -- Galvatron evaluation ---------------------------------------------------------------------
+def throughput_data(frame: pd.DataFrame, metric: str = "sim_throughput") -> pd.DataFrame:
+    """The numbers throughput_vs_budget draws: one row per (cluster, model, budget, planner)."""
+    rows = frame.assign(value=frame[metric].where(frame.feasible.astype(bool)).astype(float))
+    return (rows[["cluster", "model", "budget_gib", "planner", "value"]].rename(columns={"value": metric})
+            .sort_values(["cluster", "model", "budget_gib", "planner"]).reset_index(drop=True))
+
+
+def ties(part: pd.DataFrame, metric: str) -> list[list[str]]:
+    """Groups of planners whose ``metric`` agrees (within TIE_REL) at every budget of ``part``,
+    feasible or not at the same budgets: their lines coincide."""
+    series = {p: rows.set_index("budget_gib")[metric].astype(float).sort_index()
+              for p, rows in part.groupby("planner")}
+    groups: list[list[str]] = []
+    for planner in order_planners(series):
+        for group in groups:
+            a, b = series[group[0]], series[planner]
+            if a.index.equals(b.index) and a.isna().equals(b.isna()) and \
+                    np.allclose(a.fillna(0), b.fillna(0), rtol=TIE_REL, atol=0):
+                group.append(planner)
+                break
+        else:
+            groups.append([planner])
+    return [g for g in groups if len(g) > 1 and series[g[0]].notna().any()]
+
+
+@styled
 def throughput_vs_budget(frame: pd.DataFrame, metric: str = "sim_throughput",
-                         label: str = "simulated throughput (samples/s)"):
-    """One panel per (cluster, model): throughput vs memory budget, a line per planner."""
-    clusters, models = sorted(frame.cluster.unique(), key=_natural), list(dict.fromkeys(frame.model))
-    style = planner_style(list(frame.planner.unique()))
-    fig, axes = _grid(len(clusters), len(models), width_in=1.9 if len(models) > 2 else 2.5, sharex=True)
-    for r, cluster in enumerate(clusters):
-        for c, model in enumerate(models):
-            ax = axes[r, c]
-            part = frame[(frame.cluster == cluster) & (frame.model == model)]
-            for planner in order_planners(part.planner):
-                rows = part[part.planner == planner].sort_values("budget_gib")
-                ax.plot(rows.budget_gib, rows[metric].astype(float), label=planner, lw=1.2, ms=4,
-                        **style[planner])
-            ax.set_title(f"{model}, {cluster}")
-            ax.set_xticks(sorted(frame.budget_gib.unique()))
-            ax.set_ylim(bottom=0)
-    for ax in axes[-1]:
+                         label: str = "simulated throughput (samples/s)", max_cols: int = 3):
+    """One panel per (cluster, model), at most ``max_cols`` a row: throughput vs memory budget,
+    a line per planner. Each planner's points are shifted sideways a little (DODGE_FRACTION)
+    and drawn as open markers, so equal values stay visible; ties are listed in the panel."""
+    data = throughput_data(frame, metric)
+    panels = [(c, m) for c in sorted(data.cluster.unique(), key=_natural) for m in dict.fromkeys(frame.model)
+              if ((data.cluster == c) & (data.model == m)).any()]
+    cols = min(max_cols, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = _grid(rows, cols, width_in=2.4, height_in=1.9)
+    planners = order_planners(data.planner.unique())
+    style = planner_style(planners)
+    budgets = np.array(sorted(data.budget_gib.unique()), dtype=float)
+    step = float(np.diff(budgets).min()) if len(budgets) > 1 else 1.0
+    shift = {p: (i - (len(planners) - 1) / 2) * DODGE_FRACTION * step for i, p in enumerate(planners)}
+    notes: list[str] = []
+    for ax, (cluster, model) in zip(axes.flat, panels):
+        part = data[(data.cluster == cluster) & (data.model == model)]
+        for planner in order_planners(part.planner):
+            line = part[part.planner == planner].sort_values("budget_gib")
+            ax.plot(line.budget_gib + shift[planner], line[metric], label=planner, lw=1.0, ms=4.5,
+                    markerfacecolor="white", markeredgewidth=1.1, **style[planner])
+        notes += [f"{model}: " + " = ".join(g) for g in ties(part, metric)]
+        ax.set_title(f"{model}, {cluster}")
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("budget (GiB per GPU)")
     fig.supylabel(label, fontsize=8)
-    _legend_below(fig, axes)
+    note = (f"Each planner's points are shifted sideways (at most {max(shift.values(), default=0):.2g} GiB)"
+            " so equal values stay visible." + ("\nLines that coincide (within 0.1% at every budget):\n"
+                                                 + "\n".join(notes) if notes else ""))
+    _planner_legend(fig, axes, planners, style, part_of=data, metric=metric, note=note)
     fig.suptitle("Throughput vs memory budget (missing point: no feasible plan)", fontsize=9)
     return fig
+
+
+def _planner_legend(fig, axes, planners: list[str], style: dict, part_of: pd.DataFrame, metric: str,
+                    note: str) -> None:
+    """Every planner of the frame in the legend (one that never found a plan says so), and
+    ``note`` under it: in the last unused panel when there is one, else under the panels."""
+    found = set(part_of.planner[part_of[metric].notna()])
+    handles = [Line2D([], [], lw=1.0, ms=4.5, markerfacecolor="white", markeredgewidth=1.1, **style[p])
+               for p in planners]
+    labels = [p if p in found else f"{p} (no feasible plan)" for p in planners]
+    unused = [ax for ax in axes.flat if not ax.has_data()]
+    for ax in unused:
+        ax.set_axis_off()
+    if unused:
+        unused[-1].legend(handles, labels, loc="upper center", frameon=False, ncol=2 if len(planners) > 6 else 1,
+                          fontsize=8)
+        unused[-1].text(0.0, 0.0, note, transform=unused[-1].transAxes, fontsize=7, va="bottom", wrap=True)
+        return
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(5, len(planners)), frameon=False, fontsize=8)
+    fig.text(0.5, 0.0, note, fontsize=7, ha="center", va="top")
 
 
 def paper_table(frame: pd.DataFrame, metric: str = "sim_throughput") -> pd.DataFrame:
@@ -95,6 +175,7 @@ def paper_table(frame: pd.DataFrame, metric: str = "sim_throughput") -> pd.DataF
 
 
 # -- beyond the paper -----------------------------------------------------------------------------
+@styled
 def search_time(frame: pd.DataFrame):
     """Search time vs layers (fewest GPUs) and vs GPUs (one layer count), a line per planner."""
     style = planner_style(list(frame.planner.unique()))
@@ -137,6 +218,7 @@ def optimality_gaps(frame: pd.DataFrame, exact: tuple[str, ...]) -> pd.DataFrame
     return merged[key + ["planner", "feasible", "cost_model_throughput", "optimum", "gap_pct"]]
 
 
+@styled
 def optimality_gap_figure(gaps: pd.DataFrame):
     """A dot per problem and planner (gap %), a bar for the mean; infeasible counted apart."""
     planners = order_planners(gaps.planner.unique())
@@ -159,6 +241,7 @@ def optimality_gap_figure(gaps: pd.DataFrame):
     return fig
 
 
+@styled
 def relative_throughput(frame: pd.DataFrame, metric: str = "cost_model_throughput"):
     """Grouped bars: per (model, cluster, budget) each planner's throughput / the best one's."""
     frame = frame.assign(problem=frame.model + "\n" + frame.cluster + "\n" + frame.budget_gib.astype(str) + " GiB")
@@ -185,6 +268,7 @@ def relative_throughput(frame: pd.DataFrame, metric: str = "cost_model_throughpu
     return fig
 
 
+@styled
 def predicted_vs_measured(preds: pd.DataFrame):
     """One panel per predictor: predicted vs measured iteration time (log-log), MAPE per set."""
     preds = preds[preds.predicted_s.notna()]
@@ -209,10 +293,11 @@ def predicted_vs_measured(preds: pd.DataFrame):
 
 
 # -- one plan ------------------------------------------------------------------------------------
+@styled
 def plan_picture(plan: dict[str, Any], intervals: pd.DataFrame, memory: pd.DataFrame, title: str = "",
                  budget_gib: float | None = None):
     """Per-layer strategies along the depth, the simulated timeline, and memory over time."""
-    fig = plt.figure(figsize=(7.0, 6.6), layout="constrained")
+    fig = Figure(figsize=(7.0, 6.6), layout="constrained")
     grid = fig.add_gridspec(3, 1, height_ratios=[1.0, 2.2, 1.4])
     _plan_strip(fig.add_subplot(grid[0]), plan)
     timeline = fig.add_subplot(grid[1])
@@ -247,7 +332,7 @@ def _plan_strip(ax, plan: dict[str, Any]) -> None:
 def _timeline(ax, intervals: pd.DataFrame) -> None:
     lanes = sorted(intervals.lane.unique(), key=_natural)
     kinds = sorted(intervals.category.replace("", "other").unique())
-    cmap = plt.get_cmap("tab10")
+    cmap = matplotlib.colormaps["tab10"]
     colour = {k: cmap(i % 10) for i, k in enumerate(kinds)}
     for i, lane in enumerate(lanes):
         part = intervals[intervals.lane == lane]
@@ -256,7 +341,7 @@ def _timeline(ax, intervals: pd.DataFrame) -> None:
     ax.set_yticks(range(len(lanes)), lanes, fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("simulated time (s)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[k]) for k in kinds]
+    handles = [Rectangle((0, 0), 1, 1, color=colour[k]) for k in kinds]
     ax.legend(handles, kinds, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=6,
               ncol=len(kinds), frameon=False, title="simulated iteration (one lane per GPU stream)",
               title_fontsize=8)
@@ -277,7 +362,6 @@ def _memory(ax, memory: pd.DataFrame, budget_gib: float | None = None) -> None:
 
 
 def _natural(text: str) -> tuple:
-    import re
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(text)))
 
 

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from specs.files import atomic_write_text
+
 TABLE_NAME = "results.jsonl"
 RUNS_DIR = "runs"
 SCALARS = (str, int, float, bool, type(None))
@@ -75,17 +77,6 @@ def plan_hash(plan_dict: Mapping[str, Any] | None) -> str:
         return ""
     text = json.dumps(plan_dict, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 class ResultStore:
@@ -174,4 +165,5 @@ class ResultStore:
         old = self.table_path.read_text(encoding="utf-8") if self.table_path.exists() else ""
         if old and not old.endswith("\n"):
             old += "\n"
+        self.table_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.table_path, old + json.dumps(dict(row), sort_keys=True) + "\n")

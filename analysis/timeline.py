@@ -6,8 +6,8 @@ import json
 from typing import Any, Iterable
 
 import pandas as pd
+from specs.units import GIB
 
-GIB = 1024**3
 
 
 def _points(series: Any) -> Iterable[tuple[float, float]]:

@@ -10,8 +10,10 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import deps
+import cost_models
+import simulator
 from analysis.results import RunRecord
+from cost_models import measured_runs
 
 CHUNK = 120
 """Cases per cell (a crash loses at most one chunk)."""
@@ -30,9 +32,9 @@ def predictors() -> list[str]:
     simulator."""
     cluster = _cases("single", 1)[0].cluster
     usable = []
-    for name in deps.cost_models().available():
+    for name in cost_models.available():
         try:
-            deps.cost_model(name, cluster)
+            cost_models.get(name, cluster)
             usable.append(name)
         except ValueError as err:  # SpecError: the model needs inputs we do not have
             if name not in _WARNED:
@@ -42,7 +44,7 @@ def predictors() -> list[str]:
 
 
 def _cases(set_name: str, stride: int, max_micro_batches: int = 0) -> list[Any]:
-    cases = deps.vtrain().load_cases(set_name)
+    cases = measured_runs.load_cases(set_name)
     if max_micro_batches:
         cases = [c for c in cases if c.plan.micro_batches <= max_micro_batches]
     return cases[::stride]
@@ -62,8 +64,8 @@ def vtrain_cells(quick: bool) -> list[dict[str, Any]]:
 def predict_seconds(predictor: str, case: Any) -> float:
     """Predicted iteration time of a measured case."""
     if predictor == "simulator":
-        return float(deps.simulator().simulate(case.model, case.cluster, case.plan).iteration_time_s)
-    model = deps.cost_model(predictor, case.cluster)
+        return float(simulator.simulate(case.model, case.cluster, case.plan).iteration_time_s)
+    model = cost_models.get(predictor, case.cluster)
     return float(model.plan_cost(case.model, case.plan).iteration_time_s)
 
 

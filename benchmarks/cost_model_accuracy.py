@@ -11,47 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
-
 import numpy as np
 
-from benchmarks import vtrain
-from specs import ModelSpec, Plan
-
-MEGATRON_VOCAB_MULTIPLE = 128
-"""Megatron pads the vocabulary to a multiple of 128 * tp (make-vocab-size-divisible-by)."""
-MEGATRON_SOFTWARE = {"dp_overlap_fraction": 0.0}
-"""What the vTrain runs' software did, stated not fitted: Megatron-DeepSpeed all-reduced the
-gradients after the last micro-batch's backward, without overlap."""
-
-
-def _padded_vocab(vocab: int, tp: int) -> int:
-    multiple = MEGATRON_VOCAB_MULTIPLE * tp
-    return -(-vocab // multiple) * multiple
-
-
-def as_megatron(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, Plan]:
-    """The run as Megatron executed it: vocabulary padded and split over the layers' tp; a
-    1F1B run with fewer micro-batches than stages is all-forward-then-all-backward (GPipe)."""
-    tp = plan.layers[0].tp
-    vocab = _padded_vocab(model.embedding.vocab_size, tp)
-    model = replace(model, embedding=replace(model.embedding, vocab_size=vocab),
-                    head=replace(model.head, output_size=vocab))
-    plan = replace(plan, vocab_tp=tp)
-    if plan.schedule == "1f1b" and plan.micro_batches < plan.pp:
-        plan = replace(plan, schedule="gpipe")
-    return model, plan
-
-
-def megatron_runs(set_name: str) -> list:
-    """The vTrain cases of one set, as Megatron ran them (see as_megatron)."""
-    from cost_models.calibrate import Run
-    runs = []
-    for case in vtrain.load_cases(set_name):
-        model, plan = as_megatron(case.model, case.plan)
-        runs.append(Run(model, case.cluster, plan, case.measured_s))
-    return runs
-
+from cost_models.measured_runs import MEGATRON_SOFTWARE, megatron_runs
+from specs.datasets import Dataset, data_path
+from specs.errors import one_line_errors
 
 def _table(name: str, runs: list, predicted: np.ndarray) -> list[list]:
     """One row for the whole set, then one per model size."""
@@ -69,7 +33,6 @@ def _table(name: str, runs: list, predicted: np.ndarray) -> list[list]:
     return rows
 
 
-GALVATRON = vtrain.SHARED / "reference" / "galvatron-profiles"
 GALVATRON_MEMORY_DP_TYPE = "zero3"
 """Galvatron profiles layer memory under sharded data parallelism: its per-layer model states
 (388 MiB at tp 1, dp 8 for 202M parameters) are 16 bytes / (tp * dp) per parameter."""
@@ -83,7 +46,7 @@ def galvatron_memory_rows() -> list[list]:
 
     from cost_models.memory import layer_memory
     from specs import LayerStrategy, load_model
-    raw = json.loads((GALVATRON / "memory_profiling_bf16_llama2-7b_all.json").read_text())
+    raw = json.loads((data_path(Dataset.GALVATRON_LLAMA2_7B) / "memory_profiling_bf16_llama2-7b_all.json").read_text())
     layer = load_model("llama2-7b").with_seq_len(2048).layers[0]
     rows = []
     for key, table in raw.items():
@@ -102,6 +65,7 @@ def galvatron_memory_rows() -> list[list]:
     return rows
 
 
+@one_line_errors()
 def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
 
@@ -109,12 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     from cost_models.constants import AnalyticalConstants, constants_for
     from specs import load_cluster
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_model_accuracy", description=__doc__)
-    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds on the single-node set")
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
     args = parser.parse_args(argv)
-    if not vtrain.available():
-        print(f"error: vTrain data not found under {vtrain.VALIDATION}", file=sys.stderr)
-        return 2
     start = time.time()
     single, multi = megatron_runs("single"), megatron_runs("multi")
     defaults = AnalyticalConstants().with_values(MEGATRON_SOFTWARE)
@@ -133,11 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             + _table("analytical, a100.json (fit on single) / multi", multi, predict(calibrated, multi)))
     print(tabulate(rows, headers=["model / set", "size", "runs", "MAPE %", "median %", "worst %", "Kendall tau"],
                    floatfmt=".2f"))
-    if GALVATRON.is_dir():
-        print("\nLLaMA-2 7B, one layer, MiB per GPU: Galvatron's measurement vs the analytical formulas")
-        print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",
-                                                        "activations measured", "activations formula"],
-                       floatfmt=".1f"))
+    print("\nLLaMA-2 7B, one layer, MiB per GPU: Galvatron's measurement vs the analytical formulas")
+    print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",
+                                                    "activations measured", "activations formula"],
+                   floatfmt=".1f"))
     spread = {n: (min(getattr(f, n) for f in fitted), max(getattr(f, n) for f in fitted))
               for n in ("gemm_half_efficiency_flops", "host_time_per_kernel_s", "micro_batch_overhead_s")}
     print("fold constants (min, max):", ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in spread.items()))

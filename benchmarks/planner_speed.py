@@ -10,16 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import cost_models
 import planners
 from planners import Budget, SearchSpace
 from specs import load_cluster, load_galvatron_plan, load_model
+from specs.datasets import DATA_ROOT, Dataset
 from specs.errors import one_line_errors
+from specs.units import GIB
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-PROFILES = SHARED / "reference" / "galvatron-profiles"
+PROFILES = DATA_ROOT / Dataset.GALVATRON_LLAMA2_7B.value
+"""Galvatron's own LLaMA-2 7B profiles and plan (data/galvatron_llama2_7b)."""
 SIZES = ((8, 24), (16, 32), (64, 48), (256, 64), (1024, 128))
 """(GPUs, layers): GPT-7.5B-shaped layers on DGX-A100 nodes."""
 SPACES = {"base": SearchSpace.preset("galvatron"),
@@ -71,7 +72,7 @@ def head_to_head(args) -> None:
         plan = load_galvatron_plan(shipped[0], cluster.world_size)
         cost = cm.plan_cost(model, plan)
         print(f"Galvatron's shipped 36 GB plan (global batch {plan.global_batch}): {cost.iteration_time_s:.3f} s, "
-              f"{cost.throughput_samples_per_s:.2f} samples/s, peak {cost.peak_memory_bytes / 2**30:.2f} GiB | "
+              f"{cost.throughput_samples_per_s:.2f} samples/s, peak {cost.peak_memory_bytes / GIB:.2f} GiB | "
               f"{plan.summary()}")
         _one(model, cluster, cm, Budget(memory_gib=36, global_batch=plan.global_batch), args)
 

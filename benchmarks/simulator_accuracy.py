@@ -8,15 +8,16 @@ of communication; prints MAPE, median and worst error and Kendall's tau per mode
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import vtrain
-from benchmarks.cost_model_accuracy import MEGATRON_SOFTWARE, as_megatron
+from cost_models.measured_runs import MEGATRON_SOFTWARE, as_megatron, load_cases
+from specs import SpecError
+from specs.errors import one_line_errors
+from specs.files import atomic_write_json
 
 REQUIRED_MAPE = {"single": 10.0, "multi": 15.0}
 """Issue 5's bar, percent (vTrain's own simulator: 8.37 and 14.73)."""
@@ -58,7 +59,7 @@ def rows_for(set_name: str, keys: list[str], predicted: np.ndarray, measured: np
 def run_set(set_name: str, limit: int | None, coalesce: bool) -> tuple[list[str], np.ndarray, np.ndarray,
                                                                       np.ndarray, float]:
     from tqdm import tqdm
-    cases = vtrain.load_cases(set_name)
+    cases = load_cases(set_name)
     if limit:
         cases = cases[:: max(1, len(cases) // limit)][:limit]
     cache: dict = {}
@@ -68,6 +69,7 @@ def run_set(set_name: str, limit: int | None, coalesce: bool) -> tuple[list[str]
     return [c.model_key for c in cases], both[:, 0], measured, both[:, 1], time.time() - start
 
 
+@one_line_errors()
 def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
     parser = argparse.ArgumentParser(prog="python -m benchmarks.simulator_accuracy", description=__doc__)
@@ -78,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit <= 0:
-        print(f"error: --limit must be positive, got {args.limit}", file=sys.stderr)
-        return 2
-    if not vtrain.available():
-        print(f"error: vTrain data not found under {vtrain.VALIDATION}", file=sys.stderr)
-        return 2
+        raise SpecError("--limit", f"must be positive, got {args.limit}")
     rows, verdicts = [], []
     for set_name in (["single", "multi"] if args.set == "both" else [args.set]):
         keys, predicted, measured, formula, wall = run_set(set_name, args.limit, not args.steps)
@@ -95,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(rows, headers=headers, floatfmt=".2f"))
     print("\n".join(verdicts))
     if args.out:
-        args.out.write_text(json.dumps([dict(zip(headers, r)) for r in rows], indent=1))
+        atomic_write_json(args.out, [dict(zip(headers, r)) for r in rows])
     return 0
 
 

@@ -29,17 +29,16 @@ def cases() -> list[SpeedCase]:
     out = [SpeedCase("gpt-1.7b tp2 pp2 dp2 m8", gpt, load_cluster("dgx-a100-80g"),
                      uniform_plan(gpt.num_layers, tp=2, pp=2, dp=2, global_batch=32, micro_batches=8,
                                   checkpoint=True))]
-    from benchmarks import vtrain
-    if not vtrain.available():
+    from cost_models import measured_runs
+    if not measured_runs.available():
         return out
-    from benchmarks.cost_model_accuracy import as_megatron
     wanted = [(64, 1, 64, 1), (256, 8, 32, 1), (512, 2, 32, 8), (512, 4, 4, 32)]
-    multi = vtrain.load_cases("multi")
+    multi = measured_runs.load_cases("multi")
     for gpus, tp, dp, pp in wanted:
         for c in multi:
             s = c.plan.layers[0]
             if (c.cluster.world_size, s.tp, s.dp, c.plan.pp) == (gpus, tp, dp, pp):
-                model, plan = as_megatron(c.model, c.plan)
+                model, plan = measured_runs.as_megatron(c.model, c.plan)
                 label = f"{c.model_key} tp{tp} dp{dp} pp{pp} m{plan.micro_batches}"
                 out.append(SpeedCase(label, model, c.cluster, plan))
                 break

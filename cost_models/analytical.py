@@ -19,7 +19,7 @@ from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
@@ -133,11 +133,11 @@ class AnalyticalModel(CostModel):
         nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
         rs = self._bucketed("reduce_scatter", nbytes, dp_groups)
         ag = self._bucketed("all_gather", nbytes, dp_groups)
-        if dp_type == "ddp":
+        if dp_type == DPType.DDP:
             return DPTraffic(iteration_bwd_s=self._bucketed("all_reduce", nbytes, dp_groups))
-        if dp_type == "zero1":
+        if dp_type == DPType.ZERO1:
             return DPTraffic(iteration_bwd_s=rs, after_step_s=ag)
-        if dp_type == "zero2":
+        if dp_type == DPType.ZERO2:
             return DPTraffic(micro_batch_bwd_s=rs, after_step_s=ag)
         return DPTraffic(micro_batch_bwd_s=rs + ag, micro_batch_fwd_s=ag)
 
@@ -165,7 +165,7 @@ class AnalyticalModel(CostModel):
 
     def update_time(self, local_params: float, dp_type: str, dp: int) -> float:
         """Optimizer step of the local (ZeRO-sharded) parameters: memory-bound."""
-        shard = dp if dp_type != "ddp" else 1
+        shard = dp if dp_type != DPType.DDP else 1
         return self._memory_bound_s(self.constants.optimizer_bytes_per_param * local_params / shard)
 
     def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,

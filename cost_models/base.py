@@ -21,9 +21,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
+from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
-GIB = 1024**3
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -117,7 +117,7 @@ class PlanCost:
 
 def in_flight(schedule: str, pp: int, stage: int, micro_batches: int) -> int:
     """Micro-batches whose activations stage ``stage`` holds at its peak."""
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return micro_batches
     return min(pp - stage, micro_batches)
 

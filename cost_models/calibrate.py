@@ -2,16 +2,16 @@
 
 Two independent fits (``python -m cost_models.calibrate --help``):
 1. collectives: base latency, per-step latency factor and bus efficiency, from nccl-tests
-   all-reduce tables (../shared/validation/nccl_a100);
+   all-reduce tables (data/nccl_a100);
 2. compute: GEMM efficiency curve, memory efficiency and fixed overheads, from measured
-   iteration times (the vTrain single-node runs), minimising squared log error
+   iteration times (the vTrain single-node runs, cost_models.measured_runs), minimising squared log error
    (scipy.optimize.least_squares, soft-L1 loss so a few odd runs cannot dominate).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -21,7 +21,9 @@ from scipy.optimize import least_squares
 from cost_models.analytical import AnalyticalModel
 from cost_models.base import pipeline_time
 from cost_models.constants import AnalyticalConstants, save_calibration
-from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
+from cost_models.measured_runs import Run, megatron_runs
+from specs import ClusterSpec, SpecError, load_cluster
+from specs.datasets import Dataset, data_path
 from specs.errors import one_line_errors
 
 COMPUTE_PARAMS: dict[str, tuple[float, float]] = {
@@ -44,16 +46,6 @@ COLLECTIVE_PARAMS: dict[str, tuple[float, float]] = {
     "bus_efficiency": (0.2, 1.0),
 }
 """Fitted on nccl-tests tables."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """One measured training iteration."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    plan: Plan
-    measured_s: float
 
 
 # -- fitting machinery -------------------------------------------------------------------------
@@ -174,8 +166,10 @@ def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     repo = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(prog="python -m cost_models.calibrate", description=__doc__)
     parser.add_argument("--cluster", default="dgx-a100-80g", help="zoo cluster whose file gets the result")
-    parser.add_argument("--out", default=str(repo / "specs/zoo/calibration/a100.json"))
-    parser.add_argument("--nccl", default=str(repo.parent / "shared/validation/nccl_a100"))
+    parser.add_argument("--out", default=str(repo / "specs/zoo/calibration/a100.json"),
+                        help="calibration file to write")
+    parser.add_argument("--nccl", default=None, help="folder of nccl-tests *allreduce_*gpu.csv tables "
+                        "(default: data/nccl_a100)")
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
     return parser.parse_args(argv)
 
@@ -183,10 +177,9 @@ def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
 @one_line_errors()
 def main(argv: Iterable[str] | None = None) -> int:
     args = _parse(argv)
-    from benchmarks.cost_model_accuracy import megatron_runs  # the vTrain loader lives there
     cluster = load_cluster(args.cluster)
     base = AnalyticalConstants()
-    rows = read_nccl_tables(Path(args.nccl))
+    rows = read_nccl_tables(Path(args.nccl) if args.nccl else data_path(Dataset.NCCL_A100))
     collective = fit_collectives(cluster, rows, base)
     coll_values = {n: getattr(collective, n) for n in COLLECTIVE_PARAMS}
     print("collectives:", ", ".join(f"{k}={v:.4g}" for k, v in coll_values.items()))

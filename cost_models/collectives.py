@@ -1,7 +1,7 @@
 """Alpha-beta formulas of collectives (ring, tree, hierarchical) and the NCCL bus-bandwidth factors.
 
 Pure functions of (ranks p, bytes n, per-step latency alpha, link bandwidth B); the cost models
-choose alpha and B from the cluster topology. Formulas: /work/shared/reference/formulas.md.
+choose alpha and B from the cluster topology. Formulas: docs/cost_models.md (formulas).
 """
 from __future__ import annotations
 

@@ -3,13 +3,14 @@ calibration file (format "hybridpar-calibration") that overrides the fitted ones
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from specs import SpecError
 from specs.errors import read_json
+from specs.files import atomic_write_json
+from specs.units import MIB
 
 CALIBRATION_FORMAT = "hybridpar-calibration"
 CALIBRATION_VERSION = 1
@@ -66,7 +67,7 @@ class AnalyticalConstants:
     overlap_coefficient: float = 1.1256
     """Slowdown of compute and communication running together (Galvatron's measured gamma,
     overlap_coefficient.json)."""
-    dp_bucket_bytes: float = 25 * 1024**2
+    dp_bucket_bytes: float = 25 * MIB
     """Gradient bucket size, bytes (PyTorch DDP bucket_cap_mb = 25): latency is paid once
     per bucket, not once per layer."""
 
@@ -131,6 +132,4 @@ def save_calibration(path: str | Path, constants: Mapping[str, float], **meta: A
     AnalyticalConstants().with_values(constants)
     body = {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, **meta,
             "constants": dict(constants)}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(body, indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write_json(path, body)

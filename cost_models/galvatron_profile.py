@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.profile_format import LayerProfile, LayerSignature, Profile, ProfileError, VocabProfile
+from specs.profile_format import LayerProfile, LayerSignature, Profile, ProfileError, VocabProfile
 from specs import ClusterSpec, LayerSpec, SpecError
 from specs.errors import read_json
+from specs.units import MIB
 
-MIB = 1024**2
 FP32_BYTES = 4
 PROFILED_DTYPE_BYTES = 2
 """Galvatron profiles in bf16/fp16; our parameter_bytes are in the profiled dtype."""

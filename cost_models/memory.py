@@ -1,10 +1,11 @@
 """Memory formulas shared by the cost models: mixed-precision Adam states under DDP/ZeRO-1/2/3 and
-Transformer activation bytes (Korthikanti et al. 2022), per /work/shared/reference/formulas.md.
+Transformer activation bytes (Korthikanti et al. 2022), per docs/cost_models.md (formulas).
 """
 from __future__ import annotations
 
 from cost_models.base import MemoryBreakdown
-from specs import LayerSpec, LayerStrategy, SpecError
+from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy
+from specs.errors import one_of
 
 WEIGHT_BYTES_PER_PARAM = 2
 """fp16/bf16 working copy of the weights (ZeRO paper, mixed precision)."""
@@ -23,12 +24,11 @@ def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
 
     DDP 16 B/param; ZeRO-1 4 + 12/d; ZeRO-2 2 + 14/d; ZeRO-3 16/d (formulas.md).
     """
-    if dp_type not in ("ddp", "zero1", "zero2", "zero3"):
-        raise SpecError("dp_type", f"must be ddp, zero1, zero2 or zero3; got {dp_type!r}")
+    one_of(dp_type, DP_TYPES, "dp_type")
     d = max(1, dp)
-    shard_opt = d if dp_type != "ddp" else 1
-    shard_grad = d if dp_type in ("zero2", "zero3") else 1
-    shard_param = d if dp_type == "zero3" else 1
+    shard_opt = d if dp_type != DPType.DDP else 1
+    shard_grad = d if dp_type in (DPType.ZERO2, DPType.ZERO3) else 1
+    shard_param = d if dp_type == DPType.ZERO3 else 1
     return MemoryBreakdown(parameters_bytes=WEIGHT_BYTES_PER_PARAM * params / shard_param,
                            gradients_bytes=GRAD_BYTES_PER_PARAM * params / shard_grad,
                            optimizer_bytes=OPTIMIZER_BYTES_PER_PARAM * params / shard_opt)
@@ -95,7 +95,7 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
     states = model_state_bytes(local_params, strategy.dp_type, strategy.dp)
     kept = activation_bytes(layer, strategy, micro_batch_size) if kept_bytes is None else kept_bytes
     temporary = 0.0
-    if strategy.dp_type == "zero3" and strategy.dp > 1:
+    if strategy.dp_type == DPType.ZERO3 and strategy.dp > 1:
         temporary += WEIGHT_BYTES_PER_PARAM * local_params
     if strategy.checkpoint:
         temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size)

@@ -13,9 +13,10 @@ from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
-from cost_models.profile_format import Profile, ProfileError, load_profile
+from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, layer_groups, load_model
+from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError,
+                   layer_groups, load_model)
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: two activation all-reduces per layer in forward and two in backward."""
@@ -106,7 +107,7 @@ class ProfiledModel(CostModel):
                          exposed_dp_comm_s=self.exposed_time(dp_comm_s, backward_s))
 
     def _dp_sync_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
-        factor = ZERO3_VOLUME_FACTOR if dp_type == "zero3" else 1.0
+        factor = ZERO3_VOLUME_FACTOR if dp_type == DPType.ZERO3 else 1.0
         return factor * self.collective_time("all_reduce", local_params * mem.GRAD_BYTES_PER_PARAM, dp_groups)
 
     def exposed_time(self, comm_s: float, backward_s: float) -> float:
@@ -191,7 +192,7 @@ class ProfiledModel(CostModel):
                                    activations_bytes=table["activation"][vtp] * MIB * mbs)
         params = self.profile.vocab.parameter_bytes / self.bytes_per_param / tp
         params *= 0.5 if plan.pp > 1 else 1.0  # embedding on the first stage, head on the last
-        dp_type = plan.layers[0 if stage == 0 else -1].dp_type if dp > 1 else "ddp"
+        dp_type = plan.layers[0 if stage == 0 else -1].dp_type if dp > 1 else DPType.DDP
         states = mem.model_state_bytes(params, dp_type, dp)
         kept = mbs * model.head.seq_len * model.head.output_size / tp * LOGIT_KEPT_BYTES if stage == last else 0.0
         return states + MemoryBreakdown(activations_bytes=kept)

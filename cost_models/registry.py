@@ -1,29 +1,21 @@
-"""Cost models by name: ``get("analytical", cluster)``."""
+"""Cost models by name: ``get("analytical", cluster)``.
+
+Third-party cost models join through the ``hybridpar.cost_models`` entry-point group (docs/planners.md).
+"""
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from specs import ClusterSpec, SpecError
+from specs import ClusterSpec
+from specs.registry import Registry
 
-_MODULES = {"analytical": "cost_models.analytical", "profiled": "cost_models.profiled"}
-"""Name -> module that defines and registers it (imported on first use)."""
-_REGISTRY: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def available() -> list[str]:
-    return sorted(_MODULES)
+COST_MODELS: Registry[type] = Registry("cost_model", ["cost_models.analytical", "cost_models.profiled"],
+                                       group="hybridpar.cost_models")
+"""Built-in cost model modules, and where installed packages add theirs."""
+register = COST_MODELS.register
+available = COST_MODELS.available
 
 
 def get(name: str, cluster: ClusterSpec, **options: Any):
     """An instance of the cost model ``name`` for ``cluster``."""
-    if name not in _MODULES:
-        raise SpecError("cost_model", f"unknown {name!r}; choose from {', '.join(available())}")
-    importlib.import_module(_MODULES[name])
-    return _REGISTRY[name](cluster, **options)
+    return COST_MODELS.get(name)(cluster, **options)

@@ -9,7 +9,7 @@ from cost_models import memory as mem
 from cost_models.base import BYTES_PER_ACTIVATION, LayerTime, MemoryBreakdown
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
-from specs import ModelSpec, Plan
+from specs import DPType, ModelSpec, Plan, Schedule
 
 if TYPE_CHECKING:
     from cost_models.analytical import AnalyticalModel
@@ -33,7 +33,7 @@ def _vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, fl
 
 
 def _dp_type(plan: Plan, layer_index: int, dp: int) -> str:
-    return plan.layers[layer_index].dp_type if dp > 1 else "ddp"
+    return plan.layers[layer_index].dp_type if dp > 1 else DPType.DDP
 
 
 def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: int,
@@ -57,7 +57,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         params = model.embedding.param_count() / tp
         d_sync, d_exposed, d_update, states = _states(model_, params, plan, 0, dp, dp_groups, b)
         dp_comm, exposed, update = dp_comm + d_sync, exposed + d_exposed, update + d_update
-        held = plan.micro_batches if plan.schedule == "gpipe" else min(plan.pp, plan.micro_batches)
+        held = plan.micro_batches if plan.schedule == Schedule.GPIPE else min(plan.pp, plan.micro_batches)
         memory = memory + states + MemoryBreakdown(activations_bytes=held * tokens * h * mem.MASK_BYTES)
     if stage == last and model.head.kind != "none":
         head = model.head

@@ -1,10 +1,9 @@
 """PyTorch runtime for a Plan: parallelize a ModelSpec's Transformer (TP, DDP/ZeRO, PP,
-checkpointing, relayouts), run and measure it, profile the hardware, validate predictions."""
+checkpointing, relayouts), run and measure it, profile the hardware (validation against predictions: analysis.validate)."""
 import importlib
 
 _EXPORTS = {"run_plan": "executor.run", "Measurement": "executor.run", "parallelize": "executor.parallelize",
-            "launch": "executor.launch", "LaunchError": "executor.launch", "CheckResult": "executor.reference",
-            "validate_plan": "executor.validate"}
+            "launch": "executor.launch", "LaunchError": "executor.launch", "CheckResult": "executor.reference"}
 __all__ = sorted(_EXPORTS)
 
 

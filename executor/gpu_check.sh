@@ -37,11 +37,11 @@ for batch, micro, ckpt in [(4, 1, False), (8, 1, False), (8, 1, True), (16, 2, T
 PY
 for plan in "$OUT"/plan_*.json; do
     base="${plan%.json}"
-    timeout 60 torchrun --standalone --nproc_per_node 1 -m executor.validate --plan "$plan" \
+    timeout 60 torchrun --standalone --nproc_per_node 1 -m analysis.validate --plan "$plan" \
         --model "$MODEL" --scale "$SCALE" --cluster "$CLUSTER" --bf16 --steps 5 --json > "$base.analytical.json" \
         || status=1
     if [ -s "$OUT/profile.json" ]; then
-        timeout 60 torchrun --standalone --nproc_per_node 1 -m executor.validate --plan "$plan" \
+        timeout 60 torchrun --standalone --nproc_per_node 1 -m analysis.validate --plan "$plan" \
             --model "$MODEL" --scale "$SCALE" --cluster "$CLUSTER" --bf16 --steps 5 \
             --cost-model profiled --profile "$OUT/profile.json" --json > "$base.profiled.json" || status=1
     fi

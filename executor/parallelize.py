@@ -15,7 +15,7 @@ from executor.parallel.layout import GroupCache, Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
 from executor.parallel.tensor import apply_tp
-from specs import ModelSpec, Plan
+from specs import DPType, ModelSpec, Plan
 
 
 class StageModule(nn.Module):
@@ -185,9 +185,9 @@ def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], 
         params = [p for p in module.parameters() if p not in skip]
         if not params:
             continue
-        dp_type = strategy.dp_type if strategy.dp > 1 else "ddp"
+        dp_type = strategy.dp_type if strategy.dp > 1 else DPType.DDP
         unit = Unit(name=name, dp_type=dp_type, dp=strategy.dp, numel=sum(local(p).numel() for p in params))
-        if dp_type == "zero3":
+        if dp_type == DPType.ZERO3:
             ignored = skip & set(module.parameters())
             apply_fsdp(module, dp_mesh, dp, bf16, set(ignored))
             unit.module, unit.ignored = module, frozenset(ignored)
@@ -196,8 +196,8 @@ def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], 
         units.append(unit)
     if tied:
         weight, group = tied
-        units.append(Unit(name="tied embedding", dp_type="ddp", dp=1, numel=weight.numel(),
+        units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=weight.numel(),
                           # its group's ranks reach the tied weight's last use at different
                           # points of backward (TP duplicates add nothing): reduce after it
-                          bucket=dp.add_bucket([weight], group, "ddp", dtype, eager=False)))
+                          bucket=dp.add_bucket([weight], group, DPType.DDP, dtype, eager=False)))
     return dp, units

@@ -1,5 +1,5 @@
 """Measure what the profiled cost model needs on this hardware and write a profile file
-(docs/profile_format.md): ``python -m executor.profile --model tiny-gpt --out profile.json``.
+(docs/profile_format.md): python -m executor.profile --model tiny-gpt --out profile.json.
 
 Per layer type: forward/backward ms per micro-batch size, parameter bytes, activation bytes
 per sample per tp degree (and checkpointed). Embedding + head the same way. With
@@ -25,6 +25,7 @@ from executor.launch import LaunchError, launch
 from executor.model import Block, Embedding, Head
 from executor.run import scaled_model
 from specs import LayerSpec, ModelSpec, load_model
+from specs.cli import HelpFormatter
 from specs.errors import one_line_errors
 
 
@@ -208,7 +209,7 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
     """The whole Profile object, measured inside ``world_size`` launched ranks (one thread
     each, as training runs); refused with the noisy entries named if any time's coefficient of
     variation exceeds ``max_cv`` (None: accept anything)."""
-    from cost_models.profile_format import Profile, ProfileError
+    from specs.profile_format import Profile, ProfileError
     backend = "nccl" if device.startswith("cuda") else "gloo"
     result = launch(profile_rank, world_size, model, batch_sizes, tps, device, dtype, repeats, warmup,
                     collective_bytes, timeout_s=timeout_s, backend=backend)[0]
@@ -243,28 +244,28 @@ def _device_name(device: str) -> str:
 
 @one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m executor.profile", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m executor.profile", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", required=True, help="zoo model name")
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4], help="micro-batch sizes to time")
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8], help="tensor-parallel degrees for the activation tables")
     parser.add_argument("--world-size", type=int, default=1,
                         help="ranks to profile in (all time compute together; collectives need >= 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="default: cuda when a CUDA GPU is visible, else cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                         help="default: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs before each measurement")
     parser.add_argument("--max-cv", type=float, default=MAX_CV,
                         help="refuse the profile if a time's stdev/median over the repeats exceeds this")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="profile file to write")
     args = parser.parse_args(argv)
     device, why = resolve_device(args.device)
     print(why, file=sys.stderr)
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
-    from cost_models.profile_format import save_profile
+    from specs.profile_format import save_profile
     model = scaled_model(load_model(args.model), args.scale)
     profile = build_profile(model, batch_sizes=args.batch_sizes, tps=args.tp, device=device, dtype=dtype,
                             repeats=args.repeats, warmup=args.warmup, world_size=args.world_size,

@@ -1,4 +1,4 @@
-"""Run a plan for real: ``python -m executor.run --plan PLAN.json [--world-size N] [--check]``.
+"""Run a plan for real: python -m executor.run --plan PLAN.json [--world-size N] [--check].
 
 On CPU it forks N local processes (gloo on 127.0.0.1); under torchrun (WORLD_SIZE set) every
 process runs its own rank on its GPU (NCCL) and rank 0 prints the result.
@@ -17,6 +17,7 @@ from executor.devices import resolve_device
 from executor.reference import CHECK_ATOL, CHECK_ATOL_BF16, CheckResult, compare, reference_run
 from executor.train import TrainConfig, median_step_time, worker
 from specs import ModelSpec, Plan, SpecError, load_model
+from specs.cli import HelpFormatter
 from specs.errors import one_line_errors
 
 
@@ -152,7 +153,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="zoo model name (default: the plan's)")
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S (any subset)")
     parser.add_argument("--world-size", type=int, help="local CPU processes (default: from the plan)")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4, help="training steps to time")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a hung run is ended")
     parser.add_argument("--bf16", action="store_true",
                         help="bf16 parameters, activations and communication; fp32 master weights and Adam")
@@ -162,7 +163,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
 
 @one_line_errors(LaunchError)
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m executor.run", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m executor.run", description=__doc__, formatter_class=HelpFormatter)
     add_common_args(parser)
     parser.add_argument("--check", action="store_true", help="compare with a one-process reference")
     parser.add_argument("--check-atol", type=float, default=None,

@@ -6,8 +6,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cost_models import GIB, CostModel
+from cost_models import CostModel
 from specs import ClusterSpec, ModelSpec, Plan, SpecError
+from specs.units import GIB
 
 DEFAULT_GLOBAL_BATCH = 32
 """Global batch used when a Budget names neither a batch nor a range."""

@@ -6,12 +6,13 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any, Iterator
 
-from cost_models import GIB, CostModel
+from cost_models import CostModel
 from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result,
                            pop_options, scored_result)
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits
-from specs import ClusterSpec, ModelSpec, Plan, SpecError, uniform_plan
+from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
+from specs.units import GIB
 
 DEFAULTS = {"top_k": 3}
 
@@ -75,7 +76,7 @@ def _micro_batches(batch: int, pp: int, space: SearchSpace) -> list[int]:
 
 
 class _Pure(GridPlanner):
-    dp_type = "ddp"
+    dp_type = DPType.DDP
 
     def candidates(self, model, cluster, batch):
         yield {"tp": 1, "dp": cluster.world_size, "dp_type": self.dp_type}
@@ -93,7 +94,7 @@ class Zero2(_Pure):
     """Pure data parallelism with ZeRO-2 (optimizer states and gradients sharded)."""
 
     name = "zero2"
-    dp_type = "zero2"
+    dp_type = DPType.ZERO2
 
 
 @register
@@ -101,7 +102,7 @@ class Zero3(_Pure):
     """Pure sharded data parallelism (FSDP / ZeRO-3)."""
 
     name = "zero3"
-    dp_type = "zero3"
+    dp_type = DPType.ZERO3
 
 
 @register
@@ -124,12 +125,12 @@ class GPipe(GridPlanner):
     name = "gpipe"
 
     def candidates(self, model, cluster, batch):
-        space = SearchSpace(schedule="gpipe")
+        space = SearchSpace(schedule=Schedule.GPIPE)
         for pp in space.pp_choices(model, cluster):
             if pp == 1:
                 continue
             for m in _micro_batches(batch, pp, SearchSpace()):
-                yield {"pp": pp, "dp": cluster.world_size // pp, "micro_batches": m, "schedule": "gpipe"}
+                yield {"pp": pp, "dp": cluster.world_size // pp, "micro_batches": m, "schedule": Schedule.GPIPE}
 
 
 @register
@@ -138,7 +139,7 @@ class Megatron3d(GridPlanner):
     micro-batch count, activation checkpointing on/off; 1F1B; vocabulary sharded like the layers."""
 
     name = "megatron_3d"
-    dp_type = "ddp"
+    dp_type = DPType.DDP
 
     def candidates(self, model, cluster, batch):
         space = SearchSpace()
@@ -153,7 +154,7 @@ class Megatron3d(GridPlanner):
                 for m in _micro_batches(batch, pp, space):
                     for ckpt in (False, True):
                         yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": m, "checkpoint": ckpt,
-                               "dp_type": self.dp_type if dp > 1 else "ddp", "vocab_tp": tp}
+                               "dp_type": self.dp_type if dp > 1 else DPType.DDP, "vocab_tp": tp}
 
 
 @register
@@ -161,4 +162,4 @@ class DeepSpeed3d(Megatron3d):
     """The same grid with ZeRO-1 on the data-parallel dimension (DeepSpeed's 3D recipe)."""
 
     name = "deepspeed_3d"
-    dp_type = "zero1"
+    dp_type = DPType.ZERO1

@@ -17,8 +17,7 @@ from planners.registry import register
 from planners.segments import GroupDP
 from planners.space import SearchSpace
 from specs import ClusterSpec, ModelSpec, SpecError
-
-MIB = 1024**2
+from specs.units import MIB
 
 DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None}

@@ -8,12 +8,13 @@ from typing import Callable
 
 import numpy as np
 
-from cost_models import GIB, CostModel
+from cost_models import CostModel
 from planners.base import PlanResult, RankedPlan, SearchStats, infeasible_result, scored_result
 from planners.segments import GroupSolution, temp_levels
 from planners.space import Combo, SearchSpace, combos
 from planners.tables import ComboTables, build_tables
 from specs import ModelSpec
+from specs.units import GIB
 
 RESCORE_RTOL = 1e-6
 """Planner objective vs plan_cost: they are the same formula, so they agree to rounding."""

@@ -1,41 +1,26 @@
-"""Planners by name: ``available()``, ``get(name)``, and ``plan(name, model, cluster, budget, ...)``."""
+"""Planners by name: ``available()``, ``get(name)``, and ``plan(name, model, cluster, budget, ...)``.
+
+Third-party planners join through the ``hybridpar.planners`` entry-point group (docs/planners.md).
+"""
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from planners.base import Budget, Planner, PlanResult
-from specs import ClusterSpec, ModelSpec, SpecError
+from specs import ClusterSpec, ModelSpec
+from specs.registry import Registry
 
-_MODULES = {
-    "galvatron": "planners.galvatron", "galvatron_dp_tp": "planners.galvatron",
-    "galvatron_dp_pp": "planners.galvatron", "galvatron_paper": "planners.galvatron",
-    "galvatron_bins": "planners.galvatron",
-    "ilp": "planners.ilp", "cpsat": "planners.cpsat",
-    "ddp": "planners.baselines", "zero2": "planners.baselines", "zero3": "planners.baselines",
-    "megatron_tp": "planners.baselines", "gpipe": "planners.baselines",
-    "megatron_3d": "planners.baselines", "deepspeed_3d": "planners.baselines",
-}
-"""Name -> module that defines and registers it (imported on first use)."""
-_REGISTRY: dict[str, type[Planner]] = {}
-
-
-def register(cls: type[Planner]) -> type[Planner]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def available() -> list[str]:
-    return list(_MODULES)
+PLANNERS: Registry[type[Planner]] = Registry(
+    "planner", ["planners.baselines", "planners.galvatron", "planners.ilp", "planners.cpsat"],
+    group="hybridpar.planners")
+"""Built-in planner modules, and where installed packages add theirs."""
+register = PLANNERS.register
+available = PLANNERS.available
 
 
 def get(name: str) -> Planner:
     """A planner instance by name."""
-    if name not in _MODULES:
-        raise SpecError("planner", f"unknown {name!r}; choose from {', '.join(available())}")
-    importlib.import_module(_MODULES[name])
-    return _REGISTRY[name]()
+    return PLANNERS.get(name)()
 
 
 def plan(name: str, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: Any = None,

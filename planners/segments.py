@@ -10,6 +10,7 @@ import numpy as np
 from planners.pareto import PassRunner, SegmentPass, _staircase_keep
 from planners.partition import StageOptions, search_partition
 from planners.tables import ComboTables, StageTables
+from specs import even_stage_layers
 
 
 @dataclass
@@ -26,7 +27,7 @@ def stage_windows(n: int, pp: int, even: bool, max_len: int | None = None) -> li
     """(start, stop) segments each stage may take: contiguous, every stage non-empty, at most
     ``max_len`` layers when given."""
     if even:
-        sizes = [n // pp + (1 if i < n % pp else 0) for i in range(pp)]
+        sizes = even_stage_layers(n, pp)
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         return [[(int(bounds[k]), int(bounds[k + 1]))] for k in range(pp)]
     out = []

@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, SpecError
-
-DP_TYPES_ALL = ("ddp", "zero1", "zero2", "zero3")
+from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec,
+                   Schedule, SpecError)
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -33,13 +32,13 @@ class SearchSpace:
     """Explicit pipeline degrees; None: every power of two up to max_pp."""
     tp_degrees: tuple[int, ...] | None = None
     """Explicit tp degrees; None: every power of two up to max_tp."""
-    dp_types: tuple[str, ...] = DP_TYPES_ALL
+    dp_types: tuple[str, ...] = DP_TYPES
     """Data-parallel flavours a layer may use when its dp > 1."""
     checkpoint: tuple[bool, ...] = (False, True)
     """Activation checkpointing choices per layer."""
     tp_consecutive: tuple[bool, ...] = (True, False)
     """TP rank layouts tried when tp > 1 and dp > 1."""
-    schedule: str = "1f1b"
+    schedule: str = Schedule.ONE_F_ONE_B
     """Pipeline schedule; 1f1b needs micro_batches >= pp."""
     micro_batches: tuple[int, ...] | None = None
     """Explicit micro-batch counts; None: powers of two dividing the batch, up to max_micro_batches."""
@@ -52,10 +51,10 @@ class SearchSpace:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise SpecError(name, f"must be a positive integer, got {v!r}")
-        bad = [t for t in self.dp_types if t not in DP_TYPES_ALL]
+        bad = [t for t in self.dp_types if t not in DP_TYPES]
         if bad or not self.dp_types:
-            raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES_ALL)}; got {self.dp_types!r}")
-        if self.schedule not in ("1f1b", "gpipe"):
+            raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES)}; got {self.dp_types!r}")
+        if self.schedule not in SCHEDULES:
             raise SpecError("schedule", f"must be 1f1b or gpipe, got {self.schedule!r}")
         if not self.checkpoint or not self.tp_consecutive:
             raise SpecError("checkpoint", "checkpoint and tp_consecutive need at least one choice")
@@ -66,14 +65,14 @@ class SearchSpace:
         """full (default), galvatron (the paper's: ddp+zero3, no checkpointing), dp+tp, dp+pp,
         3d (tp x pp x dp, plain DDP), and the pure dimensions dp, zero3, tp, pp."""
         full = cls()
-        paper = cls(dp_types=("ddp", "zero3"), checkpoint=(False,))
+        paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), checkpoint=(False,))
         presets = {
             "full": full, "galvatron": paper,
-            "dp+tp": replace(full, pp_degrees=(1,), dp_types=("ddp",)),
-            "dp+pp": replace(full, tp_degrees=(1,), dp_types=("ddp",)),
-            "3d": replace(full, dp_types=("ddp",)),
-            "dp": replace(full, pp_degrees=(1,), tp_degrees=(1,), dp_types=("ddp",)),
-            "zero3": replace(full, pp_degrees=(1,), tp_degrees=(1,), dp_types=("zero3",)),
+            "dp+tp": replace(full, pp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "dp+pp": replace(full, tp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "3d": replace(full, dp_types=(DPType.DDP,)),
+            "dp": replace(full, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "zero3": replace(full, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.ZERO3,)),
         }
         if name not in presets:
             raise SpecError("space", f"unknown preset {name!r}; choose from {', '.join(presets)}")
@@ -82,8 +81,8 @@ class SearchSpace:
     def widened(self, *, zero2: bool = False, checkpoint: bool = False) -> "SearchSpace":
         """The same space plus ZeRO-2 and/or activation checkpointing."""
         out = self
-        if zero2 and "zero2" not in out.dp_types:
-            out = replace(out, dp_types=out.dp_types + ("zero2",))
+        if zero2 and DPType.ZERO2 not in out.dp_types:
+            out = replace(out, dp_types=out.dp_types + (DPType.ZERO2,))
         if checkpoint and True not in out.checkpoint:
             out = replace(out, checkpoint=out.checkpoint + (True,))
         return out
@@ -103,7 +102,7 @@ class SearchSpace:
         out = []
         for tp in self.tp_choices(gpus):
             dp = gpus // tp
-            dp_types = self.dp_types if dp > 1 else ("ddp",)
+            dp_types = self.dp_types if dp > 1 else (DPType.DDP,)
             layouts = self.tp_consecutive if tp > 1 and dp > 1 else (True,)
             for dp_type in dp_types:
                 for consec in layouts:
@@ -114,7 +113,7 @@ class SearchSpace:
 
     def micro_batch_choices(self, global_batch: int, pp: int) -> list[int]:
         base = self.micro_batches or tuple(powers_of_two(min(self.max_micro_batches, global_batch)))
-        return [m for m in base if global_batch % m == 0 and (self.schedule == "gpipe" or m >= pp)]
+        return [m for m in base if global_batch % m == 0 and (self.schedule == Schedule.GPIPE or m >= pp)]
 
     def vocab_tp_choices(self, model: ModelSpec, gpus: int) -> list[int]:
         vocab = model.embedding.vocab_size or 0

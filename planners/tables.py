@@ -13,7 +13,7 @@ import numpy as np
 from cost_models import CostModel, in_flight
 from cost_models.base import BYTES_PER_ACTIVATION
 from planners.space import Combo, SearchSpace, layer_allows
-from specs import LayerStrategy, ModelSpec, Plan
+from specs import DPType, LayerStrategy, ModelSpec, Plan, even_stage_layers
 
 _CACHES: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
 
@@ -89,10 +89,6 @@ class ComboTables:
     """Distinct dp degrees of the strategies."""
     overhead_bytes: float = 0.0
     """The cost model's runtime overhead (already taken off budget_bytes)."""
-
-    @property
-    def strategy_dp(self) -> np.ndarray:
-        return np.array([s.dp for s in self.strategies])
 
     def plan(self, choice: list[int], stage_layers: list[int], vocab_tp: int, meta: dict) -> Plan:
         """The Plan that picks strategy index ``choice[l]`` for layer l."""
@@ -185,14 +181,14 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
            strategies: list[LayerStrategy]) -> VocabCost:
     """vocab_cost under probe plans: all layers DDP (the base), then layer 0 / the last layer
     under each dp type (the deltas)."""
-    base = _vocab_probe(cm, model, combo, stage, "ddp", "ddp")
+    base = _vocab_probe(cm, model, combo, stage, DPType.DDP, DPType.DDP)
     types = sorted({s.dp_type for s in strategies})
     out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
     if stage == 0:
-        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, d, "ddp")[:3]) - base[:3] for d in types}
+        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, d, DPType.DDP)[:3]) - base[:3] for d in types}
         out.first_delta = np.array([delta[s.dp_type] for s in strategies])
     if stage == combo.pp - 1:
-        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, "ddp", d)[:3]) - base[:3] for d in types}
+        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, DPType.DDP, d)[:3]) - base[:3] for d in types}
         out.last_delta = np.array([delta[s.dp_type] for s in strategies])
     return out
 
@@ -213,9 +209,9 @@ def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, firs
 def _probe_plan(model: ModelSpec, combo: Combo, world: int, first: str, last: str) -> Plan:
     n, pp = model.num_layers, combo.pp
     gpus = world // pp
-    stage_layers = tuple(n // pp + (1 if i < n % pp else 0) for i in range(pp))
+    stage_layers = even_stage_layers(n, pp)
     layers = [LayerStrategy(tp=1, dp=gpus)] * n
-    layers[-1] = LayerStrategy(tp=1, dp=gpus, dp_type=last if gpus > 1 else "ddp")
-    layers[0] = LayerStrategy(tp=1, dp=gpus, dp_type=first if gpus > 1 else "ddp")
+    layers[-1] = LayerStrategy(tp=1, dp=gpus, dp_type=last if gpus > 1 else DPType.DDP)
+    layers[0] = LayerStrategy(tp=1, dp=gpus, dp_type=first if gpus > 1 else DPType.DDP)
     return Plan(pp=pp, stage_layers=stage_layers, layers=tuple(layers), global_batch=combo.global_batch,
                 micro_batches=combo.micro_batches, schedule=combo.schedule, vocab_tp=combo.vocab_tp)

@@ -13,13 +13,14 @@ import simpy
 
 from cost_models import CostModel
 from simulator.collectives import Fabric, LinkCalibration, Rendezvous
-from simulator.hardware import GIB, GPU, Recorder, union_length
+from simulator.hardware import GPU, Channel, Recorder, union_length
 from simulator.network import Network
 from simulator.result import SimResult
 from simulator.trace import resource_name, write_trace
 from simulator.work import build_stages
 from simulator.worker import Worker, WorkerConfig
 from specs import ClusterSpec, ModelSpec, Plan
+from specs.units import GIB
 
 
 AUTO_COALESCE_GPUS = 64
@@ -81,7 +82,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
     if stuck:
         raise RuntimeError(f"simulation deadlocked: ranks {stuck[:8]} did not finish their iteration")
     if trace_path is not None:
-        write_trace(trace_path, recorder.spans, flows)
+        stands_for = None if full else {f"GPU {w.rank}": w.work.ranks for ws in workers for w in ws}
+        write_trace(trace_path, recorder.spans, flows, stands_for)
     exact = None if full else fabric.exact_resources
     return _result(plan, cluster, workers, network, env, capacity, recorder, full, exact)
 
@@ -129,7 +131,7 @@ def _result(plan: Plan, cluster: ClusterSpec, workers: list[list[Worker]], netwo
 def _pipeline_busy(w: Worker) -> float:
     """Time on per-micro-batch work: compute (less the optimizer step), TP collectives, sends."""
     gpu = w.gpu
-    intervals = sorted(gpu.compute.intervals + gpu.channels["tp"].intervals + gpu.channels["p2p"].intervals)
+    intervals = sorted(gpu.compute.intervals + gpu.channels[Channel.TP].intervals + gpu.channels[Channel.P2P].intervals)
     return union_length(intervals) - w.optimizer_s
 
 

@@ -2,11 +2,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable, Generator
 
 import simpy
 
-GIB = 1024**3
+from specs.units import GIB
+
+
+class Channel(StrEnum):
+    """A GPU's streams: each runs one item at a time (the value names it in traces)."""
+
+    COMPUTE = "compute"
+    """Kernels of the layers, embedding, head and optimizer step."""
+    TP = "tp"
+    """Tensor-parallel collectives (on the critical path)."""
+    DP = "dp"
+    """Gradient synchronisation (overlapped with backward)."""
+    GATHER = "gather"
+    """ZeRO-3 parameter all-gathers (their own stream, as FSDP has)."""
+    P2P = "p2p"
+    """Pipeline sends between stages."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,14 +159,13 @@ class Memory:
 class GPU:
     """One accelerator: a compute stream, communication channels, and its memory."""
 
-    CHANNELS = ("tp", "dp", "gather", "p2p")
-    """tp: tensor-parallel collectives (on the critical path); dp: gradient sync (overlapped);
-    gather: ZeRO-3 parameter all-gathers (their own stream, as FSDP has); p2p: pipeline sends."""
+    CHANNELS = (Channel.TP, Channel.DP, Channel.GATHER, Channel.P2P)
+    """The communication streams, beside the compute stream (see Channel)."""
 
     def __init__(self, env: simpy.Environment, rank: int, capacity_bytes: float, recorder: Recorder | None = None,
                  record_memory: bool = True, on_oom: Callable[[OOMEvent], None] | None = None) -> None:
         self.rank = rank
-        self.compute = Stream(env, "compute", rank, recorder)
+        self.compute = Stream(env, Channel.COMPUTE, rank, recorder)
         self.channels = {name: Stream(env, name, rank, recorder) for name in self.CHANNELS}
         self.memory = Memory(env, rank, capacity_bytes, record_memory, on_oom)
 

@@ -77,9 +77,6 @@ class Network:
             self._set_rate(flow, min(self.capacity[r] / w for r, w in flow.weights.items()))
         return done
 
-    def active_flows(self) -> int:
-        return len({f for flows in self._flows_on.values() for f in flows})
-
     # -- internals -----------------------------------------------------------------------
     def _component(self, seeds) -> set[Flow]:
         """Flows linked to the resources ``seeds`` through chains of shared resources."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.hardware import GIB, OOMEvent
+from simulator.hardware import OOMEvent
+from specs.units import GIB
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""``python -m simulator.run``: simulate one iteration of a Plan file, or of a uniform plan given
+"""python -m simulator.run: simulate one iteration of a Plan file, or of a uniform plan given
 by flags, and print a summary (or one JSON record); optionally write a Perfetto trace."""
 from __future__ import annotations
 
@@ -7,27 +7,35 @@ import json
 import sys
 from typing import Any
 
-from specs import SpecError, load_cluster, load_model, uniform_plan
+import cost_models
+from specs import SpecError, cluster_names, load_cluster, load_model, model_names, uniform_plan
+from specs.cli import HelpFormatter
 from specs.errors import one_line_errors
-from specs.plan import Plan
+from specs.plan import Plan, Recompute, Schedule
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+LISTINGS = {"models": model_names, "clusters": cluster_names, "cost-models": cost_models.available}
+"""What --list can print."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m simulator.run", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m simulator.run", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("plan", nargs="?", help="a Plan JSON file (else a uniform plan from the flags below)")
+    p.add_argument("--list", choices=sorted(LISTINGS), help="print the zoo's models or clusters, or the "
+                   "registered cost models, one a line, and exit")
     p.add_argument("--model", help="zoo name or Hugging Face config.json (default: the plan's)")
     p.add_argument("--cluster", help="zoo name (e.g. dgx-a100-80g:2) or cluster file (default: the plan's)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--dp", type=int, default=None, help="default: world / (tp * pp)")
-    p.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch per replica")
-    p.add_argument("--global-batch", type=int, default=None, help="default: micro-batch * dp")
-    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
-    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
-    p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0)
-    p.add_argument("--cost-model", default="analytical")
+    p.add_argument("--tp", type=int, default=1, help="uniform plan: tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="uniform plan: pipeline stages")
+    p.add_argument("--dp", type=int, default=None, help="uniform plan: data-parallel degree (default: world / (tp * pp))")
+    p.add_argument("--micro-batch", type=int, default=1, help="uniform plan: samples per micro-batch per replica")
+    p.add_argument("--global-batch", type=int, default=None, help="uniform plan: global batch (default: micro-batch * dp)")
+    p.add_argument("--schedule", choices=[s.value for s in Schedule], default=Schedule.ONE_F_ONE_B.value, help="uniform plan: pipeline schedule")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default=Recompute.NONE.value,
+                   help="uniform plan: activation recomputation")
+    p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0, help="uniform plan: ZeRO stage (0: DDP)")
+    p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
+                   help="where compute times and memory come from")
     p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
     p.add_argument("--steps", action="store_true", help="play every ring step (default for <= 64 GPUs)")
     p.add_argument("--no-overlap", action="store_true", help="sync gradients after the whole backward")
@@ -37,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
-    if args.recompute == "selective":
+    if args.recompute == Recompute.SELECTIVE:
         raise SpecError("recompute", "selective recomputation is not expressible in a Plan yet "
                         "(LayerStrategy.checkpoint is all or nothing); use none or full")
     for name in ("tp", "pp", "micro_batch"):
@@ -55,12 +63,11 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
         raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 (dp is 1)")
     return uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
                         micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],
-                        checkpoint=args.recompute == "full", schedule=args.schedule, model=str(args.model),
+                        checkpoint=args.recompute == Recompute.FULL, schedule=args.schedule, model=str(args.model),
                         cluster=str(args.cluster))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import cost_models
     from simulator import simulate
     plan = Plan.load(args.plan) if args.plan else None
     model_name = args.model or (plan.model if plan else "")
@@ -88,6 +95,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 @one_line_errors()
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list:
+        print("\n".join(LISTINGS[args.list]()))
+        return 0
     record = run(args)
     if args.json:
         print(json.dumps(record))

@@ -1,6 +1,8 @@
 """Pipeline schedules: the order of forward ("F", mb) and backward ("B", mb) ops on each stage."""
 from __future__ import annotations
 
+from specs import Schedule
+
 Op = tuple[str, int]
 
 
@@ -24,7 +26,7 @@ def one_f_one_b(stage: int, pp: int, micro_batches: int) -> list[Op]:
     return ops
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+SCHEDULES = {Schedule.GPIPE: gpipe, Schedule.ONE_F_ONE_B: one_f_one_b}
 
 
 def schedule_ops(schedule: str, stage: int, pp: int, micro_batches: int) -> list[Op]:

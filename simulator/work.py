@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
 from cost_models.base import BYTES_PER_ACTIVATION, activation_message_bytes
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
@@ -131,10 +131,10 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     layer, s, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
     lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
     one = cm.layer_memory(layer, s, mbs, 1)
-    unsharded = cm.layer_memory(layer, replace(s, dp_type="ddp"), mbs, 1)
+    unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP), mbs, 1)
     # the recomputed forward rebuilds the layer's full activations while its backward runs
     full_act = cm.layer_memory(layer, replace(s, checkpoint=False), mbs, 1).activations_bytes if s.checkpoint else 0.0
-    gathered = unsharded.parameters_bytes if s.dp_type == "zero3" and s.dp > 1 else 0.0
+    gathered = unsharded.parameters_bytes if s.dp_type == DPType.ZERO3 and s.dp > 1 else 0.0
     tp_groups, dp_groups = layer_groups(first_rank, s.tp, s.dp, s.tp_consecutive)
     transition = 0.0
     if not last_of_stage:

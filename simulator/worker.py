@@ -14,9 +14,10 @@ import simpy
 
 from cost_models.base import in_flight
 from simulator.collectives import Fabric, Rendezvous
-from simulator.hardware import GPU
+from simulator.hardware import GPU, Channel
 from simulator.schedules import schedule_ops
 from simulator.work import LayerWork, StageWork
+from specs import DPType
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,11 +94,11 @@ class Worker:
             yield from self._gathered(lw, mb, "F", w.layers[pos + 1] if pos + 1 < len(w.layers) else None)
             yield from compute.run(f"F{mb} {lw.name}", lw.forward_s)
             self.gpu.memory.alloc(f"act {lw.name} mb{mb}", lw.activation_bytes)
-            yield from self._collective_now("tp", f"F{mb} {lw.name} tp x{lw.tp_forward}", "all_reduce", lw.tp_bytes,
+            yield from self._collective_now(Channel.TP, f"F{mb} {lw.name} tp x{lw.tp_forward}", "all_reduce", lw.tp_bytes,
                                             lw.tp_groups, lw.tp_forward)
             self._release_gathered(lw, mb, "F")
             if lw.transition_s > 0:
-                yield from self.gpu.channels["tp"].run(f"F{mb} {lw.name} relayout", lw.transition_s / 2)
+                yield from self.gpu.channels[Channel.TP].run(f"F{mb} {lw.name} relayout", lw.transition_s / 2)
         if last_stage:
             yield from self._vocab("F", mb)
         else:
@@ -114,13 +115,13 @@ class Worker:
         for pos in range(len(w.layers) - 1, -1, -1):
             lw = w.layers[pos]
             if lw.transition_s > 0:
-                yield from self.gpu.channels["tp"].run(f"B{mb} {lw.name} relayout", lw.transition_s / 2)
+                yield from self.gpu.channels[Channel.TP].run(f"B{mb} {lw.name} relayout", lw.transition_s / 2)
             yield from self._gathered(lw, mb, "B", w.layers[pos - 1] if pos > 0 else None)
             mem.alloc(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.alloc(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             yield from compute.run(f"B{mb} {lw.name}", lw.backward_s)
             rounds = lw.tp_forward * (2 if lw.strategy.checkpoint else 1)  # + the recomputed forward's
-            yield from self._collective_now("tp", f"B{mb} {lw.name} tp x{rounds}", "all_reduce", lw.tp_bytes,
+            yield from self._collective_now(Channel.TP, f"B{mb} {lw.name} tp x{rounds}", "all_reduce", lw.tp_bytes,
                                             lw.tp_groups, rounds)
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
@@ -148,10 +149,10 @@ class Worker:
         (started by the first stage alone when one worker stands for each stage)."""
         w = self.work
         if w.vocab_grad_bytes > 0:
-            self._sync.append(self._collective("dp", "vocab grad sync", "all_reduce", w.vocab_grad_bytes,
+            self._sync.append(self._collective(Channel.DP, "vocab grad sync", "all_reduce", w.vocab_grad_bytes,
                                                w.vocab_groups))
         if w.tied_grad_bytes > 0 and (self.cfg.full or w.stage == 0):
-            self._sync.append(self._collective("dp", "tied embedding sync", "all_reduce", w.tied_grad_bytes,
+            self._sync.append(self._collective(Channel.DP, "tied embedding sync", "all_reduce", w.tied_grad_bytes,
                                                w.tied_groups))
 
     def _finish(self):
@@ -164,9 +165,9 @@ class Worker:
         self.optimizer_s = update_s
         yield from self.gpu.compute.run("optimizer", update_s)
         # the updated 16-bit parameters: as many bytes as the 16-bit gradient that was reduced
-        gathers = [self._collective("dp", f"{lw.name} param all-gather", "all_gather",
+        gathers = [self._collective(Channel.DP, f"{lw.name} param all-gather", "all_gather",
                                     lw.grad_bytes, lw.dp_groups)
-                   for lw in self.work.layers if lw.strategy.dp_type in ("zero1", "zero2") and lw.grad_bytes]
+                   for lw in self.work.layers if lw.strategy.dp_type in (DPType.ZERO1, DPType.ZERO2) and lw.grad_bytes]
         if gathers:
             yield self.env.all_of(gathers)
 
@@ -178,7 +179,7 @@ class Worker:
         yield from self.gpu.compute.run(f"{phase}{mb} vocab", lt.forward_s if phase == "F" else lt.backward_s)
         mem.free(f"vocab buffers {phase}{mb}", self.work.vocab_memory.temporary_bytes)
         if lt.tp_comm_s > 0:
-            yield from self.gpu.channels["tp"].run(f"{phase}{mb} vocab tp", lt.tp_comm_s / 2)
+            yield from self.gpu.channels[Channel.TP].run(f"{phase}{mb} vocab tp", lt.tp_comm_s / 2)
         act = self.work.vocab_memory.activations_bytes / self._vocab_in_flight()
         if phase == "F":
             mem.alloc(f"vocab act mb{mb}", act)
@@ -194,7 +195,7 @@ class Worker:
         ranks = (self.rank,) if self.cfg.full else self.work.ranks
         pairs = [(r, r + offset) for r in ranks]
         name = f"{phase}{mb} send"
-        yield from self.gpu.channels["p2p"].run(name, lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full,
+        yield from self.gpu.channels[Channel.P2P].run(name, lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full,
                                                                                     None if self.cfg.full else self.rank))
         if target is not None:
             target.inbox[phase].put(mb)
@@ -238,7 +239,7 @@ class Worker:
         key = (phase, mb, lw.index)
         if key not in self._gathers:
             self.gpu.memory.alloc(f"gathered {lw.name} {phase}{mb}", lw.gathered_bytes)
-            self._gathers[key] = self._collective("gather", f"{phase}{mb} {lw.name} gather", "all_gather",
+            self._gathers[key] = self._collective(Channel.GATHER, f"{phase}{mb} {lw.name} gather", "all_gather",
                                                   lw.gathered_bytes, lw.dp_groups)
         return self._gathers[key]
 
@@ -253,7 +254,7 @@ class Worker:
         into their persistent buffers and sync once, after the last micro-batch."""
         if lw.grad_bytes <= 0:
             return
-        sharded = lw.strategy.dp_type in ("zero2", "zero3")
+        sharded = lw.strategy.dp_type in (DPType.ZERO2, DPType.ZERO3)
         if not (sharded or last_mb):
             return
         if sharded:
@@ -272,7 +273,7 @@ class Worker:
             return
         if self.cfg.overlap_dp:
             self._launch_sync(self._bucket, f"mb{mb}")
-        elif self._bucket[0].strategy.dp_type in ("zero2", "zero3"):
+        elif self._bucket[0].strategy.dp_type in (DPType.ZERO2, DPType.ZERO3):
             self._after_backward.append((self._bucket, f"mb{mb}"))
         else:
             self._deferred.append((self._bucket, f"mb{mb}"))
@@ -291,12 +292,12 @@ class Worker:
     def _sync_run(self, run: list[LayerWork], tag: str) -> simpy.Event:
         first = run[0]
         # ZeRO-1/2/3 keep sharded optimizer states: each rank needs only its shard
-        kind = "all_reduce" if first.strategy.dp_type == "ddp" else "reduce_scatter"
+        kind = "all_reduce" if first.strategy.dp_type == DPType.DDP else "reduce_scatter"
         self._syncs_launched += 1
         name = f"grad sync {run[-1].name}-{first.name} {tag} #{self._syncs_launched}"
         nbytes = sum(x.grad_bytes for x in run)
-        done = self._collective("dp", name, kind, nbytes, first.dp_groups)
-        if first.strategy.dp_type in ("zero2", "zero3"):
+        done = self._collective(Channel.DP, name, kind, nbytes, first.dp_groups)
+        if first.strategy.dp_type in (DPType.ZERO2, DPType.ZERO3):
             done.callbacks.append(lambda _e: self.gpu.memory.free(f"grad buffers {name}", nbytes))
             self._sharded_syncs.append(done)
         return done

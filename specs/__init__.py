@@ -4,7 +4,8 @@ from specs.errors import SpecError
 from specs.galvatron_io import load_galvatron_plan, plan_from_galvatron, plan_to_galvatron, save_galvatron_plan
 from specs.hf_config import from_hf_config, model_from_dict
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
-from specs.plan import DP_TYPES, SCHEDULES, LayerStrategy, Plan, uniform_plan
+from specs.plan import (DP_TYPES, SCHEDULES, DPType, LayerStrategy, Plan, Recompute, Schedule, even_stage_layers,
+                        uniform_plan)
 from specs.zoo import cluster_names, load_cluster, load_model, model_names
 
 ModelSpec.from_hf_config = staticmethod(from_hf_config)  # type: ignore[attr-defined]
@@ -13,6 +14,7 @@ __all__ = [
     "ClusterSpec", "GPUSpec", "GroupLink", "InterNodeLink", "IntraNodeLink", "layer_groups",
     "SpecError", "load_galvatron_plan", "plan_from_galvatron", "plan_to_galvatron",
     "save_galvatron_plan", "from_hf_config", "model_from_dict", "EmbeddingSpec", "HeadSpec",
-    "LayerSpec", "ModelSpec", "DP_TYPES", "SCHEDULES", "LayerStrategy", "Plan", "uniform_plan",
+    "LayerSpec", "ModelSpec", "DP_TYPES", "SCHEDULES", "DPType", "LayerStrategy", "Plan", "Recompute", "Schedule",
+    "even_stage_layers", "uniform_plan",
     "cluster_names", "load_cluster", "load_model", "model_names",
 ]

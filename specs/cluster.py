@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from specs.errors import SpecError, one_of, positive_int, positive_number, require
+from specs.errors import SpecError, check_fields, one_of, positive_int, positive_number, require
 
 INTRA_KINDS = ("nvswitch", "nvlink", "pcie", "shm")
 """nvswitch/nvlink: every GPU has its own port; pcie: GPUs under a switch share its uplink to
@@ -54,6 +54,8 @@ class IntraNodeLink:
         one_of(self.kind, INTRA_KINDS, "intra_node.kind")
         positive_number(self.bandwidth_gbytes_per_s, "intra_node.bandwidth_gbytes_per_s")
         positive_number(self.latency_us, "intra_node.latency_us", allow_zero=True)
+        if self.gpus_per_switch != 0:  # 0: no switch level
+            positive_int(self.gpus_per_switch, "intra_node.gpus_per_switch")
         if self.kind == "pcie" and self.gpus_per_switch:
             positive_number(self.switch_uplink_gbytes_per_s, "intra_node.switch_uplink_gbytes_per_s")
 
@@ -185,24 +187,18 @@ def cluster_from_dict(raw: Any, name: str = "cluster") -> ClusterSpec:
     """A ClusterSpec from a parsed JSON object; errors name the field."""
     if not isinstance(raw, dict):
         raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
-    try:
-        gpu = GPUSpec(**_section(raw, "gpu"))
-        intra = IntraNodeLink(**_section(raw, "intra_node"))
-        inter = InterNodeLink(**_section(raw, "inter_node", required=False))
-        return ClusterSpec(name=str(raw.get("name", name)), nodes=raw.get("nodes", 1),
-                           gpus_per_node=raw.get("gpus_per_node"), gpu=gpu, intra_node=intra,
-                           inter_node=inter, calibration=str(raw.get("calibration", "")))
-    except TypeError as err:  # unknown or missing keyword in a section
-        raise SpecError("(keys)", str(err).split("__init__() ")[-1]) from None
+    gpu = GPUSpec(**_section(raw, "gpu", GPUSpec))
+    intra = IntraNodeLink(**_section(raw, "intra_node", IntraNodeLink))
+    inter = InterNodeLink(**_section(raw, "inter_node", InterNodeLink, required=False))
+    return ClusterSpec(name=str(raw.get("name", name)), nodes=raw.get("nodes", 1),
+                       gpus_per_node=raw.get("gpus_per_node"), gpu=gpu, intra_node=intra,
+                       inter_node=inter, calibration=str(raw.get("calibration", "")))
 
 
-def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
-    from dataclasses import asdict
-    return asdict(cluster)
-
-
-def _section(raw: dict, key: str, required: bool = True) -> dict:
+def _section(raw: dict, key: str, cls: type, required: bool = True) -> dict:
+    """The object ``raw[key]``, its keys checked against the fields of ``cls``."""
     value = raw.get(key, None if required else {})
     if not isinstance(value, dict):
         raise SpecError(key, f"must be a JSON object, got {value!r}")
+    check_fields(cls, value, key)
     return value

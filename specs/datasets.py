@@ -26,6 +26,11 @@ class Dataset(StrEnum):
     """Galvatron's example profile folder for LLaMA-2 7B, bf16, 8-GPU nodes."""
 
 
+def has_dataset(dataset: Dataset | str) -> bool:
+    """Whether ``dataset`` is present (a trimmed checkout may leave data/ out)."""
+    return (DATA_ROOT / Dataset(dataset).value).exists()
+
+
 def data_path(dataset: Dataset | str) -> Path:
     """Path of ``dataset`` (a Dataset or its value); SpecError if it is not there."""
     path = DATA_ROOT / Dataset(dataset).value

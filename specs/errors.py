@@ -1,11 +1,12 @@
 """One error type for bad input: it names the file, the field and the value in one line."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -60,6 +61,23 @@ def one_of(value: object, choices: tuple, field: str) -> object:
     if value not in choices:
         raise SpecError(field, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
     return value
+
+
+def check_fields(cls: type, given: Iterable[str], where: str = "") -> None:
+    """A SpecError naming the first key of ``given`` that is not a field of the dataclass
+    ``cls``, or the first required field it lacks; ``where`` prefixes the field (``gpu``)."""
+    given = set(given)
+    init = [f for f in dataclasses.fields(cls) if f.init]
+    names = {f.name for f in init}
+    prefix = f"{where}." if where else ""
+    unknown = sorted(given - names)
+    if unknown:
+        raise SpecError(prefix + unknown[0], f"unknown field; {cls.__name__} has {', '.join(sorted(names))}")
+    required = [f.name for f in init
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in given]
+    if missing:
+        raise SpecError(prefix + missing[0], f"missing (required by {cls.__name__})")
 
 
 def read_json(path: "str | Path") -> Any:

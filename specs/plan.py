@@ -2,17 +2,52 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from specs.errors import SpecError, load_json_with, one_of, positive_int
+from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
+from specs.files import atomic_write_text
 
 PLAN_VERSION = 1
-DP_TYPES = ("ddp", "zero1", "zero2", "zero3")
-"""ddp: replicas; zero1: optimizer states sharded (Megatron/DeepSpeed distributed optimizer);
-zero2: + gradients sharded; zero3 (FSDP): + parameters sharded."""
-SCHEDULES = ("gpipe", "1f1b")
+
+
+class DPType(StrEnum):
+    """How a data-parallel group holds the model states (the JSON value is the lower-case name)."""
+
+    DDP = "ddp"
+    """Full replicas; gradients all-reduced."""
+    ZERO1 = "zero1"
+    """Optimizer states sharded (Megatron/DeepSpeed distributed optimizer)."""
+    ZERO2 = "zero2"
+    """ZeRO-1 plus gradients sharded."""
+    ZERO3 = "zero3"
+    """ZeRO-2 plus parameters sharded (FSDP)."""
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule of the micro-batches."""
+
+    GPIPE = "gpipe"
+    """All forwards, then all backwards."""
+    ONE_F_ONE_B = "1f1b"
+    """One forward, one backward in the steady state (PipeDream-flush)."""
+
+
+class Recompute(StrEnum):
+    """Activation recomputation of a layer (a Plan expresses none and full as ``checkpoint``)."""
+
+    NONE = "none"
+    """Keep every activation for backward."""
+    SELECTIVE = "selective"
+    """Recompute only the attention core (Megatron's selective; not expressible in a Plan yet)."""
+    FULL = "full"
+    """Keep the layer's input only; recompute its forward in backward."""
+
+
+DP_TYPES = tuple(DPType)
+SCHEDULES = tuple(Schedule)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +58,8 @@ class LayerStrategy:
     """Tensor (Megatron column/row) parallel degree."""
     dp: int = 1
     """Data parallel degree; tp * dp = GPUs of the stage."""
-    dp_type: str = "ddp"
-    """One of DP_TYPES."""
+    dp_type: DPType = DPType.DDP
+    """One of DPType (a plain string is converted)."""
     tp_consecutive: bool = True
     """TP group on neighbouring ranks (True) or strided across the stage (False)."""
     checkpoint: bool = False
@@ -35,7 +70,7 @@ class LayerStrategy:
     def __post_init__(self) -> None:
         positive_int(self.tp, "tp")
         positive_int(self.dp, "dp")
-        one_of(self.dp_type, DP_TYPES, "dp_type")
+        object.__setattr__(self, "dp_type", DPType(one_of(self.dp_type, DP_TYPES, "dp_type")))
         for name in ("tp_consecutive", "checkpoint", "sp"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(name, f"must be true or false, got {getattr(self, name)!r}")
@@ -48,7 +83,7 @@ class LayerStrategy:
         """Compact text, e.g. ``tp2/dp2 zero3 ckpt``."""
         parts = [f"tp{self.tp}" + ("" if self.tp_consecutive or self.tp == 1 or self.dp == 1 else "s")
                  + f"/dp{self.dp}"]
-        if self.dp > 1 and self.dp_type != "ddp":
+        if self.dp > 1 and self.dp_type != DPType.DDP:
             parts.append(self.dp_type)
         if self.checkpoint:
             parts.append("ckpt")
@@ -71,8 +106,8 @@ class Plan:
     """Samples per iteration."""
     micro_batches: int
     """Micro-batches per iteration (Galvatron's 'chunks')."""
-    schedule: str = "1f1b"
-    """gpipe or 1f1b."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    """One of Schedule (a plain string is converted)."""
     vocab_tp: int = 1
     """Tensor parallel degree of the embedding and the head."""
     model: str = ""
@@ -86,7 +121,7 @@ class Plan:
         positive_int(self.global_batch, "global_batch")
         positive_int(self.micro_batches, "micro_batches")
         positive_int(self.vocab_tp, "vocab_tp")
-        one_of(self.schedule, SCHEDULES, "schedule")
+        object.__setattr__(self, "schedule", Schedule(one_of(self.schedule, SCHEDULES, "schedule")))
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
@@ -99,10 +134,6 @@ class Plan:
             raise SpecError("stage_layers", f"sum {sum(self.stage_layers)} != {len(self.layers)} layers")
 
     # -- structure --------------------------------------------------------------------
-    def stage_of_layer(self) -> list[int]:
-        """Stage index of each layer."""
-        return [s for s, n in enumerate(self.stage_layers) for _ in range(n)]
-
     def stage_ranges(self) -> list[range]:
         """Layer indices of each stage."""
         out, start = [], 0
@@ -138,7 +169,7 @@ class Plan:
         if world % self.pp:
             raise SpecError("pp", f"pp({self.pp}) does not divide the world size {world}")
         per_stage = world // self.pp
-        if self.schedule == "1f1b" and self.micro_batches < self.pp:
+        if self.schedule == Schedule.ONE_F_ONE_B and self.micro_batches < self.pp:
             raise SpecError("micro_batches", f"1f1b needs micro_batches({self.micro_batches}) >= pp({self.pp})")
         for i, (s, spec) in enumerate(zip(self.layers, model.layers)):
             _check_layer(i, s, spec, per_stage, self.global_batch, self.micro_batches)
@@ -166,40 +197,38 @@ class Plan:
             raise SpecError("layers", f"must be a list of strategies, got {layers_raw!r}")
         layers = tuple(_strategy(i, item) for i, item in enumerate(layers_raw))
         fields = {k: v for k, v in raw.items() if k != "layers"}
-        try:
-            return cls(layers=layers, **fields)
-        except TypeError as err:
-            raise SpecError("(keys)", str(err).split("__init__() ")[-1]) from None
+        check_fields(cls, [*fields, "layers"])
+        return cls(layers=layers, **fields)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
 
     def save(self, path: str | Path) -> None:
         """Write atomically (a crash never leaves half a plan)."""
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
+        atomic_write_text(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         return load_json_with(path, cls.from_dict)
 
-    def with_layers(self, layers: list[LayerStrategy]) -> "Plan":
-        return replace(self, layers=tuple(layers))
+
+def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage, as even as possible, the first stages taking one more: (3, 3, 2) for 8/3."""
+    base, extra = divmod(num_layers, pp)
+    return tuple(base + (1 if i < extra else 0) for i in range(pp))
 
 
 def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, global_batch: int,
-                 micro_batches: int = 1, dp_type: str = "ddp", checkpoint: bool = False,
-                 schedule: str = "1f1b", tp_consecutive: bool = True, **meta: Any) -> Plan:
+                 micro_batches: int = 1, dp_type: str = DPType.DDP, checkpoint: bool = False,
+                 schedule: str = Schedule.ONE_F_ONE_B, tp_consecutive: bool = True, **meta: Any) -> Plan:
     """Every layer the same strategy; layers split as evenly as possible over pp stages."""
     positive_int(pp, "pp")
     if num_layers < pp:
         raise SpecError("pp", f"pp({pp}) exceeds the {num_layers} layers")
-    stage_layers = [num_layers // pp + (1 if i < num_layers % pp else 0) for i in range(pp)]
-    strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp > 1 else "ddp",
+    stage_layers = even_stage_layers(num_layers, pp)
+    strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp > 1 else DPType.DDP,
                              tp_consecutive=tp_consecutive, checkpoint=checkpoint)
-    return Plan(pp=pp, stage_layers=tuple(stage_layers), layers=(strategy,) * num_layers,
+    return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,
                 global_batch=global_batch, micro_batches=micro_batches, schedule=schedule, **meta)
 
 
@@ -213,17 +242,16 @@ def _check_layer(i: int, s: LayerStrategy, spec: Any, per_stage: int, batch: int
     if batch % (s.dp * micro):
         raise SpecError(f"layer {i}", f"global_batch({batch}) is not divisible by "
                         f"dp({s.dp})*micro_batches({micro}) = {s.dp * micro}")
-    if s.dp == 1 and s.dp_type != "ddp":
+    if s.dp == 1 and s.dp_type != DPType.DDP:
         raise SpecError(f"layer {i}", f"dp_type {s.dp_type} needs dp > 1 (dp is 1)")
 
 
 def _strategy(i: int, item: Any) -> LayerStrategy:
     if not isinstance(item, dict):
         raise SpecError(f"layers[{i}]", f"must be an object, got {item!r}")
+    check_fields(LayerStrategy, item, f"layers[{i}]")
     try:
         return LayerStrategy(**item)
     except SpecError as err:
         raise SpecError(f"layers[{i}].{err.field}", err.message) from None
-    except TypeError as err:
-        raise SpecError(f"layers[{i}]", str(err).split("__init__() ")[-1]) from None
 

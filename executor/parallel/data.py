@@ -22,7 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-SHARDED_OPTIMIZER = ("zero1", "zero2")
+from specs import DPType
+
+SHARDED_OPTIMIZER = (DPType.ZERO1, DPType.ZERO2)
 """dp types whose flat bucket keeps only a 1/dp shard of the fp32 master and Adam states."""
 
 
@@ -42,7 +44,7 @@ class FlatBucket:
                  micro_batches: int, master_init: torch.Tensor, eager: bool = True) -> None:
         self.params, self.group, self.micro_batches = params, group, micro_batches
         self.size = dist.get_world_size(group) if group is not None else 1
-        self.dp_type = dp_type if self.size > 1 else "ddp"
+        self.dp_type = DPType(dp_type) if self.size > 1 else DPType.DDP
         self.shards = self.size if self.dp_type in SHARDED_OPTIMIZER else 1
         self.numel = sum(local(p).numel() for p in params)
         self.shard_numel = math.ceil(self.numel / self.shards)
@@ -68,7 +70,7 @@ class FlatBucket:
     def _on_grad(self, _param: nn.Parameter) -> None:
         self.calls += 1
         n = len(self.params)
-        if self.dp_type == "zero2" and self.calls % n == 0:
+        if self.dp_type == DPType.ZERO2 and self.calls % n == 0:
             self._reduce_now()  # this micro-batch's gradients are complete
         elif self.calls == n * self.micro_batches:
             self._reduce_now()  # overlaps with the rest of backward
@@ -90,7 +92,7 @@ class FlatBucket:
     @torch.no_grad()
     def _reduce_now(self) -> None:
         self._drain()  # at most one ZeRO-2 reduction in flight
-        flat = self._flat_grads(take=self.dp_type == "zero2")
+        flat = self._flat_grads(take=self.dp_type == DPType.ZERO2)
         self.pending.append(self.launch(flat))
 
     def launch(self, flat: torch.Tensor) -> tuple[object, torch.Tensor, torch.Tensor]:
@@ -107,7 +109,7 @@ class FlatBucket:
         for work, out, _ in self.pending:
             if work is not None:
                 work.wait()
-            if self.dp_type == "zero2":
+            if self.dp_type == DPType.ZERO2:
                 self.grad_shard = out if self.grad_shard is None else self.grad_shard.add_(out)
             else:
                 self.reduced = out
@@ -117,14 +119,14 @@ class FlatBucket:
     def sync(self) -> None:
         """Wait for the reductions; reduce what no hook has sent yet (parameters without a
         gradient, or a leftover partial micro-batch)."""
-        if self.dp_type == "zero2":
+        if self.dp_type == DPType.ZERO2:
             left = any(p.grad is not None for p in self.params)
         else:
             left = self.reduced is None and not self.pending
         if left:
             self._reduce_now()
         self._drain()
-        if self.dp_type == "zero2":
+        if self.dp_type == DPType.ZERO2:
             self.reduced = self.grad_shard
         elif self.shards == 1:  # DDP: the parameters' gradients are the sums
             self._grads_from(self.reduced)

@@ -38,11 +38,60 @@ def test_throughput_figure_has_one_line_per_planner_and_labelled_axes(tmp_path):
     ax = fig.axes[0]
     assert sorted(line.get_label() for line in ax.get_lines()) == ["dp", "galvatron", "ilp"]
     dp_line = next(l for l in ax.get_lines() if l.get_label() == "dp")
-    ys = dict(zip(dp_line.get_xdata(), dp_line.get_ydata()))
-    assert np.isnan(ys[8]) and ys[16] == 96.0  # the infeasible 8 GiB point is not drawn
+    assert np.isnan(dp_line.get_ydata()[0]) and dp_line.get_ydata()[1] == 96.0  # 8 GiB infeasible: no point
     assert "GiB" in ax.get_xlabel() and "samples/s" in fig.get_supylabel()
-    paths = save(fig, tmp_path, "paper")
-    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in paths)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "16"]
+    paths = save(fig, tmp_path, "paper", plots.throughput_data(paper_frame()))
+    assert [p.suffix for p in paths] == [".png", ".pdf", ".csv"] and all(p.stat().st_size > 100 for p in paths)
+    drawn = pd.read_csv(paths[-1])
+    assert drawn.set_index(["budget_gib", "planner"]).sim_throughput[(16, "dp")] == 96.0
+
+
+def test_equal_lines_are_shifted_apart_and_named_as_a_tie():
+    frame = paper_frame()
+    copy = frame[frame.planner == "galvatron"].assign(planner="cpsat")
+    fig = plots.throughput_vs_budget(pd.concat([frame, copy], ignore_index=True))
+    lines = {l.get_label(): l for l in fig.axes[0].get_lines()}
+    assert list(lines["cpsat"].get_ydata()) == list(lines["galvatron"].get_ydata())
+    assert all(a != b for a, b in zip(lines["cpsat"].get_xdata(), lines["galvatron"].get_xdata()))
+    texts = [t.get_text() for t in fig.texts + [t for ax in fig.axes for t in ax.texts]]
+    assert any("bert: galvatron = cpsat" in t for t in texts)  # ilp is 10% higher: no tie
+    assert plots.ties(pd.concat([frame, copy]).query("cluster == 'titan-8'"), "sim_throughput") == \
+        [["galvatron", "cpsat"]]
+
+
+def test_legend_lists_every_planner_even_one_that_never_found_a_plan():
+    frame = paper_frame()
+    never = frame[frame.planner == "dp"].assign(planner="zero3", feasible=False, sim_throughput=None)
+    fig = plots.throughput_vs_budget(pd.concat([frame, never], ignore_index=True))
+    labels = [t.get_text() for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes)] if legend
+              for t in legend.get_texts()]
+    assert labels == ["galvatron", "ilp", "zero3 (no feasible plan)", "dp"]
+
+
+def test_drawing_leaves_matplotlibs_global_settings_alone():
+    import matplotlib
+    before = dict(matplotlib.rcParams)
+    backend = matplotlib.get_backend()
+    plots.throughput_vs_budget(paper_frame())
+    plots.optimality_gap_figure(plots.optimality_gaps(paper_frame(), exact=("ilp",)))
+    assert dict(matplotlib.rcParams) == before and matplotlib.get_backend() == backend
+    assert fig_font_size() == plots.STYLE["xtick.labelsize"]
+
+
+def fig_font_size() -> float:
+    fig = plots.throughput_vs_budget(paper_frame())
+    return fig.axes[0].get_xticklabels()[0].get_fontsize()
+
+
+def test_importing_plots_leaves_rcparams_and_pyplot_alone():
+    import subprocess
+    import sys
+    # reading rcParams['backend'] would itself resolve the backend (importing pyplot): skip it
+    code = ("import matplotlib, sys; rc = lambda: {k: matplotlib.rcParams[k] for k in matplotlib.rcParams "
+            "if k != 'backend'}; before = rc(); import analysis.plots; "
+            "assert rc() == before, 'rcParams changed'; assert 'matplotlib.pyplot' not in sys.modules, 'pyplot'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
 
 
 def test_memory_timeline_round_trips_through_csv():

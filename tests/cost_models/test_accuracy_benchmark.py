@@ -1,5 +1,8 @@
-"""The benchmark's adaptation of vTrain runs to what Megatron executed."""
-from benchmarks.cost_model_accuracy import _padded_vocab, as_megatron
+"""The adaptation of vTrain runs to what Megatron executed; the memory rows of the accuracy benchmark."""
+import pytest
+
+from benchmarks.cost_model_accuracy import galvatron_memory_rows
+from cost_models.measured_runs import _padded_vocab, as_megatron, load_cases
 from specs import load_model, model_from_dict, uniform_plan
 
 
@@ -21,14 +24,18 @@ def test_1f1b_with_fewer_micro_batches_than_stages_runs_as_gpipe():
 
 
 def test_layer_states_and_activations_match_galvatrons_measured_llama_layer():
-    import pytest
-
-    from benchmarks.cost_model_accuracy import GALVATRON, galvatron_memory_rows
-    if not GALVATRON.is_dir():
-        pytest.skip(f"{GALVATRON} not present")
     rows = galvatron_memory_rows()
     assert len(rows) >= 4
     for name, states, states_formula, act, act_formula in rows:
         assert states_formula == pytest.approx(states, rel=0.01), name
         if "ckpt" not in name:
             assert act_formula == pytest.approx(act, rel=0.07), name
+
+
+def test_vtrain_sets_load_from_the_repository_data():
+    single, multi = load_cases("single"), load_cases("multi")
+    assert (len(single), len(multi)) == (1440, 109)  # the row counts data/vtrain_a100 documents
+    for run in single[::97] + multi[::11]:
+        s = run.plan.layers[0]
+        assert s.tp * s.dp * run.plan.pp == run.cluster.world_size
+        assert run.measured_s > 0 and run.model_key.startswith("h")

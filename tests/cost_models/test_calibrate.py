@@ -1,20 +1,17 @@
 """Calibration: the fits recover constants from data made with known ones; the fast predictor
 equals plan_cost; the CLI reports bad input in one line."""
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cost_models.analytical import AnalyticalModel
-from cost_models.calibrate import (Run, cross_validate, errors, fit_collectives, fit_compute, main, predict)
+from cost_models.calibrate import cross_validate, errors, fit_collectives, fit_compute, main, predict
 from cost_models.constants import AnalyticalConstants, constants_for, save_calibration
+from cost_models.measured_runs import Run, megatron_runs
 from dataclasses import replace
 
 from specs import load_cluster, model_from_dict, uniform_plan
 
-VALIDATION = Path(__file__).resolve().parents[3] / "shared" / "validation"
-needs_vtrain = pytest.mark.skipif(not (VALIDATION / "vtrain_a100_single_node.csv").exists(),
-                                  reason=f"vTrain data not under {VALIDATION}")
 
 
 def test_collective_fit_recovers_known_constants():
@@ -85,9 +82,7 @@ def test_cli_reports_a_missing_table_folder_in_one_line(tmp_path, capsys):
     assert err.startswith("error:") and len(err.strip().splitlines()) == 1
 
 
-@needs_vtrain
 def test_vtrain_cases_run_through_plan_cost():
-    from benchmarks.cost_model_accuracy import megatron_runs
     runs = megatron_runs("multi")[:5]
     constants = constants_for(load_cluster("dgx-a100-80g").calibration).with_values({"dp_overlap_fraction": 0.0})
     fast = predict(constants, runs)

@@ -6,13 +6,11 @@ from pathlib import Path
 import pytest
 
 import cost_models
-from cost_models.profile_format import Profile, ProfileError, load_profile, save_profile
+from specs.profile_format import Profile, ProfileError, load_profile, save_profile
 from cost_models.profiled import ProfiledModel, from_galvatron_dir
 from specs import LayerStrategy, SpecError, load_cluster, load_model, uniform_plan
 
 REPO = Path(__file__).resolve().parents[2]
-GALVATRON = REPO.parent / "shared" / "reference" / "galvatron-profiles"
-needs_galvatron = pytest.mark.skipif(not GALVATRON.is_dir(), reason=f"{GALVATRON} not present")
 
 
 def _doc_example() -> dict:
@@ -88,14 +86,13 @@ def test_profiled_model_needs_exactly_one_source():
         ProfiledModel(load_cluster("dgx-a100-80g"))
 
 
-@needs_galvatron
-def test_galvatron_llama2_7b_files():
+def test_galvatron_llama2_7b_files(galvatron_dir):
     cluster = load_cluster("dgx-a100-80g")
-    model = from_galvatron_dir(GALVATRON, cluster, "llama2-7b")
+    model = from_galvatron_dir(galvatron_dir, cluster, "llama2-7b")
     spec = model.model_spec
     assert spec.seq_len == 2048
     layer = spec.layers[0]
-    # the README's fit: layer forward ms ~ 3.859 * b + 0.833
+    # the fit in data/galvatron_llama2_7b/PROVENANCE.md: layer forward ms ~ 3.859 * b + 0.833
     assert model.layer_time(layer, LayerStrategy(dp=8), 4, 1).forward_s == pytest.approx((3.859 * 4 + 0.833) / 1e3, rel=1e-3)
     assert model.layer_time(layer, LayerStrategy(tp=2, dp=4), 4, 1).forward_s == pytest.approx((3.859 * 4 + 0.833) / 2e3, rel=1e-3)
     mem = model.layer_memory(layer, LayerStrategy(tp=4, dp=2), 2, 1)
@@ -103,16 +100,15 @@ def test_galvatron_llama2_7b_files():
     assert mem.states_bytes == pytest.approx(4 * 778.2236328125 * 2**20 / 4)  # 4 x fp32 MB / tp
     assert model.profile.overlap_coefficient == pytest.approx(1.1256, abs=1e-4)
     assert model.allreduce_bus_bytes_per_s(4, False) == pytest.approx(155.815e9)
-    same = cost_models.get("profiled", cluster, galvatron_dir=GALVATRON, model="llama2-7b")
+    same = cost_models.get("profiled", cluster, galvatron_dir=galvatron_dir, model="llama2-7b")
     plan = uniform_plan(32, tp=2, dp=4, global_batch=64, micro_batches=2, checkpoint=True, dp_type="zero2")
     a, b = model.plan_cost(spec, plan), same.plan_cost(spec, plan)
     assert a.iteration_time_s == b.iteration_time_s > 0
     assert 10 * 2**30 < a.peak_memory_bytes < 80 * 2**30
 
 
-@needs_galvatron
-def test_galvatron_two_node_tables_are_picked_for_two_nodes():
-    model = from_galvatron_dir(GALVATRON, load_cluster("dgx-a100-80g:2"), "llama2-7b")
+def test_galvatron_two_node_tables_are_picked_for_two_nodes(galvatron_dir):
+    model = from_galvatron_dir(galvatron_dir, load_cluster("dgx-a100-80g:2"), "llama2-7b")
     assert model.allreduce_bus_bytes_per_s(16, True) == pytest.approx(44.682e9)
     strided = model.collective_time("all_reduce", 1e9, [list(range(0, 16, 2))])
     consec = model.collective_time("all_reduce", 1e9, [list(range(8))])

@@ -56,6 +56,6 @@ def test_a_broken_layer_chain_is_rejected(tiny_gpt):
 def test_sequence_parallel_refused_where_the_block_cannot_shard_the_sequence():
     t5 = specs.load_model("t5-large-48").scaled(hidden_size=64, num_layers=2, seq_len=16)
     plan = uniform_plan(2, tp=2, global_batch=2)
-    plan = plan.with_layers([dataclasses.replace(s, sp=True) for s in plan.layers])
+    plan = dataclasses.replace(plan, layers=tuple(dataclasses.replace(s, sp=True) for s in plan.layers))
     with pytest.raises(SpecError, match="layer 1: sp is not supported on blocks with cross-attention"):
         check_runnable(t5, plan, 2)

@@ -8,7 +8,7 @@ import torch
 import specs
 from executor.model import Block
 from executor.profile import build_profile, main as profile_main, saved_activation_bytes, shard_spec
-from executor.validate import format_validation, validate_plan
+from analysis.validate import format_validation, validate_plan
 from specs import uniform_plan
 
 from tests.executor.conftest import assert_matches_reference
@@ -30,7 +30,7 @@ def test_profile_file_round_trips_and_has_the_tables(tmp_path):
     out = tmp_path / "profile.json"
     assert profile_main(["--model", "tiny-gpt", "--batch-sizes", "1", "2", "--tp", "1", "2",
                          "--world-size", "2", "--repeats", "1", "--out", str(out)]) == 0
-    from cost_models.profile_format import load_profile
+    from specs.profile_format import load_profile
     profile = load_profile(out)
     entry = profile.layer(specs.load_model("tiny-gpt").layers[0])
     assert set(entry.forward_ms) == {1, 2} and set(entry.activation_bytes_per_sample) == {"1", "2", "ckpt"}
@@ -44,7 +44,7 @@ def test_profile_plan_run_loop(tmp_path):
     """Profile this machine, plan with the profiled cost model, run the plan with --check."""
     planners = pytest.importorskip("planners", reason="planners package not importable yet")
     import cost_models
-    from cost_models.profile_format import save_profile
+    from specs.profile_format import save_profile
     model, cluster = specs.load_model("tiny-gpt"), specs.load_cluster("cpu-4")
     path = tmp_path / "cpu4.json"
     save_profile(build_profile(model, batch_sizes=[1, 2, 4, 8], tps=[1, 2, 4], repeats=1, world_size=4), path)
@@ -70,7 +70,7 @@ def test_validate_reports_predicted_and_measured_memory():
 
 
 def test_noisy_profiles_are_refused_with_the_entries_named():
-    from cost_models.profile_format import ProfileError
+    from specs.profile_format import ProfileError
     from executor.profile import noisy_entries
     stats = {"layer0/4/fwd": (10.0, 0.02), "layer0/4/bwd": (20.0, 0.4)}
     assert noisy_entries(stats, 0.15) == ["layer0/4/bwd cv 0.40"]

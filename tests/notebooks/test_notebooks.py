@@ -24,13 +24,11 @@ def test_notebook_is_stored_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_with_quick_settings(path, tmp_path, monkeypatch):
+def test_notebook_runs_with_quick_settings(path, tmp_path, monkeypatch, request):
     from nbclient import NotebookClient
     pytest.importorskip("ipykernel", reason="ipykernel provides the python3 kernel")
     if path.stem == "validation":
-        from benchmarks import vtrain
-        if not vtrain.available():
-            pytest.skip(f"vTrain measurements not found under {vtrain.VALIDATION}")
+        request.getfixturevalue("vtrain_data")  # skips, naming the path, only if data/ lacks it
     monkeypatch.setenv("HYBRIDPAR_QUICK", "1")
     monkeypatch.setenv("HYBRIDPAR_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("MPLBACKEND", "Agg")

@@ -85,9 +85,9 @@ def test_json_stdout_stays_parseable_when_highs_runs():
     assert records[0]["planner"] == "ilp" and records[0]["feasible"]
 
 
-def test_profiled_cost_model_on_galvatrons_files(capsys, shared_dir):
+def test_profiled_cost_model_on_galvatrons_files(capsys, galvatron_dir):
     """--cost-model profiled --galvatron-dir: plans on exactly Galvatron's search inputs."""
-    folder = shared_dir / "reference" / "galvatron-profiles"
+    folder = galvatron_dir
     code = compare.main(["--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--cost-model", "profiled",
                          "--galvatron-dir", str(folder), "--budget-gib", "40", "--global-batch", "64",
                          "--planners", "megatron_3d", "--json", "--no-progress"])

@@ -30,7 +30,7 @@ def test_cli_reads_a_plan_file_and_writes_a_trace(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "iteration time" in out and "peak memory" in out
     events = json.loads(trace.read_text())["traceEvents"]
-    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    names = {e["args"]["name"] for e in events if e["name"] in ("process_name", "thread_name")}
     assert {"GPU 0", "GPU 4", "links", "compute", "tp", "p2p"} <= names
     assert any(n.startswith("gpu_out") for n in names)
 

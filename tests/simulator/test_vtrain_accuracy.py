@@ -1,11 +1,8 @@
-"""Simulated iteration times against the vTrain measured A100 runs (skipped without the data)."""
+"""Simulated iteration times against the vTrain measured A100 runs (data/vtrain_a100)."""
 import numpy as np
 import pytest
 
-from benchmarks import vtrain
 from benchmarks.simulator_accuracy import REQUIRED_MAPE, run_set
-
-pytestmark = pytest.mark.skipif(not vtrain.available(), reason=f"vTrain data not found under {vtrain.VALIDATION}")
 
 
 def _mape(set_name: str, limit: int | None) -> float:

@@ -51,7 +51,8 @@ def test_layer_groups_consecutive_and_strided():
     (lambda c: c["intra_node"].update(kind="infiniband"), "intra_node.kind"),
     (lambda c: c.update(gpus_per_node=0), "gpus_per_node"),
     (lambda c: c["intra_node"].update(gpus_per_switch=3), "intra_node.gpus_per_switch"),
-    (lambda c: c["gpu"].update(colour="green"), "(keys)"),
+    (lambda c: c["gpu"].update(colour="green"), "gpu.colour"),
+    (lambda c: c["gpu"].pop("memory_gib"), "gpu.memory_gib"),
 ])
 def test_broken_cluster_files_give_one_line_errors(tmp_path, mutate, field):
     raw = json.loads((specs.zoo.CLUSTERS_DIR / "titan-8.json").read_text())

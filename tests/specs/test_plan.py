@@ -1,5 +1,6 @@
 """Plan: JSON round trip, validation rules and their messages, Galvatron plan files."""
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -77,7 +78,7 @@ def test_every_layer_in_exactly_one_stage():
 
 
 def test_zero_without_dp_is_rejected():
-    plan = uniform_plan(32, tp=8, dp=1, global_batch=8).with_layers([LayerStrategy(tp=8, dp_type="zero3")] * 32)
+    plan = replace(uniform_plan(32, tp=8, dp=1, global_batch=8), layers=(LayerStrategy(tp=8, dp_type="zero3"),) * 32)
     with pytest.raises(SpecError, match="dp_type zero3 needs dp > 1"):
         plan.validate(BERT, TITAN)
 
@@ -89,7 +90,10 @@ def test_zero_without_dp_is_rejected():
     ('{"pp": 1, "stage_layers": [1], "global_batch": 8, "micro_batches": 1, "layers": [{"tp": 0}]}',
      "layers[0].tp"),
     ('{"pp": 1, "stage_layers": [1], "global_batch": 8, "micro_batches": 1, "layers": [{"tp": 1, "zoom": 2}]}',
-     "layers[0]"),
+     "layers[0].zoom"),
+    ('{"pp": 1, "stage_layers": [1], "micro_batches": 1, "layers": [{}]}', "global_batch"),
+    ('{"pp": 1, "stage_layers": [1], "global_batch": 8, "micro_batches": 1, "colour": 1, "layers": [{}]}',
+     "colour"),
     ('{"pp": 1, "stage_layers": [1], "global_batch": "8", "micro_batches": 1, "layers": [{}]}', "global_batch"),
     ('{"pp": 1, "stage_layers": 1, "global_batch": 8, "micro_batches": 1, "layers": [{}]}', "stage_layers"),
     ('{"pp": 1, "stage_layers": [1], "global_batch": 8, "micro_batches": 1, "schedule": "zb", "layers": [{}]}',
@@ -118,8 +122,8 @@ def test_galvatron_export_import_round_trip(plan):
     assert back == plan
 
 
-def test_reads_galvatrons_own_plan_file(shared_dir):
-    path = shared_dir / "reference/galvatron-profiles/galvatron_config_llama2-7b_1nodes_8gpus_per_node_36GB_bf16.json"
+def test_reads_galvatrons_own_plan_file(galvatron_dir):
+    path = galvatron_dir / "galvatron_config_llama2-7b_1nodes_8gpus_per_node_36GB_bf16.json"
     plan = load_galvatron_plan(path, world_size=8)
     assert (plan.pp, plan.global_batch, plan.micro_batches, plan.vocab_tp) == (1, 16, 1, 2)
     assert {s.dp_type for s in plan.layers} == {"zero3"}

@@ -1,18 +1,18 @@
 """Our profile file ("hybridpar-profile" v1, docs/profile_format.md): reader, writer, validation.
 
-The executor's profiler writes it with ``save_profile``; the ``profiled`` cost model reads it
-with ``load_profile``. Every error is one line naming the field and the value.
+Shared by the executor (its profiler writes it with ``save_profile``) and the ``profiled`` cost
+model (reads it with ``load_profile``), so it lives in specs. Errors are one line each.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from specs import LayerSpec, SpecError
-from specs.errors import load_json_with
+from specs.errors import SpecError, load_json_with
+from specs.files import atomic_write_json
+from specs.model import LayerSpec
 
 FORMAT = "hybridpar-profile"
 VERSION = 1
@@ -257,8 +257,5 @@ def load_profile(path: str | Path) -> Profile:
 
 def save_profile(profile: Profile, path: str | Path) -> None:
     """Write ``profile`` as JSON atomically (a crash never leaves half a file)."""
-    path = Path(path)
     Profile.from_dict(profile.to_dict())  # refuse to write what could not be read back
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=1))
-    tmp.replace(path)
+    atomic_write_json(path, profile.to_dict())

@@ -1,0 +1,111 @@
+"""Measured training iterations the cost models are fitted on and checked against: the vTrain
+A100 runs (data/vtrain_a100, via specs.datasets) as (model, cluster, plan, measured time).
+
+Megatron-DeepSpeed, fp16, Adam, full recomputation, 1F1B, no ZeRO, no sequence parallelism:
+each row becomes a uniform Plan on a GPT model of the row's shape (vocabulary 50257).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from specs import ClusterSpec, ModelSpec, Plan, Schedule, load_cluster, model_from_dict, uniform_plan
+from specs.cluster import InterNodeLink
+from specs.datasets import DATA_ROOT, Dataset, data_path
+
+SETS = {"single": Dataset.VTRAIN_SINGLE_NODE, "multi": Dataset.VTRAIN_MULTI_NODE}
+"""Set name -> data set."""
+VOCAB = 50257
+MULTI_NODE_NICS = 4
+"""The multi-node set's nodes have about 4 x 200 Gb/s InfiniBand (data/vtrain_a100/PROVENANCE.md)."""
+MEGATRON_VOCAB_MULTIPLE = 128
+"""Megatron pads the vocabulary to a multiple of 128 * tp (make-vocab-size-divisible-by)."""
+MEGATRON_SOFTWARE = {"dp_overlap_fraction": 0.0}
+"""What the vTrain runs' software did, stated not fitted: Megatron-DeepSpeed all-reduced the
+gradients after the last micro-batch's backward, without overlap."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured training iteration."""
+
+    model: ModelSpec
+    """The model trained."""
+    cluster: ClusterSpec
+    """The GPUs it ran on."""
+    plan: Plan
+    """How it was split over them."""
+    measured_s: float
+    """Measured iteration time."""
+    set_name: str = ""
+    """The vTrain set ('single' or 'multi'), empty for runs from elsewhere."""
+
+    @property
+    def model_key(self) -> str:
+        """Groups runs of one model shape (for per-model error and Kendall's tau)."""
+        return f"h{self.model.layers[0].hidden_size}-L{self.model.num_layers}"
+
+
+def available() -> bool:
+    """Whether both vTrain sets are in data/."""
+    return all((DATA_ROOT / d.value).exists() for d in SETS.values())
+
+
+def _model(hidden: int, heads: int, layers: int, seq: int) -> ModelSpec:
+    return model_from_dict({"model_type": "gpt2", "n_embd": hidden, "n_head": heads, "n_layer": layers,
+                            "n_positions": seq, "seq_length": seq, "vocab_size": VOCAB},
+                           name=f"gpt-h{hidden}-L{layers}")
+
+
+def _cluster(gpus: int) -> ClusterSpec:
+    base = load_cluster("dgx-a100-80g")
+    if gpus <= base.gpus_per_node:
+        return replace(base, gpus_per_node=gpus, name=f"dgx-a100-{gpus}gpu")
+    nodes = gpus // base.gpus_per_node
+    inter = InterNodeLink(nics_per_node=MULTI_NODE_NICS, nic_bandwidth_gbytes_per_s=25.0,
+                          latency_us=base.inter_node.latency_us)
+    return replace(base.with_nodes(nodes), inter_node=inter)
+
+
+def load_cases(set_name: str) -> list[Run]:
+    """Every run of one set ('single' or 'multi') as the CSV describes it."""
+    import pandas as pd
+    frame = pd.read_csv(data_path(SETS[set_name]))
+    cases = []
+    for row in frame.to_dict("records"):
+        tp, dp, pp = int(row["tensor parallelism"]), int(row["data parallelism"]), int(row["pipeline parallelism"])
+        mbs, gbs = int(row["micro batch"]), int(row["global batch"])
+        model = _model(int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"]),
+                       int(row["sequence length"]))
+        plan = uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, global_batch=gbs,
+                            micro_batches=gbs // (mbs * dp), checkpoint=True, schedule=Schedule.ONE_F_ONE_B,
+                            model=model.name)
+        cases.append(Run(model, _cluster(int(row["# GPUs"])), plan,
+                         float(row["iteration time (ms)"]) / 1e3, set_name))
+    return cases
+
+
+def _padded_vocab(vocab: int, tp: int) -> int:
+    multiple = MEGATRON_VOCAB_MULTIPLE * tp
+    return -(-vocab // multiple) * multiple
+
+
+def as_megatron(model: ModelSpec, plan: Plan) -> tuple[ModelSpec, Plan]:
+    """The run as Megatron executed it: vocabulary padded and split over the layers' tp; a
+    1F1B run with fewer micro-batches than stages is all-forward-then-all-backward (GPipe)."""
+    tp = plan.layers[0].tp
+    vocab = _padded_vocab(model.embedding.vocab_size, tp)
+    model = replace(model, embedding=replace(model.embedding, vocab_size=vocab),
+                    head=replace(model.head, output_size=vocab))
+    plan = replace(plan, vocab_tp=tp)
+    if plan.schedule == Schedule.ONE_F_ONE_B and plan.micro_batches < plan.pp:
+        plan = replace(plan, schedule=Schedule.GPIPE)
+    return model, plan
+
+
+def megatron_runs(set_name: str) -> list[Run]:
+    """The vTrain runs of one set, as Megatron ran them (see as_megatron)."""
+    runs = []
+    for case in load_cases(set_name):
+        model, plan = as_megatron(case.model, case.plan)
+        runs.append(replace(case, model=model, plan=plan))
+    return runs

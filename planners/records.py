@@ -1,0 +1,59 @@
+"""One row of the compare results per (budget, planner) cell: the planner's prediction, and the
+evaluator's re-score when ``--evaluate`` names one."""
+from __future__ import annotations
+
+from typing import Any
+
+from planners.base import Budget, PlanResult
+from specs import Plan
+from specs.units import GIB
+
+COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
+           "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
+           "gap", "states_explored", "plan_summary", "plan_file")
+"""The columns every record has, in table order."""
+EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
+"""Added as ``<evaluator>_<field>`` (e.g. sim_iteration_time_s) by ``add_evaluation``."""
+
+
+def evaluation_columns(evaluator: str) -> tuple[str, ...]:
+    return tuple(f"{evaluator}_{f}" for f in EVALUATION_FIELDS)
+
+
+def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict[str, Any]:
+    """One row of the results table."""
+    plan, ok = result.plan, result.feasible
+    return {
+        "planner": result.planner, "model": model, "cluster": cluster, "budget_gib": budget.memory_gib,
+        "global_batch": plan.global_batch if plan else None, "feasible": ok,
+        "throughput_samples_per_s": result.throughput_samples_per_s if ok else 0.0,
+        "iteration_time_s": result.iteration_time_s if ok else None,
+        "peak_memory_gib": result.peak_memory_gib if ok else None,
+        "min_memory_gib": result.min_memory_gib, "search_time_s": result.stats.wall_time_s,
+        "solver_status": result.stats.solver_status, "gap": result.stats.gap,
+        "states_explored": result.stats.states_explored,
+        "plan_summary": plan_summary(plan) if plan else _oom_text(result), "plan_file": None,
+    }
+
+
+def add_evaluation(rec: dict[str, Any], evaluator: str, evaluation: Any | None) -> None:
+    """The evaluator's figures (None for a cell without a plan) under its prefixed columns."""
+    values = (None,) * len(EVALUATION_FIELDS) if evaluation is None else (
+        evaluation.iteration_time_s, evaluation.throughput_samples_per_s,
+        max(evaluation.peak_memory_bytes) / GIB, evaluation.oom is not None)
+    rec.update(zip(evaluation_columns(evaluator), values))
+
+
+def plan_summary(plan: Plan) -> str:
+    """Plan.summary() with the stage sizes after the pipeline degree when pp > 1."""
+    text = plan.summary()
+    if plan.pp > 1:
+        head = f"pp{plan.pp} m{plan.micro_batches}"
+        text = text.replace(head, f"{head} [{'/'.join(map(str, plan.stage_layers))}]", 1)
+    return text
+
+
+def _oom_text(result: PlanResult) -> str:
+    if result.min_memory_gib is None:
+        return "OOM (no plan in this space)"
+    return f"OOM (needs {result.min_memory_gib:.1f} GiB)"

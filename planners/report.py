@@ -1,0 +1,54 @@
+"""The compare results as a text table, and as files: one Plan JSON per feasible cell plus
+results.csv / results.json, each written atomically."""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from planners.base import Budget, PlanResult
+from planners.records import COLUMNS
+from specs.files import atomic_write_json, atomic_write_text
+
+
+def table(records: list[dict[str, Any]], evaluator: str | None = None) -> str:
+    """One row per cell; the plan summary last (it is long), the evaluator's throughput beside
+    the cost model's when ``evaluator`` re-scored the plans."""
+    from tabulate import tabulate
+    head = ["GiB", "planner", "batch", "samples/s"] + ([f"{evaluator} samples/s"] if evaluator else []) + \
+        ["iter ms", "peak GiB", "search s", "plan"]
+    return tabulate([_row(r, evaluator) for r in records], headers=head, tablefmt="simple")
+
+
+def _row(r: dict[str, Any], evaluator: str | None) -> list:
+    ok = r["feasible"]
+    extra = []
+    if evaluator:
+        value = r[f"{evaluator}_throughput_samples_per_s"]
+        extra = [f"{value:.2f}" if value else ""]
+    return ([f"{r['budget_gib']:g}", r["planner"], r["global_batch"] or "",
+             f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM"] + extra
+            + [f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "", f"{r['peak_memory_gib']:.2f}" if ok else "",
+               f"{r['search_time_s']:.2f}", r["plan_summary"]])
+
+
+def save_plan(out: Path, name: str, budget: Budget, result: PlanResult) -> str:
+    """``out/plans/<planner>_<GiB>gib.json``; its path, for the record's plan_file."""
+    folder = out / "plans"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}_{budget.memory_gib:g}gib.json"
+    result.plan.save(path)
+    return str(path)
+
+
+def write_tables(out: Path, records: list[dict[str, Any]]) -> None:
+    """``out/results.csv`` and ``out/results.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    columns = list(COLUMNS) + [k for k in (records[0] if records else {}) if k not in COLUMNS]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(records)
+    atomic_write_text(out / "results.csv", buf.getvalue())
+    atomic_write_json(out / "results.json", records)
