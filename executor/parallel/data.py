@@ -33,6 +33,15 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def _settled(p: nn.Parameter) -> torch.Tensor:
+    """This rank's shard of ``p``'s gradient, laid out like ``p``: a sequence-parallel norm's
+    gradient is Partial over the TP group and must be summed there first."""
+    g = p.grad
+    if isinstance(g, DTensor) and g.placements != p.placements:
+        g = g.redistribute(placements=p.placements)
+    return local(g)
+
+
 class FlatBucket:
     """One module's replicated parameters (working dtype) with their gradients reduced over
     ``group`` in one flat buffer, and the fp32 master copy of this rank's shard that Adam updates.
@@ -80,7 +89,7 @@ class FlatBucket:
         frees them from the parameters (ZeRO-2 keeps only the sharded sum)."""
         parts = []
         for p in self.params:
-            g = local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
+            g = _settled(p) if p.grad is not None else torch.zeros_like(local(p))
             parts.append(g.reshape(-1))
             if take:
                 p.grad = None
@@ -157,8 +166,8 @@ class FlatBucket:
         self._grads_from(red)
 
     def _grads_from(self, flat: torch.Tensor) -> None:
-        for p in self.params:
-            if p.grad is None:
+        for p in self.params:  # laid out like p (a Partial gradient would be summed twice)
+            if p.grad is None or (isinstance(p.grad, DTensor) and p.grad.placements != p.placements):
                 p.grad = torch.zeros_like(p)
         self._scatter_into(flat, lambda p: local(p.grad))
 
