@@ -11,9 +11,11 @@ from specs import LayerStrategy as L
 from specs import Plan, uniform_plan
 
 GPUS = visible_gpus()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")]
+NEEDS_GPU = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 
 
+@pytest.mark.gpu
+@NEEDS_GPU
 def test_single_gpu_run_matches_the_cpu_reference():
     model = specs.load_model("tiny-gpt")
     plan = uniform_plan(4, global_batch=4, micro_batches=2, checkpoint=True)
@@ -24,12 +26,16 @@ def test_single_gpu_run_matches_the_cpu_reference():
     assert m.reserved_memory_bytes[0] >= m.peak_memory_bytes[0]
 
 
+@pytest.mark.gpu
+@NEEDS_GPU
 def test_bf16_single_gpu_run_matches_the_bf16_reference():
     plan = uniform_plan(4, global_batch=4, micro_batches=2)
     m = run_plan(plan, specs.load_model("tiny-gpt"), world_size=1, steps=2, check=True, device="cuda", bf16=True)
     assert m.check.passed, m.check
 
 
+@pytest.mark.gpu
+@NEEDS_GPU
 def test_checkpointing_lowers_measured_gpu_memory():
     model = specs.load_model("gpt-1.7b").scaled(hidden_size=512, num_layers=4, seq_len=512)
     plain = run_plan(uniform_plan(4, global_batch=8), model, world_size=1, steps=2, device="cuda", bf16=True)
@@ -38,6 +44,7 @@ def test_checkpointing_lowers_measured_gpu_memory():
     assert ckpt.peak_memory_bytes[0] < plain.peak_memory_bytes[0]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
 def test_two_gpu_mixed_plan_matches_the_reference():
     plan = Plan(pp=1, stage_layers=(4,), layers=(L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, dp_type="zero2"), L(tp=2)),
@@ -46,3 +53,14 @@ def test_two_gpu_mixed_plan_matches_the_reference():
                  check_atol=1e-4)
     assert m.check.passed, m.check
     assert m.device == "cuda:0"
+
+
+@pytest.mark.slow
+def test_gpu_check_rehearses_every_step_on_cpu(tmp_path):
+    """The prepared GPU script in --cpu mode: profile, plans, runs, one table (no GPU needed)."""
+    from benchmarks.gpu_check import main
+    assert main([str(tmp_path), "--cpu", "--steps", "1"]) == 0
+    table = (tmp_path / "table.md").read_text()
+    assert "| planner | plan | measured ms" in table and "failed" not in table
+    assert table.count("\n| ") >= 3  # header and at least two plans
+    assert (tmp_path / "profile.json").exists()
