@@ -13,8 +13,8 @@ def zero3_run_as_ddp(rank, world_size, model, plan, cfg):
     real = train.parallelize
 
     def parallelize(model, plan, *args, **kwargs):
-        ddp = plan.with_layers([dataclasses.replace(s, dp_type="ddp") if s.dp_type == "zero3" else s
-                                for s in plan.layers])
+        ddp = dataclasses.replace(plan, layers=tuple(dataclasses.replace(s, dp_type="ddp") if s.dp_type == "zero3"
+                                                     else s for s in plan.layers))
         pm = real(model, ddp, *args, **kwargs)
         by_name = {f"layer {i}": s for i, s in enumerate(plan.layers)}
         for unit in pm.units:
