@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="the same steps on 2 CPU processes, tiny model")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per plan")
     args = parser.parse_args(argv)
-    from analysis.validate import predict
+    from benchmarks.loop_accuracy import predict_plan
     from executor.devices import visible_gpus
     from executor.profile import build_profile
     from executor.run import run_plan
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "| planner | plan | measured ms | cost ms | sim ms | measured peak MiB | reserved MiB | cost MiB |",
               "|---|---|---|---|---|---|---|---|"]
     for summary, (planner, plan) in plan_all(model, cluster, profile, batch=4 * gpus).items():
-        cost, sim = predict(model, cluster, plan, "profiled", profile=profile)
+        cost, sim = predict_plan(model, cluster, plan, profile=profile)
         try:
             m = run_plan(plan, model, world_size=gpus, steps=args.steps, device=device, bf16=dtype == "bf16",
                          timeout_s=240)

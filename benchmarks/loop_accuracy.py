@@ -49,6 +49,27 @@ def _model():
                                head=dataclasses.replace(model.head, output_size=VOCAB))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Predicted:
+    """One predictor's iteration time and per-stage peak memory (runtime overhead excluded)."""
+
+    time_s: float
+    peak_memory_bytes: tuple[float, ...]
+
+
+def predict_plan(model, cluster, plan, **cost_options) -> tuple[Predicted, Predicted]:
+    """The profiled cost model's and the simulator's prediction (benchmarks may not import
+    analysis.validate, which does the same per rank)."""
+    import cost_models
+    import simulator
+    cm = cost_models.get("profiled", cluster, **cost_options)
+    cost = cm.plan_cost(model, plan)
+    sim = simulator.simulate(model, cluster, plan, cm)
+    overhead = cm.runtime_overhead_bytes
+    return (Predicted(time_s=cost.iteration_time_s, peak_memory_bytes=tuple(b - overhead for b in cost.stage_peak_bytes)),
+            Predicted(time_s=sim.iteration_time_s, peak_memory_bytes=tuple(b - overhead for b in sim.peak_memory_bytes)))
+
+
 def kendall_tau(a: list[float], b: list[float]) -> float:
     from scipy.stats import kendalltau
     return float(kendalltau(a, b).statistic)
@@ -62,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-cv", type=float, default=None,
                         help="refuse a profile noisier than this (default: accept, print its spread)")
     args = parser.parse_args(argv)
-    from analysis.validate import predict
     from executor.profile import build_profile
     from executor.run import run_plan
     model, cluster = _model(), load_cluster(CLUSTER)
@@ -74,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
           f"max cv {hw['max_cv']:.3f}")
     rows = []
     for name, plan in plans().items():
-        cost, sim = predict(model, cluster, plan, "profiled", profile=profile)
+        cost, sim = predict_plan(model, cluster, plan, profile=profile)
         m = run_plan(plan, model, world_size=2, steps=args.steps, warmup=1, timeout_s=600)
         rows.append((name, m, cost, sim))
         _print_row(name, m, cost, sim)
