@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             m = run_plan(plan, model, world_size=gpus, steps=args.steps, device=device, bf16=dtype == "bf16",
                          timeout_s=240)
         except Exception as err:  # one failing plan must not hide the others' rows
-            lines.append(f"| {planner} | {summary} | failed: {str(err)[:120]} | | | | | |")
+            lines.append(f"| {planner} | {summary.replace(' | ', '; ')} | failed: {str(err)[:120]} | | | | | |")
             continue
-        lines.append(f"| {planner} | {summary} | {m.step_time_s * 1e3:.1f} | {cost.time_s * 1e3:.1f} | "
+        lines.append(f"| {planner} | {summary.replace(' | ', '; ')} | {m.step_time_s * 1e3:.1f} | {cost.time_s * 1e3:.1f} | "
                      f"{sim.time_s * 1e3:.1f} | {max(m.peak_memory_bytes) / 2**20:.0f} | "
                      f"{max(m.reserved_memory_bytes or (0,)) / 2**20:.0f} | {max(cost.peak_memory_bytes) / 2**20:.0f} |")
     atomic_write_text(args.out / "table.md", "\n".join(lines) + "\n")
