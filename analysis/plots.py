@@ -307,12 +307,17 @@ def plan_picture(plan: dict[str, Any], intervals: pd.DataFrame, memory: pd.DataF
     return fig
 
 
+def _recompute(layer: dict[str, Any]) -> str:
+    """A plan file's recompute (older files say ``checkpoint``: true/false)."""
+    return layer.get("recompute", "full" if layer.get("checkpoint") else "none")
+
+
 def _plan_strip(ax, plan: dict[str, Any]) -> None:
     layers = plan["layers"]
     tp = np.array([l["tp"] for l in layers])
     rows = {"tp degree": np.log2(tp), "ZeRO-3": [l["dp_type"] == "zero3" for l in layers],
             "ZeRO-1/2": [l["dp_type"] in ("zero1", "zero2") for l in layers],
-            "checkpoint": [l["checkpoint"] for l in layers]}
+            "recompute": [{"none": 0, "selective": 0.5, "full": 1}[_recompute(l)] for l in layers]}
     image = np.array([np.asarray(v, dtype=float) / max(1.0, np.max(v)) for v in rows.values()])
     ax.imshow(image, aspect="auto", cmap="Blues", vmin=0, vmax=1.2, interpolation="nearest")
     for i, t in enumerate(tp):

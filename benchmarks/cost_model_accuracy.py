@@ -13,6 +13,7 @@ import sys
 import time
 import numpy as np
 
+from benchmarks import error_analysis
 from cost_models.measured_runs import MEGATRON_SOFTWARE, megatron_runs
 from specs.datasets import Dataset, data_path
 from specs.errors import one_line_errors
@@ -58,8 +59,8 @@ def galvatron_memory_rows() -> list[list]:
         states = table["layernum[2]_bsz8_seq2048_rank0_ms"] - table["layernum[1]_bsz8_seq2048_rank0_ms"]
         act = table["layernum[2]_bsz8_seq2048_rank0_act"] - table["layernum[1]_bsz8_seq2048_rank0_act"]
         checkpoint = "c" in parts
-        strategy = LayerStrategy(tp=tp, dp=dp, dp_type=GALVATRON_MEMORY_DP_TYPE if dp > 1 else "ddp", sp=True,
-                                 checkpoint=checkpoint)
+        strategy = LayerStrategy(tp=tp, dp=dp, dp_type=GALVATRON_MEMORY_DP_TYPE if dp > 1 else "ddp", sp="megatron",
+                                 recompute="full" if checkpoint else "none")
         predicted = layer_memory(layer, strategy, 8 // dp, 1)
         rows.append([f"tp{tp} dp{dp}" + (" ckpt" if checkpoint else ""), states, predicted.states_bytes / mib, act, predicted.activations_bytes / mib])
     return rows
@@ -75,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_model_accuracy", description=__doc__)
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds on the single-node set")
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
+    parser.add_argument("--jobs", type=int, default=1, help="cross-validation folds fitted at once (processes)")
+    parser.add_argument("--by", default=None, help="also print the error grouped by these features "
+                        f"(comma-separated: {', '.join(error_analysis.FEATURES)}; or all) and the 20 worst runs")
     args = parser.parse_args(argv)
+    features = error_analysis.parse_features(args.by)
     start = time.time()
     single, multi = megatron_runs("single"), megatron_runs("multi")
     defaults = AnalyticalConstants().with_values(MEGATRON_SOFTWARE)
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         {k: getattr(defaults, k) for k in ("gemm_half_efficiency_flops", "memory_efficiency", "kernel_overhead_s",
                                            "host_time_per_kernel_s", "micro_batch_overhead_s",
                                            "iteration_overhead_s")}),
-        max_evals=args.max_evals, progress=lambda k: print(f"  fold {k + 1}/{args.folds} fitted "
+        max_evals=args.max_evals, jobs=args.jobs, progress=lambda k: print(f"  fold {k + 1}/{args.folds} fitted "
                                                            f"({time.time() - start:.0f} s)", flush=True))
     rows = (_table("analytical, public defaults / single", single, predict(defaults, single))
             + _table(f"analytical, {args.folds}-fold CV / single", single, cv_pred)
@@ -98,9 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",
                                                     "activations measured", "activations formula"],
                    floatfmt=".1f"))
+    band = np.percentile(cv_pred / np.array([r.measured_s for r in single]) - 1, [10, 90])
+    print(f"CV error band (p10, p90 of predicted/measured - 1): {band[0]:+.4f}, {band[1]:+.4f}")
     spread = {n: (min(getattr(f, n) for f in fitted), max(getattr(f, n) for f in fitted))
               for n in ("gemm_half_efficiency_flops", "host_time_per_kernel_s", "micro_batch_overhead_s")}
     print("fold constants (min, max):", ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in spread.items()))
+    if features:
+        from cost_models.analytical import AnalyticalModel
+        models: dict = {}
+        model_for = lambda cluster: models.setdefault(cluster, AnalyticalModel(cluster, constants=calibrated))
+        error_analysis.print_analysis(f"single, {args.folds}-fold CV", features, single, cv_pred, model_for)
+        error_analysis.print_analysis("multi, a100.json", features, multi, predict(calibrated, multi), model_for)
     print(f"total {time.time() - start:.0f} s")
     return 0
 

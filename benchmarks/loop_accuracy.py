@@ -36,8 +36,8 @@ def plans() -> dict[str, Plan]:
     mixed = Plan(pp=1, stage_layers=(4,), layers=(L(tp=2), L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, dp_type="zero3")),
                  global_batch=BATCH, micro_batches=2, model=MODEL, cluster=CLUSTER)
     return {"dp2": u(dp=2), "dp2 zero2 m2": u(dp=2, dp_type="zero2", micro_batches=2),
-            "dp2 zero3": u(dp=2, dp_type="zero3"), "dp2 ckpt": u(dp=2, checkpoint=True),
-            "tp2": u(tp=2), "tp2 ckpt m2": u(tp=2, checkpoint=True, micro_batches=2),
+            "dp2 zero3": u(dp=2, dp_type="zero3"), "dp2 ckpt": u(dp=2, recompute="full"),
+            "tp2": u(tp=2), "tp2 ckpt m2": u(tp=2, recompute="full", micro_batches=2),
             "pp2 m2": u(pp=2, micro_batches=2), "pp2 m4 gpipe": u(pp=2, micro_batches=4, schedule="gpipe"),
             "tp2+zero3 mixed m2": mixed}
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.measured_runs import MEGATRON_SOFTWARE, as_megatron, load_cases
+from benchmarks import error_analysis
+from cost_models.measured_runs import MEGATRON_SOFTWARE, as_megatron, load_cases, megatron_runs
 from specs import SpecError
 from specs.errors import one_line_errors
 from specs.files import atomic_write_json
@@ -69,6 +70,17 @@ def run_set(set_name: str, limit: int | None, coalesce: bool) -> tuple[list[str]
     return [c.model_key for c in cases], both[:, 0], measured, both[:, 1], time.time() - start
 
 
+def _print_analysis(set_name: str, features: list[str], limit: int | None, predicted: np.ndarray) -> None:
+    """Error by feature and the worst runs of the simulator (breakdown by its cost model)."""
+    import cost_models
+    runs = megatron_runs(set_name)
+    if limit:
+        runs = runs[:: max(1, len(runs) // limit)][:limit]
+    models: dict = {}
+    model_for = lambda cluster: models.setdefault(cluster, cost_models.get("analytical", cluster, **MEGATRON_SOFTWARE))
+    error_analysis.print_analysis(f"simulator, {set_name}", features, runs, predicted, model_for)
+
+
 @one_line_errors()
 def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
@@ -78,12 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", action="store_true",
                         help="play every ring step as its own flow (slower; default coalesces steps)")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    parser.add_argument("--by", default=None, help="also print the error grouped by these features "
+                        f"(comma-separated: {', '.join(error_analysis.FEATURES)}; or all) and the 20 worst runs")
     args = parser.parse_args(argv)
+    features = error_analysis.parse_features(args.by)
     if args.limit is not None and args.limit <= 0:
         raise SpecError("--limit", f"must be positive, got {args.limit}")
     rows, verdicts = [], []
     for set_name in (["single", "multi"] if args.set == "both" else [args.set]):
         keys, predicted, measured, formula, wall = run_set(set_name, args.limit, not args.steps)
+        if features:
+            _print_analysis(set_name, features, args.limit, predicted)
         rows += rows_for(set_name, keys, predicted, measured, formula)
         mape = rows[-len(set(keys)) - 1][3]
         ok = mape <= REQUIRED_MAPE[set_name]

@@ -28,7 +28,7 @@ def cases() -> list[SpeedCase]:
     gpt = load_model("gpt-1.7b")
     out = [SpeedCase("gpt-1.7b tp2 pp2 dp2 m8", gpt, load_cluster("dgx-a100-80g"),
                      uniform_plan(gpt.num_layers, tp=2, pp=2, dp=2, global_batch=32, micro_batches=8,
-                                  checkpoint=True))]
+                                  recompute="full"))]
     from cost_models import measured_runs
     if not measured_runs.available():
         return out

@@ -13,13 +13,14 @@ from typing import Mapping, Sequence
 
 from cost_models import collectives as coll
 from cost_models import memory as mem
+from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
 from cost_models.constants import AnalyticalConstants, constants_for
 from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
@@ -69,6 +70,9 @@ class AnalyticalModel(CostModel):
         self._transition = Memo(self._compute_transition)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
 
+    def error_band(self) -> tuple[float, float]:
+        return self.constants.cv_error_p10, self.constants.cv_error_p90
+
     # -- kernels --------------------------------------------------------------------------
     def op_time(self, op: Op) -> float:
         """Roofline of one kernel: FLOPs at a size-dependent efficiency, or bytes at the
@@ -83,10 +87,14 @@ class AnalyticalModel(CostModel):
         compute_s = (op.flops + c.gemm_half_efficiency_flops) / (gpu.peak_tflops * 1e12 * c.gemm_efficiency_max)
         return max(compute_s, memory_s)
 
-    def ops_time(self, ops: Sequence[Op]) -> float:
-        """GPU time of the kernels, or the host time to issue them if that is longer."""
+    def ops_time(self, ops: Sequence[Op], hidden_host_s: float = 0.0) -> float:
+        """GPU time of the kernels, or the host time to issue them if that is longer.
+
+        ``hidden_host_s``: GPU time of collectives enqueued on the same stream between these
+        kernels (Megatron's TP all-reduces). Launches are asynchronous, so the host keeps
+        issuing while they run: a launch-bound pass's compute is host time minus that."""
         gpu_s = sum(self.op_time(op) for op in ops)
-        return max(gpu_s, len(ops) * self.constants.host_time_per_kernel_s)
+        return max(gpu_s, len(ops) * self.constants.host_time_per_kernel_s - hidden_host_s)
 
     def _memory_bound_s(self, nbytes: float) -> float:
         c = self.constants
@@ -99,19 +107,15 @@ class AnalyticalModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
+        tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
+        per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
+        tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
+        pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
         fwd_ops = forward_ops(layer, strategy.tp, mbs)
-        forward_s = self.ops_time(fwd_ops)
-        backward_s = self.ops_time(backward_ops(fwd_ops)) + (forward_s if strategy.checkpoint else 0.0)
-        tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
-        tp_comm_s = 0.0
-        if strategy.tp > 1:
-            per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
-            passes = 3 if strategy.checkpoint else 2  # forward, backward, recomputed forward
-            nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-            if layer.downsample_to:
-                nbytes = mbs * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION
-            tp_comm_s = passes * per_pass * self.collective_time("all_reduce", nbytes, tp_groups)
-        local_params = layer.param_count() / strategy.tp
+        forward_s = self.ops_time(fwd_ops, pass_comm_s)
+        backward_s = self.ops_time(backward_ops(fwd_ops), pass_comm_s) + self.recompute_time(layer, strategy, mbs,
+                                                                                             pass_comm_s)
+        local_params = layer.param_count() / strategy.weight_tp
         traffic = self.dp_traffic(local_params, strategy.dp_type, dp_groups)
         per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
             self.exposed_time(traffic.micro_batch_fwd_s, forward_s)
@@ -119,7 +123,16 @@ class AnalyticalModel(CostModel):
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb,
-                         update_s=self.update_time(local_params, strategy.dp_type, strategy.dp))
+                         update_s=self.update_time(local_params, strategy.dp_type, strategy.grad_dp))
+
+    def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
+                       pass_comm_s: float = 0.0) -> float:
+        """Forward kernels re-run in backward: all of them (full, with its TP collectives hiding
+        host launches as in the forward) or the attention core (selective: no collective inside)."""
+        ops = seq.recompute_ops(layer, strategy, mbs)
+        if not ops:
+            return 0.0
+        return self.ops_time(ops, pass_comm_s if strategy.recompute == Recompute.FULL else 0.0)
 
     def dp_traffic(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> "DPTraffic":
         """When each data-parallel collective runs, as DDP, Megatron's distributed optimizer,
@@ -258,7 +271,10 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
     """Same degrees and layout: free. Same dp, other layout: every rank fetches its batch
     shard (p2p, forward and backward). Different dp (ratio r): the smaller-dp side
     all-gathers r shards (forward when dp shrinks, gradients in backward when it grows)."""
+    gather_s = _sequence_gather_s(model, layer, prev, nxt, mbs, first_rank)
     layout_matters = prev.tp > 1 and prev.dp > 1
+    if gather_s > 0 and prev.tp == nxt.tp and prev.dp == nxt.dp:
+        return gather_s
     if prev.tp == nxt.tp and prev.dp == nxt.dp and (prev.tp_consecutive == nxt.tp_consecutive
                                                     or not layout_matters):
         return 0.0
@@ -274,4 +290,17 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
         groups = [ranks[i:i + ratio] for i in range(0, gpus, ratio)]
     else:
         groups = [ranks[j::gpus // ratio] for j in range(gpus // ratio)]
-    return model.collective_time("all_gather", gathered, groups)
+    return gather_s + model.collective_time("all_gather", gathered, groups)
+
+
+def _sequence_gather_s(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
+                       mbs: int, first_rank: int) -> float:
+    """A sequence-split output (Megatron-SP, Ulysses) feeding a layer that wants whole
+    sequences, or the reverse: one all-gather over the split side's group (the activation in
+    forward or its gradient in backward; the other direction is a local slice)."""
+    split = [s for s in (prev, nxt) if s.sp != "none" and s.tp > 1]
+    if len(split) != 1:
+        return 0.0
+    side = split[0]
+    tp_groups, _ = seq.sync_groups(first_rank, side)
+    return model.collective_time("all_gather", layer.output_elements(mbs) * BYTES_PER_ACTIVATION, tp_groups)

@@ -9,11 +9,14 @@ with one formula that every planner optimises and every test checks:
             + pipeline sends + embedding/head on the first/last stage)
     D_k   = per-iteration tail of stage k (gradient sync not hidden behind backward,
             optimizer step)
-    time  = sum_k T_k + (m - 1) * max_k T_k + max_k D_k          (GPipe and 1F1B alike)
+    time  = m * max_k T_k + (sum_k T_k - max_k T_k) / v + max_k D_k
+            (= sum_k T_k + (m - 1) * max_k T_k for GPipe and 1F1B, v = 1; interleaved 1F1B
+            with v chunks per stage shrinks the fill and drain to (p - 1) / (v m) of the ideal)
     mem_k = sum_l (states_l + in_flight_k * activations_l) + max_l temporary_l
             + vocab states/activations on the first/last stage + runtime overhead
 
-with in_flight_k = min(pp - k, m) under 1F1B and m under GPipe.
+with in_flight_k = min(pp - k, m) under 1F1B, m under GPipe, and under interleaving
+(2 (pp - k - 1) + (v - 1) pp + 1) / v stage-equivalents (Megatron's warm-up), at most m.
 """
 from __future__ import annotations
 
@@ -24,6 +27,24 @@ from typing import ClassVar, Sequence
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
+
+
+def chunk_sends(pp: int, virtual_stages: int, stage: int) -> tuple[list[int], list[int]]:
+    """Global chunk indices of ``stage`` that send forward and that send a gradient back.
+
+    Chunk j = c * pp + stage runs on stage j % pp; every chunk but the last sends its output to
+    chunk j + 1 (the next stage, wrapping from the last stage to the first); every chunk but
+    the first sends its input gradient to chunk j - 1 (Megatron's interleaving)."""
+    chunks = [c * pp + stage for c in range(virtual_stages)]
+    total = pp * virtual_stages
+    return [j for j in chunks if j < total - 1], [j for j in chunks if j > 0]
+
+
+ALLOCATOR_RESERVE_FRACTION = 0.2
+"""Share of a budget kept free for PyTorch's caching allocator (cached, fragmented blocks)."""
+ALLOCATOR_RESERVE_ABOVE_GIB = 20
+"""Budgets of more than 20 GiB (floor) keep the reserve; smaller ones none. Galvatron's rule
+(hetu-galvatron 2.4.0, DpOnModel: mem_cache = int(0.2 * max_mem) when max_mem // 1024 > 20)."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -115,16 +136,24 @@ class PlanCost:
         return max(self.stage_peak_bytes)
 
 
-def in_flight(schedule: str, pp: int, stage: int, micro_batches: int) -> int:
-    """Micro-batches whose activations stage ``stage`` holds at its peak."""
+def in_flight(schedule: str, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole
+    stage's activations (interleaving holds chunk-micro-batches: 1/v of a stage each)."""
     if schedule == Schedule.GPIPE:
         return micro_batches
-    return min(pp - stage, micro_batches)
+    v = virtual_stages
+    if v == 1:
+        return min(pp - stage, micro_batches)
+    chunks = min(2 * (pp - stage - 1) + (v - 1) * pp + 1, micro_batches * v)
+    return chunks / v
 
 
-def pipeline_time(stage_time_s: Sequence[float], stage_tail_s: Sequence[float], micro_batches: int) -> float:
-    """sum_k T_k + (m - 1) max_k T_k + max_k D_k."""
-    return sum(stage_time_s) + (micro_batches - 1) * max(stage_time_s) + max(stage_tail_s)
+def pipeline_time(stage_time_s: Sequence[float], stage_tail_s: Sequence[float], micro_batches: int,
+                  virtual_stages: int = 1) -> float:
+    """m max_k T_k + (sum_k T_k - max_k T_k) / v + max_k D_k (v = 1: sum + (m - 1) max + tail)."""
+    slowest = max(stage_time_s)
+    fill = (sum(stage_time_s) - slowest) / virtual_stages
+    return micro_batches * slowest + fill + max(stage_tail_s)
 
 
 class CostModel(ABC):
@@ -134,8 +163,25 @@ class CostModel(ABC):
     runtime_overhead_bytes: float = 1.0 * GIB
     """Per-GPU memory outside the model (CUDA context, allocator slack); set per instance."""
 
+    allocator_reserve: bool = True
+    """Keep the caching-allocator reserve (ALLOCATOR_RESERVE_FRACTION above ALLOCATOR_RESERVE_ABOVE_GIB)
+    out of every budget; set per instance (``cost_models.get(..., allocator_reserve=False)``)."""
+
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
+
+    def allocator_reserve_bytes(self, budget_bytes: float) -> float:
+        """Bytes of a ``budget_bytes`` budget a plan may not use: the allocator's cache (a budget term;
+        plan_cost's peaks do not include it, planners take it off the budget)."""
+        if not self.allocator_reserve or budget_bytes // GIB <= ALLOCATOR_RESERVE_ABOVE_GIB:
+            return 0.0
+        return ALLOCATOR_RESERVE_FRACTION * budget_bytes
+
+    def layer_memory_in(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                        in_flight: int, micro_batches: int) -> MemoryBreakdown:
+        """``layer_memory`` for a plan of ``micro_batches`` micro-batches (models whose states
+        depend on it, like Galvatron's, override this)."""
+        return self.layer_memory(layer, strategy, micro_batch_size, in_flight)
 
     # -- per layer --------------------------------------------------------------------
     @abstractmethod
@@ -173,6 +219,17 @@ class CostModel(ABC):
         """Embedding (stage 0) and head + loss (last stage) of ``model`` on ``stage``: their
         time and memory (zero on stages that hold neither)."""
 
+    # -- uncertainty -----------------------------------------------------------------------
+    def error_band(self) -> tuple[float, float]:
+        """(p10, p90) of this model's relative time error, (p - m) / m, on runs like the ones
+        it was validated on; (0, 0) when not known."""
+        return 0.0, 0.0
+
+    def time_interval_s(self, predicted_s: float) -> tuple[float, float]:
+        """Measured times that 80% of the validation runs' errors allow for a prediction."""
+        p10, p90 = self.error_band()
+        return predicted_s / (1 + p90), predicted_s / (1 + p10)
+
     # -- whole plan -----------------------------------------------------------------------
     def plan_cost(self, model: ModelSpec, plan: Plan) -> PlanCost:
         """Iteration time and per-stage peak memory of ``plan`` (the formula in the module doc)."""
@@ -184,7 +241,7 @@ class CostModel(ABC):
             times.append(t)
             tails.append(d)
             memories.append(mem)
-        total = pipeline_time(times, tails, plan.micro_batches)
+        total = pipeline_time(times, tails, plan.micro_batches, plan.virtual_stages)
         busy = sum(times) * plan.micro_batches / plan.pp
         return PlanCost(iteration_time_s=total, throughput_samples_per_s=plan.global_batch / total,
                         stage_time_s=tuple(times), stage_tail_s=tuple(tails),
@@ -194,16 +251,17 @@ class CostModel(ABC):
     def _stage_cost(self, model: ModelSpec, plan: Plan, stage: int, layer_ids: list[int],
                     world: int) -> tuple[float, float, MemoryBreakdown]:
         first_rank = plan.stage_first_rank(stage, world)
-        held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches)
+        held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
         vocab_time, memory = self.vocab_cost(model, plan, stage, world)
         time_s, tail_s = vocab_time.micro_batch_s, vocab_time.tail_s
-        for pos, i in enumerate(layer_ids):
+        chunk_starts = plan.chunk_starts()
+        for i in layer_ids:
             layer, strategy, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
             lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
             time_s += lt.micro_batch_s
             tail_s += lt.tail_s
-            memory = memory + self.layer_memory(layer, strategy, mbs, held)
-            if pos > 0:
+            memory = memory + self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches)
+            if i not in chunk_starts:  # a chunk's first layer gets its input by p2p, not a re-layout
                 prev = i - 1
                 time_s += self.transition_time(model.layers[prev], plan.layers[prev], strategy,
                                                plan.micro_batch_size(prev), first_rank)
@@ -212,17 +270,20 @@ class CostModel(ABC):
 
     def _pipeline_send_s(self, model: ModelSpec, plan: Plan, stage: int, layer_ids: list[int],
                          world: int) -> float:
-        """Activation sent forward to the next stage and gradient sent back to the previous one."""
+        """Activations sent forward and gradients sent back at every chunk boundary of the
+        stage (one each way per stage without interleaving, v each way with it)."""
         per_stage = world // plan.pp
+        chunks = plan.chunk_ranges()
+        forward, backward = chunk_sends(plan.pp, plan.virtual_stages, stage)
         total = 0.0
-        if stage < plan.pp - 1:
-            last = layer_ids[-1]
+        for j in forward:
+            last = chunks[j][-1]
             nbytes = activation_message_bytes(model.layers[last], plan, last)
-            total += self.p2p_time(nbytes, stage * per_stage, (stage + 1) * per_stage)
-        if stage > 0:
-            first = layer_ids[0]
-            nbytes = activation_message_bytes(model.layers[first - 1], plan, first - 1)
-            total += self.p2p_time(nbytes, stage * per_stage, (stage - 1) * per_stage)
+            total += self.p2p_time(nbytes, stage * per_stage, ((j + 1) % plan.pp) * per_stage)
+        for j in backward:
+            prev = chunks[j][0] - 1
+            nbytes = activation_message_bytes(model.layers[prev], plan, prev)
+            total += self.p2p_time(nbytes, stage * per_stage, ((j - 1) % plan.pp) * per_stage)
         return total
 
 

@@ -106,24 +106,47 @@ def fit_compute(runs: Sequence[Run], start: AnalyticalConstants | None = None,
     return min(fits, key=lambda fit: fit[1])[0]
 
 
+def _fit_fold(train: Sequence[Run], start: AnalyticalConstants | None, max_evals: int) -> AnalyticalConstants:
+    return fit_compute(train, start=start, max_evals=max_evals)
+
+
 def cross_validate(runs: Sequence[Run], folds: int = 5, seed: int = 0, start: AnalyticalConstants | None = None,
-                   max_evals: int = 80, progress: Callable[[int], None] | None = None
+                   max_evals: int = 80, progress: Callable[[int], None] | None = None, jobs: int = 1
                    ) -> tuple[np.ndarray, list[AnalyticalConstants]]:
-    """Held-out predictions: each run predicted by constants fitted on the other folds."""
+    """Held-out predictions: each run predicted by constants fitted on the other folds
+    (``jobs`` folds fitted at once in separate processes; same result as one at a time)."""
+    from concurrent.futures import ProcessPoolExecutor
     order = np.random.default_rng(seed).permutation(len(runs))
     fold_of = np.empty(len(runs), dtype=int)
     fold_of[order] = np.arange(len(runs)) % folds
+    trains = [[r for r, f in zip(runs, fold_of) if f != k] for k in range(folds)]
     predicted = np.empty(len(runs))
-    fitted = []
-    for k in range(folds):
-        train = [r for r, f in zip(runs, fold_of) if f != k]
-        test_idx = [i for i, f in enumerate(fold_of) if f == k]
-        constants = fit_compute(train, start=start, max_evals=max_evals)
-        fitted.append(constants)
-        predicted[test_idx] = predict(constants, [runs[i] for i in test_idx])
-        if progress:
-            progress(k)
+    with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Inline() as pool:
+        futures = [pool.submit(_fit_fold, train, start, max_evals) for train in trains]
+        fitted = []
+        for k, future in enumerate(futures):
+            fitted.append(future.result())
+            test_idx = [i for i, f in enumerate(fold_of) if f == k]
+            predicted[test_idx] = predict(fitted[-1], [runs[i] for i in test_idx])
+            if progress:
+                progress(k)
     return predicted, fitted
+
+
+class _Inline:
+    """ProcessPoolExecutor's submit/result, run in this process when jobs == 1."""
+
+    def __enter__(self) -> "_Inline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
 
 
 # -- collectives from nccl-tests ----------------------------------------------------------------
@@ -171,7 +194,16 @@ def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     parser.add_argument("--nccl", default=None, help="folder of nccl-tests *allreduce_*gpu.csv tables "
                         "(default: data/nccl_a100)")
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
+    parser.add_argument("--folds", type=int, default=5,
+                        help="cross-validation folds for the error band (cv_error_p10/p90); 0 skips it")
+    parser.add_argument("--jobs", type=int, default=1, help="folds fitted at once (processes)")
     return parser.parse_args(argv)
+
+
+def error_band(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """10th and 90th percentile of (predicted - measured) / measured."""
+    rel = predicted / measured - 1
+    return {"cv_error_p10": float(np.percentile(rel, 10)), "cv_error_p90": float(np.percentile(rel, 90))}
 
 
 @one_line_errors()
@@ -191,7 +223,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     stats = errors(predict(fitted, runs), np.array([r.measured_s for r in runs]))
     print(f"in-sample on {len(runs)} single-node runs: MAPE {stats['mape']:.2f}% "
           f"median {stats['median']:.2f}% worst {stats['worst']:.1f}%")
-    save_calibration(args.out, {**coll_values, **comp_values}, cluster=args.cluster,
+    band = {}
+    if args.folds:
+        cv_pred, _ = cross_validate(runs, folds=args.folds, start=start, max_evals=args.max_evals, jobs=args.jobs)
+        band = error_band(cv_pred, np.array([r.measured_s for r in runs]))
+        print(f"{args.folds}-fold CV error band: p10 {band['cv_error_p10']:+.3f}, p90 {band['cv_error_p90']:+.3f}")
+    save_calibration(args.out, {**coll_values, **comp_values, **band}, cluster=args.cluster,
                      fitted_on={"collectives": f"nccl-tests all-reduce, {len(rows)} rows",
                                 "compute": f"vTrain single-node, {len(runs)} runs, in-sample MAPE "
                                            f"{stats['mape']:.2f}%"},

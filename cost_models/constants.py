@@ -14,6 +14,8 @@ from specs.units import MIB
 
 CALIBRATION_FORMAT = "hybridpar-calibration"
 CALIBRATION_VERSION = 1
+SIGNED = ("cv_error_p10", "cv_error_p90")
+"""Constants that may be negative (relative errors)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,8 +73,20 @@ class AnalyticalConstants:
     """Gradient bucket size, bytes (PyTorch DDP bucket_cap_mb = 25): latency is paid once
     per bucket, not once per layer."""
 
+    cv_error_p10: float = 0.0
+    """10th percentile of the relative error (predicted - measured) / measured of this
+    calibration's cross-validated predictions (python -m cost_models.calibrate); with
+    cv_error_p90 it bounds 80% of the runs like those it was fitted on. 0 and 0 = not known."""
+    cv_error_p90: float = 0.0
+    """90th percentile of the same relative error."""
+
     def __post_init__(self) -> None:
+        if not -1 < self.cv_error_p10 <= self.cv_error_p90:
+            raise SpecError("constants.cv_error_p10", f"need -1 < cv_error_p10({self.cv_error_p10!r}) <= "
+                            f"cv_error_p90({self.cv_error_p90!r})")
         for f in fields(self):
+            if f.name in SIGNED:
+                continue
             value = getattr(self, f.name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value < 0:
                 raise SpecError(f"constants.{f.name}", f"must be a number >= 0, got {value!r}")

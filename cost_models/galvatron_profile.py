@@ -93,7 +93,8 @@ def read_galvatron_dir(folder: str | Path, cluster: ClusterSpec, layer: LayerSpe
     allreduce = _read(_bandwidth_file(folder, "allreduce", nodes, cluster.gpus_per_node))
     p2p = _read(_bandwidth_file(folder, "p2p", nodes, cluster.gpus_per_node))
     overlap = _read(_one(folder, "overlap_coefficient*.json")).get("overlap_coe", 1.0)
-    profile = Profile(hardware={"source": f"galvatron:{folder}", "dtype": "bf16"},
+    measured_sp = "layertype_0_sp" in memory  # Galvatron's *_sp tables: layers measured with Megatron-SP
+    profile = Profile(hardware={"source": f"galvatron:{folder}", "dtype": "bf16", "sequence_parallel": measured_sp},
                       layers=(layer_profile,), vocab=vocab,
                       allreduce_gbytes_per_s=_allreduce_table(allreduce),
                       p2p_gbytes_per_s={k.removeprefix("pp_size_"): float(v) for k, v in p2p.items()},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from specs import ClusterSpec, ModelSpec, Plan, Schedule, load_cluster, model_from_dict, uniform_plan
+from specs import ClusterSpec, ModelSpec, Plan, Recompute, Schedule, load_cluster, model_from_dict, uniform_plan
 from specs.cluster import InterNodeLink
 from specs.datasets import DATA_ROOT, Dataset, data_path
 
@@ -77,7 +77,7 @@ def load_cases(set_name: str) -> list[Run]:
         model = _model(int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"]),
                        int(row["sequence length"]))
         plan = uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, global_batch=gbs,
-                            micro_batches=gbs // (mbs * dp), checkpoint=True, schedule=Schedule.ONE_F_ONE_B,
+                            micro_batches=gbs // (mbs * dp), recompute=Recompute.FULL, schedule=Schedule.ONE_F_ONE_B,
                             model=model.name)
         cases.append(Run(model, _cluster(int(row["# GPUs"])), plan,
                          float(row["iteration time (ms)"]) / 1e3, set_name))

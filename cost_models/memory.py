@@ -4,7 +4,7 @@ Transformer activation bytes (Korthikanti et al. 2022), per docs/cost_models.md 
 from __future__ import annotations
 
 from cost_models.base import MemoryBreakdown
-from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy
+from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy, Recompute, SequenceParallel
 from specs.errors import one_of
 
 WEIGHT_BYTES_PER_PARAM = 2
@@ -17,6 +17,8 @@ ACTIVATION_BYTES = 2
 """Activations are 16-bit."""
 MASK_BYTES = 1
 """Dropout masks are stored as one byte per element (Korthikanti et al.)."""
+FLASH_LSE_BYTES = 4
+"""Flash attention saves one fp32 log-sum-exp per query row and head for its backward."""
 
 
 def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
@@ -36,21 +38,26 @@ def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
 
 def _has_dropout(layer: LayerSpec) -> bool:
     """LLaMA blocks train without dropout; the others keep one-byte masks."""
-    return layer.kind != "llama"
+    return layer.has_dropout
 
 
-def _attention_bytes_per_token(layer: LayerSpec, span: int) -> tuple[float, float]:
-    """(replicated, tp-split) activation bytes of one attention block per token.
+def _attention_bytes_per_token(layer: LayerSpec, span: int) -> tuple[float, float, float]:
+    """(replicated, tp-split, attention-core) activation bytes of one attention block per token.
 
     Korthikanti: 11 s b h + 5 a s^2 b = QKV input 2h, Q and K 4h, V 2h, projection input 2h,
-    output-dropout mask h, softmax output 2 a s, its dropout mask a s and output 2 a s.
+    output-dropout mask h (the first two terms), and the attention core: softmax output 2 a s,
+    its dropout mask a s and output 2 a s (what selective recomputation drops). Flash attention
+    keeps no s x s tensor: its core is only an fp32 log-sum-exp per head (4 a).
     """
     h, q, kv, a = layer.hidden_size, layer.q_width, layer.kv_width, layer.num_heads
     mask = MASK_BYTES if _has_dropout(layer) else 0
     replicated = ACTIVATION_BYTES * h + mask * h
-    scores = (ACTIVATION_BYTES + (mask + ACTIVATION_BYTES if mask else 0)) * a * span
-    split = ACTIVATION_BYTES * (2 * q + 2 * kv) + scores
-    return replicated, split
+    if layer.attention == "flash":
+        core = FLASH_LSE_BYTES * a
+    else:
+        core = (ACTIVATION_BYTES + (mask + ACTIVATION_BYTES if mask else 0)) * a * span
+    split = ACTIVATION_BYTES * (2 * q + 2 * kv)
+    return replicated, split, core
 
 
 def _mlp_bytes_per_token(layer: LayerSpec) -> tuple[float, float]:
@@ -58,31 +65,57 @@ def _mlp_bytes_per_token(layer: LayerSpec) -> tuple[float, float]:
     (two of them when gated), FC2 input 2f, dropout mask h (Korthikanti: 19 s b h at f = 4h)."""
     h, f = layer.hidden_size, layer.ffn_hidden_size
     mask = MASK_BYTES if _has_dropout(layer) else 0
-    split = ACTIVATION_BYTES * f * (3 if layer.gated_ffn else 2)
-    return ACTIVATION_BYTES * h + mask * h, split
+    per_width = ACTIVATION_BYTES * (3 if layer.gated_ffn else 2)
+    if layer.moe is not None:
+        return _moe_bytes_per_token(layer, per_width, mask)
+    return ACTIVATION_BYTES * h + mask * h, per_width * f
+
+
+def _moe_bytes_per_token(layer: LayerSpec, per_width: int, mask: int) -> tuple[float, float]:
+    """(replicated, tp-split) bytes of a MoE MLP per token: the router's input and its logits
+    (one per expert), then for each routed copy (k per token, or k x capacity factor) the
+    dispatched input 2h and the expert MLP's inner tensors, and the shared experts' as a dense
+    MLP's. Every rank holds all experts (no expert parallelism)."""
+    moe, h = layer.moe, layer.hidden_size
+    passes = moe.expert_passes_per_token
+    replicated = ACTIVATION_BYTES * (h + moe.num_experts + passes * h) + mask * h
+    split = per_width * (passes * moe.expert_ffn_hidden_size + moe.shared_ffn_hidden_size)
+    return replicated, split
 
 
 def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
-    """Bytes one micro-batch of ``layer`` keeps for backward on one GPU.
-
-    GPT at tp t: s b h (10 + 24/t + 5 a s / (h t)); with sequence parallelism everything is
-    split by t; checkpointed: the layer input only (2 s b h, / t with sequence parallelism).
-    """
+    """Bytes one micro-batch of ``layer`` keeps for backward on one GPU (Korthikanti et al.
+    2022, Table 2). GPT at tp t: s b h (10 + 24/t + 5 a s / (h t)); with sequence parallelism
+    (Megatron-SP, or Ulysses of degree t) all of it / t: s b h (34 + 5 a s / h) / t; selective
+    recomputation drops the attention core (5 a s / h): s b h 34 / t; full: the layer input
+    only (2 s b h, / t when the sequence is split)."""
     tp, b = strategy.tp, micro_batch_size
     tokens = b * layer.seq_len
-    if strategy.checkpoint:
-        return ACTIVATION_BYTES * tokens * layer.hidden_size / (tp if strategy.sp else 1)
+    seq_split = strategy.sp != SequenceParallel.NONE
+    if strategy.recompute == Recompute.FULL:
+        return ACTIVATION_BYTES * tokens * layer.hidden_size / (tp if seq_split else 1)
     norms = 2 * ACTIVATION_BYTES * layer.hidden_size  # inputs of the two norms
-    att_rep, att_split = _attention_bytes_per_token(layer, layer.attention_span)
+    att_rep, att_split, core = _attention_bytes_per_token(layer, layer.attention_span)
     mlp_rep, mlp_split = _mlp_bytes_per_token(layer)
     replicated, split = norms + att_rep + mlp_rep, att_split + mlp_split
     if layer.cross_attention_seq_len:
-        rep, spl = _attention_bytes_per_token(layer, layer.cross_attention_seq_len)
+        rep, spl, x_core = _attention_bytes_per_token(layer, layer.cross_attention_seq_len)
         replicated += rep + ACTIVATION_BYTES * layer.hidden_size
         split += spl
-    if strategy.sp:
+        core += x_core
+    if strategy.recompute != Recompute.SELECTIVE:
+        split += core
+    if seq_split:
         return tokens * (replicated + split) / tp
     return tokens * (replicated + split / tp)
+
+
+def attention_core_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
+    """The attention-core activations selective recomputation rebuilds in backward (temporary)."""
+    core = _attention_bytes_per_token(layer, layer.attention_span)[2]
+    if layer.cross_attention_seq_len:
+        core += _attention_bytes_per_token(layer, layer.cross_attention_seq_len)[2]
+    return micro_batch_size * layer.seq_len * core / strategy.tp
 
 
 def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int, in_flight: int,
@@ -91,15 +124,17 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
     """States of the layer's local shard, ``in_flight`` stashed micro-batches, and temporaries:
     ZeRO-3's gathered weights, and under checkpointing the recomputed layer's full activations."""
     params = layer.param_count() if params is None else params
-    local_params = params / strategy.tp
-    states = model_state_bytes(local_params, strategy.dp_type, strategy.dp)
+    local_params = params / strategy.weight_tp
+    states = model_state_bytes(local_params, strategy.dp_type, strategy.grad_dp)
     kept = activation_bytes(layer, strategy, micro_batch_size) if kept_bytes is None else kept_bytes
     temporary = 0.0
-    if strategy.dp_type == DPType.ZERO3 and strategy.dp > 1:
+    if strategy.dp_type == DPType.ZERO3 and strategy.grad_dp > 1:
         temporary += WEIGHT_BYTES_PER_PARAM * local_params
     if strategy.checkpoint:
         temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size)
                       if recomputed_bytes is None else recomputed_bytes)
+    elif strategy.recompute == Recompute.SELECTIVE:
+        temporary += attention_core_bytes(layer, strategy, micro_batch_size)
     return MemoryBreakdown(parameters_bytes=states.parameters_bytes, gradients_bytes=states.gradients_bytes,
                            optimizer_bytes=states.optimizer_bytes, activations_bytes=kept * in_flight,
                            temporary_bytes=temporary)
@@ -107,4 +142,4 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
 
 def _without_checkpoint(strategy: LayerStrategy) -> LayerStrategy:
     from dataclasses import replace
-    return replace(strategy, checkpoint=False)
+    return replace(strategy, recompute="none")

@@ -1,7 +1,7 @@
 """The kernels of one Transformer block on one GPU: GEMMs (FLOPs and bytes) and memory-bound ops.
 
-A Megatron-style block (no fused/flash attention): norm, QKV GEMM, score GEMM, fused scale-mask
-softmax, attention dropout, context GEMM, output projection, bias-dropout-add, norm, FC1,
+A Megatron-style block: norm, QKV GEMM, attention (eager: score GEMM, fused scale-mask softmax,
+dropout, context GEMM; flash: one fused kernel), output projection, bias-dropout-add, norm, FC1,
 activation, FC2, bias-dropout-add. Widths split by the tensor-parallel degree tp.
 """
 from __future__ import annotations
@@ -30,6 +30,9 @@ class Op:
     """Matmul FLOPs (2 per multiply-add); 0 for memory-bound kernels."""
     nbytes: float
     """Device-memory traffic, bytes."""
+    backward_flops_factor: float = 2.0
+    """FLOPs of its backward over its forward: 2 for a GEMM (input and weight gradients, two
+    kernels), FLASH_BACKWARD_FLOPS_FACTOR for fused attention (one kernel)."""
 
 
 def gemm(name: str, m: float, n: float, k: float, batch: float = 1) -> Op:
@@ -41,41 +44,98 @@ def elementwise(name: str, elements_read: float, elements_written: float, masks:
     return Op(name, 0.0, ELEMENT_BYTES * (elements_read + elements_written) + MASK_BYTES * masks)
 
 
+FLASH_BACKWARD_FLOPS_FACTOR = 2.5
+"""FlashAttention backward runs five s x s matmuls (scores recomputed, dV, dP, dQ, dK) to the
+forward's two (Dao 2023, FlashAttention-2, section 3.1)."""
+
+
+def flash_attention(name: str, batch_heads: float, s: float, span: float, d: float) -> Op:
+    """One fused attention kernel: the score and context matmuls on chip; device memory sees
+    only Q, K, V, the output and the per-row log-sum-exp (fp32)."""
+    flops = 2.0 * 2.0 * batch_heads * s * span * d
+    nbytes = ELEMENT_BYTES * batch_heads * d * (2 * s + 2 * span) + 4 * batch_heads * s
+    return Op(name, flops, nbytes, backward_flops_factor=FLASH_BACKWARD_FLOPS_FACTOR)
+
+
 def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: int,
                    tag: str, dropout: bool) -> list[Op]:
     h, d = layer.hidden_size, layer.head_size
+    dv = layer.mla.v_head_dim if layer.mla is not None else d  # MLA: values narrower than keys
     heads = layer.num_heads / tp
     q, kv = layer.q_width / tp, layer.kv_width / tp
     s = layer.seq_len
-    scores = batch * heads * s * span
-    ops = [gemm(f"{tag}qkv", tokens, q + 2 * kv, h),
-           gemm(f"{tag}scores", s, span, d, batch * heads),
-           elementwise(f"{tag}softmax", scores, scores)]
-    if dropout:
-        ops.append(elementwise(f"{tag}attn_dropout", scores, scores, masks=scores))
-    ops += [gemm(f"{tag}context", s, d, span, batch * heads),
-            gemm(f"{tag}proj", tokens, h, q),
+    scores = batch * heads * s * span  # span: keys per query (window or sliding window, <= s)
+    ops = [gemm(f"{tag}qkv", tokens, q + 2 * kv, h)]
+    if layer.attention == "flash":  # dropout is fused too (a seed, no mask)
+        ops.append(flash_attention(f"{tag}flash_attn", batch * heads, s, span, d))
+    else:
+        ops += [gemm(f"{tag}scores", s, span, d, batch * heads), elementwise(f"{tag}softmax", scores, scores)]
+        if dropout:
+            ops.append(elementwise(f"{tag}attn_dropout", scores, scores, masks=scores))
+        ops.append(gemm(f"{tag}context", s, dv, span, batch * heads))
+    ops += [gemm(f"{tag}proj", tokens, h, heads * dv),
             elementwise(f"{tag}residual", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0)]
     return ops
 
 
+def _mla_projection_ops(layer: LayerSpec, tp: int, tokens: float) -> list[Op]:
+    """DeepSeek MLA's projections in place of the QKV GEMM: the down-projections into the
+    bottlenecks are replicated across tp, the up-projections to the heads split by heads."""
+    mla, h, heads = layer.mla, layer.hidden_size, layer.num_heads
+    q = heads * mla.qk_head_dim / tp
+    ops = ([gemm("q_down", tokens, mla.q_lora_rank, h), gemm("q_up", tokens, q, mla.q_lora_rank)]
+           if mla.q_lora_rank else [gemm("q", tokens, q, h)])
+    return ops + [gemm("kv_down", tokens, mla.kv_lora_rank + mla.qk_rope_head_dim, h),
+                  gemm("kv_up", tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim) / tp, mla.kv_lora_rank)]
+
+
+def _mlp_ops(layer: LayerSpec, tokens: float, width: float, tag: str) -> list[Op]:
+    """One dense MLP of inner width ``width`` (already split by tp) over ``tokens`` tokens."""
+    h = layer.hidden_size
+    if layer.gated_ffn:
+        ops = [gemm(f"{tag}fc1", tokens, 2 * width, h), elementwise(f"{tag}act", 2 * tokens * width, tokens * width)]
+    else:
+        ops = [gemm(f"{tag}fc1", tokens, width, h), elementwise(f"{tag}act", tokens * width, tokens * width)]
+    return ops + [gemm(f"{tag}fc2", tokens, h, width)]
+
+
+def _moe_ops(layer: LayerSpec, tp: int, tokens: float) -> list[Op]:
+    """Router GEMM and top-k, the routed experts' MLPs over the token copies they receive
+    (active experts only; every rank holds all experts: no expert parallelism yet), the shared
+    experts, and the weighted combine. Experts are tp-split like a dense MLP."""
+    moe, h = layer.moe, layer.hidden_size
+    routed = tokens * moe.expert_passes_per_token
+    ops = [gemm("router", tokens, moe.num_experts, h),
+           elementwise("topk", tokens * moe.num_experts, tokens * moe.top_k),
+           elementwise("dispatch", routed * h, routed * h)]
+    # one grouped GEMM per matrix over all routed copies (as grouped-GEMM MoE kernels run)
+    ops += _mlp_ops(layer, routed, moe.expert_ffn_hidden_size / tp, "experts_")
+    if moe.num_shared_experts:
+        ops += _mlp_ops(layer, tokens, moe.shared_ffn_hidden_size / tp, "shared_")
+    if moe.shared_expert_gate:
+        ops.append(gemm("shared_gate", tokens, 1, h))
+    return ops + [elementwise("combine", routed * h, tokens * h)]
+
+
 def forward_ops(layer: LayerSpec, tp: int, batch: int) -> list[Op]:
     """Kernels of one forward pass of ``layer`` over ``batch`` samples on one of tp GPUs."""
-    h, f = layer.hidden_size, layer.ffn_hidden_size / tp
+    h = layer.hidden_size
     tokens = float(batch * layer.seq_len)
-    dropout = layer.kind != "llama"
+    dropout = layer.has_dropout
     ops = [elementwise("norm1", tokens * h, tokens * h)]
-    ops += _attention_ops(layer, tp, tokens, batch, layer.attention_span, "", dropout)
+    attention = _attention_ops(layer, tp, tokens, batch, layer.attention_span, "", dropout)
+    if layer.mla is not None:  # MLA's projections replace the fused QKV GEMM
+        attention = _mla_projection_ops(layer, tp, tokens) + attention[1:]
+    ops += attention
     if layer.cross_attention_seq_len:
         ops.append(elementwise("norm_x", tokens * h, tokens * h))
         ops += _attention_ops(layer, tp, tokens, batch, layer.cross_attention_seq_len, "x_", dropout)
     ops.append(elementwise("norm2", tokens * h, tokens * h))
-    if layer.gated_ffn:
-        ops += [gemm("fc1", tokens, 2 * f, h), elementwise("act", 2 * tokens * f, tokens * f)]
+    if layer.moe is not None:
+        ops += _moe_ops(layer, tp, tokens)
     else:
-        ops += [gemm("fc1", tokens, f, h), elementwise("act", tokens * f, tokens * f)]
-    ops += [gemm("fc2", tokens, h, f),
-            elementwise("residual2", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0)]
+        ops += _mlp_ops(layer, tokens, layer.ffn_hidden_size / tp, "")
+    ops.append(elementwise("residual2", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0))
     if layer.downsample_to:
         merged = tokens / 4
         ops += [elementwise("merge_norm", 4 * merged * h, 4 * merged * h),
@@ -89,11 +149,15 @@ the input gradient: about 1.5x the traffic of its forward (read 1, write 1)."""
 
 
 def backward_ops(forward: list[Op]) -> list[Op]:
-    """Each GEMM becomes two of equal FLOPs (input gradient, weight gradient); each memory-bound
-    kernel moves BACKWARD_ELEMENTWISE_FACTOR times its forward bytes."""
+    """Each GEMM becomes two of equal FLOPs (input gradient, weight gradient); fused attention
+    one kernel of backward_flops_factor times its FLOPs (reading the output gradient too, and
+    writing dQ, dK, dV: twice its bytes); each memory-bound kernel moves
+    BACKWARD_ELEMENTWISE_FACTOR times its forward bytes."""
     out: list[Op] = []
     for op in forward:
-        if op.flops:
+        if op.flops and op.backward_flops_factor != 2.0:
+            out.append(Op(op.name + "_bwd", op.flops * op.backward_flops_factor, 2 * op.nbytes))
+        elif op.flops:
             out += [Op(op.name + "_dgrad", op.flops, op.nbytes), Op(op.name + "_wgrad", op.flops, op.nbytes)]
         else:
             out.append(Op(op.name + "_bwd", 0.0, op.nbytes * BACKWARD_ELEMENTWISE_FACTOR))

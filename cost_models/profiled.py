@@ -4,6 +4,7 @@ coefficient, read from our profile file or from Galvatron's own profile folder.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -11,22 +12,42 @@ from cost_models import collectives as coll
 from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
+from cost_models.ops import forward_ops
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
+from cost_models import sequence as seq
+from cost_models.sp_time import SpTimeTable, find_sp_time, read_sp_time
 from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
-from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError,
-                   layer_groups, load_model)
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, load_model
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: two activation all-reduces per layer in forward and two in backward."""
 VOCAB_HEAD_SHARE = 0.9
 """Share of the measured embedding+head time that belongs to the head (logits GEMM and
 loss); the lookup on the first stage is small and memory-bound."""
-ZERO3_VOLUME_FACTOR = 1.5
-"""ZeRO-3 moves 1.5x the bytes of DP (Galvatron adds one parameter all-gather)."""
 LOGIT_KEPT_BYTES = 4
 """Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
+
+
+def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
+    """Share of the measured forward re-run in backward: 1 (full), the attention core's share
+    of the forward's FLOPs and bytes by the kernel formulas (selective), 0 (none)."""
+    if strategy.recompute == "none":
+        return 0.0
+    if strategy.checkpoint:
+        return 1.0
+    ops = forward_ops(layer, strategy.tp, mbs)
+    core = seq.attention_core_ops(ops)
+    weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
+    return weight(core) / weight(ops)
+
+
+def activation_ratio(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
+    """Formula activations of ``strategy`` over those of plain tp (same degree): what sequence
+    parallelism and selective recomputation keep of the measured tp table."""
+    plain = replace(strategy, sp="none", recompute="none")
+    return mem.activation_bytes(layer, strategy, mbs) / mem.activation_bytes(layer, plain, mbs)
 
 
 @register
@@ -37,10 +58,14 @@ class ProfiledModel(CostModel):
 
     def __init__(self, cluster: ClusterSpec, profile_path: str | Path | None = None,
                  profile: Profile | None = None, galvatron_dir: str | Path | None = None,
-                 model: str | ModelSpec | None = None) -> None:
+                 model: str | ModelSpec | None = None, sp_time: str | Path | SpTimeTable | None = None) -> None:
         """One source: ``profile_path`` (our format), ``profile`` (object), or ``galvatron_dir``
-        with ``model`` (zoo name or ModelSpec; its layer is matched at the files' sequence)."""
+        with ``model`` (zoo name or ModelSpec; its layer is matched at the files' sequence).
+        ``sp_time``: Galvatron-2's all-to-all/all-reduce table (found in galvatron_dir by default)."""
         super().__init__(cluster)
+        if galvatron_dir is not None and sp_time is None:
+            sp_time = find_sp_time(galvatron_dir, cluster.nodes, cluster.gpus_per_node)
+        self.sp_time: SpTimeTable | None = read_sp_time(sp_time) if isinstance(sp_time, (str, Path)) else sp_time
         if sum(x is not None for x in (profile_path, profile, galvatron_dir)) != 1:
             raise SpecError("profiled", "give exactly one of profile_path, profile, galvatron_dir")
         self.vocab_memory_mib: dict = {}
@@ -91,24 +116,41 @@ class ProfiledModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
-        """Galvatron: forward = fit(b) / tp, backward likewise (+ a forward if checkpointed)."""
+        """Galvatron: forward = slope * b / tp + intercept (every tp rank launches the same kernels, so
+        the fixed part does not shrink with tp), backward likewise (+ a forward if checkpointed)."""
         (fa, fb), (ba, bb) = self._fits(layer)
-        forward_s = (fa * mbs + fb) / strategy.tp * 1e-3
-        backward_s = (ba * mbs + bb) / strategy.tp * 1e-3 + (forward_s if strategy.checkpoint else 0.0)
-        tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
-        tp_comm_s = 0.0
-        if strategy.tp > 1:
-            passes = 3 if strategy.checkpoint else 2
-            nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-            tp_comm_s = passes * TP_ALLREDUCES_PER_PASS * self.collective_time("all_reduce", nbytes, tp_groups)
-        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param / strategy.tp
-        dp_comm_s = self._dp_sync_s(params, strategy.dp_type, dp_groups)
-        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s, dp_comm_s=dp_comm_s,
-                         exposed_dp_comm_s=self.exposed_time(dp_comm_s, backward_s))
+        forward_s = (fa * mbs / strategy.tp + fb) * 1e-3
+        backward_s = (ba * mbs / strategy.tp + bb) * 1e-3 + forward_s * recompute_share(layer, strategy, mbs)
+        tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
+        tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, TP_ALLREDUCES_PER_PASS)
+        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param / strategy.weight_tp
+        per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, strategy.dp_type, dp_groups)
+        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
+                         dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
+                         exposed_dp_comm_s=self.exposed_time(once, backward_s),
+                         exposed_micro_batch_dp_s=self.exposed_time(per_mb_bwd, backward_s)
+                         + self.exposed_time(per_mb_fwd, forward_s))
 
-    def _dp_sync_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
-        factor = ZERO3_VOLUME_FACTOR if dp_type == DPType.ZERO3 else 1.0
-        return factor * self.collective_time("all_reduce", local_params * mem.GRAD_BYTES_PER_PARAM, dp_groups)
+    def _dp_traffic_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]
+                      ) -> tuple[float, float, float]:
+        """(per micro-batch forward, per micro-batch backward, once per iteration) data-parallel time.
+
+        Our memory model keeps ZeRO-2/3 gradients sharded (2 + 14/d and 16/d bytes per parameter), as
+        FSDP2 does when it reduce-scatters every backward; so ZeRO-2 reduce-scatters every
+        micro-batch and ZeRO-3 also all-gathers the parameters in every forward and backward
+        (the analytical model's schedule). DDP all-reduces, ZeRO-1 reduce-scatters, once."""
+        nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
+        if max((len(g) for g in dp_groups), default=1) <= 1 or nbytes <= 0:
+            return 0.0, 0.0, 0.0
+        rs = self.collective_time("reduce_scatter", nbytes, dp_groups)
+        ag = self.collective_time("all_gather", nbytes, dp_groups)
+        if dp_type == DPType.DDP:
+            return 0.0, 0.0, self.collective_time("all_reduce", nbytes, dp_groups)
+        if dp_type == DPType.ZERO1:
+            return 0.0, 0.0, rs + ag
+        if dp_type == DPType.ZERO2:
+            return 0.0, rs, ag
+        return ag, rs + ag, 0.0
 
     def exposed_time(self, comm_s: float, backward_s: float) -> float:
         """Galvatron: B and C together take max(B, C) + (gamma - 1) min(B, C)."""
@@ -122,7 +164,8 @@ class ProfiledModel(CostModel):
     def _activation_per_sample(self, layer: LayerSpec, tp: int, checkpoint: bool) -> float:
         table = self.profile.layer(layer).activation_bytes_per_sample
         if checkpoint and "ckpt" in table:
-            return table["ckpt"]
+            # Under Megatron-SP (how Galvatron's *_sp tables were measured) the kept input is split by tp.
+            return table["ckpt"] / (tp if self.profile.hardware.get("sequence_parallel") else 1)
         if str(tp) in table:
             return table[str(tp)]
         base = min((int(k) for k in table if k != "ckpt"))
@@ -131,8 +174,10 @@ class ProfiledModel(CostModel):
     def _compute_layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                               in_flight: int) -> MemoryBreakdown:
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
-        return mem.layer_memory(layer, strategy, mbs, in_flight, params=params,
-                                kept_bytes=mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint),
+        kept = mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint)
+        if not strategy.checkpoint:  # the measured table is tp-only: scale by the formula's ratio
+            kept *= activation_ratio(layer, strategy, mbs)
+        return mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
                                 recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False))
 
     def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
@@ -150,6 +195,9 @@ class ProfiledModel(CostModel):
         p = len(group)
         if p <= 1 or nbytes <= 0:
             return 0.0
+        measured = self.sp_time.time_s(kind, p, nbytes) if self.sp_time and kind == "all_to_all" else None
+        if measured is not None:
+            return measured
         consecutive = all(b - a == 1 for a, b in zip(group, group[1:]))
         busbw = self.allreduce_bus_bytes_per_s(p, consecutive)
         return self.profile.allreduce_latency_us * 1e-6 + coll.BUS_FACTOR[kind](p) * nbytes / busbw
@@ -180,6 +228,12 @@ class ProfiledModel(CostModel):
         bwd = share * (ba * mbs + bb) / tp * 1e-3
         return LayerTime(forward_s=fwd, backward_s=bwd), self._vocab_memory(model, plan, stage, mbs, tp, dp)
 
+    @staticmethod
+    def _vocab_state_share(plan: Plan, stage: int, dp: int) -> float:
+        """Embedding (stage 0) sharded as layer 0, head (last stage) as the last layer; mean of both on one stage."""
+        parts = ([plan.layers[0].dp_type] if stage == 0 else []) + ([plan.layers[-1].dp_type] if stage == plan.pp - 1 else [])
+        return sum(_state_share(t, dp) for t in parts) / len(parts)
+
     def _vocab_memory(self, model: ModelSpec, plan: Plan, stage: int, mbs: float, tp: int, dp: int
                       ) -> MemoryBreakdown:
         """Galvatron's measured other_memory tables when read from its folder, else our formula."""
@@ -188,7 +242,10 @@ class ProfiledModel(CostModel):
             key = "pp_off" if plan.pp == 1 else ("first" if stage == 0 else "last")
             table = self.vocab_memory_mib[key]
             vtp = str(tp) if str(tp) in table["model_states"] else min(table["model_states"], key=lambda k: abs(int(k) - tp))
-            return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB,
+            # The tables hold unsharded states (16 B/param); the executor shards the embedding like the
+            # first layer and the head like the last (executor/parallelize.py), so do we.
+            share = self._vocab_state_share(plan, stage, dp)
+            return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB * share,
                                    activations_bytes=table["activation"][vtp] * MIB * mbs)
         params = self.profile.vocab.parameter_bytes / self.bytes_per_param / tp
         params *= 0.5 if plan.pp > 1 else 1.0  # embedding on the first stage, head on the last
@@ -196,6 +253,12 @@ class ProfiledModel(CostModel):
         states = mem.model_state_bytes(params, dp_type, dp)
         kept = mbs * model.head.seq_len * model.head.output_size / tp * LOGIT_KEPT_BYTES if stage == last else 0.0
         return states + MemoryBreakdown(activations_bytes=kept)
+
+
+def _state_share(dp_type: str, dp: int) -> float:
+    """Share of the 16 B/param mixed-precision Adam states one GPU keeps (formulas.md)."""
+    states = mem.model_state_bytes(1.0, dp_type if dp > 1 else "ddp", dp)
+    return states.states_bytes / (mem.WEIGHT_BYTES_PER_PARAM + mem.GRAD_BYTES_PER_PARAM + mem.OPTIMIZER_BYTES_PER_PARAM)
 
 
 def from_galvatron_dir(folder: str | Path, cluster: ClusterSpec, model: str | ModelSpec = "llama2-7b"

@@ -9,7 +9,8 @@ from typing import Any
 from specs import ClusterSpec
 from specs.registry import Registry
 
-COST_MODELS: Registry[type] = Registry("cost_model", ["cost_models.analytical", "cost_models.profiled"],
+COST_MODELS: Registry[type] = Registry("cost_model", ["cost_models.analytical", "cost_models.profiled",
+                                        "cost_models.galvatron"],
                                        group="hybridpar.cost_models")
 """Built-in cost model modules, and where installed packages add theirs."""
 register = COST_MODELS.register
@@ -18,4 +19,8 @@ available = COST_MODELS.available
 
 def get(name: str, cluster: ClusterSpec, **options: Any):
     """An instance of the cost model ``name`` for ``cluster``."""
-    return COST_MODELS.get(name)(cluster, **options)
+    reserve = options.pop("allocator_reserve", None)
+    model = COST_MODELS.get(name)(cluster, **options)
+    if reserve is not None:  # a budget term every model has (CostModel.allocator_reserve)
+        model.allocator_reserve = bool(reserve)
+    return model

@@ -3,13 +3,14 @@ TP and DP traffic, tied-embedding sync between the two ends, memory, and per-sta
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cost_models import memory as mem
-from cost_models.base import BYTES_PER_ACTIVATION, LayerTime, MemoryBreakdown
+from cost_models.base import BYTES_PER_ACTIVATION, LayerTime, MemoryBreakdown, in_flight
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
-from specs import DPType, ModelSpec, Plan, Schedule
+from specs import DPType, ModelSpec, Plan
 
 if TYPE_CHECKING:
     from cost_models.analytical import AnalyticalModel
@@ -33,14 +34,43 @@ def _vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, fl
 
 
 def _dp_type(plan: Plan, layer_index: int, dp: int) -> str:
-    return plan.layers[layer_index].dp_type if dp > 1 else DPType.DDP
+    """ZeRO-3 when the plan says so (Galvatron's embed_sdp), else the neighbouring layer's type."""
+    if dp <= 1:
+        return DPType.DDP
+    return DPType.ZERO3 if plan.vocab_zero3 else plan.layers[layer_index].dp_type
+
+
+def padded_model(model: ModelSpec, plan: Plan) -> ModelSpec:
+    """``model`` with the vocabulary padded as Megatron pads it at the plan's vocab tp."""
+    emb, head = model.embedding, model.head
+    if not emb.vocab_size and head.kind != "lm":
+        return model
+    changes = {}
+    if emb.vocab_size:
+        changes["embedding"] = replace(emb, vocab_size=plan.padded_vocab_size(emb.vocab_size))
+    if head.kind == "lm":
+        changes["head"] = replace(head, output_size=plan.padded_vocab_size(head.output_size))
+    return replace(model, **changes)
+
+
+def _ulysses_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
+    """Vocab layers under Ulysses (Galvatron's vsp): weights whole on every rank of the stage,
+    tokens split over vocab_tp; one gradient group over the stage."""
+    per_stage = world_size // plan.pp
+    tp, dp = plan.vocab_tp, per_stage // plan.vocab_tp
+    first = plan.stage_first_rank(stage, world_size)
+    ranks = list(range(first, first + per_stage))
+    return tp, dp, plan.global_batch / (dp * plan.micro_batches), [ranks[i * tp:(i + 1) * tp] for i in range(dp)], [ranks]
 
 
 def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: int,
                world_size: int) -> tuple[LayerTime, MemoryBreakdown]:
     """Time and memory of what the stage holds besides its Transformer layers."""
     c = model_.constants
-    tp, dp, mbs, tp_groups, dp_groups = _vocab_layout(plan, world_size, stage)
+    model = padded_model(model, plan)
+    ulysses = plan.vocab_sp == "ulysses"
+    tp, dp, mbs, tp_groups, dp_groups = (_ulysses_layout if ulysses else _vocab_layout)(plan, world_size, stage)
+    weight_tp, sync_dp = (1, dp * tp) if ulysses else (tp, dp)
     tokens = mbs * model.seq_len
     h = model.embedding.hidden_size
     fwd = c.micro_batch_overhead_s
@@ -52,12 +82,12 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         f = model_.ops_time(embedding_forward_ops(model.embedding, tokens, tp))
         b = model_.ops_time(embedding_backward_ops(model.embedding, tokens, tp))
         fwd, bwd = fwd + f, bwd + b
-        if tp > 1 and model.embedding.kind == "token":
-            tp_comm += model_.collective_time("all_reduce", tokens * h * BYTES_PER_ACTIVATION, tp_groups)
-        params = model.embedding.param_count() / tp
-        d_sync, d_exposed, d_update, states = _states(model_, params, plan, 0, dp, dp_groups, b)
+        if tp > 1 and model.embedding.kind == "token" and not ulysses:
+            tp_comm += _vocab_tp_comm(model_, tokens * h * BYTES_PER_ACTIVATION, tp_groups, plan, "all_reduce")
+        params = model.embedding.param_count() / weight_tp
+        d_sync, d_exposed, d_update, states = _states(model_, params, plan, 0, sync_dp, dp_groups, b)
         dp_comm, exposed, update = dp_comm + d_sync, exposed + d_exposed, update + d_update
-        held = plan.micro_batches if plan.schedule == Schedule.GPIPE else min(plan.pp, plan.micro_batches)
+        held = in_flight(plan.schedule, plan.pp, 0, plan.micro_batches, plan.virtual_stages)
         memory = memory + states + MemoryBreakdown(activations_bytes=held * tokens * h * mem.MASK_BYTES)
     if stage == last and model.head.kind != "none":
         head = model.head
@@ -65,15 +95,18 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         b = model_.ops_time(head_backward_ops(head, model.seq_len, mbs, tp))
         fwd, bwd = fwd + f, bwd + b
         head_tokens = mbs * head.seq_len
-        if tp > 1:
-            tp_comm += model_.collective_time("all_reduce", head_tokens * head.hidden_size * BYTES_PER_ACTIVATION,
-                                              tp_groups)
+        if tp > 1 and not ulysses:
+            tp_comm += _vocab_tp_comm(model_, head_tokens * head.hidden_size * BYTES_PER_ACTIVATION, tp_groups,
+                                      plan, "all_reduce")
             tp_comm += model_.collective_time("all_reduce", head_tokens * LOSS_ALLREDUCE_BYTES_PER_TOKEN, tp_groups)
-        params = _head_params(model, plan) / tp
-        d_sync, d_exposed, d_update, states = _states(model_, params, plan, len(plan.layers) - 1, dp, dp_groups, b)
+        params = _head_params(model, plan) / weight_tp
+        d_sync, d_exposed, d_update, states = _states(model_, params, plan, len(plan.layers) - 1, sync_dp,
+                                                      dp_groups, b)
         dp_comm, exposed, update = dp_comm + d_sync, exposed + d_exposed, update + d_update
+        # vocab-parallel cross-entropy: each rank holds logits / tp (its vocab shard, or its tokens)
         logits = head_tokens * head.output_size / tp
-        kept = logits * LOGIT_KEPT_BYTES + head_tokens * head.hidden_size * BYTES_PER_ACTIVATION
+        head_input = head_tokens * head.hidden_size * BYTES_PER_ACTIVATION / (tp if plan.vocab_sp != "none" else 1)
+        kept = logits * LOGIT_KEPT_BYTES + head_input
         memory = memory + states + MemoryBreakdown(activations_bytes=kept,
                                                    temporary_bytes=logits * (BYTES_PER_ACTIVATION + 4))
     if plan.pp > 1 and model.head.tied and stage in (0, last) and model.head.kind == "lm":
@@ -81,6 +114,15 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         dp_comm, exposed = dp_comm + sync, exposed + sync
     return (LayerTime(forward_s=fwd, backward_s=bwd, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
                       exposed_dp_comm_s=exposed, update_s=update), memory)
+
+
+def _vocab_tp_comm(model_: "AnalyticalModel", nbytes: float, groups: list, plan: Plan, kind: str) -> float:
+    """The vocab layers' TP collective: an all-reduce, or with Megatron-SP a reduce-scatter
+    (embedding output into sequence shards) plus an all-gather (head input) of the same bytes."""
+    if plan.vocab_sp == "megatron":
+        return 0.5 * (model_.collective_time("reduce_scatter", nbytes, groups)
+                      + model_.collective_time("all_gather", nbytes, groups))
+    return model_.collective_time(kind, nbytes, groups)
 
 
 def _head_params(model: ModelSpec, plan: Plan) -> float:
@@ -105,5 +147,6 @@ def _tied_embedding_sync_s(model_: "AnalyticalModel", model: ModelSpec, plan: Pl
     per_stage = world_size // plan.pp
     first, last = plan.stage_first_rank(0, world_size), plan.stage_first_rank(plan.pp - 1, world_size)
     groups = [[first + i, last + i] for i in range(per_stage)]
-    nbytes = model.head.hidden_size * model.head.output_size / plan.vocab_tp * mem.GRAD_BYTES_PER_PARAM
+    weight_tp = 1 if plan.vocab_sp == "ulysses" else plan.vocab_tp
+    nbytes = model.head.hidden_size * plan.padded_vocab_size(model.head.output_size) / weight_tp * mem.GRAD_BYTES_PER_PARAM
     return model_.collective_time("all_reduce", nbytes, groups)

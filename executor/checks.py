@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specs import ModelSpec, Plan, SpecError
+from executor.unsupported import refuse_unsupported
+from specs import LayerSpec, ModelSpec, Plan, SpecError
 
 
 def check_runnable(model: ModelSpec, plan: Plan, world_size: int) -> None:
@@ -12,16 +13,32 @@ def check_runnable(model: ModelSpec, plan: Plan, world_size: int) -> None:
     if world_size < 1:
         raise SpecError("world_size", f"must be >= 1, got {world_size}")
     plan.validate(model, SimpleNamespace(world_size=world_size))
+    refuse_unsupported(plan)
+    for i, spec in enumerate(model.layers):
+        _check_buildable(i, spec)
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
-        if s.sp and (spec.cross_attention_seq_len or spec.downsample_to):
+        if s.megatron_sp and (spec.cross_attention_seq_len or spec.downsample_to):
             raise SpecError(f"layer {i}", "sp is not supported on blocks with cross-attention or patch merging")
-        if s.sp and spec.seq_len % s.tp:
+        if s.megatron_sp and spec.seq_len % s.tp:
             raise SpecError(f"layer {i}", f"sp: tp({s.tp}) does not divide seq_len({spec.seq_len})")
         if spec.kv_heads % s.tp:
             raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide kv heads({spec.kv_heads})")
         if spec.ffn_hidden_size % s.tp:
             raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide ffn_hidden_size({spec.ffn_hidden_size})")
     _check_chain(model)
+
+
+def _check_buildable(i: int, spec: LayerSpec) -> None:
+    """The blocks of executor.model build q/k/v/o attention and a dense MLP with one bias flag;
+    refuse what they would silently build differently (experts, MLA, sliding windows...)."""
+    unsupported = [name for name, used in (
+        ("moe (experts)", spec.moe is not None), ("mla", spec.mla is not None),
+        (f"sliding_window({spec.sliding_window})", 0 < spec.sliding_window < spec.seq_len),
+        ("qk_norm", spec.qk_norm), ("sandwich_norm", spec.sandwich_norm),
+        ("per-projection biases", {spec.qkv_bias, spec.out_bias, spec.mlp_bias} - {None, spec.bias}),
+    ) if used]
+    if unsupported:
+        raise SpecError(f"layer {i}", f"the executor cannot build {', '.join(unsupported)} yet")
 
 
 def _check_chain(model: ModelSpec) -> None:

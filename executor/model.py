@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch import nn
 
 from specs import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
@@ -33,6 +34,8 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, spec.kv_width, bias=spec.bias)
         self.v = nn.Linear(h, spec.kv_width, bias=spec.bias)
         self.o = nn.Linear(spec.q_width, h, bias=spec.bias)
+        self.recompute_core = False
+        """Selective recomputation: keep q, k, v (matmul outputs), re-run the core in backward."""
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
         src = x if memory is None else memory
@@ -43,13 +46,21 @@ class Attention(nn.Module):
         if k.shape[1] != q.shape[1]:  # grouped-query: each kv head serves a group of q heads
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        causal = self.causal and memory is None
+        if self.recompute_core:
+            out = checkpoint(self._core, q, k, v, causal, use_reentrant=False)
+        else:
+            out = self._core(q, k, v, causal)
+        return self.o(out.transpose(1, 2).flatten(2))
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        """QK^T, softmax and attention over V (what Megatron's selective recomputation re-runs)."""
+        s = q.shape[2]
         if self.window and s % self.window == 0:  # Swin: attention inside windows of tokens
             n = s // self.window
             q, k, v = (t.unflatten(2, (n, self.window)).transpose(1, 2) for t in (q, k, v))
-            out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2, 3)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal and memory is None)
-        return self.o(out.transpose(1, 2).flatten(2))
+            return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2, 3)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 class MLP(nn.Module):

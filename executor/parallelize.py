@@ -15,6 +15,7 @@ from executor.parallel.layout import GroupCache, Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
 from executor.parallel.tensor import apply_tp
+from executor.unsupported import refuse_unsupported, vocab_notes
 from specs import DPType, ModelSpec, Plan
 
 
@@ -87,6 +88,7 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
                 device: str = "cpu", bf16: bool = False) -> ParallelModel:
     """The recipe: stage -> tensor parallel -> checkpointing -> relayouts -> tied weights ->
     data parallel -> pipeline."""
+    refuse_unsupported(plan)
     groups = GroupCache()
     meshes, smesh = build_meshes(plan, world_size, device.split(":")[0], groups)
     per_stage = world_size // plan.pp
@@ -101,8 +103,8 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
         if pos > 0:
             _add_relayout(stage_module, layouts[ids[pos - 1]], layouts[i], smesh, f"{i}")
         block = build_block(model, i, seed)
-        block = apply_tp(block, meshes[layouts[i]]["tp"], sequence_parallel=plan.layers[i].sp)
-        block = apply_ac(block, plan.layers[i].checkpoint)
+        block = apply_tp(block, meshes[layouts[i]]["tp"], sequence_parallel=plan.layers[i].megatron_sp)
+        block = apply_ac(block, plan.layers[i].recompute)
         stage_module.layers[str(i)] = block
         stage_module.order.append(("layers", str(i)))
     if stage == plan.pp - 1:
@@ -118,7 +120,7 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
         loss_fn = make_loss_fn(plan.global_batch)
         schedule = apply_pp(stage_module, stage, plan.pp, smesh["pp"].get_group(), torch.device(device),
                             plan.micro_batches, plan.schedule, loss_fn)
-    notes = ["vocab_tp ignored: embedding and head are replicated on the TP group"] if plan.vocab_tp > 1 else []
+    notes = vocab_notes(plan)
     return ParallelModel(module=stage_module, stage=stage, local_rank=local, first_layout=layouts[ids[0]],
                          last_layout=layouts[ids[-1]], data_parallel=dp, units=units, schedule=schedule,
                          notes=notes, groups=groups)

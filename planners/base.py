@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from cost_models import CostModel
@@ -149,9 +149,20 @@ class Planner(ABC):
 
     def plan(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
              options: dict[str, Any] | None = None) -> PlanResult:
-        """Search, then time the search; subclasses implement ``_search``."""
+        """Search, then time the search; subclasses implement ``_search``.
+
+        Every planner takes ``memory_models``: more cost models whose memory a plan must also fit
+        (time still from ``cost_model``; see cost_models.fits_all). The budget a search sees is
+        ``budget`` less the cost model's allocator reserve (CostModel.allocator_reserve_bytes)."""
         start = time.perf_counter()
-        result = self._search(model, cluster, budget, cost_model, dict(options or {}))
+        options = dict(options or {})
+        others = tuple(options.pop("memory_models", ()) or ())
+        if others:
+            from cost_models.fits_all import FitsAll
+            cost_model = FitsAll(cost_model, others, budget.memory_bytes)
+        usable = budget.memory_bytes - cost_model.allocator_reserve_bytes(budget.memory_bytes)
+        budget = replace(budget, memory_gib=usable / GIB)
+        result = self._search(model, cluster, budget, cost_model, options)
         stats = result.stats
         new_stats = SearchStats(wall_time_s=time.perf_counter() - start,
                                 states_explored=stats.states_explored, candidates=stats.candidates,

@@ -49,26 +49,15 @@ class GridPlanner(Planner):
 
 
 def _plan_or_none(model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) -> Plan | None:
+    """The uniform plan of ``kw`` (vocabulary padded as Megatron pads it), None if it cannot run."""
     try:
-        plan = uniform_plan(model.num_layers, global_batch=batch, model=model.name, cluster=cluster.name,
-                            **{k: v for k, v in kw.items() if k != "vocab_tp"})
-        from dataclasses import replace
-        plan = replace(plan, vocab_tp=_vocab_tp(model, kw.get("vocab_tp", 1)))
+        plan = uniform_plan(model.num_layers, global_batch=batch, model=model.name, cluster=cluster.name, **kw)
         plan.validate(model, cluster)
     except SpecError:
         return None
     if not all(tp_splits(l, s.tp) for l, s in zip(model.layers, plan.layers)):
         return None  # the executor could not run it
     return plan
-
-
-def _vocab_tp(model: ModelSpec, want: int) -> int:
-    """Megatron shards the vocabulary like the layers; fall back to the largest degree dividing it."""
-    vocab = model.embedding.vocab_size or 0
-    v = want
-    while v > 1 and vocab and vocab % v:
-        v //= 2
-    return v
 
 
 def _micro_batches(batch: int, pp: int, space: SearchSpace) -> list[int]:
@@ -133,28 +122,56 @@ class GPipe(GridPlanner):
                 yield {"pp": pp, "dp": cluster.world_size // pp, "micro_batches": m, "schedule": Schedule.GPIPE}
 
 
+MEGATRON_VIRTUAL_STAGES = (1, 2, 4)
+"""Interleaving degrees Megatron-LM's recipes use (--num-layers-per-virtual-pipeline-stage)."""
+MEGATRON_RECOMPUTE = ("none", "selective", "full")
+"""Recomputation users pick: none when it fits, selective (Korthikanti et al.), full."""
+
+
+def micro_batch_sizes(batch: int, dp: int) -> list[int]:
+    """Micro-batch sizes 1, 2, 4, ... that divide the samples each replica gets (Megatron's
+    --micro-batch-size; 1 is what GPT-3-class runs use)."""
+    per_replica = batch // dp if batch % dp == 0 else 0
+    return [b for b in powers_of_two(per_replica) if per_replica % b == 0]
+
+
+def megatron_tp_degrees(model: ModelSpec, cluster: ClusterSpec, gpus: int) -> list[int]:
+    """tp inside a node (powers of two), dividing the stage and every layer's heads."""
+    return [t for t in powers_of_two(min(cluster.gpus_per_node, gpus)) if gpus % t == 0
+            and all(l.num_heads % t == 0 for l in model.layers)]
+
+
+def megatron_pp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
+    """Every pp dividing the world up to the layer count (Megatron's scripts go to pp = layers)."""
+    world = cluster.world_size
+    return [p for p in range(1, min(world, model.num_layers) + 1) if world % p == 0]
+
+
 @register
 class Megatron3d(GridPlanner):
-    """The grid Megatron users tune: tp <= GPUs per node, pp dividing the layers, dp the rest,
-    micro-batch count, activation checkpointing on/off; 1F1B; vocabulary sharded like the layers."""
+    """The grid Megatron-LM users tune today: tp inside a node x pp up to the layer count x dp
+    the rest x micro-batch size (from 1) x recompute {none, selective, full}, sequence
+    parallelism on whenever tp > 1, interleaved 1F1B with v in {1, 2, 4} where the layers and
+    micro-batches allow; the vocabulary sharded like the layers."""
 
     name = "megatron_3d"
     dp_type = DPType.DDP
 
     def candidates(self, model, cluster, batch):
-        space = SearchSpace()
-        for pp in space.pp_choices(model, cluster):
-            if model.num_layers % pp:
-                continue
+        for pp in megatron_pp_degrees(model, cluster):
             gpus = cluster.world_size // pp
-            for tp in space.tp_choices(gpus):
-                if tp > cluster.gpus_per_node:
-                    continue
+            for tp in megatron_tp_degrees(model, cluster, gpus):
                 dp = gpus // tp
-                for m in _micro_batches(batch, pp, space):
-                    for ckpt in (False, True):
-                        yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": m, "checkpoint": ckpt,
-                               "dp_type": self.dp_type if dp > 1 else DPType.DDP, "vocab_tp": tp}
+                sp = "megatron" if tp > 1 and model.seq_len % tp == 0 else "none"
+                for b in micro_batch_sizes(batch, dp):
+                    m = batch // (dp * b)
+                    for v in MEGATRON_VIRTUAL_STAGES:
+                        if v > 1 and (pp == 1 or model.num_layers % (pp * v) or m % pp):
+                            continue
+                        for recompute in MEGATRON_RECOMPUTE:
+                            yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": m, "recompute": recompute,
+                                   "sp": sp, "dp_type": self.dp_type if dp > 1 else DPType.DDP, "vocab_tp": tp,
+                                   "vocab_sp": sp, "virtual_stages": v}
 
 
 @register
@@ -163,3 +180,24 @@ class DeepSpeed3d(Megatron3d):
 
     name = "deepspeed_3d"
     dp_type = DPType.ZERO1
+
+
+@register
+class MegatronSpSelective(GridPlanner):
+    """Korthikanti et al.'s fixed recipe: tp = one node (largest degree the heads allow) with
+    sequence parallelism, selective recomputation, micro-batch size 1, 1F1B; only pp is searched
+    (every pp dividing the world up to the layer count), dp the rest."""
+
+    name = "megatron_sp_selective"
+
+    def candidates(self, model, cluster, batch):
+        for pp in megatron_pp_degrees(model, cluster):
+            gpus = cluster.world_size // pp
+            tps = megatron_tp_degrees(model, cluster, gpus)
+            tp = tps[-1]
+            dp = gpus // tp
+            if batch % dp:
+                continue
+            sp = "megatron" if tp > 1 and model.seq_len % tp == 0 else "none"
+            yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": batch // dp, "recompute": "selective",
+                   "sp": sp, "vocab_tp": tp, "vocab_sp": sp}

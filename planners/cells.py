@@ -10,13 +10,14 @@ from typing import Any
 import cost_models
 from planners.base import Budget
 from planners.evaluate import EVALUATORS
-from planners.records import add_evaluation, record
+from planners.records import add_evaluation, mark_ties, record
 from planners.registry import get
 from planners.report import save_plan, write_tables
 from specs import load_cluster, load_model
 
 DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
-                    "galvatron_dp_tp", "galvatron_dp_pp", "galvatron")
+                    "megatron_sp_selective", "galvatron_dp_tp", "galvatron_dp_pp", "galvatron_paper", "galvatron2",
+                    "galvatron", "galvatron_full")
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
 """Without a fixed global batch, search it like Galvatron does (grow it while a plan fits and
@@ -78,6 +79,7 @@ def run(grid: Grid) -> list[dict[str, Any]]:
             bar.update(1)
     if bar is not None:
         bar.close()
+    mark_ties(records, cm.error_band())
     if grid.out:
         write_tables(grid.out, records)
     return records

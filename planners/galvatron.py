@@ -19,7 +19,7 @@ from planners.space import SearchSpace
 from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
 
-DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
+DEFAULTS = {"space": "classic", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
@@ -36,7 +36,8 @@ def resolve_space(space: Any) -> SearchSpace:
 
 @register
 class GalvatronPlanner(Planner):
-    """The DP planner over the full space (all dp types, checkpointing, pp, tp)."""
+    """The DP planner; by default over the classic space (the 2022 dimensions with every dp type
+    and full checkpointing), any preset or SearchSpace with the ``space`` option."""
 
     name = "galvatron"
     defaults: dict[str, Any] = DEFAULTS
@@ -65,13 +66,36 @@ class GalvatronPlanner(Planner):
         meta = {"model": model.name, "cluster": cluster.name}
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state)
-        status = "optimal" if exact or not granularity and _all_single_stage(tables) else "heuristic"
+        status = "optimal" if _proven(exact, even, granularity, opts["max_temp_levels"], tables) else "heuristic"
         return finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                       status, 0.0 if status == "optimal" else None)
 
 
-def _all_single_stage(tables) -> bool:
-    return all(t.combo.pp == 1 for t in tables)
+def _proven(exact: bool, even: bool, granularity: float, max_temp_levels, tables) -> bool:
+    """Optimal is claimed only where the search is exact over the space: exact mode, or fast mode
+    with a single stage everywhere and exact temporary levels; never with rounded memory (the
+    bins change the problem) or even partitions (they leave boundaries unsearched)."""
+    if granularity or (even and any(t.combo.pp > 1 for t in tables)):
+        return False
+    return exact or (max_temp_levels is None and all(t.combo.pp == 1 for t in tables))
+
+
+@register
+class GalvatronFull(GalvatronPlanner):
+    """The full space: every dp type, tp, pp, sequence parallelism (Megatron, Ulysses), selective
+    and full recomputation, interleaving, the vocabulary's tp/ZeRO-3/sp, caps lifted."""
+
+    name = "galvatron_full"
+    defaults = {**DEFAULTS, "space": "full"}
+
+
+@register
+class Galvatron2(GalvatronPlanner):
+    """Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer,
+    Ulysses and ZeRO-3 for the vocabulary) searched by our DP."""
+
+    name = "galvatron2"
+    defaults = {**DEFAULTS, "space": "galvatron2"}
 
 
 @register

@@ -3,7 +3,7 @@ by a lower bound and pruned by it, each solved by a planner-specific group solve
 re-scored with plan_cost; and the smallest memory of the space when nothing fits."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from cost_models import CostModel
 from planners.base import PlanResult, RankedPlan, SearchStats, infeasible_result, scored_result
 from planners.segments import GroupSolution, temp_levels
-from planners.space import Combo, SearchSpace, combos
+from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables
 from specs import ModelSpec
 from specs.units import GIB
@@ -39,7 +39,7 @@ def grouped_tables(model: ModelSpec, cost_model: CostModel, budget_bytes: float,
     groups: dict[tuple, list[Combo]] = {}
     for c in combos(model, cost_model.cluster, batches, space):
         groups.setdefault((c.global_batch, c.pp, c.micro_batches, c.schedule), []).append(c)
-    return [build_tables(model, cost_model, cs[0], [c.vocab_tp for c in cs], space, budget_bytes)
+    return [build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes)
             for cs in groups.values()]
 
 
@@ -79,7 +79,39 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
             rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
             state.mismatch = max(state.mismatch, rel)
             state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
+    for t in tables:
+        for v in space.virtual_stages:
+            if v > 1:
+                _interleaved(t, v, model, cost_model, budget_bytes, space, top_k, meta, state)
     return state, tables
+
+
+def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel, budget_bytes: float,
+                 space: SearchSpace, top_k: int, meta: dict, state: OuterState) -> None:
+    """Interleaved 1F1B with v chunks per rank over uniform plans (one strategy for every layer,
+    the vocabulary sharded like the layers, an even partition: how Megatron runs it), scored by
+    plan_cost. Strategies go in order of a lower bound (m * layers * layer time / pp, no bubble)
+    and stop once the bound cannot reach the top_k plans found so far."""
+    c, n = t.combo, len(t.layer_type)
+    if c.pp == 1 or n % (c.pp * v) or c.micro_batches % c.pp or c.schedule != "1f1b":
+        return
+    uniform = np.flatnonzero(t.allowed.all(axis=0))
+    fastest = np.min([st.time_s for st in t.stages], axis=0)  # any stage's layer time bounds every stage's
+    per_layer = fastest[t.layer_type][:, uniform].sum(axis=0)
+    order = np.argsort(per_layer)
+    for pos, i in enumerate(order):
+        ranked = sorted((x[0] for x in state.solutions), reverse=True)
+        threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
+        if c.global_batch / (c.micro_batches * per_layer[i] / c.pp) <= threshold:
+            state.pruned += len(order) - pos
+            return
+        s = t.strategies[uniform[i]]
+        vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
+        state.candidates += 1
+        plan = replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta), virtual_stages=v)
+        cost = cost_model.plan_cost(model, plan)
+        if cost.peak_memory_bytes <= budget_bytes * (1 + 1e-12):
+            state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
 
 
 def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],

@@ -41,6 +41,20 @@ def _staircase_keep(mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
     return order[c < best_before]
 
 
+TIE_RTOL = 1e-12
+"""Costs this close count as equal, so that the tie goes to the smaller tail."""
+
+
+def argmin_low_tail(cost: np.ndarray, tail: np.ndarray):
+    """argmin of ``cost`` along axis 0, ties going to the smaller ``tail`` (same shape): under a
+    weight that ignores tails (T + 0 * D) ZeRO-1 then wins over DDP at equal time, which matters
+    on the stage whose tail is the maximum."""
+    low = cost.min(axis=0)
+    tied = cost <= low + TIE_RTOL * np.abs(low)
+    best = np.argmin(np.where(tied, tail, np.inf), axis=0)
+    return int(best) if np.ndim(best) == 0 else best
+
+
 def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """Indices of points not dominated in (level, mem, cost).
 
@@ -139,7 +153,7 @@ class PassRunner:
         st = self.st
         targets = np.flatnonzero(self.allowed[ty])
         total = self._cost(prev.T, prev.D)[:, None] + R[prev.strat][:, targets]
-        best = np.argmin(total, axis=0)
+        best = argmin_low_tail(total, prev.D[:, None] + np.zeros_like(total))
         shift = R[prev.strat[best], targets]
         f = Frontier(prev.mem[best] + st.memory_bytes[ty, targets],
                      np.maximum(prev.level[best], self.strat_level[ty, targets]),

@@ -152,6 +152,20 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
     return best
 
 
+def partition_floor(sum_opts: list[StageOptions], max_opts: list[StageOptions], recv: list[np.ndarray],
+                    n: int, G: int, m: int) -> float:
+    """Least sum_k T_k over partitions of ``sum_opts`` plus (m - 1) x the least bottleneck
+    max_k T_k over partitions of ``max_opts`` (inf when nothing is feasible): each term is
+    minimised on its own, so the sum is a lower bound on any partition's sum + (m - 1) max."""
+    sum_cells = [_cells(o, n, G, np.inf)[0] for o in sum_opts]
+    max_cells = [_cells(o, n, G, np.inf)[0] for o in max_opts]
+    base = _min_sum(sum_cells, recv, np.inf, n, path=False)
+    taus = _tau_candidates(max_cells, recv)
+    if base is None or not len(taus) or _min_sum(max_cells, recv, np.inf, n, path=False) is None:
+        return np.inf
+    return base[0] + (m - 1) * float(taus[_first_feasible(max_cells, recv, taus, n)])
+
+
 def _single_stage(o: StageOptions, n: int, m: int) -> PartitionChoice | None:
     ok = np.flatnonzero((o.a == 0) & (o.b == n))
     if not len(ok):

@@ -10,7 +10,7 @@ from specs.units import GIB
 
 COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
-           "gap", "states_explored", "plan_summary", "plan_file")
+           "gap", "states_explored", "tie", "plan_summary", "plan_file")
 """The columns every record has, in table order."""
 EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
 """Added as ``<evaluator>_<field>`` (e.g. sim_iteration_time_s) by ``add_evaluation``."""
@@ -32,8 +32,19 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict
         "min_memory_gib": result.min_memory_gib, "search_time_s": result.stats.wall_time_s,
         "solver_status": result.stats.solver_status, "gap": result.stats.gap,
         "states_explored": result.stats.states_explored,
-        "plan_summary": plan_summary(plan) if plan else _oom_text(result), "plan_file": None,
+        "tie": None, "plan_summary": plan_summary(plan) if plan else _oom_text(result), "plan_file": None,
     }
+
+
+def mark_ties(records: list[dict], band: tuple[float, float]) -> None:
+    """Set ``tie`` on each feasible record whose throughput is below the best of its budget by
+    less than the cost model's 10th-90th percentile error width: the ranking is not resolved."""
+    width = band[1] - band[0]
+    for rec in records:
+        best = max((r["throughput_samples_per_s"] for r in records
+                    if r["feasible"] and r["budget_gib"] == rec["budget_gib"]), default=0.0)
+        gap = (best - rec["throughput_samples_per_s"]) / best if best > 0 else 0.0
+        rec["tie"] = bool(rec["feasible"] and 0 < gap <= width)
 
 
 def add_evaluation(rec: dict[str, Any], evaluator: str, evaluation: Any | None) -> None:

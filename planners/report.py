@@ -17,7 +17,7 @@ def table(records: list[dict[str, Any]], evaluator: str | None = None) -> str:
     the cost model's when ``evaluator`` re-scored the plans."""
     from tabulate import tabulate
     head = ["GiB", "planner", "batch", "samples/s"] + ([f"{evaluator} samples/s"] if evaluator else []) + \
-        ["iter ms", "peak GiB", "search s", "plan"]
+        ["iter ms", "peak GiB", "search s", "tie", "plan"]
     return tabulate([_row(r, evaluator) for r in records], headers=head, tablefmt="simple")
 
 
@@ -30,7 +30,7 @@ def _row(r: dict[str, Any], evaluator: str | None) -> list:
     return ([f"{r['budget_gib']:g}", r["planner"], r["global_batch"] or "",
              f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM"] + extra
             + [f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "", f"{r['peak_memory_gib']:.2f}" if ok else "",
-               f"{r['search_time_s']:.2f}", r["plan_summary"]])
+               f"{r['search_time_s']:.2f}", "~" if r.get("tie") else "", r["plan_summary"]])
 
 
 def save_plan(out: Path, name: str, budget: Budget, result: PlanResult) -> str:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planners.pareto import PassRunner, SegmentPass, _staircase_keep
-from planners.partition import StageOptions, search_partition
+from planners.pareto import PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
+from planners.partition import StageOptions, partition_floor, search_partition
 from planners.tables import ComboTables, StageTables
 from specs import even_stage_layers
 
@@ -17,7 +17,8 @@ from specs import even_stage_layers
 class GroupSolution:
     """One plan of a group: a strategy index per layer, the stage sizes, the vocab tp, its objective."""
 
-    vocab_tp: int
+    vocab_tp: "VocabChoice"
+    """The embedding/head choice (tp, ZeRO-3, sp)."""
     choice: list[int]
     stage_layers: list[int]
     objective_s: float
@@ -175,7 +176,7 @@ class GroupDP:
             if self.exact:
                 keep = idx[_staircase_keep(T[idx], D[idx])]
             else:
-                keep = idx[[int(np.argmin(T[idx] + lam * D[idx]))]]
+                keep = idx[[argmin_low_tail(T[idx] + lam * D[idx], D[idx])]]
             out.extend((g, float(T[i]), float(D[i]), int(i)) for i in keep)
         return out
 
@@ -207,17 +208,23 @@ class GroupDP:
 
     # -- answer -----------------------------------------------------------------------------
     def relaxed_objective(self, v: int) -> float:
-        """The group's objective with memory ignored (memory-blind passes only): a lower bound
-        on the fast search's answer for pp = 1 and, in practice, for pp > 1."""
+        """A lower bound on the group's objective under vocab tp ``v`` over fast mode's windows,
+        memory ignored (memory-blind passes only). pp = 1: m * min (T + D/m), the optimum itself.
+        pp > 1: max_k D_k >= sum_k D_k / q with q = max(m, pp), so the objective is at least
+        min over partitions of sum_k (T_k + D_k / q) plus (m - 1) x the least bottleneck."""
         caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
-        out = np.inf
-        for lam in self.lambdas:
-            built = [self._options(k, v, caches[k], lam, relaxed=True) for k in range(len(self.windows))]
-            choice = search_partition([b[0] for b in built], recv, self.n, len(self.t.dp_values), self.m, exact=False)
-            if choice is not None:
-                out = min(out, choice.objective_s)
-        return out
+
+        def options(lam: float) -> list[StageOptions]:
+            return [self._options(k, v, caches[k], lam, relaxed=True)[0] for k in range(len(self.windows))]
+
+        G = len(self.t.dp_values)
+        if len(self.windows) == 1:
+            choice = search_partition(options(self.weight), recv, self.n, G, self.m, exact=False)
+            return np.inf if choice is None else choice.objective_s
+        lam = min(self.weight, 1.0 / len(self.windows))  # reuses the 1/m passes whenever m >= pp
+        summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
+        return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once

@@ -6,10 +6,13 @@ each layer picks one of ``strategies(...)``; the pipeline partition is chosen by
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
-from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec,
-                   Schedule, SpecError)
+from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
+                   Schedule, SequenceParallel, SpecError)
+
+DEGREE_RULES = ("powers_of_two", "divisors")
+"""How degrees and micro-batch counts are enumerated: Galvatron's powers of two, or every divisor."""
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -18,6 +21,20 @@ def powers_of_two(limit: int) -> list[int]:
         out.append(p)
         p *= 2
     return out
+
+
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """Divisors of ``n`` up to ``limit`` (all when None), ascending."""
+    top = n if limit is None else min(n, limit)
+    return [d for d in range(1, top + 1) if n % d == 0]
+
+
+class VocabChoice(NamedTuple):
+    """The embedding/head strategy of a plan: tp degree, ZeRO-3 flag, sequence parallelism."""
+
+    tp: int
+    zero3: bool = False
+    sp: str = "none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,8 +51,20 @@ class SearchSpace:
     """Explicit tp degrees; None: every power of two up to max_tp."""
     dp_types: tuple[str, ...] = DP_TYPES
     """Data-parallel flavours a layer may use when its dp > 1."""
-    checkpoint: tuple[bool, ...] = (False, True)
-    """Activation checkpointing choices per layer."""
+    recompute: tuple[str, ...] = (Recompute.NONE, Recompute.FULL)
+    """Activation recomputation choices per layer (none, selective, full)."""
+    sp: tuple[str, ...] = (SequenceParallel.NONE,)
+    """Sequence-parallel choices per layer (megatron and ulysses only where tp > 1)."""
+    virtual_stages: tuple[int, ...] = (1,)
+    """Interleaved 1F1B model chunks per rank; v > 1 is searched over uniform plans (one strategy
+    for every layer, as Megatron runs it) in an even partition."""
+    vocab_zero3: tuple[bool, ...] = (False,)
+    """Embedding/head ZeRO-3 choices (Galvatron's embed_sdp); False follows the neighbouring layer."""
+    vocab_sp: tuple[str, ...] = (SequenceParallel.NONE,)
+    """Embedding/head sequence-parallel choices (where vocab tp > 1)."""
+    degrees: str = "powers_of_two"
+    """powers_of_two (Galvatron's pruning, the default) or divisors: every divisor of the stage
+    for tp and vocab tp, of the world for pp, of the global batch for micro-batch counts."""
     tp_consecutive: tuple[bool, ...] = (True, False)
     """TP rank layouts tried when tp > 1 and dp > 1."""
     schedule: str = Schedule.ONE_F_ONE_B
@@ -43,8 +72,10 @@ class SearchSpace:
     micro_batches: tuple[int, ...] | None = None
     """Explicit micro-batch counts; None: powers of two dividing the batch, up to max_micro_batches."""
     max_micro_batches: int = 64
+    """Largest micro-batch count (default 64; the full preset lifts it to the global batch)."""
     vocab_tp: tuple[int, ...] | None = None
-    """Explicit embedding/head tp degrees; None: powers of two up to the stage size dividing the vocab."""
+    """Explicit embedding/head tp degrees; None: degrees up to the stage size and max_tp (the
+    vocabulary is padded as Megatron pads it, so it need not divide)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches"):
@@ -56,45 +87,63 @@ class SearchSpace:
             raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES)}; got {self.dp_types!r}")
         if self.schedule not in SCHEDULES:
             raise SpecError("schedule", f"must be 1f1b or gpipe, got {self.schedule!r}")
-        if not self.checkpoint or not self.tp_consecutive:
-            raise SpecError("checkpoint", "checkpoint and tp_consecutive need at least one choice")
+        if not self.recompute or not self.tp_consecutive or not self.sp or not self.virtual_stages:
+            raise SpecError("recompute", "recompute, sp, virtual_stages and tp_consecutive need at least one choice")
+        bad = [r for r in self.recompute if r not in tuple(Recompute)] + [x for x in self.sp + self.vocab_sp
+                                                                          if x not in tuple(SequenceParallel)]
+        if bad:
+            raise SpecError("recompute/sp", f"unknown choice {bad[0]!r}")
+        if self.degrees not in DEGREE_RULES:
+            raise SpecError("degrees", f"must be one of {', '.join(DEGREE_RULES)}, got {self.degrees!r}")
+        if any(not isinstance(v, int) or v < 1 for v in self.virtual_stages):
+            raise SpecError("virtual_stages", f"must be positive integers, got {self.virtual_stages!r}")
 
     # -- presets and switches -------------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "SearchSpace":
-        """full (default), galvatron (the paper's: ddp+zero3, no checkpointing), dp+tp, dp+pp,
-        3d (tp x pp x dp, plain DDP), and the pure dimensions dp, zero3, tp, pp."""
-        full = cls()
-        paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), checkpoint=(False,))
+        """full (default: every dimension, caps lifted), galvatron (the 2022 paper's: ddp+zero3,
+        no checkpointing), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full checkpointing, Megatron-SP
+        and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
+        with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
+        dp+pp, 3d (tp x pp x dp, plain DDP), and the pure dimensions dp, zero3."""
+        classic = cls()
+        paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), recompute=(Recompute.NONE,))
+        galvatron2 = replace(classic, sp=tuple(SequenceParallel), vocab_zero3=(False, True),
+                             vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
+        full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
+                       virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20)
         presets = {
-            "full": full, "galvatron": paper,
-            "dp+tp": replace(full, pp_degrees=(1,), dp_types=(DPType.DDP,)),
-            "dp+pp": replace(full, tp_degrees=(1,), dp_types=(DPType.DDP,)),
-            "3d": replace(full, dp_types=(DPType.DDP,)),
-            "dp": replace(full, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.DDP,)),
-            "zero3": replace(full, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.ZERO3,)),
+            "full": full, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
+            "dp+tp": replace(classic, pp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "dp+pp": replace(classic, tp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "3d": replace(classic, dp_types=(DPType.DDP,)),
+            "dp": replace(classic, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.DDP,)),
+            "zero3": replace(classic, pp_degrees=(1,), tp_degrees=(1,), dp_types=(DPType.ZERO3,)),
         }
         if name not in presets:
             raise SpecError("space", f"unknown preset {name!r}; choose from {', '.join(presets)}")
         return presets[name]
 
     def widened(self, *, zero2: bool = False, checkpoint: bool = False) -> "SearchSpace":
-        """The same space plus ZeRO-2 and/or activation checkpointing."""
+        """The same space plus ZeRO-2 and/or full activation checkpointing."""
         out = self
         if zero2 and DPType.ZERO2 not in out.dp_types:
             out = replace(out, dp_types=out.dp_types + (DPType.ZERO2,))
-        if checkpoint and True not in out.checkpoint:
-            out = replace(out, checkpoint=out.checkpoint + (True,))
+        if checkpoint and Recompute.FULL not in out.recompute:
+            out = replace(out, recompute=out.recompute + (Recompute.FULL,))
         return out
+
+    def _degrees(self, n: int, limit: int) -> list[int]:
+        return divisors(n, limit) if self.degrees == "divisors" else [d for d in powers_of_two(limit) if n % d == 0]
 
     # -- enumeration ------------------------------------------------------------------------
     def pp_choices(self, model: ModelSpec, cluster: ClusterSpec) -> list[int]:
         world = cluster.world_size
-        base = self.pp_degrees or tuple(powers_of_two(self.max_pp))
+        base = self.pp_degrees or tuple(self._degrees(world, min(self.max_pp, model.num_layers)))
         return [p for p in base if p <= model.num_layers and world % p == 0 and p <= self.max_pp]
 
     def tp_choices(self, gpus: int) -> list[int]:
-        base = self.tp_degrees or tuple(powers_of_two(self.max_tp))
+        base = self.tp_degrees or tuple(self._degrees(gpus, self.max_tp))
         return [t for t in base if gpus % t == 0 and t <= gpus]
 
     def stage_strategies(self, gpus: int) -> list[LayerStrategy]:
@@ -102,23 +151,37 @@ class SearchSpace:
         out = []
         for tp in self.tp_choices(gpus):
             dp = gpus // tp
-            dp_types = self.dp_types if dp > 1 else (DPType.DDP,)
             layouts = self.tp_consecutive if tp > 1 and dp > 1 else (True,)
-            for dp_type in dp_types:
-                for consec in layouts:
-                    for ckpt in self.checkpoint:
-                        out.append(LayerStrategy(tp=tp, dp=dp, dp_type=dp_type,
-                                                 tp_consecutive=consec, checkpoint=ckpt))
+            for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
+                sharded = dp > 1 or sp == SequenceParallel.ULYSSES  # Ulysses shards over tp * dp
+                for dp_type in (self.dp_types if sharded else (DPType.DDP,)):
+                    for consec in layouts:
+                        for recompute in self.recompute:
+                            out.append(LayerStrategy(tp=tp, dp=dp, dp_type=dp_type, tp_consecutive=consec,
+                                                     recompute=recompute, sp=sp))
         return out
 
-    def micro_batch_choices(self, global_batch: int, pp: int) -> list[int]:
-        base = self.micro_batches or tuple(powers_of_two(min(self.max_micro_batches, global_batch)))
-        return [m for m in base if global_batch % m == 0 and (self.schedule == Schedule.GPIPE or m >= pp)]
+    def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
+        limit = min(self.max_micro_batches, global_batch)
+        base = self.micro_batches or tuple(self._degrees(global_batch, limit))
+        return [m for m in base if global_batch % m == 0 and (self.schedule == Schedule.GPIPE or m >= pp)
+                and (virtual_stages == 1 or m % pp == 0)]
 
     def vocab_tp_choices(self, model: ModelSpec, gpus: int) -> list[int]:
-        vocab = model.embedding.vocab_size or 0
-        base = self.vocab_tp or tuple(powers_of_two(min(gpus, self.max_tp)))
-        return [v for v in base if v <= gpus and (not vocab or vocab % v == 0)]
+        base = self.vocab_tp or tuple(self._degrees(gpus, min(gpus, self.max_tp)))
+        return [v for v in base if v <= gpus and gpus % v == 0]
+
+    def vocab_choices(self, model: ModelSpec, gpus: int) -> list[VocabChoice]:
+        """Every (vocab tp, ZeRO-3, sp) the embedding/head may take on a stage of ``gpus`` GPUs."""
+        out = []
+        for v in self.vocab_tp_choices(model, gpus):
+            for sp in (self.vocab_sp if v > 1 else (SequenceParallel.NONE,)):
+                if sp != SequenceParallel.NONE and model.seq_len % v:
+                    continue
+                replicas = gpus // v if sp != SequenceParallel.ULYSSES else gpus
+                for zero3 in (self.vocab_zero3 if replicas > 1 else (False,)):
+                    out.append(VocabChoice(v, zero3, sp))
+        return out
 
 
 def tp_splits(layer: LayerSpec, tp: int) -> bool:
@@ -128,8 +191,12 @@ def tp_splits(layer: LayerSpec, tp: int) -> bool:
 
 
 def layer_allows(layer: LayerSpec, s: LayerStrategy, global_batch: int, micro_batches: int) -> bool:
-    """The per-layer rules of Plan.validate and the executor: tp_splits, batch divisible by dp*m."""
+    """The per-layer rules of Plan.validate and the executor: tp_splits, batch divisible by dp*m,
+    sequence parallelism only on plain blocks whose sequence the degree divides."""
     if not tp_splits(layer, s.tp):
+        return False
+    if s.sp != SequenceParallel.NONE and (layer.seq_len % s.tp or layer.cross_attention_seq_len
+                                          or layer.downsample_to):
         return False
     return global_batch % (s.dp * micro_batches) == 0
 
@@ -141,8 +208,12 @@ class Combo:
     global_batch: int
     pp: int
     micro_batches: int
-    vocab_tp: int
+    vocab: VocabChoice
     schedule: str
+
+    @property
+    def vocab_tp(self) -> int:
+        return self.vocab.tp
 
 
 def combos(model: ModelSpec, cluster: ClusterSpec, global_batches: tuple[int, ...],
@@ -156,5 +227,5 @@ def combos(model: ModelSpec, cluster: ClusterSpec, global_batches: tuple[int, ..
             for m in space.micro_batch_choices(gb, pp):
                 if not all(any(layer_allows(k, s, gb, m) for s in strategies) for k in kinds):
                     continue
-                for v in space.vocab_tp_choices(model, gpus):
+                for v in space.vocab_choices(model, gpus):
                     yield Combo(gb, pp, m, v, space.schedule)

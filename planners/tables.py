@@ -12,7 +12,7 @@ import numpy as np
 
 from cost_models import CostModel, in_flight
 from cost_models.base import BYTES_PER_ACTIVATION
-from planners.space import Combo, SearchSpace, layer_allows
+from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
 from specs import DPType, LayerStrategy, ModelSpec, Plan, even_stage_layers
 
 _CACHES: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
@@ -81,8 +81,8 @@ class ComboTables:
     allowed: np.ndarray
     """[type, strategy] bool."""
     stages: list[StageTables]
-    vocab: dict[int, list[VocabCost]]
-    """vocab tp -> one VocabCost per stage."""
+    vocab: dict[VocabChoice, list[VocabCost]]
+    """embedding/head choice -> one VocabCost per stage."""
     budget_bytes: float
     """Memory a stage may use, runtime overhead already taken off."""
     dp_values: list[int]
@@ -90,15 +90,20 @@ class ComboTables:
     overhead_bytes: float = 0.0
     """The cost model's runtime overhead (already taken off budget_bytes)."""
 
-    def plan(self, choice: list[int], stage_layers: list[int], vocab_tp: int, meta: dict) -> Plan:
-        """The Plan that picks strategy index ``choice[l]`` for layer l."""
+    @property
+    def strategy_dp(self) -> np.ndarray:
+        return np.array([s.dp for s in self.strategies])
+
+    def plan(self, choice: list[int], stage_layers: list[int], vocab: VocabChoice, meta: dict) -> Plan:
+        """The Plan that picks strategy index ``choice[l]`` for layer l and ``vocab`` for the
+        embedding/head."""
         c = self.combo
         return Plan(pp=c.pp, stage_layers=tuple(stage_layers), layers=tuple(self.strategies[i] for i in choice),
                     global_batch=c.global_batch, micro_batches=c.micro_batches, schedule=c.schedule,
-                    vocab_tp=vocab_tp, **meta)
+                    vocab_tp=vocab.tp, vocab_zero3=vocab.zero3, vocab_sp=vocab.sp, **meta)
 
 
-def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[int],
+def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
                  space: SearchSpace, budget_bytes: float) -> ComboTables:
     """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s
     (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``."""
@@ -111,7 +116,7 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
     stages = [_stage(cost_model, combo, types, strategies, allowed, k, gpus) for k in range(combo.pp)]
-    vocab = {v: [_vocab(cost_model, model, replace(combo, vocab_tp=v), k, strategies) for k in range(combo.pp)]
+    vocab = {v: [_vocab(cost_model, model, replace(combo, vocab=v), k, strategies) for k in range(combo.pp)]
              for v in vocab_tps}
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab=vocab,
@@ -142,9 +147,9 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
             if key not in cache:
                 cache[key] = cm.layer_time(layer, s, mbs, combo.micro_batches, first)
             lt = cache[key]
-            key = ("lm", layer, s, mbs, held)
+            key = ("lm", layer, s, mbs, held, combo.micro_batches)
             if key not in cache:
-                cache[key] = cm.layer_memory(layer, s, mbs, held)
+                cache[key] = cm.layer_memory_in(layer, s, mbs, held, combo.micro_batches)
             lm = cache[key]
             arrays["t"][ti, si], arrays["d"][ti, si] = lt.micro_batch_s, lt.tail_s
             arrays["mem"][ti, si] = lm.states_bytes + lm.activations_bytes
@@ -214,4 +219,5 @@ def _probe_plan(model: ModelSpec, combo: Combo, world: int, first: str, last: st
     layers[-1] = LayerStrategy(tp=1, dp=gpus, dp_type=last if gpus > 1 else DPType.DDP)
     layers[0] = LayerStrategy(tp=1, dp=gpus, dp_type=first if gpus > 1 else DPType.DDP)
     return Plan(pp=pp, stage_layers=stage_layers, layers=tuple(layers), global_batch=combo.global_batch,
-                micro_batches=combo.micro_batches, schedule=combo.schedule, vocab_tp=combo.vocab_tp)
+                micro_batches=combo.micro_batches, schedule=combo.schedule, vocab_tp=combo.vocab.tp,
+                vocab_zero3=combo.vocab.zero3, vocab_sp=combo.vocab.sp)

@@ -16,8 +16,16 @@ from simulator.network import Network
 from specs import ClusterSpec
 
 RING_STEPS = {"all_reduce": lambda p: 2 * (p - 1), "all_gather": lambda p: p - 1,
-              "reduce_scatter": lambda p: p - 1}
-"""Number of ring steps of each collective on p ranks; each step moves n/p bytes per rank."""
+              "reduce_scatter": lambda p: p - 1, "all_to_all": lambda p: p - 1}
+"""Number of ring steps of each collective on p ranks; each step moves n/p bytes per rank
+(all-to-all: pairwise exchange, step k sends rank i's block for rank i + k)."""
+
+
+def pairwise_steps(groups: Sequence[Sequence[int]], nbytes: float) -> list:
+    """All-to-all as p - 1 pairwise steps: in step k every rank sends n/p to the rank k after it."""
+    p = max(len(g) for g in groups)
+    return [(tuple((g[i], g[(i + k) % len(g)]) for g in groups if len(g) > 1 for i in range(len(g))), nbytes / p)
+            for k in range(1, p)]
 
 
 def ring_edges(groups: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -179,7 +187,9 @@ class Fabric:
                 one = groups[:1]
                 ring_one = [(tuple(ring_edges(one)), nbytes / p)] * RING_STEPS[kind](p)
                 use_hd = self._alone_s(halving_doubling(one, nbytes)) < self._alone_s(ring_one)
-            if use_hd:
+            if kind == "all_to_all":
+                self._algorithms[key] = pairwise_steps(groups, nbytes)
+            elif use_hd:
                 self._algorithms[key] = halving_doubling(groups, nbytes)
             else:
                 self._algorithms[key] = [(tuple(ring_edges(groups)), nbytes / p)] * RING_STEPS[kind](p)

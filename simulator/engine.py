@@ -65,6 +65,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
                       on_flow_end=flows.append if trace_path is not None else None)
     fabric = Fabric(env, cluster, network, coalesce_steps, LinkCalibration.from_cost_model(cost_model))
     config = WorkerConfig(schedule=plan.schedule, pp=plan.pp, micro_batches=plan.micro_batches, full=full,
+                          virtual_stages=plan.virtual_stages,
                           overlap_dp=overlap_dp, bucket_bytes=bucket_bytes, prefetch=prefetch)
     capacity = cluster.gpu.memory_gib * GIB
     rendezvous = Rendezvous(env) if full else None
@@ -75,7 +76,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
                         for r in ranks])
     if not full:
         fabric.focus_ranks.update(w.rank for ws in workers for w in ws)
-    _wire(workers)
+    _wire(workers, wrap=plan.virtual_stages > 1)
     env.run()
     flat = [w for ws in workers for w in ws]
     stuck = [w.rank for w in flat if not w.action.triggered]
@@ -88,10 +89,12 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
     return _result(plan, cluster, workers, network, env, capacity, recorder, full, exact)
 
 
-def _wire(workers: list[list[Worker]]) -> None:
-    """Stage k's i-th worker sends forward to stage k+1's i-th (rank + GPUs per stage)."""
-    for k in range(len(workers) - 1):
-        for a, b in zip(workers[k], workers[k + 1]):
+def _wire(workers: list[list[Worker]], wrap: bool = False) -> None:
+    """Stage k's i-th worker sends forward to stage k+1's i-th (rank + GPUs per stage); under
+    interleaving the last stage also feeds the first (its next chunk lives there)."""
+    pairs = list(range(len(workers) - 1)) + ([len(workers) - 1] if wrap and len(workers) > 1 else [])
+    for k in pairs:
+        for a, b in zip(workers[k], workers[(k + 1) % len(workers)]):
             a.next, b.prev = b, a
 
 

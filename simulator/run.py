@@ -11,7 +11,7 @@ import cost_models
 from specs import SpecError, cluster_names, load_cluster, load_model, model_names, uniform_plan
 from specs.cli import HelpFormatter
 from specs.errors import one_line_errors
-from specs.plan import Plan, Recompute, Schedule
+from specs.plan import Plan, Recompute, Schedule, SequenceParallel
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 LISTINGS = {"models": model_names, "clusters": cluster_names, "cost-models": cost_models.available}
@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", choices=[r.value for r in Recompute], default=Recompute.NONE.value,
                    help="uniform plan: activation recomputation")
     p.add_argument("--zero", type=int, choices=sorted(ZERO), default=0, help="uniform plan: ZeRO stage (0: DDP)")
+    p.add_argument("--sp", choices=[s.value for s in SequenceParallel], default=SequenceParallel.NONE.value,
+                   help="uniform plan: sequence parallelism over the tp group")
+    p.add_argument("--virtual-stages", type=int, default=1, help="uniform plan: interleaved 1F1B model chunks per rank")
+    p.add_argument("--vocab-tp", type=int, default=1, help="uniform plan: tp degree of the embedding and head")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="where compute times and memory come from")
     p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
@@ -45,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
-    if args.recompute == Recompute.SELECTIVE:
-        raise SpecError("recompute", "selective recomputation is not expressible in a Plan yet "
-                        "(LayerStrategy.checkpoint is all or nothing); use none or full")
+
     for name in ("tp", "pp", "micro_batch"):
         if getattr(args, name) <= 0:
             raise SpecError(name.replace("_", "-"), f"must be a positive integer, got {getattr(args, name)}")
@@ -63,7 +65,8 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
         raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 (dp is 1)")
     return uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
                         micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],
-                        checkpoint=args.recompute == Recompute.FULL, schedule=args.schedule, model=str(args.model),
+                        recompute=args.recompute, sp=args.sp, schedule=args.schedule,
+                        virtual_stages=args.virtual_stages, vocab_tp=args.vocab_tp, model=str(args.model),
                         cluster=str(args.cluster))
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
 from cost_models.base import BYTES_PER_ACTIVATION, activation_message_bytes
+from cost_models.sequence import sync_groups, ulysses_message_bytes
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
 
 GRAD_BYTES_PER_PARAM = 2
@@ -30,16 +31,17 @@ class LayerWork:
     strategy: LayerStrategy
     tp_groups: tuple[tuple[int, ...], ...]
     dp_groups: tuple[tuple[int, ...], ...]
-    tp_bytes: float
-    """Buffer of one TP all-reduce (the layer's activation for one micro-batch, 16-bit)."""
-    tp_forward: int
-    """TP all-reduces in the forward (and as many in backward, again in a recompute)."""
+    tp_calls: tuple[tuple[str, float, int], ...]
+    """TP-group collectives of one forward pass as (kind, bytes, count): Megatron TP two
+    all-reduces of the activation, Megatron-SP a reduce-scatter and an all-gather each instead,
+    Ulysses the QKV and output all-to-alls (as many in backward, again in a full recompute)."""
     states: MemoryBreakdown
     """Parameters, gradients, optimizer states held all iteration."""
     activation_bytes: float
     """Stashed per micro-batch until its backward."""
     recompute_bytes: float
-    """Full activations rebuilt during the backward of a checkpointed layer (temporary)."""
+    """Activations rebuilt during the backward of a recomputed layer (temporary): all of them
+    under full recomputation, the attention core under selective."""
     gathered_bytes: float
     """ZeRO-3: the layer's full (TP-local) parameters while they are gathered."""
     temporary_bytes: float
@@ -67,10 +69,8 @@ class StageWork:
     vocab_memory: MemoryBreakdown
     vocab_groups: tuple[tuple[int, ...], ...]
     """Data-parallel groups of the vocabulary layers (replicas of the vocab_tp shards)."""
-    send_forward_bytes: float
-    """Activation sent to the next stage per micro-batch and replica (0 on the last stage)."""
-    send_backward_bytes: float
-    """Gradient sent to the previous stage (0 on the first stage)."""
+    chunks: tuple["ChunkWork", ...]
+    """The stage's model chunks in order (one without interleaving)."""
     runtime_overhead_bytes: float
     vocab_grad_bytes: float = 0.0
     """Embedding/head gradient that data parallelism synchronises (16-bit, TP-local)."""
@@ -79,31 +79,58 @@ class StageWork:
     tied_groups: tuple[tuple[int, ...], ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class ChunkWork:
+    """One model chunk of a stage: which of its layers, and what crosses its two ends."""
+
+    index: int
+    """Global chunk index j (it runs on stage j % pp)."""
+    positions: tuple[int, ...]
+    """Positions in StageWork.layers."""
+    send_forward_bytes: float
+    """Activation sent to chunk j + 1 per micro-batch and replica (0 for the last chunk)."""
+    send_backward_bytes: float
+    """Gradient sent back to chunk j - 1 (0 for the first chunk)."""
+
+
 def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: CostModel) -> list[StageWork]:
     """One StageWork per pipeline stage of ``plan``."""
     world = cluster.world_size
     per_stage = world // plan.pp
     stages = []
+    chunk_ranges = plan.chunk_ranges()
     for stage, layer_ids in enumerate(plan.stage_ranges()):
+        layer_ids = list(layer_ids)
         first = plan.stage_first_rank(stage, world)
         ranks = tuple(range(first, first + per_stage))
-        layers = tuple(_layer_work(model, plan, cost_model, i, first, i == layer_ids[-1]) for i in layer_ids)
+        ends = {r[-1] for r in chunk_ranges}
+        layers = tuple(_layer_work(model, plan, cost_model, i, first, i in ends) for i in layer_ids)
         vocab_time, vocab_mem = cost_model.vocab_cost(model, plan, stage, world)
         vocab_dp = per_stage // plan.vocab_tp
         _, vocab_groups = layer_groups(first, plan.vocab_tp, vocab_dp, True)
-        last, head = layer_ids[-1], layer_ids[0]
-        fwd = activation_message_bytes(model.layers[last], plan, last) if stage < plan.pp - 1 else 0.0
-        bwd = activation_message_bytes(model.layers[head - 1], plan, head - 1) if stage > 0 else 0.0
         tied_bytes, tied_groups = _tied(model, plan, stage, world) if vocab_mem.gradients_bytes > 0 else (0.0, ())
         stages.append(StageWork(stage=stage, ranks=ranks, layers=layers, vocab=vocab_time,
                                 vocab_memory=vocab_mem, vocab_groups=_tuples(vocab_groups),
-                                send_forward_bytes=fwd, send_backward_bytes=bwd,
+                                chunks=_chunks(model, plan, chunk_ranges, stage, layer_ids),
                                 runtime_overhead_bytes=cost_model.runtime_overhead_bytes,
                                 # sizes from the shapes; none if the cost model gives the vocab no gradients
                                 vocab_grad_bytes=_vocab_params(model, plan, stage) / plan.vocab_tp * GRAD_BYTES_PER_PARAM
                                 if vocab_dp > 1 and vocab_mem.gradients_bytes > 0 else 0.0,
                                 tied_grad_bytes=tied_bytes, tied_groups=tied_groups))
     return stages
+
+
+def _chunks(model: ModelSpec, plan: Plan, chunk_ranges: list, stage: int, layer_ids: list[int]) -> tuple:
+    """The stage's chunks (global index j = c * pp + stage) with their boundary messages."""
+    last_chunk = len(chunk_ranges) - 1
+    out = []
+    for j in range(stage, len(chunk_ranges), plan.pp):
+        ids = list(chunk_ranges[j])
+        fwd = activation_message_bytes(model.layers[ids[-1]], plan, ids[-1]) if j < last_chunk else 0.0
+        bwd = activation_message_bytes(model.layers[ids[0] - 1], plan, ids[0] - 1) if j > 0 else 0.0
+        out.append(ChunkWork(index=j, positions=tuple(layer_ids.index(i) for i in ids),
+                             send_forward_bytes=fwd, send_backward_bytes=bwd))
+    return tuple(out)
 
 
 def _vocab_params(model: ModelSpec, plan: Plan, stage: int) -> float:
@@ -132,23 +159,40 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
     one = cm.layer_memory(layer, s, mbs, 1)
     unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP), mbs, 1)
-    # the recomputed forward rebuilds the layer's full activations while its backward runs
-    full_act = cm.layer_memory(layer, replace(s, checkpoint=False), mbs, 1).activations_bytes if s.checkpoint else 0.0
-    gathered = unsharded.parameters_bytes if s.dp_type == DPType.ZERO3 and s.dp > 1 else 0.0
-    tp_groups, dp_groups = layer_groups(first_rank, s.tp, s.dp, s.tp_consecutive)
+    # the recomputed forward rebuilds what the layer did not keep while its backward runs
+    # (everything under full recomputation, the attention core under selective)
+    full_act = 0.0
+    if s.recompute != "none":
+        full_act = cm.layer_memory(layer, replace(s, recompute="none"), mbs, 1).activations_bytes
+        full_act -= 0.0 if s.checkpoint else one.activations_bytes
+    gathered = unsharded.parameters_bytes if s.dp_type == DPType.ZERO3 and s.grad_dp > 1 else 0.0
+    tp_groups, dp_groups = sync_groups(first_rank, s)
     transition = 0.0
     if not last_of_stage:
         transition = cm.transition_time(layer, s, plan.layers[i + 1], mbs, first_rank)
     return LayerWork(
         index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, update_s=lt.update_s, strategy=s,
         tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
-        tp_bytes=tp_allreduce_bytes(layer, mbs), tp_forward=tp_allreduces_per_forward(layer),
+        tp_calls=tp_calls(layer, s, mbs),
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
                                optimizer_bytes=one.optimizer_bytes),
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
         gathered_bytes=gathered, temporary_bytes=max(0.0, one.temporary_bytes - gathered - full_act),
-        grad_bytes=unsharded.gradients_bytes if s.dp > 1 else 0.0,
+        grad_bytes=unsharded.gradients_bytes if s.grad_dp > 1 else 0.0,
         transition_s=transition)
+
+
+def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int) -> tuple[tuple[str, float, int], ...]:
+    """The forward pass's TP-group collectives (see LayerWork.tp_calls)."""
+    if s.tp <= 1:
+        return ()
+    if s.ulysses:
+        qkv, out = ulysses_message_bytes(layer, s, mbs)
+        return (("all_to_all", qkv, 1), ("all_to_all", out, 1))
+    n, count = tp_allreduce_bytes(layer, mbs), tp_allreduces_per_forward(layer)
+    if s.megatron_sp:
+        return (("reduce_scatter", n, count), ("all_gather", n, count))
+    return (("all_reduce", n, count),)
 
 
 def tp_allreduce_bytes(layer: LayerSpec, micro_batch_size: int) -> float:

@@ -28,6 +28,8 @@ class WorkerConfig:
     pp: int
     micro_batches: int
     full: bool
+    virtual_stages: int = 1
+    """Model chunks per stage (interleaved 1F1B when > 1)."""
     """One worker per rank (True) or per stage (False)."""
     overlap_dp: bool = True
     """Start gradient sync of a bucket as soon as its last backward is done; False waits
@@ -53,7 +55,8 @@ class Worker:
         self.per_stage = len(work.ranks)
         self.prev: Worker | None = None
         self.next: Worker | None = None
-        self.inbox = {"F": simpy.Store(env), "B": simpy.Store(env)}
+        self.inbox = {"F": simpy.FilterStore(env), "B": simpy.FilterStore(env)}
+        """(micro-batch, chunk) messages; a chunk waits for its own (interleaving reorders them)."""
         self.end_s = 0.0
         self.optimizer_s = 0.0
         self._backwards = 0
@@ -71,8 +74,11 @@ class Worker:
     # -- the iteration -------------------------------------------------------------------
     def _run(self):
         self._allocate_states()
-        for kind, mb in schedule_ops(self.cfg.schedule, self.work.stage, self.cfg.pp, self.cfg.micro_batches):
-            yield from (self._forward(mb) if kind == "F" else self._backward(mb))
+        ops = schedule_ops(self.cfg.schedule, self.work.stage, self.cfg.pp, self.cfg.micro_batches,
+                           self.cfg.virtual_stages)
+        for kind, mb, c in ops:
+            chunk = self.work.chunks[c]
+            yield from (self._forward(mb, chunk) if kind == "F" else self._backward(mb, chunk))
         yield from self._finish()
         self.end_s = self.env.now
 
@@ -83,64 +89,82 @@ class Worker:
         for lw in w.layers:
             mem.alloc(f"{lw.name} states", lw.states.states_bytes)
 
-    def _forward(self, mb: int):
+    def _first_chunk(self, chunk) -> bool:
+        return chunk.index == 0
+
+    def _last_chunk(self, chunk) -> bool:
+        return chunk.index == self.cfg.pp * self.cfg.virtual_stages - 1
+
+    def _vocab_leads(self, chunk) -> bool:
+        """The embedding (first stage) or the per-micro-batch overhead (middle stages) runs with
+        the stage's first chunk; the last stage's head runs with the model's last chunk."""
+        return self.work.stage != self.cfg.pp - 1 and chunk.index < self.cfg.pp
+
+    def _tp_calls(self, phase: str, mb: int, lw: LayerWork, rounds: int):
+        """The layer's TP-group collectives, ``rounds`` passes' worth, on the critical path."""
+        for kind, nbytes, count in lw.tp_calls:
+            tag = "tp" if kind == "all_reduce" else {"reduce_scatter": "sp rs", "all_gather": "sp ag",
+                                                     "all_to_all": "a2a"}[kind]
+            yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} {tag} x{count * rounds}", kind, nbytes,
+                                            lw.tp_groups, count * rounds)
+
+    def _forward(self, mb: int, chunk):
         w, compute = self.work, self.gpu.compute
-        last_stage = w.stage == self.cfg.pp - 1
-        if w.stage > 0:
-            yield self.inbox["F"].get()
-        if not last_stage:  # embedding (first stage) or per-micro-batch overhead (middle)
-            yield from self._vocab("F", mb)
-        for pos, lw in enumerate(w.layers):
-            yield from self._gathered(lw, mb, "F", w.layers[pos + 1] if pos + 1 < len(w.layers) else None)
+        if not self._first_chunk(chunk):
+            yield self.inbox["F"].get(lambda msg: msg == (mb, chunk.index))
+        if self._vocab_leads(chunk):
+            yield from self._vocab("F", mb)  # embedding (first stage) or per-micro-batch overhead (middle)
+        layers = [w.layers[p] for p in chunk.positions]
+        for pos, lw in enumerate(layers):
+            yield from self._gathered(lw, mb, "F", layers[pos + 1] if pos + 1 < len(layers) else None)
             yield from compute.run(f"F{mb} {lw.name}", lw.forward_s)
             self.gpu.memory.alloc(f"act {lw.name} mb{mb}", lw.activation_bytes)
-            yield from self._collective_now(Channel.TP, f"F{mb} {lw.name} tp x{lw.tp_forward}", "all_reduce", lw.tp_bytes,
-                                            lw.tp_groups, lw.tp_forward)
+            yield from self._tp_calls("F", mb, lw, 1)
             self._release_gathered(lw, mb, "F")
             if lw.transition_s > 0:
                 yield from self.gpu.channels[Channel.TP].run(f"F{mb} {lw.name} relayout", lw.transition_s / 2)
-        if last_stage:
+        if self._last_chunk(chunk):
             yield from self._vocab("F", mb)
         else:
-            yield from self._send("F", mb, w.send_forward_bytes, self.next)
+            yield from self._send("F", mb, chunk, chunk.send_forward_bytes, self.next)
 
-    def _backward(self, mb: int):
+    def _backward(self, mb: int, chunk):
         w, compute, mem = self.work, self.gpu.compute, self.gpu.memory
         self._backwards += 1
-        last_mb = self._backwards == self.cfg.micro_batches
-        if w.stage < self.cfg.pp - 1:
-            yield self.inbox["B"].get()
+        last_mb = self._backwards == self.cfg.micro_batches * self.cfg.virtual_stages
+        if not self._last_chunk(chunk):
+            yield self.inbox["B"].get(lambda msg: msg == (mb, chunk.index))
         else:
             yield from self._vocab("B", mb)
-        for pos in range(len(w.layers) - 1, -1, -1):
-            lw = w.layers[pos]
+        layers = [w.layers[p] for p in chunk.positions]
+        for pos in range(len(layers) - 1, -1, -1):
+            lw = layers[pos]
             if lw.transition_s > 0:
                 yield from self.gpu.channels[Channel.TP].run(f"B{mb} {lw.name} relayout", lw.transition_s / 2)
-            yield from self._gathered(lw, mb, "B", w.layers[pos - 1] if pos > 0 else None)
+            yield from self._gathered(lw, mb, "B", layers[pos - 1] if pos > 0 else None)
             mem.alloc(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.alloc(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             yield from compute.run(f"B{mb} {lw.name}", lw.backward_s)
-            rounds = lw.tp_forward * (2 if lw.strategy.checkpoint else 1)  # + the recomputed forward's
-            yield from self._collective_now(Channel.TP, f"B{mb} {lw.name} tp x{rounds}", "all_reduce", lw.tp_bytes,
-                                            lw.tp_groups, rounds)
+            # backward's collectives, plus the recomputed forward's under full recomputation
+            yield from self._tp_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
             self._release_gathered(lw, mb, "B")
             self._grads_ready(lw, mb, last_mb)
         self._flush_bucket(mb)
-        for layers, tag in self._after_backward:
-            self._launch_sync(layers, tag)
+        for layers_, tag in self._after_backward:
+            self._launch_sync(layers_, tag)
         self._after_backward = []
-        if w.stage < self.cfg.pp - 1:
+        if self._vocab_leads(chunk):
             yield from self._vocab("B", mb)
         if self._sharded_syncs:
             # ZeRO-2/3 backward ends by waiting for its reduce-scatters (DeepSpeed's epilogue,
             # FSDP's final callback): the gradient buffers never pile up across micro-batches
             yield self.env.all_of(self._sharded_syncs)
             self._sharded_syncs = []
-        if w.stage > 0:
-            yield from self._send("B", mb, w.send_backward_bytes, self.prev)
+        if not self._first_chunk(chunk):
+            yield from self._send("B", mb, chunk, chunk.send_backward_bytes, self.prev)
         if last_mb:
             self._vocab_sync()
 
@@ -186,19 +210,23 @@ class Worker:
         else:
             mem.free(f"vocab act mb{mb}", act)
 
-    def _vocab_in_flight(self) -> int:
-        return max(1, in_flight(self.cfg.schedule, self.cfg.pp, self.work.stage, self.cfg.micro_batches))
+    def _vocab_in_flight(self) -> float:
+        return max(1, in_flight(self.cfg.schedule, self.cfg.pp, self.work.stage, self.cfg.micro_batches,
+                                self.cfg.virtual_stages))
 
-    def _send(self, phase: str, mb: int, nbytes: float, target: "Worker | None"):
-        """Blocking pipeline send (Megatron's p2p waits for the transfer), then deliver."""
-        offset = self.per_stage if phase == "F" else -self.per_stage
+    def _send(self, phase: str, mb: int, chunk, nbytes: float, target: "Worker | None"):
+        """Blocking pipeline send (Megatron's p2p waits for the transfer) to the stage of chunk
+        j + 1 (forward) or j - 1 (backward), wrapping around under interleaving; then deliver."""
+        pp = self.cfg.pp
+        dest = (chunk.index + (1 if phase == "F" else -1)) % pp
+        offset = (dest - self.work.stage) * self.per_stage
         ranks = (self.rank,) if self.cfg.full else self.work.ranks
         pairs = [(r, r + offset) for r in ranks]
-        name = f"{phase}{mb} send"
+        name = f"{phase}{mb} send" + (f" c{chunk.index}" if self.cfg.virtual_stages > 1 else "")
         yield from self.gpu.channels[Channel.P2P].run(name, lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full,
                                                                                     None if self.cfg.full else self.rank))
         if target is not None:
-            target.inbox[phase].put(mb)
+            target.inbox[phase].put((mb, chunk.index + (1 if phase == "F" else -1)))
 
     def _collective(self, channel: str, name: str, kind: str, nbytes: float,
                     groups: Sequence[Sequence[int]]) -> simpy.Event:

@@ -3,8 +3,10 @@ from specs.cluster import ClusterSpec, GPUSpec, GroupLink, InterNodeLink, IntraN
 from specs.errors import SpecError
 from specs.galvatron_io import load_galvatron_plan, plan_from_galvatron, plan_to_galvatron, save_galvatron_plan
 from specs.hf_config import from_hf_config, model_from_dict
+from specs.layer_parts import MLASpec, MoESpec
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
-from specs.plan import (DP_TYPES, SCHEDULES, DPType, LayerStrategy, Plan, Recompute, Schedule, even_stage_layers,
+from specs.plan import (DP_TYPES, SCHEDULES, DPType, LayerStrategy, Plan, Recompute, Schedule, SequenceParallel,
+                        even_stage_layers, padded_vocab,
                         uniform_plan)
 from specs.zoo import cluster_names, load_cluster, load_model, model_names
 
@@ -15,6 +17,6 @@ __all__ = [
     "SpecError", "load_galvatron_plan", "plan_from_galvatron", "plan_to_galvatron",
     "save_galvatron_plan", "from_hf_config", "model_from_dict", "EmbeddingSpec", "HeadSpec",
     "LayerSpec", "ModelSpec", "DP_TYPES", "SCHEDULES", "DPType", "LayerStrategy", "Plan", "Recompute", "Schedule",
-    "even_stage_layers", "uniform_plan",
-    "cluster_names", "load_cluster", "load_model", "model_names",
+    "SequenceParallel", "even_stage_layers", "padded_vocab", "uniform_plan",
+    "cluster_names", "load_cluster", "load_model", "model_names", "MLASpec", "MoESpec",
 ]

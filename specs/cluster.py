@@ -29,6 +29,8 @@ class GPUSpec:
     """Device memory, GiB."""
     memory_bandwidth_gbytes_per_s: float
     """HBM/GDDR bandwidth, GB/s."""
+    source: str = ""
+    """Where the figures come from (data sheet, measurement); informational."""
 
     def __post_init__(self) -> None:
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbytes_per_s"):

@@ -1,16 +1,21 @@
-"""Build a ModelSpec from a Hugging Face style config.json (BERT, T5, ViT, Swin, GPT-2, LLaMA).
+"""Build a ModelSpec from a Hugging Face style config.json (BERT, T5, ViT, Swin, GPT-2, and the
+decoder families of specs.hf_decoders: LLaMA, Mistral, Mixtral, Qwen, Gemma, Phi-3, DeepSeek-V3).
 
 Offline: only the file is read. Keys beyond Hugging Face's own (documented in the README):
 ``seq_length`` (training sequence length), ``decoder_seq_length`` (T5 target length),
-``num_labels`` (classifier classes), ``name`` (the zoo name).
+``name`` (the zoo name).
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
 from specs.errors import SpecError, load_json_with, positive_int
+from specs.hf_decoders import DECODER_BUILDERS
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
+
+log = logging.getLogger(__name__)
 
 
 class _Config:
@@ -26,6 +31,34 @@ class _Config:
         if default is None:
             raise SpecError(keys[0], "missing (required for this model_type)")
         return default
+
+    def count(self, key: str, default: int) -> int:
+        """An integer >= 0 (null = ``default``)."""
+        value = self.raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SpecError(key, f"must be an integer >= 0, got {value!r}")
+        return value
+
+    def seq_len(self, *keys: str) -> int:
+        """The training sequence length: seq_length, else the first of ``keys`` (default
+        max_position_embeddings) with a one-line warning saying so."""
+        if self.raw.get("seq_length") is not None:
+            return self.int("seq_length")
+        keys = keys or ("max_position_embeddings",)
+        key = next((k for k in keys if self.raw.get(k) is not None), keys[0])
+        seq = self.int(key)
+        log.warning("%s: no seq_length given; training sequence length taken from %s = %d",
+                    self.raw.get("name", "config"), key, seq)
+        return seq
+
+    def num_labels(self) -> int:
+        """Classes as transformers counts them: num_labels, else len(id2label), else 2."""
+        labels = self.raw.get("id2label")
+        if self.raw.get("num_labels") is None and isinstance(labels, dict) and labels:
+            return len(labels)
+        return self.int("num_labels", default=2)
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.raw.get(key, default)
@@ -45,21 +78,21 @@ class _Config:
 
 
 def _bert(c: _Config, name: str) -> ModelSpec:
-    h, seq = c.int("hidden_size"), c.int("seq_length", "max_position_embeddings")
+    h, seq = c.int("hidden_size"), c.seq_len()
     layer = LayerSpec(kind="bert", hidden_size=h, num_heads=c.int("num_attention_heads"),
                       ffn_hidden_size=c.int("intermediate_size", default=4 * h), seq_len=seq)
     emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"),
                         max_positions=c.int("max_position_embeddings", default=seq),
                         type_vocab_size=c.int("type_vocab_size", default=2), norm="layernorm")
     head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"), tied=True,
-                    pooler=True, transform=True, seq_len=seq)
+                    pooler=True, transform=True, next_sentence=True, seq_len=seq)
     return ModelSpec(name=name, family="bert", embedding=emb, head=head,
                      layers=(layer,) * c.int("num_hidden_layers"))
 
 
 def _gpt2(c: _Config, name: str) -> ModelSpec:
     h = c.int("n_embd", "hidden_size")
-    seq = c.int("seq_length", "n_positions", "n_ctx")
+    seq = c.seq_len("n_positions", "n_ctx")
     layer = LayerSpec(kind="gpt", hidden_size=h, num_heads=c.int("n_head", "num_attention_heads"),
                       ffn_hidden_size=c.int("n_inner", default=4 * h), seq_len=seq)
     emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"),
@@ -68,20 +101,6 @@ def _gpt2(c: _Config, name: str) -> ModelSpec:
                     tied=c.flag("tie_word_embeddings", True), final_norm="layernorm", seq_len=seq)
     return ModelSpec(name=name, family="gpt2", embedding=emb, head=head,
                      layers=(layer,) * c.int("n_layer", "num_hidden_layers"))
-
-
-def _llama(c: _Config, name: str) -> ModelSpec:
-    h, heads = c.int("hidden_size"), c.int("num_attention_heads")
-    seq = c.int("seq_length", "max_position_embeddings")
-    layer = LayerSpec(kind="llama", hidden_size=h, num_heads=heads,
-                      num_kv_heads=c.int("num_key_value_heads", default=heads),
-                      ffn_hidden_size=c.int("intermediate_size"), gated_ffn=True, seq_len=seq,
-                      bias=c.flag("attention_bias", False), norm="rmsnorm")
-    emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"))
-    head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"),
-                    tied=c.flag("tie_word_embeddings", False), final_norm="rmsnorm", seq_len=seq)
-    return ModelSpec(name=name, family="llama", embedding=emb, head=head,
-                     layers=(layer,) * c.int("num_hidden_layers"))
 
 
 def _t5(c: _Config, name: str) -> ModelSpec:
@@ -94,12 +113,12 @@ def _t5(c: _Config, name: str) -> ModelSpec:
     rel = c.int("relative_attention_num_buckets", default=32) * heads
     n_enc = c.int("num_layers")
     n_dec = c.int("num_decoder_layers", default=n_enc)
-    enc = [LayerSpec(kind="t5_encoder", seq_len=src, relative_position_params=rel if i == 0 else 0, **common)
-           for i in range(n_enc)]
+    enc = [LayerSpec(kind="t5_encoder", seq_len=src, relative_position_params=rel if i == 0 else 0,
+                     stack_norm=i == n_enc - 1, **common) for i in range(n_enc)]
     dec = [LayerSpec(kind="t5_decoder", seq_len=tgt, cross_attention_seq_len=src,
                      relative_position_params=rel if i == 0 else 0, **common) for i in range(n_dec)]
     emb = EmbeddingSpec(hidden_size=h, vocab_size=c.int("vocab_size"))
-    # final norms of encoder and decoder stacks: one counted in the head, one here
+    # final norms of the stacks: the encoder's on its last layer, the decoder's in the head
     head = HeadSpec(kind="lm", hidden_size=h, output_size=c.int("vocab_size"),
                     tied=c.flag("tie_word_embeddings", True), final_norm="rmsnorm", seq_len=tgt)
     model = ModelSpec(name=name, family="t5", embedding=emb, head=head, layers=tuple(enc + dec))
@@ -113,7 +132,7 @@ def _vit(c: _Config, name: str) -> ModelSpec:
                       ffn_hidden_size=c.int("intermediate_size", default=4 * h), seq_len=tokens)
     emb = EmbeddingSpec(kind="patch", hidden_size=h, patch_size=patch, cls_token=True,
                         in_channels=c.int("num_channels", default=3), max_positions=tokens)
-    head = HeadSpec(kind="classifier", hidden_size=h, output_size=c.int("num_labels", default=1000),
+    head = HeadSpec(kind="classifier", hidden_size=h, output_size=c.num_labels(),
                     final_norm="layernorm")
     return ModelSpec(name=name, family="vit", embedding=emb, head=head,
                      layers=(layer,) * c.int("num_hidden_layers"))
@@ -141,25 +160,31 @@ def _swin(c: _Config, name: str) -> ModelSpec:
     emb = EmbeddingSpec(kind="patch", hidden_size=dim, patch_size=patch,
                         in_channels=c.int("num_channels", default=3), norm="layernorm")
     head = HeadSpec(kind="classifier", hidden_size=layers[-1].hidden_size,
-                    output_size=c.int("num_labels", default=1000), final_norm="layernorm")
+                    output_size=c.num_labels(), final_norm="layernorm")
     return ModelSpec(name=name, family="swin", embedding=emb, head=head, layers=tuple(layers))
 
 
 BUILDERS: dict[str, Callable[[_Config, str], ModelSpec]] = {
-    "bert": _bert, "gpt2": _gpt2, "llama": _llama, "t5": _t5, "vit": _vit, "swin": _swin,
+    "bert": _bert, "gpt2": _gpt2, "t5": _t5, "vit": _vit, "swin": _swin, **DECODER_BUILDERS,
 }
 
 
-def model_from_dict(raw: dict[str, Any], name: str = "model") -> ModelSpec:
-    """A ModelSpec from an already-parsed config dict."""
+def model_from_dict(raw: dict[str, Any], name: str = "model", seq_length: int | None = None) -> ModelSpec:
+    """A ModelSpec from an already-parsed config dict; ``seq_length`` overrides the file's."""
     if not isinstance(raw, dict):
         raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
     kind = raw.get("model_type")
     if not isinstance(kind, str) or kind not in BUILDERS:
         raise SpecError("model_type", f"must be one of {', '.join(BUILDERS)}; got {kind!r}")
+    if seq_length is not None:
+        raw = {**raw, "seq_length": positive_int(seq_length, "seq_length")}
     return BUILDERS[kind](_Config(raw), str(raw.get("name", name)))
 
 
-def from_hf_config(path: str | Path) -> ModelSpec:
-    """Read a config.json; any error is one SpecError line naming the file and the field."""
-    return load_json_with(path, lambda raw: model_from_dict(raw, name=Path(path).stem))
+def from_hf_config(path: str | Path, seq_length: int | None = None) -> ModelSpec:
+    """Read a config.json, or the config.json in a directory (as ``save_pretrained`` writes);
+    any error is one SpecError line naming the file and the field."""
+    path, name = Path(path), Path(path).stem
+    if path.is_dir():  # named after the directory, as a Hugging Face repository is
+        path, name = path / "config.json", path.resolve().name
+    return load_json_with(path, lambda raw: model_from_dict(raw, name=name, seq_length=seq_length))

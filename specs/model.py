@@ -5,13 +5,24 @@ import dataclasses
 from dataclasses import dataclass
 
 from specs.errors import SpecError, one_of, positive_int, require
+from specs.layer_parts import MLASpec, MoESpec
 
-LAYER_KINDS = ("gpt", "llama", "bert", "t5_encoder", "t5_decoder", "vit", "swin")
-"""gpt: pre-norm decoder (GPT-2/Megatron); llama: RMSNorm, gated SiLU FFN, no biases;
-bert: post-norm encoder; t5_encoder/t5_decoder: T5 blocks (decoder has cross-attention);
-vit: pre-norm encoder over patches; swin: windowed-attention block."""
+LAYER_KINDS = ("gpt", "llama", "bert", "t5_encoder", "t5_decoder", "vit", "swin", "moe")
+"""gpt: pre-norm decoder (GPT-2/Megatron); llama: RMSNorm, gated SiLU FFN, no biases (also
+Mistral, Qwen, Gemma, Phi-3, DeepSeek dense blocks); bert: post-norm encoder;
+t5_encoder/t5_decoder: T5 blocks (decoder has cross-attention); vit: pre-norm encoder over
+patches; swin: windowed-attention block; moe: a llama-style decoder block whose MLP is a
+mixture of experts (LayerSpec.moe)."""
+
+DROPOUT_FREE_KINDS = ("llama", "moe")
+"""Kinds trained without dropout (no one-byte masks kept)."""
 
 NORMS = ("layernorm", "rmsnorm")
+ATTENTION_KINDS = ("eager", "flash")
+"""eager: scores, softmax and dropout as separate kernels that keep the s x s probabilities for
+backward (Megatron 2021, what the vTrain runs measured); flash: one fused kernel that keeps only
+the output and a per-row log-sum-exp and recomputes the scores in backward (FlashAttention-2/3,
+PyTorch SDPA)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,10 +57,38 @@ class LayerSpec:
     """Extra learned position parameters held by the block (T5 bias, Swin table)."""
     downsample_to: int = 0
     """Swin patch merging after this block: output width (0 = none)."""
+    sliding_window: int = 0
+    """Causal sliding-window attention (Mistral, Gemma-2's local layers): each query attends
+    to at most this many keys; 0 = none. Attention FLOPs and scores scale with it."""
+    qkv_bias: bool | None = None
+    """Q/K/V projections have biases; None follows ``bias`` (Qwen2: true with bias false)."""
+    out_bias: bool | None = None
+    """The attention output projection has a bias; None follows ``bias``."""
+    mlp_bias: bool | None = None
+    """MLP (and expert) linear layers have biases; None follows ``bias``."""
+    qk_norm: bool = False
+    """Qwen3: an RMSNorm over head_dim on queries and on keys."""
+    sandwich_norm: bool = False
+    """Gemma-2: norms after attention and after the MLP too (four per block)."""
+    stack_norm: bool = False
+    """A norm closes the stack this block ends (T5's encoder; the decoder's is the head's)."""
+    moe: MoESpec | None = None
+    """The mixture-of-experts MLP of a 'moe' block (ffn_hidden_size is then the expert width)."""
+    mla: MLASpec | None = None
+    """DeepSeek multi-head latent attention instead of q/k/v projections (head_dim is then
+    the query/key head width; num_kv_heads equals num_heads)."""
+    attention: str = "eager"
+    """How attention is computed, one of ATTENTION_KINDS (time and activation memory differ)."""
 
     def __post_init__(self) -> None:
         one_of(self.kind, LAYER_KINDS, "kind")
         one_of(self.norm, NORMS, "norm")
+        require((self.kind == "moe") == (self.moe is not None), "moe",
+                f"a layer has experts exactly when its kind is 'moe' (kind {self.kind!r}, "
+                f"moe {'set' if self.moe else 'unset'})")
+        if self.sliding_window < 0:
+            raise SpecError("sliding_window", f"must be >= 0, got {self.sliding_window}")
+        one_of(self.attention, ATTENTION_KINDS, "attention")
         for name in ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len"):
             positive_int(getattr(self, name), name)
         kv = self.kv_heads
@@ -70,8 +109,16 @@ class LayerSpec:
 
     @property
     def attention_span(self) -> int:
-        """Keys each query attends to."""
-        return self.attention_window or self.seq_len
+        """Keys each query attends to: the window (Swin) or sliding window, at most seq_len."""
+        spans = [w for w in (self.attention_window, self.sliding_window) if w]
+        return min([self.seq_len, *spans])
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.kind not in DROPOUT_FREE_KINDS
+
+    def _flag(self, value: bool | None) -> bool:
+        return self.bias if value is None else value
 
     @property
     def q_width(self) -> int:
@@ -84,14 +131,28 @@ class LayerSpec:
     # -- counts -----------------------------------------------------------------------
     def _attention_params(self) -> int:
         h, q, kv = self.hidden_size, self.q_width, self.kv_width
+        if self.mla is not None:
+            return self.mla.params(h, self.num_heads, self._flag(self.qkv_bias))
         weights = h * q + 2 * h * kv + q * h
-        return weights + ((q + 2 * kv + h) if self.bias else 0)
+        biases = ((q + 2 * kv) if self._flag(self.qkv_bias) else 0) + (h if self._flag(self.out_bias) else 0)
+        return weights + biases + (2 * self.head_size if self.qk_norm else 0)
+
+    def _mlp_params(self, width: int) -> int:
+        """One dense MLP of inner width ``width``."""
+        h, mats = self.hidden_size, 3 if self.gated_ffn else 2
+        biases = ((2 * width if self.gated_ffn else width) + h) if self._flag(self.mlp_bias) else 0
+        return mats * h * width + biases
 
     def _ffn_params(self) -> int:
-        h, f = self.hidden_size, self.ffn_hidden_size
-        mats = 3 if self.gated_ffn else 2
-        biases = ((2 * f if self.gated_ffn else f) + h) if self.bias else 0
-        return mats * h * f + biases
+        if self.moe is not None:
+            return self.moe.params(self.hidden_size, self._mlp_params)
+        return self._mlp_params(self.ffn_hidden_size)
+
+    def active_param_count(self) -> int:
+        """Parameters one token passes through (param_count for a dense block)."""
+        if self.moe is None:
+            return self.param_count()
+        return self.param_count() - self._ffn_params() + self.moe.active_params(self.hidden_size, self._mlp_params)
 
     def _norm_params(self, width: int) -> int:
         return 2 * width if self.norm == "layernorm" else width
@@ -100,7 +161,8 @@ class LayerSpec:
         """Parameters of the block (attention, cross-attention, MLP, norms, merging)."""
         n_attn = 2 if self.cross_attention_seq_len else 1
         total = n_attn * self._attention_params() + self._ffn_params()
-        total += (n_attn + 1) * self._norm_params(self.hidden_size)
+        norms = n_attn + 1 + (2 if self.sandwich_norm else 0) + (1 if self.stack_norm else 0)
+        total += norms * self._norm_params(self.hidden_size)
         total += self.relative_position_params
         if self.downsample_to:
             total += self._norm_params(4 * self.hidden_size) + 4 * self.hidden_size * self.downsample_to
@@ -109,10 +171,17 @@ class LayerSpec:
     def forward_flops(self, batch: int) -> float:
         """Matmul FLOPs of one forward pass over ``batch`` samples (2 per multiply-add)."""
         h, s = self.hidden_size, self.seq_len
-        proj = 2 * (2 * h * self.q_width + 2 * h * self.kv_width)
-        scores = 2 * 2 * self.attention_span * self.q_width
-        ffn = 2 * h * self.ffn_hidden_size * (3 if self.gated_ffn else 2)
-        per_token = proj + scores + ffn
+        mats = 3 if self.gated_ffn else 2
+        if self.mla is not None:
+            attention = self.mla.flops_per_token(h, self.num_heads, self.attention_span)
+        else:
+            proj = 2 * (2 * h * self.q_width + 2 * h * self.kv_width)
+            attention = proj + 2 * 2 * self.attention_span * self.q_width
+        if self.moe is not None:  # active experts only
+            ffn = self.moe.flops_per_token(h, mats)
+        else:
+            ffn = 2 * h * self.ffn_hidden_size * mats
+        per_token = attention + ffn
         if self.cross_attention_seq_len:
             # queries from this layer (and output proj) per token; keys/values once per encoder token
             per_token += 2 * 2 * h * self.q_width + 2 * 2 * self.cross_attention_seq_len * self.q_width
@@ -183,6 +252,8 @@ class HeadSpec:
     """BERT pooler: dense h x h + tanh on the first token."""
     transform: bool = False
     """BERT MLM transform: dense h x h, GELU, layernorm, plus an output bias."""
+    next_sentence: bool = False
+    """BERT pre-training's next-sentence classifier on the pooled output (h -> 2, with bias)."""
     seq_len: int = 1
     """Positions the head is applied to (seq for lm, 1 for classifier)."""
 
@@ -194,6 +265,7 @@ class HeadSpec:
         h = self.hidden_size
         total = {"": 0, "layernorm": 2 * h, "rmsnorm": h}[self.final_norm]
         total += (h * h + h) if self.pooler else 0
+        total += 2 * h + 2 if self.next_sentence else 0
         if self.transform:
             total += h * h + h + 2 * h + self.output_size
         if self.kind != "none" and not self.tied:
@@ -215,7 +287,7 @@ class ModelSpec:
     layers: tuple[LayerSpec, ...]
     head: HeadSpec
     family: str = ""
-    """bert, t5, vit, swin, gpt2, llama: where it came from."""
+    """The config's model_type (bert, t5, gpt2, llama, mixtral, deepseek_v3, ...): where it came from."""
 
     def __post_init__(self) -> None:
         require(len(self.layers) > 0, "layers", "a model needs at least one layer")
@@ -233,6 +305,11 @@ class ModelSpec:
         return (self.embedding.param_count() + sum(l.param_count() for l in self.layers)
                 + self.head.param_count())
 
+    def active_param_count(self) -> int:
+        """Parameters a token passes through (MoE: router, top-k and shared experts only)."""
+        return (self.embedding.param_count() + sum(l.active_param_count() for l in self.layers)
+                + self.head.param_count())
+
     def forward_flops(self, batch: int) -> float:
         return sum(l.forward_flops(batch) for l in self.layers) + self.head.forward_flops(batch)
 
@@ -248,6 +325,12 @@ class ModelSpec:
                        for l in self.layers)
         head = dataclasses.replace(self.head, seq_len=seq_len if self.head.seq_len > 1 else 1)
         return dataclasses.replace(self, layers=layers, head=head)
+
+    def with_attention(self, attention: str) -> "ModelSpec":
+        """The same model with every layer's attention computed as ``attention`` (eager/flash)."""
+        one_of(attention, ATTENTION_KINDS, "attention")
+        return dataclasses.replace(self, layers=tuple(dataclasses.replace(l, attention=attention)
+                                                      for l in self.layers))
 
     def scaled(self, *, hidden_size: int | None = None, num_layers: int | None = None,
                seq_len: int | None = None, name: str | None = None) -> "ModelSpec":
@@ -303,7 +386,14 @@ def _rescale_layer(layer: LayerSpec, ratio: float) -> LayerSpec:
     while heads > 1 and hidden % heads:
         heads //= 2
     kv = layer.kv_heads if heads % layer.kv_heads == 0 else heads
+    def width(n: int) -> int:
+        return max(1, round(n * ratio)) if n else 0  # 0 (= unset) stays 0
+    moe = layer.moe and dataclasses.replace(
+        layer.moe, expert_ffn_hidden_size=width(layer.moe.expert_ffn_hidden_size),
+        shared_expert_ffn_hidden_size=width(layer.moe.shared_expert_ffn_hidden_size))
+    mla = layer.mla and dataclasses.replace(
+        layer.mla, q_lora_rank=width(layer.mla.q_lora_rank), kv_lora_rank=width(layer.mla.kv_lora_rank))
     return dataclasses.replace(
         layer, hidden_size=hidden, num_heads=heads, num_kv_heads=kv if layer.num_kv_heads else 0,
-        head_dim=0, ffn_hidden_size=max(1, round(layer.ffn_hidden_size * ratio)),
-        downsample_to=round(layer.downsample_to * ratio), relative_position_params=0)
+        head_dim=layer.head_dim if layer.mla else 0, ffn_hidden_size=width(layer.ffn_hidden_size),
+        downsample_to=round(layer.downsample_to * ratio), relative_position_params=0, moe=moe, mla=mla)

@@ -35,19 +35,44 @@ class Schedule(StrEnum):
     """One forward, one backward in the steady state (PipeDream-flush)."""
 
 
+VOCAB_PAD_MULTIPLE = 128
+"""Megatron pads the vocabulary to a multiple of 128 * tp (--make-vocab-size-divisible-by)."""
+
+
 class Recompute(StrEnum):
-    """Activation recomputation of a layer (a Plan expresses none and full as ``checkpoint``)."""
+    """Activation recomputation of a layer in backward."""
 
     NONE = "none"
     """Keep every activation for backward."""
     SELECTIVE = "selective"
-    """Recompute only the attention core (Megatron's selective; not expressible in a Plan yet)."""
+    """Recompute only the attention core (QK^T, softmax, its dropout, attention over V), as
+    Megatron's --recompute-granularity selective does; keep every matmul output."""
     FULL = "full"
-    """Keep the layer's input only; recompute its forward in backward."""
+    """Keep the layer's input only; recompute its whole forward in backward."""
+
+
+class SequenceParallel(StrEnum):
+    """Sequence parallelism of a layer over its tp group (the group of size ``tp``)."""
+
+    NONE = "none"
+    """Tokens replicated over the tp group."""
+    MEGATRON = "megatron"
+    """Megatron-SP: tensor parallel, with norms and dropouts split along the sequence; the
+    all-reduces become reduce-scatter + all-gather (needs tp > 1)."""
+    ULYSSES = "ulysses"
+    """DeepSpeed-Ulysses: the group of size ``tp`` splits the sequence instead of the weights
+    (replicated, synchronised over tp * dp); all-to-alls switch to a head split around the
+    attention core (needs the degree to divide heads and seq)."""
 
 
 DP_TYPES = tuple(DPType)
 SCHEDULES = tuple(Schedule)
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = VOCAB_PAD_MULTIPLE) -> int:
+    """The vocabulary rounded up to a multiple of ``multiple * tp`` (50257 -> 50304 at tp 1..)."""
+    step = multiple * tp
+    return -(-vocab // step) * step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,33 +87,60 @@ class LayerStrategy:
     """One of DPType (a plain string is converted)."""
     tp_consecutive: bool = True
     """TP group on neighbouring ranks (True) or strided across the stage (False)."""
-    checkpoint: bool = False
-    """Recompute this layer's activations in backward (keep only its input)."""
-    sp: bool = False
-    """Megatron sequence parallelism on the tp group (reserved; no planner chooses it yet)."""
+    recompute: Recompute = Recompute.NONE
+    """Activation recomputation in backward (none, selective, full)."""
+    sp: SequenceParallel = SequenceParallel.NONE
+    """Sequence parallelism over the tp group (none, megatron, ulysses)."""
 
     def __post_init__(self) -> None:
         positive_int(self.tp, "tp")
         positive_int(self.dp, "dp")
         object.__setattr__(self, "dp_type", DPType(one_of(self.dp_type, DP_TYPES, "dp_type")))
-        for name in ("tp_consecutive", "checkpoint", "sp"):
-            if not isinstance(getattr(self, name), bool):
-                raise SpecError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.tp_consecutive, bool):
+            raise SpecError("tp_consecutive", f"must be true or false, got {self.tp_consecutive!r}")
+        object.__setattr__(self, "recompute", Recompute(one_of(self.recompute, tuple(Recompute), "recompute")))
+        object.__setattr__(self, "sp", SequenceParallel(one_of(self.sp, tuple(SequenceParallel), "sp")))
 
     @property
     def gpus(self) -> int:
         return self.tp * self.dp
 
+    @property
+    def checkpoint(self) -> bool:
+        """Full recomputation (only the layer input is kept)."""
+        return self.recompute == Recompute.FULL
+
+    @property
+    def megatron_sp(self) -> bool:
+        return self.sp == SequenceParallel.MEGATRON
+
+    @property
+    def ulysses(self) -> bool:
+        return self.sp == SequenceParallel.ULYSSES
+
+    @property
+    def weight_tp(self) -> int:
+        """Degree the weights are split by: tp, or 1 under Ulysses (the group splits tokens)."""
+        return 1 if self.ulysses else self.tp
+
+    @property
+    def grad_dp(self) -> int:
+        """Ranks holding the same weight shard (the gradient-sync and ZeRO group): dp, or
+        tp * dp under Ulysses."""
+        return self.tp * self.dp if self.ulysses else self.dp
+
     def short(self) -> str:
         """Compact text, e.g. ``tp2/dp2 zero3 ckpt``."""
         parts = [f"tp{self.tp}" + ("" if self.tp_consecutive or self.tp == 1 or self.dp == 1 else "s")
                  + f"/dp{self.dp}"]
-        if self.dp > 1 and self.dp_type != DPType.DDP:
+        if self.grad_dp > 1 and self.dp_type != DPType.DDP:
             parts.append(self.dp_type)
-        if self.checkpoint:
+        if self.recompute == Recompute.FULL:
             parts.append("ckpt")
-        if self.sp:
-            parts.append("sp")
+        elif self.recompute == Recompute.SELECTIVE:
+            parts.append("sel")
+        if self.sp != SequenceParallel.NONE:
+            parts.append("sp" if self.megatron_sp else "uly")
         return " ".join(parts)
 
 
@@ -109,7 +161,16 @@ class Plan:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     """One of Schedule (a plain string is converted)."""
     vocab_tp: int = 1
-    """Tensor parallel degree of the embedding and the head."""
+    """Tensor parallel degree of the embedding and the head (vocabulary padded as Megatron
+    pads it, so any degree dividing the stage works)."""
+    vocab_zero3: bool = False
+    """Embedding and head parameters sharded ZeRO-3 over their data-parallel replicas
+    (Galvatron's embed_sdp)."""
+    vocab_sp: SequenceParallel = SequenceParallel.NONE
+    """Sequence parallelism of the embedding and head over the vocab_tp group (Galvatron's
+    vsp is Ulysses: tokens split, weights replicated)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved 1F1B when > 1; layers round-robin)."""
     model: str = ""
     """Zoo name or config path of the model this plan is for (informative)."""
     cluster: str = ""
@@ -121,7 +182,12 @@ class Plan:
         positive_int(self.global_batch, "global_batch")
         positive_int(self.micro_batches, "micro_batches")
         positive_int(self.vocab_tp, "vocab_tp")
+        positive_int(self.virtual_stages, "virtual_stages")
         object.__setattr__(self, "schedule", Schedule(one_of(self.schedule, SCHEDULES, "schedule")))
+        if not isinstance(self.vocab_zero3, bool):
+            raise SpecError("vocab_zero3", f"must be true or false, got {self.vocab_zero3!r}")
+        object.__setattr__(self, "vocab_sp", SequenceParallel(one_of(self.vocab_sp, tuple(SequenceParallel),
+                                                                     "vocab_sp")))
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
@@ -134,13 +200,28 @@ class Plan:
             raise SpecError("stage_layers", f"sum {sum(self.stage_layers)} != {len(self.layers)} layers")
 
     # -- structure --------------------------------------------------------------------
-    def stage_ranges(self) -> list[range]:
-        """Layer indices of each stage."""
-        out, start = [], 0
-        for n in self.stage_layers:
-            out.append(range(start, start + n))
-            start += n
-        return out
+    def chunk_ranges(self) -> list[range]:
+        """Layer indices of each model chunk in pipeline order; chunk j runs on stage j % pp
+        (v = 1: one chunk per stage; interleaved: layers round-robin in equal chunks)."""
+        if self.virtual_stages == 1:
+            out, start = [], 0
+            for n in self.stage_layers:
+                out.append(range(start, start + n))
+                start += n
+            return out
+        size = len(self.layers) // (self.pp * self.virtual_stages)
+        return [range(j * size, (j + 1) * size) for j in range(self.pp * self.virtual_stages)]
+
+    def stage_ranges(self) -> list[list[int] | range]:
+        """Layer indices of each stage (its chunks, in order)."""
+        chunks = self.chunk_ranges()
+        if self.virtual_stages == 1:
+            return chunks
+        return [[i for j in range(k, len(chunks), self.pp) for i in chunks[j]] for k in range(self.pp)]
+
+    def chunk_starts(self) -> set[int]:
+        """First layer of every chunk (a pipeline message arrives there, no re-layout)."""
+        return {r[0] for r in self.chunk_ranges()}
 
     def stage_first_rank(self, stage: int, world_size: int) -> int:
         return stage * (world_size // self.pp)
@@ -151,7 +232,8 @@ class Plan:
 
     def summary(self) -> str:
         """One line: ``pp2 | L0-15 tp2/dp2 zero3 | L16-31 dp4 ckpt`` (runs of equal layers)."""
-        parts = [f"pp{self.pp} m{self.micro_batches}"]
+        parts = [f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+                 + f" m{self.micro_batches}"]
         start = 0
         for i in range(1, len(self.layers) + 1):
             if i == len(self.layers) or self.layers[i] != self.layers[start]:
@@ -171,12 +253,46 @@ class Plan:
         per_stage = world // self.pp
         if self.schedule == Schedule.ONE_F_ONE_B and self.micro_batches < self.pp:
             raise SpecError("micro_batches", f"1f1b needs micro_batches({self.micro_batches}) >= pp({self.pp})")
+        self._check_interleaving(n_layers)
         for i, (s, spec) in enumerate(zip(self.layers, model.layers)):
             _check_layer(i, s, spec, per_stage, self.global_batch, self.micro_batches)
-        heads = getattr(model.embedding, "vocab_size", 0) or 0
-        if self.vocab_tp > per_stage or (heads and heads % self.vocab_tp):
-            raise SpecError("vocab_tp", f"vocab_tp({self.vocab_tp}) must divide vocab({heads}) and "
-                            f"be <= {per_stage} GPUs per stage")
+        self._check_vocab(model, per_stage)
+
+    def _check_interleaving(self, n_layers: int) -> None:
+        v, pp = self.virtual_stages, self.pp
+        if v == 1:
+            return
+        if pp == 1:
+            raise SpecError("virtual_stages", f"virtual_stages {v} needs pp > 1 (pp is 1)")
+        if self.schedule != "1f1b":
+            raise SpecError("virtual_stages", f"virtual_stages {v} needs schedule 1f1b, got {self.schedule}")
+        if n_layers % (pp * v):
+            raise SpecError("virtual_stages", f"virtual_stages {v} needs layers per stage divisible: "
+                            f"{n_layers} layers / (pp {pp} * v {v})")
+        if any(n != n_layers // pp for n in self.stage_layers):
+            raise SpecError("stage_layers", f"virtual_stages {v} needs {n_layers // pp} layers per stage, "
+                            f"got {list(self.stage_layers)}")
+        if self.micro_batches % pp:
+            raise SpecError("micro_batches", f"interleaved 1F1B needs micro-batches a multiple of pp: "
+                            f"micro_batches {self.micro_batches}, pp {pp}")
+
+    def _check_vocab(self, model: Any, per_stage: int) -> None:
+        vtp = self.vocab_tp
+        if vtp > per_stage or per_stage % vtp:
+            raise SpecError("vocab_tp", f"vocab_tp({vtp}) must divide the {per_stage} GPUs per stage")
+        if self.vocab_sp != SequenceParallel.NONE and vtp == 1:
+            raise SpecError("vocab_sp", f"vocab_sp {self.vocab_sp} needs vocab_tp > 1 (vocab_tp is 1)")
+        if self.vocab_sp != SequenceParallel.NONE and model.seq_len % vtp:
+            raise SpecError("vocab_sp", f"vocab_sp {self.vocab_sp}: vocab_tp {vtp} does not divide seq {model.seq_len}")
+        if self.vocab_zero3 and per_stage // vtp == 1 and self.vocab_sp != SequenceParallel.ULYSSES:
+            raise SpecError("vocab_zero3", f"vocab_zero3 needs data-parallel replicas: {per_stage} GPUs per "
+                            f"stage / vocab_tp {vtp} = 1")
+
+    def padded_vocab_size(self, vocab: int) -> int:
+        """The embedding/head rows: ``vocab`` padded as Megatron pads it at vocab_tp."""
+        if self.vocab_sp == SequenceParallel.ULYSSES:
+            return padded_vocab(vocab, 1)
+        return padded_vocab(vocab, self.vocab_tp)
 
     # -- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -195,7 +311,7 @@ class Plan:
         layers_raw = raw.get("layers")
         if not isinstance(layers_raw, list):
             raise SpecError("layers", f"must be a list of strategies, got {layers_raw!r}")
-        layers = tuple(_strategy(i, item) for i, item in enumerate(layers_raw))
+        layers = tuple(_strategy(i, _upgrade_layer(item)) for i, item in enumerate(layers_raw))
         fields = {k: v for k, v in raw.items() if k != "layers"}
         check_fields(cls, [*fields, "layers"])
         return cls(layers=layers, **fields)
@@ -219,15 +335,16 @@ def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
 
 
 def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, global_batch: int,
-                 micro_batches: int = 1, dp_type: str = DPType.DDP, checkpoint: bool = False,
-                 schedule: str = Schedule.ONE_F_ONE_B, tp_consecutive: bool = True, **meta: Any) -> Plan:
+                 micro_batches: int = 1, dp_type: str = DPType.DDP, recompute: str = Recompute.NONE,
+                 sp: str = SequenceParallel.NONE, schedule: str = Schedule.ONE_F_ONE_B, tp_consecutive: bool = True,
+                 **meta: Any) -> Plan:
     """Every layer the same strategy; layers split as evenly as possible over pp stages."""
     positive_int(pp, "pp")
     if num_layers < pp:
         raise SpecError("pp", f"pp({pp}) exceeds the {num_layers} layers")
     stage_layers = even_stage_layers(num_layers, pp)
     strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp > 1 else DPType.DDP,
-                             tp_consecutive=tp_consecutive, checkpoint=checkpoint)
+                             tp_consecutive=tp_consecutive, recompute=recompute, sp=sp)
     return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,
                 global_batch=global_batch, micro_batches=micro_batches, schedule=schedule, **meta)
 
@@ -235,6 +352,8 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, glob
 def _check_layer(i: int, s: LayerStrategy, spec: Any, per_stage: int, batch: int, micro: int) -> None:
     if s.tp * s.dp != per_stage:
         raise SpecError(f"layer {i}", f"tp({s.tp})*dp({s.dp}) = {s.tp * s.dp} != {per_stage} GPUs per stage")
+    if s.sp != SequenceParallel.NONE:
+        _check_sequence_parallel(i, s, spec)
     if spec.num_heads % s.tp:
         raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide heads({spec.num_heads})")
     if spec.kv_heads % s.tp and s.tp % spec.kv_heads:
@@ -242,8 +361,39 @@ def _check_layer(i: int, s: LayerStrategy, spec: Any, per_stage: int, batch: int
     if batch % (s.dp * micro):
         raise SpecError(f"layer {i}", f"global_batch({batch}) is not divisible by "
                         f"dp({s.dp})*micro_batches({micro}) = {s.dp * micro}")
-    if s.dp == 1 and s.dp_type != DPType.DDP:
+    if s.grad_dp == 1 and s.dp_type != DPType.DDP:
         raise SpecError(f"layer {i}", f"dp_type {s.dp_type} needs dp > 1 (dp is 1)")
+
+
+def _check_sequence_parallel(i: int, s: LayerStrategy, spec: Any) -> None:
+    """Ulysses: the degree (tp) must divide heads and seq; Megatron-SP: tp > 1 and divides seq."""
+    name = "ulysses degree" if s.ulysses else "sp megatron: tp"
+    if s.tp == 1:
+        raise SpecError(f"layer {i}", f"sp {s.sp} needs tp > 1 (tp is 1)")
+    if s.ulysses and spec.num_heads % s.tp:
+        raise SpecError(f"layer {i}", f"ulysses degree {s.tp} does not divide heads {spec.num_heads}")
+    if spec.seq_len % s.tp:
+        raise SpecError(f"layer {i}", f"{name} {s.tp} does not divide seq {spec.seq_len}")
+    if spec.cross_attention_seq_len or spec.downsample_to:
+        raise SpecError(f"layer {i}", f"sp {s.sp} is not modelled for blocks with cross-attention or patch merging")
+
+
+def _upgrade_layer(item: Any) -> Any:
+    """Plan files written before recompute/sp were enums: boolean ``checkpoint`` -> recompute
+    full/none, boolean ``sp`` -> megatron/none (same PLAN_VERSION: both spellings load)."""
+    if not isinstance(item, dict):
+        return item
+    out = dict(item)
+    if "checkpoint" in out:
+        flag = out.pop("checkpoint")
+        if not isinstance(flag, bool):
+            raise SpecError("checkpoint", f"must be true or false, got {flag!r}")
+        if "recompute" in out and out["recompute"] != (Recompute.FULL if flag else Recompute.NONE):
+            raise SpecError("checkpoint", f"checkpoint {flag} contradicts recompute {out['recompute']!r}")
+        out["recompute"] = Recompute.FULL if flag else Recompute.NONE
+    if isinstance(out.get("sp"), bool):
+        out["sp"] = SequenceParallel.MEGATRON if out["sp"] else SequenceParallel.NONE
+    return out
 
 
 def _strategy(i: int, item: Any) -> LayerStrategy:

@@ -1,4 +1,5 @@
-"""Activation checkpointing per layer: keep the block's input, recompute the rest in backward."""
+"""Activation checkpointing per layer: full (keep the block's input, recompute the rest in backward)
+or selective (recompute only the attention core)."""
 from __future__ import annotations
 
 import torch
@@ -17,5 +18,13 @@ class Checkpointed(nn.Module):
         return checkpoint(self.inner, x, use_reentrant=False)
 
 
-def apply_ac(block: nn.Module, enabled: bool) -> nn.Module:
-    return Checkpointed(block) if enabled else block
+def apply_ac(block: nn.Module, recompute: str) -> nn.Module:
+    """full: checkpoint the whole block; selective: only its attention core(s) (Korthikanti
+    et al.: keep every matmul output, re-run QK^T, softmax and attention over V); none: as is."""
+    if recompute == "full":
+        return Checkpointed(block)
+    if recompute == "selective":
+        for attn in (getattr(block, "attn", None), getattr(block, "cross", None)):
+            if attn is not None:
+                attn.recompute_core = True
+    return block

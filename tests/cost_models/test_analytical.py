@@ -73,7 +73,7 @@ def test_bad_calibration_file_is_a_one_line_error(tmp_path):
 def test_layer_time_is_cached_and_grows_with_batch():
     model = cost_models.get("analytical", load_cluster("dgx-a100-80g"))
     layer = load_model("gpt-1.7b").layers[0]
-    s = LayerStrategy(tp=2, dp=4, checkpoint=True)
+    s = LayerStrategy(tp=2, dp=4, recompute="full")
     a, b = model.layer_time(layer, s, 2, 4), model.layer_time(layer, s, 2, 4)
     assert a is b
     big = model.layer_time(layer, s, 8, 4)
@@ -137,7 +137,7 @@ def test_plan_cost_puts_the_head_on_the_last_stage_and_fits_the_formula():
     model_spec = load_model("gpt-1.7b").with_seq_len(1024)
     cluster = load_cluster("dgx-a100-80g")
     model = cost_models.get("analytical", cluster)
-    plan = uniform_plan(model_spec.num_layers, tp=2, dp=2, pp=2, global_batch=16, micro_batches=4, checkpoint=True)
+    plan = uniform_plan(model_spec.num_layers, tp=2, dp=2, pp=2, global_batch=16, micro_batches=4, recompute="full")
     cost = model.plan_cost(model_spec, plan)
     assert cost.stage_time_s[1] > cost.stage_time_s[0]  # logits + loss
     assert cost.iteration_time_s == pytest.approx(sum(cost.stage_time_s) + 3 * max(cost.stage_time_s)

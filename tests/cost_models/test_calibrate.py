@@ -35,7 +35,7 @@ def _synthetic_runs(truth: AnalyticalConstants) -> list[Run]:
             gpus = tp * dp * pp
             cl = replace(cluster, gpus_per_node=gpus)
             plan = uniform_plan(layers, tp=tp, dp=dp, pp=pp, global_batch=mbs * dp * m, micro_batches=m,
-                                checkpoint=True)
+                                recompute="full")
             runs.append(Run(model, cl, plan, 0.0))
     times = predict(truth, runs)
     return [Run(r.model, r.cluster, r.plan, t) for r, t in zip(runs, times)]

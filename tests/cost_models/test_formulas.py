@@ -31,8 +31,8 @@ def test_activation_bytes_of_one_gpt_layer():
     s, b, h, a = 1024, 2, 1024, 16
     assert activation_bytes(GPT, LayerStrategy(), b) == s * b * h * (34 + 5 * a * s / h)
     assert activation_bytes(GPT, LayerStrategy(tp=4), b) == s * b * h * (10 + 24 / 4 + 5 * a * s / (h * 4))
-    assert activation_bytes(GPT, LayerStrategy(tp=4, sp=True), b) == pytest.approx(s * b * h / 4 * (34 + 5 * a * s / h))
-    assert activation_bytes(GPT, LayerStrategy(checkpoint=True), b) == 2 * s * b * h
+    assert activation_bytes(GPT, LayerStrategy(tp=4, sp="megatron"), b) == pytest.approx(s * b * h / 4 * (34 + 5 * a * s / h))
+    assert activation_bytes(GPT, LayerStrategy(recompute="full"), b) == 2 * s * b * h
 
 
 @pytest.mark.parametrize("dp_type, gbytes", [("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9), ("ddp", 120.0)])

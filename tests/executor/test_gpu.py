@@ -18,7 +18,7 @@ NEEDS_GPU = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 @NEEDS_GPU
 def test_single_gpu_run_matches_the_cpu_reference():
     model = specs.load_model("tiny-gpt")
-    plan = uniform_plan(4, global_batch=4, micro_batches=2, checkpoint=True)
+    plan = uniform_plan(4, global_batch=4, micro_batches=2, recompute="full")
     m = run_plan(plan, model, world_size=1, steps=2, check=True, device="cuda", check_atol=1e-4, timeout_s=300)
     assert m.check.passed, m.check
     assert m.device == "cuda:0"
@@ -39,7 +39,7 @@ def test_bf16_single_gpu_run_matches_the_bf16_reference():
 def test_checkpointing_lowers_measured_gpu_memory():
     model = specs.load_model("gpt-1.7b").scaled(hidden_size=512, num_layers=4, seq_len=512)
     plain = run_plan(uniform_plan(4, global_batch=8), model, world_size=1, steps=2, device="cuda", bf16=True)
-    ckpt = run_plan(uniform_plan(4, global_batch=8, checkpoint=True), model, world_size=1, steps=2,
+    ckpt = run_plan(uniform_plan(4, global_batch=8, recompute="full"), model, world_size=1, steps=2,
                     device="cuda", bf16=True)
     assert ckpt.peak_memory_bytes[0] < plain.peak_memory_bytes[0]
 

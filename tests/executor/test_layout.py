@@ -45,6 +45,16 @@ def test_kv_heads_must_split(tiny_gpt):
         check_runnable(llama, uniform_plan(4, tp=8, global_batch=8), 8)
 
 
+def test_layers_the_blocks_cannot_build_are_refused():
+    moe = specs.load_model("tiny-moe")
+    with pytest.raises(SpecError, match=r"layer 0: the executor cannot build moe \(experts\) yet"):
+        check_runnable(moe, uniform_plan(4, global_batch=2), 1)
+    windowed = moe.with_seq_len(64)
+    layers = tuple(dataclasses.replace(l, kind="llama", moe=None, sliding_window=16) for l in windowed.layers)
+    with pytest.raises(SpecError, match=r"sliding_window\(16\)"):
+        check_runnable(dataclasses.replace(windowed, layers=layers), uniform_plan(4, global_batch=2), 1)
+
+
 def test_a_broken_layer_chain_is_rejected(tiny_gpt):
     layers = list(tiny_gpt.layers)
     layers[2] = dataclasses.replace(layers[2], hidden_size=64, num_heads=4, ffn_hidden_size=256)
@@ -56,6 +66,6 @@ def test_a_broken_layer_chain_is_rejected(tiny_gpt):
 def test_sequence_parallel_refused_where_the_block_cannot_shard_the_sequence():
     t5 = specs.load_model("t5-large-48").scaled(hidden_size=64, num_layers=2, seq_len=16)
     plan = uniform_plan(2, tp=2, global_batch=2)
-    plan = dataclasses.replace(plan, layers=tuple(dataclasses.replace(s, sp=True) for s in plan.layers))
-    with pytest.raises(SpecError, match="layer 1: sp is not supported on blocks with cross-attention"):
+    plan = dataclasses.replace(plan, layers=tuple(dataclasses.replace(s, sp="megatron") for s in plan.layers))
+    with pytest.raises(SpecError, match="layer 1: sp megatron is not modelled for blocks with cross-attention"):
         check_runnable(t5, plan, 2)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import specs
+from executor.unsupported import refuse_unsupported
 from specs import Plan
 
 from executor.checks import check_runnable
@@ -67,6 +68,11 @@ def test_planners_compare_files_run_end_to_end(cluster, extra, tmp_path):
     model = specs.load_model("tiny-gpt")
     world = specs.load_cluster(cluster).world_size
     for plan in _compare_plans(cluster, tmp_path, extra):
+        try:
+            refuse_unsupported(plan)
+        except specs.SpecError as err:  # e.g. megatron_3d's interleaved plans: refused in one line
+            assert "\n" not in str(err)
+            continue
         assert_matches_reference(plan, model, world)
 
 

@@ -8,7 +8,7 @@ from executor.reference import CHECK_ATOL_BF16
 from executor.run import run_plan
 from executor.train import TrainConfig, worker
 from specs import LayerStrategy as L
-from specs import Plan, uniform_plan
+from specs import Plan, SpecError, uniform_plan
 
 from tests.executor import broken_workers
 from tests.executor.conftest import assert_matches_reference
@@ -25,7 +25,8 @@ ALONE_2 = {
     "zero2": dict(dp=2, dp_type="zero2"),
     "zero3": dict(dp=2, dp_type="zero3", micro_batches=2),
     "tp": dict(tp=2),
-    "checkpoint": dict(dp=2, checkpoint=True),
+    "checkpoint": dict(dp=2, recompute="full"),
+    "selective": dict(dp=2, recompute="selective"),
     "pp-1f1b": dict(pp=2, micro_batches=2),
     "pp-gpipe": dict(pp=2, micro_batches=4, schedule="gpipe"),
 }
@@ -38,14 +39,31 @@ def test_each_strategy_alone_on_2_ranks(tiny_gpt, kind):
 
 
 def test_sequence_parallel_on_2_ranks(tiny_gpt):
-    plan = mixed([4], [L(tp=2, sp=True)] * 4, global_batch=4, micro_batches=1)
+    plan = mixed([4], [L(tp=2, sp="megatron")] * 4, global_batch=4, micro_batches=1)
     assert_matches_reference(plan, tiny_gpt, 2)
+
+
+def test_sequence_parallel_with_selective_recompute_on_4_ranks(tiny_gpt):
+    """Korthikanti et al.'s recipe: Megatron-SP on tp 2, attention core recomputed, dp 2."""
+    plan = mixed([4], [L(tp=2, dp=2, sp="megatron", recompute="selective")] * 3 + [L(tp=2, dp=2, recompute="full")],
+                 global_batch=4, micro_batches=1)
+    assert_matches_reference(plan, tiny_gpt, 4)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(tp=2, dp=2, sp="ulysses"), "layer 0: sp ulysses is planned and simulated but the executor does not run it"),
+    (dict(dp=2, pp=2, micro_batches=2, virtual_stages=2), "virtual_stages 2: the executor does not run interleaved"),
+])
+def test_what_the_executor_cannot_run_is_refused_in_one_line(tiny_gpt, kw, message):
+    from executor.checks import check_runnable
+    with pytest.raises(SpecError, match=message):
+        check_runnable(tiny_gpt, uniform_plan(4, global_batch=4, **kw), 4)
 
 
 @pytest.mark.slow
 def test_sequence_parallel_mixed_with_relayouts_and_zero3_on_4_ranks(tiny_gpt):
-    plan = mixed([4], [L(tp=2, dp=2, sp=True, dp_type="zero3"), L(tp=4, sp=True, checkpoint=True), L(dp=4),
-                       L(tp=2, dp=2, tp_consecutive=False, sp=True)])
+    plan = mixed([4], [L(tp=2, dp=2, sp="megatron", dp_type="zero3"), L(tp=4, sp="megatron", recompute="full"), L(dp=4),
+                       L(tp=2, dp=2, tp_consecutive=False, sp="megatron")])
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
@@ -61,19 +79,19 @@ def test_2d_tp_and_zero3_on_4_ranks(tiny_gpt):
 
 def test_mixed_layers_with_relayouts_on_4_ranks(tiny_gpt):
     """Every pair of neighbours differs in tp, dp or rank layout; dp types and checkpointing mix."""
-    plan = mixed([4], [L(tp=2, dp=2), L(dp=4, dp_type="zero3", checkpoint=True), L(tp=4),
+    plan = mixed([4], [L(tp=2, dp=2), L(dp=4, dp_type="zero3", recompute="full"), L(tp=4),
                        L(tp=2, dp=2, tp_consecutive=False, dp_type="zero2")])
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
 def test_mixed_layers_inside_uneven_pipeline_stages_on_4_ranks(tiny_gpt):
-    plan = mixed([1, 3], [L(tp=2), L(dp=2, dp_type="zero2"), L(dp=2, checkpoint=True), L(tp=2)])
+    plan = mixed([1, 3], [L(tp=2), L(dp=2, dp_type="zero2"), L(dp=2, recompute="full"), L(tp=2)])
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
 def test_3d_mixed_plan_on_8_ranks(tiny_gpt):
     """Galvatron-style: pp2, and inside each stage layers of different tp/dp/layout/ZeRO."""
-    plan = mixed([1, 3], [L(tp=4), L(tp=2, dp=2, dp_type="zero2"), L(dp=4, checkpoint=True),
+    plan = mixed([1, 3], [L(tp=4), L(tp=2, dp=2, dp_type="zero2"), L(dp=4, recompute="full"),
                           L(tp=2, dp=2, tp_consecutive=False, dp_type="zero3")], schedule="gpipe")
     assert_matches_reference(plan, tiny_gpt, 8)
 
@@ -81,9 +99,9 @@ def test_3d_mixed_plan_on_8_ranks(tiny_gpt):
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", [
     uniform_plan(4, pp=2, tp=2, dp=2, dp_type="zero3", global_batch=8, micro_batches=2),
-    uniform_plan(4, tp=2, dp=4, tp_consecutive=False, global_batch=8, checkpoint=True),
+    uniform_plan(4, tp=2, dp=4, tp_consecutive=False, global_batch=8, recompute="full"),
     uniform_plan(4, pp=4, dp=2, global_batch=8, micro_batches=4, dp_type="zero2"),
-    mixed([3, 1], [L(tp=2, dp=2, tp_consecutive=False), L(dp=4, dp_type="zero3"), L(tp=4, checkpoint=True),
+    mixed([3, 1], [L(tp=2, dp=2, tp_consecutive=False), L(dp=4, dp_type="zero3"), L(tp=4, recompute="full"),
                    L(dp=4)]),
 ], ids=["pp2-tp2-zero3", "tp2s-dp4-ckpt", "pp4-zero2", "mixed-pp2"])
 def test_8_rank_matrix(tiny_gpt, plan):
@@ -94,7 +112,7 @@ def test_8_rank_matrix(tiny_gpt, plan):
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama"])
 def test_other_families_mixed_on_4_ranks(name):
     model = specs.load_model(name)
-    plan = mixed([2, 2], [L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, checkpoint=True), L(tp=2)], global_batch=4)
+    plan = mixed([2, 2], [L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, recompute="full"), L(tp=2)], global_batch=4)
     assert_matches_reference(plan, model, 4)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import zlib
 
+from dataclasses import replace
+
 import numpy as np
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
@@ -100,6 +102,11 @@ def tiny_model(layers: int, identical: bool = False) -> ModelSpec:
 SMALL_SPACE = SearchSpace(max_tp=4, max_pp=2, dp_types=("ddp", "zero3"), micro_batches=(1, 2),
                           vocab_tp=(1, 2))
 """Up to 14 strategies a layer, pp 1 or 2, two micro-batch counts, two vocab tps."""
+
+ENLARGED_SPACE = replace(SMALL_SPACE, recompute=("none", "selective", "full"), sp=("none", "megatron", "ulysses"),
+                         vocab_sp=("none", "megatron"), vocab_zero3=(False, True), virtual_stages=(1, 2))
+"""SMALL_SPACE with the issue-15 dimensions: recompute, sequence parallelism, vocabulary
+ZeRO-3/sp and interleaving."""
 
 
 def instance(seed: int) -> tuple[ModelSpec, ClusterSpec, RandomCostModel, Budget]:

@@ -99,3 +99,14 @@ def test_profiled_cost_model_on_galvatrons_files(capsys, galvatron_dir):
 def test_profile_options_need_the_profiled_cost_model(capsys):
     assert compare.main(FAST + ["--profile", "p.json"]) == 2
     assert "--profile/--galvatron-dir need --cost-model profiled" in capsys.readouterr().err
+
+
+def test_plans_within_the_model_error_of_the_best_are_marked_ties():
+    from planners.records import mark_ties
+    rows = [{"feasible": True, "budget_gib": 16, "throughput_samples_per_s": t} for t in (100.0, 96.0, 80.0)]
+    rows.append({"feasible": False, "budget_gib": 16, "throughput_samples_per_s": 0.0})
+    rows.append({"feasible": True, "budget_gib": 32, "throughput_samples_per_s": 50.0})
+    mark_ties(rows, (-0.04, 0.02))  # 6% wide: 96 is 4% behind 100, 80 is 20% behind
+    assert [r["tie"] for r in rows] == [False, True, False, False, False]
+    mark_ties(rows, (0.0, 0.0))  # no error band known: nothing is a tie
+    assert not any(r["tie"] for r in rows)

@@ -5,22 +5,36 @@ from __future__ import annotations
 import pytest
 
 import planners
-from tests.planners.random_instances import SMALL_SPACE, instance
+from tests.planners.random_instances import ENLARGED_SPACE, SMALL_SPACE, instance
 
 SEEDS = range(50)
 EXACT = (("galvatron", {"mode": "exact"}), ("ilp", {"warm_start": False}), ("cpsat", {"warm_start": False}))
 
 
-def _run(seed):
+def _run(seed, space=SMALL_SPACE):
     model, cluster, cm, budget = instance(seed)
-    results = {name: planners.get(name).plan(model, cluster, budget, cm, {"space": SMALL_SPACE, **opts})
+    results = {name: planners.get(name).plan(model, cluster, budget, cm, {"space": space, **opts})
                for name, opts in EXACT}
     return model, cluster, cm, budget, results
 
 
+ENLARGED_SEEDS = [s if s < 5 else pytest.param(s, marks=pytest.mark.slow) for s in SEEDS]
+"""The enlarged space takes about a minute an instance here: five in the default run, all 50 with -m slow."""
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_exact_planners_agree(seed):
-    model, cluster, cm, budget, results = _run(seed)
+    _check_agreement(seed, SMALL_SPACE)
+
+
+@pytest.mark.parametrize("seed", ENLARGED_SEEDS)
+def test_exact_planners_agree_on_the_enlarged_space(seed):
+    """Selective recompute, Megatron-SP, Ulysses, vocabulary ZeRO-3/SP and interleaving added."""
+    _check_agreement(seed, ENLARGED_SPACE)
+
+
+def _check_agreement(seed, space):
+    model, cluster, cm, budget, results = _run(seed, space)
     feasible = {n: r.feasible for n, r in results.items()}
     assert len(set(feasible.values())) == 1, feasible
     if not results["galvatron"].feasible:

@@ -45,7 +45,39 @@ def test_combos_respect_divisibility_and_1f1b():
     assert seen
     for c in seen:
         assert 8 % c.micro_batches == 0 and c.micro_batches >= c.pp
-        assert model.embedding.vocab_size % c.vocab_tp == 0
+        assert (cluster.world_size // c.pp) % c.vocab_tp == 0
+    # 30522 is not a multiple of 4: offered anyway, the vocabulary is padded as Megatron pads it
+    assert 4 in {c.vocab_tp for c in seen}
+
+
+def test_galvatron2_and_full_presets_add_the_new_dimensions():
+    g2 = SearchSpace.preset("galvatron2").stage_strategies(8)
+    assert {s.sp for s in g2} == {"none", "megatron", "ulysses"} and {s.recompute for s in g2} == {"none", "full"}
+    assert all(s.sp == "none" for s in g2 if s.tp == 1)  # sp needs a tp group
+    # Ulysses shards states over its whole group: ZeRO with dp 1 is a choice there
+    assert any(s.ulysses and s.dp == 1 and s.dp_type == "zero3" for s in g2)
+    full = SearchSpace.preset("full")
+    assert "selective" in {s.recompute for s in full.stage_strategies(8)}
+    assert full.virtual_stages == (1, 2, 4)
+    model = load_model("bert-huge-32")
+    assert {v.sp for v in full.vocab_choices(model, 8)} == {"none", "megatron", "ulysses"}
+    assert {v.zero3 for v in full.vocab_choices(model, 8)} == {False, True}
+    assert SearchSpace.preset("galvatron").vocab_choices(model, 8) == [(1, False, "none"), (2, False, "none"),
+                                                                       (4, False, "none"), (8, False, "none")]
+
+
+def test_caps_are_options_with_stated_defaults():
+    space = SearchSpace()
+    assert space.micro_batch_choices(1536, 8) == [8, 16, 32, 64]  # powers of two up to max_micro_batches 64
+    lifted = SearchSpace(degrees="divisors", max_micro_batches=1536)
+    assert 1536 in lifted.micro_batch_choices(1536, 8) and 24 in lifted.micro_batch_choices(1536, 8)
+    assert lifted.micro_batch_choices(1536, 8, virtual_stages=2)[:3] == [8, 16, 24]  # multiples of pp
+    model, cluster = load_model("bert-huge-32"), load_cluster("dgx-a100-80g:8")
+    assert SearchSpace().pp_choices(model, cluster) == [1, 2, 4, 8]
+    assert SearchSpace(max_pp=64).pp_choices(model, cluster) == [1, 2, 4, 8, 16, 32]  # pp <= 32 layers
+    assert SearchSpace(degrees="divisors").tp_choices(6) == [1, 2, 3, 6]
+    with pytest.raises(SpecError, match="degrees: must be one of powers_of_two, divisors"):
+        SearchSpace(degrees="primes")
 
 
 def test_layer_rules():

@@ -45,9 +45,9 @@ class HandCostModel(CostModel):
         return LayerTime(forward_s=0.0, backward_s=0.0), MemoryBreakdown()
 
 
-def tiny_model(layers: int, hidden: int = 64, seq: int = 8):
+def tiny_model(layers: int, hidden: int = 64, seq: int = 8, heads: int = 1):
     """A GPT whose pipeline message is hidden * seq * 2 bytes per sample (1024 by default)."""
-    return model_from_dict({"model_type": "gpt2", "n_embd": hidden, "n_head": 1, "n_layer": layers,
+    return model_from_dict({"model_type": "gpt2", "n_embd": hidden, "n_head": heads, "n_layer": layers,
                             "n_positions": seq, "seq_length": seq, "vocab_size": 64, "tie_word_embeddings": False},
                            name="hand-gpt")
 

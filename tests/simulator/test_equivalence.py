@@ -13,7 +13,7 @@ def _analytical(cluster, **constants):
 
 
 @pytest.mark.parametrize("kw", [
-    dict(tp=2, dp=2, pp=2, micro_batches=4, dp_type="zero2", schedule="1f1b", checkpoint=True),
+    dict(tp=2, dp=2, pp=2, micro_batches=4, dp_type="zero2", schedule="1f1b", recompute="full"),
     dict(tp=2, dp=4, pp=1, micro_batches=2, dp_type="zero3", schedule="gpipe", tp_consecutive=False),
     dict(tp=1, dp=2, pp=4, micro_batches=4, dp_type="ddp", schedule="1f1b"),
 ])
@@ -68,7 +68,7 @@ def test_no_overlap_no_contention_matches_the_cost_model_within_one_percent(name
     model = load_model(name)
     for tp, pp, m, ckpt, dp_type, schedule in PLANS:
         plan = uniform_plan(model.num_layers, tp=tp, dp=8 // (tp * pp), pp=pp, global_batch=64, micro_batches=m,
-                            checkpoint=ckpt, dp_type=dp_type, schedule=schedule)
+                            recompute="full" if ckpt else "none", dp_type=dp_type, schedule=schedule)
         sim = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=False)
         formula = cm.plan_cost(model, plan)
         assert sim.iteration_time_s == pytest.approx(formula.iteration_time_s, rel=0.01), plan.summary()
@@ -105,7 +105,7 @@ def test_heterogeneous_plan_with_a_relayout_runs_and_matches_full():
     cluster = load_cluster("dgx-a100-80g")
     model = load_model("gpt-1.7b").scaled(num_layers=4)
     layers = [LayerStrategy(tp=2, dp=2), LayerStrategy(tp=4, dp=1), LayerStrategy(tp=1, dp=4, dp_type="zero3"),
-              LayerStrategy(tp=1, dp=4, dp_type="zero3", checkpoint=True)]
+              LayerStrategy(tp=1, dp=4, dp_type="zero3", recompute="full")]
     plan = Plan(pp=2, stage_layers=(2, 2), layers=tuple(layers), global_batch=8, micro_batches=2)
     cm = _analytical(cluster)
     short, full = simulate(model, cluster, plan, cm), simulate(model, cluster, plan, cm, full=True)

@@ -20,7 +20,7 @@ def plans(draw):
     m = draw(st.sampled_from([m for m in (1, 2, 4) if m >= pp] or [pp]))
     dp_type = draw(st.sampled_from(["ddp", "zero1", "zero2", "zero3"])) if dp > 1 else "ddp"
     return uniform_plan(MODEL.num_layers, tp=tp, dp=dp, pp=pp, global_batch=dp * m * 2, micro_batches=m,
-                        dp_type=dp_type, checkpoint=draw(st.booleans()),
+                        dp_type=dp_type, recompute=draw(st.sampled_from(["none", "full"])),
                         schedule=draw(st.sampled_from(["gpipe", "1f1b"])),
                         tp_consecutive=draw(st.booleans()))
 

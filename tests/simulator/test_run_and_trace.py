@@ -42,7 +42,7 @@ def test_cli_reads_a_plan_file_and_writes_a_trace(tmp_path, capsys):
      "not a positive multiple"),
     (["--model", "no-such-model", "--cluster", "dgx-a100-80g"], "no-such-model"),
     (["--model", "tiny-gpt"], "give --model and --cluster"),
-    (["--model", "tiny-gpt", "--cluster", "dgx-a100-80g", "--recompute", "selective"], "selective"),
+    (["--model", "tiny-gpt", "--cluster", "dgx-a100-80g", "--virtual-stages", "2"], "virtual_stages 2 needs pp > 1"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2

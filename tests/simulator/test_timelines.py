@@ -1,8 +1,10 @@
 """Timelines of cases small enough to work out by hand (hand-set compute times, no vocab)."""
 import pytest
 
+import cost_models
+from cost_models.memory import activation_bytes, attention_core_bytes
 from simulator import simulate
-from specs import uniform_plan
+from specs import LayerStrategy, uniform_plan
 from tests.simulator.handmade import GIB, HandCostModel, hand_cluster, timeline, tiny_model
 
 
@@ -122,3 +124,74 @@ def test_ddp_all_reduces_once_after_the_last_micro_batch():
     # ring all-reduce on 2 ranks: 2 steps of 500 B at 1000 B/s
     assert timeline(result, 0, "dp") == [("grad sync L0-L0 mb1 #1", 6.0, 7.0)]
     assert result.peak_memory_bytes == (1000.0, 1000.0)
+
+
+def test_interleaved_1f1b_two_stages_two_chunks_four_micro_batches():
+    # 4 layers, pp 2, v 2: chunk j holds layer j; stage 0 runs L0 and L2, stage 1 runs L1 and L3.
+    # F = 1, B = 2 per layer, instant links. Megatron's order (k-th forward: chunk (k // 2) % 2 of
+    # micro-batch (k // 4) * 2 + k % 2; backwards through the chunks in reverse):
+    #   stage 0 warm-up 2 (p - 1) + (v - 1) p = 4 forwards: F0L0 F1L0 F0L2 F1L2, then F2L0 B0L2
+    #   F3L0 B1L2 F2L2 B0L0 F3L2 B1L0, then B2L2 B3L2 B2L0 B3L0;
+    #   stage 1 warm-up 2: F0L1 F1L1, then F0L3 B0L3 F1L3 B1L3 F2L1 B0L1 F3L1 B1L1 F2L3 B2L3
+    #   F3L3 B3L3, then B2L1 B3L1.
+    # By hand: stage 0 F0L0 0-1, F1L0 1-2; stage 1 F0L1 1-2 (input at 1), F1L1 2-3; stage 0 F0L2
+    # 2-3, F1L2 3-4, F2L0 4-5 (chunk 0 needs no input); stage 1 F0L3 3-4, B0L3 4-6, F1L3 6-7,
+    # B1L3 7-9; stage 0 B0L2 waits for its gradient (6) 6-8, F3L0 8-9, B1L2 (grad at 9) 9-11;
+    # stage 1 F2L1 9-10, B0L1 (grad from B0L2 at 8) 10-12, F3L1 12-13, B1L1 (grad at 11) 13-15;
+    # stage 0 F2L2 (input at 10) 11-12, B0L0 (grad at 12) 12-14, F3L2 (input at 13) 14-15,
+    # B1L0 (grad at 15) 15-17; stage 1 F2L3 (input at 12) 15-16, B2L3 16-18, F3L3 18-19,
+    # B3L3 19-21; stage 0 B2L2 (grad at 18) 18-20, B3L2 (21) 21-23; stage 1 B2L1 (grad at 20)
+    # 21-23, B3L1 (23) 23-25; stage 0 B2L0 (23) 23-25, B3L0 (25) 25-27.
+    # 27 s = m T + (p - 1) T / v with T = 6 s per stage: the cost model's formula; 1F1B would
+    # take (m + p - 1) T = 30 s.
+    cluster = hand_cluster(2, bytes_per_s=1e15)
+    plan = uniform_plan(4, pp=2, global_batch=4, micro_batches=4, virtual_stages=2)
+    cm = HandCostModel(cluster, activation_bytes=GIB)
+    result = simulate(tiny_model(4), cluster, plan, cm, keep_spans=True)
+    assert timeline(result, 0) == [
+        ("F0 L0", 0, 1), ("F1 L0", 1, 2), ("F0 L2", 2, 3), ("F1 L2", 3, 4), ("F2 L0", 4, 5), ("B0 L2", 6, 8),
+        ("F3 L0", 8, 9), ("B1 L2", 9, 11), ("F2 L2", 11, 12), ("B0 L0", 12, 14), ("F3 L2", 14, 15),
+        ("B1 L0", 15, 17), ("B2 L2", 18, 20), ("B3 L2", 21, 23), ("B2 L0", 23, 25), ("B3 L0", 25, 27)]
+    assert timeline(result, 1) == [
+        ("F0 L1", 1, 2), ("F1 L1", 2, 3), ("F0 L3", 3, 4), ("B0 L3", 4, 6), ("F1 L3", 6, 7), ("B1 L3", 7, 9),
+        ("F2 L1", 9, 10), ("B0 L1", 10, 12), ("F3 L1", 12, 13), ("B1 L1", 13, 15), ("F2 L3", 15, 16),
+        ("B2 L3", 16, 18), ("F3 L3", 18, 19), ("B3 L3", 19, 21), ("B2 L1", 21, 23), ("B3 L1", 23, 25)]
+    assert result.iteration_time_s == pytest.approx(27.0)
+    assert cm.plan_cost(tiny_model(4), plan).iteration_time_s == pytest.approx(27.0)
+    # in flight at the peak: stage 0 holds 2 (p - 1) + (v - 1) p + 1 = 5 chunk activations, stage 1 holds 3
+    assert result.peak_memory_bytes == (5 * GIB, 3 * GIB)
+
+
+def test_sequence_parallel_and_ulysses_collectives_on_the_tp_channel():
+    # 2 GPUs, one layer at tp 2: plain TP plays all-reduces; Megatron-SP a reduce-scatter and an
+    # all-gather in their place; Ulysses two all-to-alls; full recomputation repeats the forward's.
+    cluster = hand_cluster(2, bytes_per_s=1e9)
+    cm = cost_models.get("analytical", cluster)
+    names = {}
+    for sp, recompute in (("none", "none"), ("megatron", "none"), ("ulysses", "none"), ("megatron", "full")):
+        plan = uniform_plan(1, tp=2, global_batch=2, sp=sp, recompute=recompute)
+        result = simulate(tiny_model(1, hidden=64, seq=8, heads=2), cluster, plan, cm, keep_spans=True)
+        names[sp, recompute] = [n for n, _, _ in timeline(result, 0, "tp")]
+    assert names["none", "none"] == ["F0 L0 tp x2", "B0 L0 tp x2"]
+    assert names["megatron", "none"] == ["F0 L0 sp rs x2", "F0 L0 sp ag x2", "B0 L0 sp rs x2", "B0 L0 sp ag x2"]
+    assert names["ulysses", "none"] == ["F0 L0 a2a x1", "F0 L0 a2a x1", "B0 L0 a2a x1", "B0 L0 a2a x1"]
+    assert names["megatron", "full"] == ["F0 L0 sp rs x2", "F0 L0 sp ag x2", "B0 L0 sp rs x4", "B0 L0 sp ag x4"]
+
+
+def test_selective_recompute_rebuilds_the_attention_core_during_backward():
+    # one GPU, one GPT layer: between the start and the end of the layer's backward the memory
+    # drops by what it kept plus what the backward rebuilt (the attention core under selective,
+    # nothing without recomputation)
+    cluster = hand_cluster(1)
+    cm = cost_models.get("analytical", cluster)
+    model = tiny_model(1, hidden=64, seq=8, heads=2)
+    drops = {}
+    for recompute in ("none", "selective"):
+        result = simulate(model, cluster, uniform_plan(1, global_batch=1, recompute=recompute), cm, keep_spans=True)
+        (_, start, end), = [x for x in timeline(result, 0, digits=12) if x[0] == "B0 L0"]
+        level = lambda t: [b for at, b in result.memory_timeline[0] if at <= t + 1e-15][-1]  # noqa: E731
+        drops[recompute] = level(start) - level(end)
+    layer, sel = model.layers[0], LayerStrategy(recompute="selective")
+    assert drops["selective"] == pytest.approx(activation_bytes(layer, sel, 1) + attention_core_bytes(layer, sel, 1))
+    assert drops["none"] == pytest.approx(activation_bytes(layer, LayerStrategy(), 1))
+    assert drops["selective"] == pytest.approx(drops["none"])  # the same bytes, kept or rebuilt

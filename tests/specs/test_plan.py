@@ -15,7 +15,7 @@ TITAN = load_cluster("titan-8")
 strategies = st.builds(
     LayerStrategy, tp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 4]),
     dp_type=st.sampled_from(["ddp", "zero1", "zero2", "zero3"]), tp_consecutive=st.booleans(),
-    checkpoint=st.booleans())
+    recompute=st.sampled_from(["none", "selective", "full"]), sp=st.sampled_from(["none", "megatron", "ulysses"]))
 
 
 @st.composite
@@ -28,7 +28,10 @@ def plans(draw):
     stage_layers = tuple(b - a for a, b in zip(bounds, bounds[1:]))
     return Plan(pp=len(stage_layers), stage_layers=stage_layers, layers=tuple(layers),
                 global_batch=draw(st.integers(1, 512)), micro_batches=draw(st.integers(1, 16)),
-                schedule=draw(st.sampled_from(["gpipe", "1f1b"])), model="m", cluster="c")
+                schedule=draw(st.sampled_from(["gpipe", "1f1b"])), model="m", cluster="c",
+                vocab_tp=draw(st.sampled_from([1, 2, 8])), vocab_zero3=draw(st.booleans()),
+                vocab_sp=draw(st.sampled_from(["none", "megatron", "ulysses"])),
+                virtual_stages=draw(st.sampled_from([1, 2, 4])))
 
 
 @settings(max_examples=60, deadline=None)
@@ -112,12 +115,15 @@ def test_broken_plan_files_give_one_line_errors(tmp_path, raw, field):
 def test_galvatron_export_import_round_trip(plan):
     layers = [LayerStrategy(tp=s.tp, dp=4 // s.tp if 4 % s.tp == 0 else 1,
                             dp_type=("zero3" if s.dp_type == "zero3" else "ddp") if 4 // s.tp > 1 else "ddp",
-                            tp_consecutive=s.tp_consecutive, checkpoint=s.checkpoint)
+                            tp_consecutive=s.tp_consecutive,
+                            recompute="full" if s.checkpoint else "none",
+                            sp="ulysses" if s.ulysses else "none")
               for s in plan.layers if 4 % s.tp == 0]
     if not layers:
         return
     plan = Plan(pp=1, stage_layers=(len(layers),), layers=tuple(layers), global_batch=plan.global_batch,
-                micro_batches=plan.micro_batches, schedule=plan.schedule)
+                micro_batches=plan.micro_batches, schedule=plan.schedule, vocab_tp=plan.vocab_tp,
+                vocab_zero3=plan.vocab_zero3, vocab_sp="ulysses" if plan.vocab_sp == "ulysses" else "none")
     back = plan_from_galvatron(plan_to_galvatron(plan), world_size=4)
     assert back == plan
 

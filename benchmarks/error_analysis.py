@@ -1,0 +1,104 @@
+"""Where a predictor is wrong on the vTrain runs: error grouped by a plan feature, and the worst
+runs with the analytical model's breakdown of the predicted iteration (compute, TP comms,
+pipeline p2p, bubble, data-parallel tail). Used by ``--by`` of the two accuracy benchmarks.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+FEATURES: dict[str, Callable] = {
+    "tp": lambda r: r.plan.layers[0].tp,
+    "pp": lambda r: r.plan.pp,
+    "dp": lambda r: r.plan.layers[0].dp,
+    "micro-batch": lambda r: r.plan.global_batch // (r.plan.layers[0].dp * r.plan.micro_batches),
+    "micro-batches": lambda r: r.plan.micro_batches,
+    "size": lambda r: f"h{r.model.layers[0].hidden_size}-L{r.model.num_layers}",
+    "tp-crosses-node": lambda r: r.plan.layers[0].tp > r.cluster.gpus_per_node,
+}
+"""Feature name -> its value for one run (a cost_models.measured_runs.Run)."""
+
+
+def _sort_key(value) -> tuple:
+    return (0, value, "") if isinstance(value, (int, float, bool)) else (1, 0, str(value))
+
+
+def by_feature_rows(feature: str, runs: Sequence, predicted: np.ndarray) -> list[list]:
+    """One row per value of ``feature``: runs, MAPE, mean signed error (+ = predicted too slow), worst."""
+    measured = np.array([r.measured_s for r in runs])
+    signed = (predicted - measured) / measured * 100
+    values = [FEATURES[feature](r) for r in runs]
+    rows = []
+    for value in sorted(set(values), key=_sort_key):
+        idx = [i for i, v in enumerate(values) if v == value]
+        err = signed[idx]
+        rows.append([value, len(idx), np.abs(err).mean(), err.mean(), np.abs(err).max()])
+    return rows
+
+
+def breakdown(cost_model, run) -> dict[str, float]:
+    """The predicted iteration split into parts that add up to it: m x (compute, TP comms, p2p)
+    of the slowest stage, the bubble (sum_k T_k - max_k T_k) and the tail max_k D_k."""
+    model, plan = run.model, run.plan
+    cost = cost_model.plan_cost(model, plan)
+    k = int(np.argmax(cost.stage_time_s))
+    world = cost_model.cluster.world_size
+    layer_ids = list(plan.stage_ranges()[k])
+    first = plan.stage_first_rank(k, world)
+    vocab, _ = cost_model.vocab_cost(model, plan, k, world)
+    compute, tp = vocab.forward_s + vocab.backward_s, vocab.tp_comm_s
+    for i in layer_ids:
+        lt = cost_model.layer_time(model.layers[i], plan.layers[i], plan.micro_batch_size(i), plan.micro_batches, first)
+        compute += lt.forward_s + lt.backward_s
+        tp += lt.tp_comm_s
+    p2p = cost_model._pipeline_send_s(model, plan, k, layer_ids, world)
+    m = plan.micro_batches
+    other = cost.stage_time_s[k] - compute - tp - p2p  # relayouts, per-micro-batch DP (none here)
+    return {"compute": m * compute, "tp": m * tp, "p2p": m * p2p, "other": m * other,
+            "bubble": sum(cost.stage_time_s) - cost.stage_time_s[k], "tail": max(cost.stage_tail_s),
+            "total": cost.iteration_time_s}
+
+
+def worst_rows(runs: Sequence, predicted: np.ndarray, cost_model_for: Callable, count: int = 20) -> list[list]:
+    """The ``count`` runs with the largest absolute error, with the breakdown in ms."""
+    measured = np.array([r.measured_s for r in runs])
+    signed = (predicted - measured) / measured * 100
+    rows = []
+    for i in np.argsort(-np.abs(signed))[:count]:
+        r = runs[i]
+        s = r.plan.layers[0]
+        b = breakdown(cost_model_for(r.cluster), r)
+        mbs = r.plan.global_batch // (s.dp * r.plan.micro_batches)
+        rows.append([FEATURES["size"](r), f"tp{s.tp} pp{r.plan.pp} dp{s.dp}", mbs, r.plan.micro_batches,
+                     measured[i] * 1e3, predicted[i] * 1e3, signed[i],
+                     *(b[n] * 1e3 for n in ("compute", "tp", "p2p", "bubble", "tail"))])
+    return rows
+
+
+WORST_HEADERS = ["size", "plan", "mbs", "m", "measured ms", "predicted ms", "error %", "compute ms", "TP ms",
+                 "p2p ms", "bubble ms", "tail ms"]
+BY_HEADERS = ["value", "runs", "MAPE %", "signed %", "worst %"]
+
+
+def print_analysis(title: str, features: Sequence[str], runs: Sequence, predicted: np.ndarray,
+                   cost_model_for: Callable, worst: int = 20) -> None:
+    """Error-by-feature tables, then the worst runs with their breakdown."""
+    from tabulate import tabulate
+    for feature in features:
+        print(f"\n{title}: error by {feature}")
+        print(tabulate(by_feature_rows(feature, runs, predicted), headers=[feature] + BY_HEADERS[1:],
+                       floatfmt=".2f"))
+    print(f"\n{title}: {worst} worst runs (breakdown by the cost model, ms)")
+    print(tabulate(worst_rows(runs, predicted, cost_model_for, worst), headers=WORST_HEADERS, floatfmt=".1f"))
+
+
+def parse_features(text: str | None) -> list[str]:
+    """``--by`` value: comma-separated names of FEATURES, or 'all'."""
+    if not text:
+        return []
+    names = list(FEATURES) if text == "all" else [t.strip() for t in text.split(",")]
+    unknown = [n for n in names if n not in FEATURES]
+    if unknown:
+        raise SystemExit(f"error: --by {','.join(unknown)}: unknown feature; choose from {', '.join(FEATURES)} or all")
+    return names

@@ -1,0 +1,81 @@
+"""Terms of the post-2022 space shared by the cost models: TP traffic with Megatron sequence
+parallelism (reduce-scatter + all-gather instead of all-reduce), Ulysses all-to-alls, selective
+recomputation (the attention core re-run in backward) and the interleaved pipeline.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from cost_models.ops import Op, forward_ops
+from specs import LayerSpec, LayerStrategy, Recompute, layer_groups
+
+BYTES_PER_ACTIVATION = 2
+ATTENTION_CORE_OPS = ("scores", "softmax", "attn_dropout", "context")
+"""What Megatron's selective recomputation re-runs: QK^T, softmax, its dropout, attention over V."""
+ULYSSES_ALL_TO_ALLS_PER_PASS = 2
+"""DeepSpeed-Ulysses: one all-to-all of Q, K, V (sequence -> head split) before the attention
+core and one of its output (head -> sequence split) after, in forward and again in backward."""
+
+CollectiveFn = Callable[[str, float, Sequence[Sequence[int]]], float]
+
+
+def attention_core_ops(ops: Sequence[Op]) -> list[Op]:
+    """The forward kernels selective recomputation runs again (self- and cross-attention)."""
+    return [op for op in ops if op.name.removeprefix("x_") in ATTENTION_CORE_OPS]
+
+
+def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> list[Op]:
+    """Kernels re-run in backward: the whole forward (full), the attention core (selective)."""
+    if strategy.recompute == Recompute.NONE:
+        return []
+    ops = forward_ops(layer, strategy.tp, mbs)
+    return ops if strategy.recompute == Recompute.FULL else attention_core_ops(ops)
+
+
+def forward_passes(strategy: LayerStrategy) -> int:
+    """Passes whose TP/SP collectives run: forward, backward, and a recomputed forward (full
+    only: the attention core has no collective inside it)."""
+    return 3 if strategy.recompute == Recompute.FULL else 2
+
+
+def tp_message_bytes(layer: LayerSpec, mbs: int) -> float:
+    """One Megatron TP collective's buffer: the block's hidden activation of one micro-batch."""
+    if layer.downsample_to:
+        return float(mbs * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION)
+    return float(layer.output_elements(mbs) * BYTES_PER_ACTIVATION)
+
+
+def ulysses_message_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> tuple[float, float]:
+    """Send buffer per rank of the (QKV, output) all-to-alls: the rank's s/u tokens of Q, K, V
+    and of the attention output."""
+    tokens = mbs * layer.seq_len / strategy.tp
+    return (tokens * (layer.q_width + 2 * layer.kv_width) * BYTES_PER_ACTIVATION,
+            tokens * layer.q_width * BYTES_PER_ACTIVATION)
+
+
+def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
+                 tp_groups: Sequence[Sequence[int]], allreduces_per_pass: int) -> float:
+    """TP-group traffic of one micro-batch, forward and backward (and a full recompute):
+    Megatron TP all-reduces; Megatron-SP replaces each by a reduce-scatter and an all-gather
+    (same bytes on the ring, twice the latency steps); Ulysses all-to-alls instead."""
+    if strategy.tp <= 1:
+        return 0.0
+    passes = forward_passes(strategy)
+    if strategy.ulysses:
+        qkv, out = ulysses_message_bytes(layer, strategy, mbs)
+        return passes * (collective("all_to_all", qkv, tp_groups) + collective("all_to_all", out, tp_groups))
+    nbytes = tp_message_bytes(layer, mbs)
+    if strategy.megatron_sp:
+        one = collective("reduce_scatter", nbytes, tp_groups) + collective("all_gather", nbytes, tp_groups)
+    else:
+        one = collective("all_reduce", nbytes, tp_groups)
+    return passes * allreduces_per_pass * one
+
+
+def sync_groups(first_rank: int, strategy: LayerStrategy) -> tuple[list[list[int]], list[list[int]]]:
+    """(tp groups, gradient-sync groups): under Ulysses the weights are whole on every rank of
+    the stage, so gradients (and ZeRO shards) span tp * dp ranks."""
+    tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
+    if strategy.ulysses:
+        dp_groups = [list(range(first_rank, first_rank + strategy.gpus))]
+    return tp_groups, dp_groups

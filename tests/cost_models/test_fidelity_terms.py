@@ -1,0 +1,77 @@
+"""Terms added for fidelity (issue 17), each on a case small enough to work out by hand."""
+from dataclasses import replace
+
+import pytest
+
+from cost_models.analytical import AnalyticalModel
+from cost_models.constants import AnalyticalConstants
+from cost_models.memory import activation_bytes
+from cost_models.ops import FLASH_BACKWARD_FLOPS_FACTOR, backward_ops, forward_ops
+from specs import LayerSpec, LayerStrategy, SpecError, load_cluster, load_model
+
+GPT = LayerSpec(kind="gpt", hidden_size=1024, num_heads=16, ffn_hidden_size=4096, seq_len=1024)
+
+
+def test_flash_keeps_no_s_squared_activations_worked_by_hand():
+    # eager (Korthikanti): s b h (34 + 5 a s / h) = 1024 * 1024 * (34 + 5 * 16 * 1024 / 1024)
+    eager = activation_bytes(GPT, LayerStrategy(), 1)
+    assert eager == 1024 * 1024 * (34 + 80)
+    # flash: the same 34 s b h, and 4 bytes of log-sum-exp per token and head instead of 5 a s^2 b
+    flash = activation_bytes(replace(GPT, attention="flash"), LayerStrategy(), 1)
+    assert flash == 1024 * 1024 * 34 + 1024 * 16 * 4
+    # tp 2 splits the attention terms: 10 + 24/2 s b h, and the log-sum-exp of 8 heads
+    flash_tp2 = activation_bytes(replace(GPT, attention="flash"), LayerStrategy(tp=2), 1)
+    assert flash_tp2 == 1024 * 1024 * (10 + 12) + 1024 * 8 * 4
+
+
+def test_flash_kernel_flops_and_its_backward():
+    flash = replace(GPT, attention="flash")
+    eager_ops, flash_ops = forward_ops(GPT, 1, 2), forward_ops(flash, 1, 2)
+    # same matmul FLOPs forward (4 b s^2 h for scores + context), four kernels fewer
+    assert sum(o.flops for o in flash_ops) == sum(o.flops for o in eager_ops)
+    assert len(eager_ops) - len(flash_ops) == 3
+    kernel = next(o for o in flash_ops if o.name == "flash_attn")
+    assert kernel.flops == 4 * 2 * 1024 * 1024 * 1024
+    bwd = next(o for o in backward_ops(flash_ops) if o.name == "flash_attn_bwd")
+    assert bwd.flops == FLASH_BACKWARD_FLOPS_FACTOR * kernel.flops
+
+
+def test_flash_makes_long_sequences_faster_and_smaller():
+    cluster = load_cluster("dgx-h100")
+    model = load_model("llama2-7b").with_seq_len(8192)
+    cm = AnalyticalModel(cluster)
+    eager = cm.layer_time(model.layers[0], LayerStrategy(tp=8), 1, 1)
+    flash = cm.layer_time(model.with_attention("flash").layers[0], LayerStrategy(tp=8), 1, 1)
+    assert flash.forward_s < eager.forward_s
+    assert activation_bytes(model.with_attention("flash").layers[0], LayerStrategy(tp=8), 1) < \
+        activation_bytes(model.layers[0], LayerStrategy(tp=8), 1) / 2
+
+
+def test_unknown_attention_is_a_clear_error():
+    with pytest.raises(SpecError, match="attention"):
+        load_model("tiny-gpt").with_attention("sparse")
+
+
+def test_tp_allreduce_hides_behind_host_launches_when_launch_bound():
+    """Host-bound layer: 13 forward kernels at 1 ms each = 13 ms of host time; the GPU work is
+    tiny. The two TP all-reduces of the pass (alpha 1 ms each here) run while the host keeps
+    launching, so the pass takes 13 ms in all: compute 11 ms + comms 2 ms."""
+    c = AnalyticalConstants(host_time_per_kernel_s=1e-3, collective_base_latency_s=1e-3,
+                            step_latency_factor=0.0, bus_efficiency=1.0)
+    cm = AnalyticalModel(load_cluster("dgx-a100-80g"), constants=c)
+    tiny = LayerSpec(kind="gpt", hidden_size=64, num_heads=2, ffn_hidden_size=256, seq_len=8)
+    alone = cm.layer_time(tiny, LayerStrategy(tp=1, dp=2), 1, 1)
+    split = cm.layer_time(tiny, LayerStrategy(tp=2), 1, 1)
+    assert alone.forward_s == pytest.approx(13e-3)
+    comm = cm.collective_time("all_reduce", 8 * 64 * 2, [[0, 1]])
+    assert comm == pytest.approx(1e-3, rel=1e-3)
+    assert split.forward_s == pytest.approx(13e-3 - 2 * comm)
+    assert split.forward_s + split.tp_comm_s / 2 == pytest.approx(13e-3)  # forward + its 2 all-reduces
+
+
+def test_error_band_turns_a_prediction_into_an_interval():
+    cm = AnalyticalModel(load_cluster("dgx-a100-80g"), cv_error_p10=-0.2, cv_error_p90=0.25)
+    lo, hi = cm.time_interval_s(1.0)  # measured = predicted / (1 + error)
+    assert (lo, hi) == pytest.approx((0.8, 1.25))
+    with pytest.raises(SpecError, match="cv_error_p10"):
+        AnalyticalConstants(cv_error_p10=0.1, cv_error_p90=0.0)
