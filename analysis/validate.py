@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import cost_models
 import simulator
+from executor.devices import resolve_device
 from executor.launch import LaunchError
 from executor.run import Measurement, TrainConfig, add_common_args, load_inputs, run_plan, run_torchrun
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
@@ -75,10 +76,13 @@ def predict(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: str 
 
 
 def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *, steps: int = 4,
-                  cost_model: str = "analytical", timeout_s: float = 300.0, **cost_options) -> Validation:
-    """Run ``plan`` on ``cluster.world_size`` CPU processes and compare with the predictions."""
+                  cost_model: str = "analytical", timeout_s: float = 300.0, device: str = "cpu",
+                  bf16: bool = False, **cost_options) -> Validation:
+    """Run ``plan`` on ``cluster.world_size`` local processes (CPU, or one GPU each) and
+    compare with the predictions."""
     predictions = predict(model, cluster, plan, cost_model, **cost_options)
-    measured = run_plan(plan, model, world_size=cluster.world_size, steps=steps, timeout_s=timeout_s)
+    measured = run_plan(plan, model, world_size=cluster.world_size, steps=steps, timeout_s=timeout_s,
+                        device=device, bf16=bf16)
     return Validation(measured=measured, predictions=tuple(predictions), cluster=cluster.name)
 
 
@@ -118,15 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     torchrun = "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.world_size or plan.pp * plan.layers[0].gpus)
     cluster = _cluster_for(args, plan, world)
+    device, why = resolve_device(args.device)
     if torchrun:
         predictions = predict(model, cluster, plan, args.cost_model, **options)
-        measured = run_torchrun(plan, model, TrainConfig(steps=args.steps, bf16=args.bf16))
+        measured = run_torchrun(plan, model, TrainConfig(steps=args.steps, bf16=args.bf16, device=device),
+                                timeout_s=args.timeout)
         if measured is None:
             return 0
         v = Validation(measured=measured, predictions=tuple(predictions), cluster=cluster.name)
     else:
+        print(why, file=sys.stderr)
         v = validate_plan(plan, model, cluster, steps=args.steps, cost_model=args.cost_model,
-                          timeout_s=args.timeout, **options)
+                          timeout_s=args.timeout, device=device, bf16=args.bf16, **options)
     print(json.dumps(v.to_dict(), indent=1) if args.json else format_validation(v))
     return 0
 

@@ -1,5 +1,6 @@
-"""Collective benchmarks for the profiler, run on every rank: all-reduce bus bandwidth per
-group size and layout, p2p bandwidth per pipeline degree, compute/communication overlap."""
+"""Collective benchmarks for the profiler, run on every rank with the job's own backend and
+device (gloo on CPU tensors, NCCL on GPU tensors): all-reduce bus bandwidth per group size
+and layout, p2p bandwidth per pipeline degree, compute/communication overlap."""
 from __future__ import annotations
 
 import statistics
@@ -9,15 +10,30 @@ import torch
 import torch.distributed as dist
 
 
+DEVICE = {"name": "cpu"}
+"""Where the benchmark buffers live (set by measure_collectives for this rank)."""
+
+
+def _sync() -> None:
+    if DEVICE["name"].startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _buffer(numel: int) -> torch.Tensor:
+    return torch.ones(numel, device=DEVICE["name"])
+
+
 def _timed(fn, repeats: int) -> float:
     fn()
     times = []
     for _ in range(repeats):
         dist.barrier()
+        _sync()
         start = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - start)
-    t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=DEVICE["name"])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     return float(t)
 
@@ -43,7 +59,7 @@ def allreduce_table(nbytes: int, repeats: int) -> dict[str, float]:
                 group = dist.new_group(ranks)
                 if rank in ranks:
                     mine = group
-            buf = torch.ones(nbytes // 4)
+            buf = _buffer(nbytes // 4)
             seconds = _timed(lambda: dist.all_reduce(buf, group=mine), repeats)
             key = f"{size}_{'consec' if consecutive else 'strided'}"
             table[key] = 2 * (size - 1) / size * nbytes / seconds / 1e9
@@ -58,7 +74,7 @@ def p2p_table(nbytes: int, repeats: int) -> dict[str, float]:
     pp = 2
     while pp <= world:
         stride = world // pp
-        buf = torch.ones(nbytes // 4)
+        buf = _buffer(nbytes // 4)
 
         def exchange():
             if rank == 0:
@@ -72,13 +88,13 @@ def p2p_table(nbytes: int, repeats: int) -> dict[str, float]:
 
 def overlap_coefficient(nbytes: int, repeats: int) -> float:
     """Compute time with an all-reduce running alongside / compute time alone (>= 1)."""
-    a = torch.randn(256, 256)
+    a = torch.randn(256, 256, device=DEVICE["name"])
 
     def compute():
         for _ in range(20):
             a @ a
     alone = _timed(compute, repeats)
-    buf = torch.ones(nbytes // 4)
+    buf = _buffer(nbytes // 4)
 
     def together():
         work = dist.all_reduce(buf, async_op=True)
@@ -90,9 +106,10 @@ def overlap_coefficient(nbytes: int, repeats: int) -> float:
     return max(1.0, both / max(alone, comm))
 
 
-def measure_collectives(rank: int, world_size: int, nbytes: int, repeats: int) -> dict:
+def measure_collectives(rank: int, world_size: int, nbytes: int, repeats: int, device: str = "cpu") -> dict:
     """Profile-file fields measured by this world (same result on every rank)."""
-    small = torch.ones(1)
+    DEVICE["name"] = device
+    small = _buffer(1)
     latency = _timed(lambda: dist.all_reduce(small), repeats)
     return {"allreduce_gbytes_per_s": allreduce_table(nbytes, repeats),
             "allreduce_latency_us": latency * 1e6,

@@ -121,16 +121,20 @@ class Embedding(nn.Module):
         self.kind = spec.kind
         if spec.kind == "token":
             self.tokens = nn.Embedding(spec.vocab_size, h)
+            nn.init.normal_(self.tokens.weight, std=0.02)  # GPT-2's scale: sane logits when tied
             self.types = nn.Embedding(spec.type_vocab_size, h) if spec.type_vocab_size else None
         else:
             self.patch = nn.Linear(spec.in_channels * spec.patch_size**2, h)
             self.cls = nn.Parameter(torch.randn(1, 1, h) * 0.02) if spec.cls_token else None
         self.positions = nn.Embedding(spec.max_positions, h) if spec.max_positions else None
         self.norm = nn.LayerNorm(h) if spec.norm == "layernorm" else None
+        self.token_weight_grad = True
+        """False: this copy adds nothing to the (tied) token weight's gradient (a TP duplicate)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.kind == "token":
-            x = self.tokens(inputs)
+            w = self.tokens.weight
+            x = F.embedding(inputs, w if self.token_weight_grad else w.detach())
             if self.types is not None:
                 x = x + self.types.weight[0]
         else:
@@ -143,8 +147,8 @@ class Embedding(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm, BERT transform/pooler, LM or classifier projection (never tied: a pipeline
-    puts the embedding and the head on different ranks)."""
+    """Final norm, BERT transform/pooler, LM or classifier projection (``tied``: its weight is
+    the token embedding's, set by whoever owns both, see Transformer and executor.parallelize)."""
 
     def __init__(self, spec: HeadSpec) -> None:
         super().__init__()
@@ -155,6 +159,8 @@ class Head(nn.Module):
         self.pooler = nn.Sequential(nn.Linear(h, h), nn.Tanh()) if spec.pooler and spec.kind == "classifier" else None
         self.out = nn.Linear(h, spec.output_size, bias=spec.kind == "classifier" or spec.transform) \
             if spec.kind != "none" else None
+        self.out_weight_grad = True
+        """False: this copy adds nothing to the output weight's gradient (a TP duplicate)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.final_norm is not None:
@@ -163,7 +169,17 @@ class Head(nn.Module):
             x = self.pooler(x[:, 0]) if self.pooler is not None else x.mean(dim=1)
         elif self.transform is not None:
             x = self.transform(x)
-        return self.out(x) if self.out is not None else x
+        if self.out is None:
+            return x
+        w = self.out.weight
+        return F.linear(x, w if self.out_weight_grad else w.detach(), self.out.bias)
+
+
+def is_tied(model: ModelSpec) -> bool:
+    """The head's output weight is the token embedding (same shape, spec says tied)."""
+    return (model.head.tied and model.head.kind == "lm" and model.embedding.kind == "token"
+            and model.embedding.vocab_size == model.head.output_size
+            and model.embedding.hidden_size == model.head.hidden_size)
 
 
 def per_sample_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -200,6 +216,8 @@ class Transformer(nn.Module):
         self.embed = build_embedding(model, seed)
         self.layers = nn.ModuleList(build_block(model, i, seed) for i in range(model.num_layers))
         self.head = build_head(model, seed)
+        if is_tied(model):
+            self.head.out.weight = self.embed.tokens.weight
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         x = self.embed(inputs)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from executor.model import build_block, build_embedding, build_head, per_sample_loss
+from executor.model import build_block, build_embedding, build_head, is_tied, per_sample_loss
 from executor.parallel.checkpoint import apply_ac
-from executor.parallel.data import GradientSync, apply_ddp, apply_fsdp, apply_fsdp_root
-from executor.parallel.layout import Layout, stage_mesh
+from executor.parallel.data import DataParallel, FlatBucket, apply_fsdp, local
+from executor.parallel.layout import GroupCache, Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
 from executor.parallel.tensor import apply_tp
@@ -38,6 +38,25 @@ class StageModule(nn.Module):
 
 
 @dataclass
+class Unit:
+    """A part of a stage whose states are accounted together (a block, the embedding, the
+    head, the tied token weight) and how data parallelism treats it."""
+
+    name: str
+    dp_type: str
+    """Effective type: "ddp" whenever dp == 1."""
+    dp: int
+    numel: int
+    """Elements this rank holds before data parallelism (after tensor parallelism)."""
+    module: nn.Module | None = None
+    """The FSDP module (ZeRO-3), else None."""
+    bucket: FlatBucket | None = None
+    """The flat bucket (DDP, ZeRO-1/2), else None."""
+    ignored: frozenset = frozenset()
+    """Parameters of ``module`` that are not this unit's (the tied weight)."""
+
+
+@dataclass
 class ParallelModel:
     """This rank's share of the model and what the training loop needs to drive it."""
 
@@ -48,25 +67,30 @@ class ParallelModel:
     """Layout of the stage's first layer (which batch slice this rank feeds in)."""
     last_layout: Layout
     """Layout of the stage's last layer (which targets this rank scores)."""
-    grad_sync: GradientSync
+    data_parallel: DataParallel
+    units: list[Unit]
     schedule: object | None = None
     """Pipeline schedule (pp > 1) or None."""
     notes: list[str] = field(default_factory=list)
+    groups: GroupCache | None = None
+    """Every process group this rank's meshes use, one per distinct set of ranks."""
 
 
-def build_meshes(plan: Plan, world_size: int, device: str) -> tuple[dict[Layout, object], object]:
+def build_meshes(plan: Plan, world_size: int, device: str, groups: GroupCache) -> tuple[dict[Layout, object], object]:
     """Every layout's (pp, dp, tp) mesh and the (pp, stage) mesh, built in the same order on
-    every rank (process groups are created collectively)."""
+    every rank (process groups are created collectively, once per distinct set of ranks)."""
     layouts = sorted({Layout.of(s) for s in plan.layers}, key=lambda l: (l.tp, l.dp, l.consecutive))
-    meshes = {layout: layout.mesh(plan.pp, device) for layout in layouts}
-    return meshes, stage_mesh(plan.pp, world_size, device)
+    meshes = {layout: layout.mesh(plan.pp, device, groups) for layout in layouts}
+    return meshes, stage_mesh(plan.pp, world_size, device, groups)
 
 
 def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, seed: int = 0,
-                device: str = "cpu") -> ParallelModel:
-    """The recipe: stage -> tensor parallel -> checkpointing -> relayouts -> data parallel -> pipeline."""
+                device: str = "cpu", bf16: bool = False) -> ParallelModel:
+    """The recipe: stage -> tensor parallel -> checkpointing -> relayouts -> tied weights ->
+    data parallel -> pipeline."""
     refuse_unsupported(plan)
-    meshes, smesh = build_meshes(plan, world_size, device.split(":")[0])
+    groups = GroupCache()
+    meshes, smesh = build_meshes(plan, world_size, device.split(":")[0], groups)
     per_stage = world_size // plan.pp
     stage, local = divmod(rank, per_stage)
     ids = list(plan.stage_ranges()[stage])
@@ -88,8 +112,9 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
         stage_module.order.append(("head", ""))
     else:  # hand the next stage its input already in its first layer's layout
         _add_relayout(stage_module, layouts[ids[-1]], Layout.of(plan.layers[ids[-1] + 1]), smesh, "out")
+    tied = _tie(stage_module, model, plan, seed, local, layouts[ids[0]], layouts[ids[-1]], groups, smesh)
     stage_module.to(device)
-    sync = _apply_data_parallel(stage_module, plan, ids, meshes)
+    dp, units = _apply_data_parallel(stage_module, plan, ids, meshes, bf16, tied)
     schedule = None
     if plan.pp > 1:
         loss_fn = make_loss_fn(plan.global_batch)
@@ -97,7 +122,8 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
                             plan.micro_batches, plan.schedule, loss_fn)
     notes = vocab_notes(plan)
     return ParallelModel(module=stage_module, stage=stage, local_rank=local, first_layout=layouts[ids[0]],
-                         last_layout=layouts[ids[-1]], grad_sync=sync, schedule=schedule, notes=notes)
+                         last_layout=layouts[ids[-1]], data_parallel=dp, units=units, schedule=schedule,
+                         notes=notes, groups=groups)
 
 
 def make_loss_fn(global_batch: int):
@@ -113,26 +139,67 @@ def _add_relayout(stage_module: StageModule, src: Layout, dst: Layout, smesh, ke
         stage_module.order.append(("relayouts", key))
 
 
-def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], meshes: dict) -> GradientSync:
-    """DDP or FSDP for each block, the embedding (like the first layer) and the head (like
-    the last), then one FSDP root if any part is sharded."""
-    sync = GradientSync(micro_batches=plan.micro_batches)
-    parts: list[tuple[nn.Module, int]] = [(stage_module.layers[str(i)], i) for i in ids]
+def _tie(stage_module: StageModule, model: ModelSpec, plan: Plan, seed: int, local: int, first: Layout,
+         last: Layout, groups: GroupCache, smesh) -> tuple[nn.Parameter, object] | None:
+    """Tied token weight (Megatron's way): one parameter when embedding and head share a stage,
+    else an identical copy on the first and the last stage. Each TP group adds its gradient
+    once (the copies on its other ranks are duplicates), and one SUM over the ranks of both
+    ends gives every holder the whole gradient, so the copies stay equal. Returns the
+    parameter and that group (None on stages that hold neither end)."""
+    if not is_tied(model):
+        return None
+    ends = sorted({0, plan.pp - 1})
+    per_stage = smesh.size() // plan.pp
+    ranks = tuple(s * per_stage + j for s in ends for j in range(per_stage))
+    group = groups.group([ranks])  # collective: every rank creates it
+    embed, head = stage_module.embed, stage_module.head
+    if embed is None and head is None:
+        return None
+    if embed is not None:
+        embed.token_weight_grad = first.tp_index(local) == 0
+    if head is not None:
+        head.out_weight_grad = last.tp_index(local) == 0
+        if embed is not None:
+            head.out.weight = embed.tokens.weight
+        else:
+            with torch.no_grad():
+                head.out.weight.copy_(build_embedding(model, seed).tokens.weight)
+    weight = embed.tokens.weight if embed is not None else head.out.weight
+    return weight, group
+
+
+def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], meshes: dict, bf16: bool,
+                         tied: tuple[nn.Parameter, object] | None) -> tuple[DataParallel, list[Unit]]:
+    """A flat bucket (DDP, ZeRO-1/2) or FSDP (ZeRO-3) for each block, the embedding (like the
+    first layer) and the head (like the last); the tied weight gets its own bucket."""
+    dp = DataParallel(micro_batches=plan.micro_batches)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    parts: list[tuple[str, nn.Module, int]] = [(f"layer {i}", stage_module.layers[str(i)], i) for i in ids]
     if stage_module.embed is not None:
-        parts.insert(0, (stage_module.embed, ids[0]))
+        parts.insert(0, ("embedding", stage_module.embed, ids[0]))
     if stage_module.head is not None:
-        parts.append((stage_module.head, ids[-1]))
-    ddp_params: set[nn.Parameter] = set()
-    root_mesh = None
-    for module, i in parts:
+        parts.append(("head", stage_module.head, ids[-1]))
+    skip = frozenset([tied[0]]) if tied else frozenset()
+    units = []
+    for name, module, i in parts:
         strategy = plan.layers[i]
         dp_mesh = meshes[Layout.of(strategy)]["dp"]
-        if strategy.dp_type == DPType.DDP or strategy.dp == 1:
-            apply_ddp(module, dp_mesh, sync)
-            ddp_params.update(module.parameters())
+        params = [p for p in module.parameters() if p not in skip]
+        if not params:
+            continue
+        dp_type = strategy.dp_type if strategy.dp > 1 else DPType.DDP
+        unit = Unit(name=name, dp_type=dp_type, dp=strategy.dp, numel=sum(local(p).numel() for p in params))
+        if dp_type == DPType.ZERO3:
+            ignored = skip & set(module.parameters())
+            apply_fsdp(module, dp_mesh, dp, bf16, set(ignored))
+            unit.module, unit.ignored = module, frozenset(ignored)
         else:
-            apply_fsdp(module, dp_mesh, strategy.dp_type)
-            root_mesh = root_mesh or dp_mesh
-    if root_mesh is not None:
-        apply_fsdp_root(stage_module, root_mesh, ddp_params)
-    return sync
+            unit.bucket = dp.add_bucket(params, dp_mesh.get_group(), dp_type, dtype)
+        units.append(unit)
+    if tied:
+        weight, group = tied
+        units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=weight.numel(),
+                          # its group's ranks reach the tied weight's last use at different
+                          # points of backward (TP duplicates add nothing): reduce after it
+                          bucket=dp.add_bucket([weight], group, DPType.DDP, dtype, eager=False)))
+    return dp, units

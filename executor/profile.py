@@ -15,15 +15,22 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from executor.collectives_bench import measure_collectives
+from executor.devices import resolve_device
 from executor.launch import LaunchError, launch
 from executor.model import Block, Embedding, Head
 from executor.run import scaled_model
 from specs import LayerSpec, ModelSpec, load_model
-from specs.cli import ArgumentParser, count, output_file
+from specs.cli import ArgumentParser, count, number, output_file
 from specs.errors import one_line_errors
+
+
+MAX_CV = 0.15
+"""Largest coefficient of variation (stdev / median over the repeats) a time may have; a
+noisier profile is refused, since the planner would be fitted to the noise."""
 
 
 def _sync(device: str) -> None:
@@ -31,23 +38,47 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _median_ms(fn, device: str, repeats: int, warmup: int = 2) -> float:
-    """Wall time of ``fn`` (which may return its own start time, to skip a setup part)."""
-    for _ in range(warmup):  # allocations, kernel selection
-        fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        begin = fn()
-        _sync(device)
-        times.append((time.perf_counter() - (begin or start)) * 1e3)
-    # shared CPU cores: interference only ever adds time, so the fastest run is the estimate
-    return min(times) if device == "cpu" else statistics.median(times)
+class Timings:
+    """Every timed quantity's repeats (the slowest rank's time of each repeat, ms)."""
+
+    def __init__(self, device: str, repeats: int, warmup: int) -> None:
+        self.device, self.repeats, self.warmup = device, repeats, warmup
+        self.samples: dict[str, list[float]] = {}
+
+    def time(self, key: str, fn) -> None:
+        """Run ``fn`` (which may return its own start time, to skip a setup part) warmup +
+        repeats times, every rank together, as in a training step."""
+        for _ in range(self.warmup):  # allocations, kernel selection, caches
+            fn()
+        times = []
+        for _ in range(self.repeats):
+            if dist.is_initialized():
+                dist.barrier()
+            _sync(self.device)
+            start = time.perf_counter()
+            begin = fn()
+            _sync(self.device)
+            times.append((time.perf_counter() - (begin or start)) * 1e3)
+        self.samples[key] = times
+
+    def reduce(self) -> dict[str, tuple[float, float]]:
+        """key -> (median ms, coefficient of variation) of the slowest rank per repeat (one
+        collective, after all timing)."""
+        keys = list(self.samples)
+        t = torch.tensor([self.samples[k] for k in keys], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out = {}
+        for k, row in zip(keys, t.tolist()):
+            med = statistics.median(row)
+            out[k] = (med, statistics.pstdev(row) / med if med > 0 else 0.0)
+        return out
 
 
-def time_module(module: nn.Module, make_input, device: str, repeats: int) -> tuple[float, float]:
-    """Forward ms and backward ms (backward alone, no recomputation) of ``module``."""
+def time_module(module: nn.Module, make_input, timings: Timings, key: str) -> None:
+    """Forward and backward (alone, no recomputation) of ``module``, as ``key``/fwd, ``key``/bwd."""
+    device = timings.device
+
     def forward():
         with torch.no_grad():
             module(make_input())
@@ -59,10 +90,9 @@ def time_module(module: nn.Module, make_input, device: str, repeats: int) -> tup
         loss.backward()
         return begin
 
-    fwd = _median_ms(forward, device, repeats)
-    bwd = _median_ms(backward, device, repeats)
+    timings.time(f"{key}/fwd", forward)
+    timings.time(f"{key}/bwd", backward)
     module.zero_grad(set_to_none=True)
-    return fwd, bwd
 
 
 def shard_spec(layer: LayerSpec, tp: int) -> LayerSpec:
@@ -89,29 +119,30 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-def profile_layer(layer: LayerSpec, batch_sizes: list[int], tps: list[int], device: str,
-                  dtype: torch.dtype, repeats: int) -> dict:
-    """One ``layers[*]`` entry of the profile file."""
+def layer_memory_entry(layer: LayerSpec, tps: list[int], batch: int, device: str, dtype: torch.dtype) -> dict:
+    """Signature, parameter bytes and activation bytes per sample per tp of one layer type."""
     block = Block(layer).to(device=device, dtype=dtype)
     shape = (layer.seq_len, layer.hidden_size)
-    fwd, bwd = {}, {}
-    for b in batch_sizes:
-        make = lambda b=b: torch.randn(b, *shape, device=device, dtype=dtype, requires_grad=True)
-        fwd[str(b)], bwd[str(b)] = time_module(block, make, device, repeats)
-    b = max(batch_sizes)
     acts: dict[str, float] = {}
     for tp in tps:
         if layer.num_heads % tp or layer.kv_heads % tp or layer.ffn_hidden_size % tp:
             continue
         shard = Block(shard_spec(layer, tp)).to(device=device, dtype=dtype)
-        x = torch.randn(b, *shape, device=device, dtype=dtype, requires_grad=True)
-        acts[str(tp)] = saved_activation_bytes(shard, x) / b
+        x = torch.randn(batch, *shape, device=device, dtype=dtype, requires_grad=True)
+        acts[str(tp)] = saved_activation_bytes(shard, x) / batch
     acts["ckpt"] = layer.seq_len * layer.hidden_size * torch.finfo(dtype).bits / 8
     sig = {"kind": layer.kind, "hidden_size": layer.hidden_size, "num_heads": layer.num_heads,
            "num_kv_heads": layer.kv_heads, "ffn_hidden_size": layer.ffn_hidden_size, "seq_len": layer.seq_len}
     params = sum(p.numel() * p.element_size() for p in block.parameters())
-    return {"signature": sig, "forward_ms": fwd, "backward_ms": bwd, "parameter_bytes": params,
-            "activation_bytes_per_sample": acts}
+    return {"signature": sig, "parameter_bytes": params, "activation_bytes_per_sample": acts}
+
+
+def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype) -> None:
+    block = Block(layer).to(device=timings.device, dtype=dtype)
+    shape = (layer.seq_len, layer.hidden_size)
+    for b in batch_sizes:
+        make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
+        time_module(block, make, timings, f"layer{index}/{b}")
 
 
 class _Vocab(nn.Module):
@@ -130,37 +161,84 @@ class _Vocab(nn.Module):
         return self.head(x)
 
 
-def profile_vocab(model: ModelSpec, batch_sizes: list[int], device: str, dtype: torch.dtype, repeats: int) -> dict:
+def time_vocab(model: ModelSpec, batch_sizes: list[int], timings: Timings, dtype: torch.dtype) -> int:
+    """Times embedding + head for each batch size; returns their parameter bytes."""
     from executor.model import synthetic_batch
+    device = timings.device
     vocab = _Vocab(model).to(device=device, dtype=dtype)
-    fwd, bwd = {}, {}
     for b in batch_sizes:
         inputs, _ = synthetic_batch(model, b, 0)
         inputs = inputs.to(device) if inputs.dtype == torch.long else inputs.to(device=device, dtype=dtype)
-        fwd[str(b)], bwd[str(b)] = time_module(vocab, lambda: inputs, device, repeats)
-    params = sum(p.numel() * p.element_size() for p in vocab.parameters())
-    return {"forward_ms": fwd, "backward_ms": bwd, "parameter_bytes": params}
+        time_module(vocab, lambda inputs=inputs: inputs, timings, f"vocab/{b}")
+    return sum(p.numel() * p.element_size() for p in vocab.parameters())
+
+
+def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list[int], tps: list[int],
+                 device: str, dtype: torch.dtype, repeats: int, warmup: int, collective_bytes: int) -> dict:
+    """What every launched rank runs: the compute timings in lockstep with the other ranks
+    (their thread settings, their contention), then the collectives on the job's backend."""
+    if device == "cuda":
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(torch.device(device))
+    timings = Timings(device, repeats, warmup)
+    kinds = model.layer_types()
+    for i, layer in enumerate(kinds):
+        time_layer(layer, i, batch_sizes, timings, dtype)
+    vocab_bytes = time_vocab(model, batch_sizes, timings, dtype)
+    stats = timings.reduce()
+    out = {"stats": stats, "vocab_bytes": vocab_bytes, "device_name": _device_name(device)}
+    if world_size > 1:
+        out["collectives"] = measure_collectives(rank, world_size, collective_bytes, repeats, device)
+    return out
+
+
+def _tables(stats: dict, key: str, batch_sizes: list[int]) -> tuple[dict, dict]:
+    return ({str(b): stats[f"{key}/{b}/fwd"][0] for b in batch_sizes},
+            {str(b): stats[f"{key}/{b}/bwd"][0] for b in batch_sizes})
+
+
+def noisy_entries(stats: dict[str, tuple[float, float]], max_cv: float) -> list[str]:
+    """Timed quantities whose spread over the repeats exceeds ``max_cv``."""
+    return [f"{k} cv {cv:.2f}" for k, (_, cv) in sorted(stats.items()) if cv > max_cv]
 
 
 def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], device: str = "cpu",
-                  dtype: torch.dtype = torch.float32, repeats: int = 3, world_size: int = 1,
-                  collective_bytes: int = 1 << 22, timeout_s: float = 300.0):
-    """The whole Profile object (compute on this process, collectives on world_size processes)."""
-    from specs.profile_format import Profile
-    layers = [profile_layer(l, batch_sizes, tps, device, dtype, repeats) for l in model.layer_types()]
+                  dtype: torch.dtype = torch.float32, repeats: int = 5, warmup: int = 2, world_size: int = 1,
+                  collective_bytes: int = 1 << 22, timeout_s: float = 300.0, max_cv: float | None = MAX_CV):
+    """The whole Profile object, measured inside ``world_size`` launched ranks (one thread
+    each, as training runs); refused with the noisy entries named if any time's coefficient of
+    variation exceeds ``max_cv`` (None: accept anything)."""
+    from specs.profile_format import Profile, ProfileError
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    result = launch(profile_rank, world_size, model, batch_sizes, tps, device, dtype, repeats, warmup,
+                    collective_bytes, timeout_s=timeout_s, backend=backend)[0]
+    stats = result["stats"]
+    noisy = noisy_entries(stats, max_cv) if max_cv is not None else []
+    if noisy:
+        raise ProfileError("profile", f"timings too noisy (coefficient of variation > {max_cv}): "
+                           f"{', '.join(noisy[:4])}{' ...' if len(noisy) > 4 else ''}; the machine is "
+                           "probably loaded: rerun, or raise --max-cv")
+    mem_device = "cpu" if device.startswith("cuda") else device  # activation bytes: same on any device
+    layers = []
+    for i, layer in enumerate(model.layer_types()):
+        entry = layer_memory_entry(layer, tps, max(batch_sizes), mem_device, dtype)
+        entry["forward_ms"], entry["backward_ms"] = _tables(stats, f"layer{i}", batch_sizes)
+        layers.append(entry)
+    fwd, bwd = _tables(stats, "vocab", batch_sizes)
+    cvs = [cv for _, cv in stats.values()]
     raw = {"format": "hybridpar-profile", "version": 1,
-           "hardware": {"device": _device_name(device), "world_size": world_size,
+           "hardware": {"device": result["device_name"], "world_size": world_size,
                         "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-                        "model": model.name},
-           "layers": layers, "vocab": profile_vocab(model, batch_sizes, device, dtype, repeats)}
-    if world_size > 1:
-        per_rank = launch(measure_collectives, world_size, collective_bytes, repeats, timeout_s=timeout_s)
-        raw.update(per_rank[0])
+                        "model": model.name, "threads_per_rank": 1, "statistic": "median of the slowest rank",
+                        "repeats": repeats, "warmup": warmup, "max_cv": round(max(cvs), 4),
+                        "median_cv": round(statistics.median(cvs), 4)},
+           "layers": layers, "vocab": {"forward_ms": fwd, "backward_ms": bwd, "parameter_bytes": result["vocab_bytes"]}}
+    raw.update(result.get("collectives", {}))
     return Profile.from_dict(raw)
 
 
 def _device_name(device: str) -> str:
-    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu-process"
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu-process"
 
 
 @one_line_errors(LaunchError)
@@ -170,20 +248,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", help="shrink the model: hidden=H,layers=L,seq=S")
     parser.add_argument("--batch-sizes", type=count(4096), nargs="+", default=[1, 2, 4], help="micro-batch sizes to time")
     parser.add_argument("--tp", type=count(64), nargs="+", default=[1, 2, 4, 8], help="tensor-parallel degrees for the activation tables")
-    parser.add_argument("--world-size", type=count(1024), default=1, help="CPU processes for the collective tables")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where to time the layers")
+    parser.add_argument("--world-size", type=count(1024), default=1,
+                        help="ranks to profile in (all time compute together; collectives need >= 2)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="default: cuda when a CUDA GPU is visible, else cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                         help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--repeats", type=count(10_000), default=5, help="timed repeats per measurement")
+    parser.add_argument("--warmup", type=count(10_000, minimum=0), default=2, help="untimed runs before each measurement")
+    parser.add_argument("--max-cv", type=number(0.0, 100.0), default=MAX_CV,
+                        help="refuse the profile if a time's stdev/median over the repeats exceeds this")
     parser.add_argument("--out", required=True, help="profile file to write")
     args = parser.parse_args(argv)
     output_file(args.out, "--out")  # before the timing runs, not after them
-    dtype_name = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    device, why = resolve_device(args.device)
+    print(why, file=sys.stderr)
+    dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     from specs.profile_format import save_profile
     model = scaled_model(load_model(args.model), args.scale)
-    profile = build_profile(model, batch_sizes=args.batch_sizes, tps=args.tp, device=args.device,
-                            dtype=dtype, repeats=args.repeats, world_size=args.world_size)
+    profile = build_profile(model, batch_sizes=args.batch_sizes, tps=args.tp, device=device, dtype=dtype,
+                            repeats=args.repeats, warmup=args.warmup, world_size=args.world_size,
+                            max_cv=args.max_cv)
     save_profile(profile, args.out)
     print(f"wrote {args.out}: {len(profile.layers)} layer types, "
           f"all-reduce {profile.allreduce_gbytes_per_s or '-'}, overlap {profile.overlap_coefficient:.2f}")

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from executor.launch import progress
-from executor.model import synthetic_batch
+from executor.model import is_tied, synthetic_batch
+from executor.parallel.data import local
 from executor.parallel.layout import Layout
 from executor.parallel.pipeline import run_schedule
 from executor.parallelize import ParallelModel, make_loss_fn, parallelize
@@ -28,12 +29,17 @@ class TrainConfig:
     """Iterations run before timing starts."""
     seed: int = 0
     check: bool = False
-    """Plain SGD, and return first-step gradients and final parameters for the reference check."""
-    lr: float = 0.05
+    """Return first-step gradients, final parameters and per-layer state bytes for --check."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    adam_eps: float = 1e-4
+    """Adam epsilon: large enough that a gradient which is zero up to rounding (a key bias)
+    does not become a +-lr update whose sign depends on the reduction order."""
     device: str = "cpu"
+    """"cpu", or "cuda" (each local rank takes GPU local_rank) or "cuda:<i>"."""
     track_memory: bool = True
     bf16: bool = False
-    """Autocast forward (and so the saved activations) to bfloat16; parameters stay fp32."""
+    """bf16 parameters, activations and communication; fp32 master weights and Adam states."""
 
 
 def rank_slice(full: torch.Tensor, plan: Plan, layout: Layout, local: int) -> torch.Tensor:
@@ -44,48 +50,153 @@ def rank_slice(full: torch.Tensor, plan: Plan, layout: Layout, local: int) -> to
     return torch.cat([full[k * mb + d * part:k * mb + (d + 1) * part] for k in range(plan.micro_batches)])
 
 
-def train_step(pm: ParallelModel, plan: Plan, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> float:
-    """Forward and backward of every micro-batch, then the DDP gradient sum. Returns this
-    rank's share of the loss."""
+def train_step(pm: ParallelModel, plan: Plan, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> torch.Tensor:
+    """Forward and backward of every micro-batch, then the data-parallel reductions. Returns
+    this rank's share of the loss as a tensor on the device (no host sync)."""
     if pm.schedule is not None:
         losses = run_schedule(pm.schedule, pm.stage, plan.pp, inputs, targets)
-        total = sum(float(l.detach()) for l in losses)
+        total = torch.stack([l.detach().float() for l in losses]).sum() if losses else torch.zeros((), device=inputs.device)
     else:
-        total = 0.0
+        total = torch.zeros((), device=inputs.device)
         for x, y in zip(inputs.chunk(plan.micro_batches), targets.chunk(plan.micro_batches)):
             loss = loss_fn(pm.module(x), y)
             loss.backward()
-            total += float(loss.detach())
-    pm.grad_sync.sync()
+            total = total + loss.detach().float()
+    pm.data_parallel.sync()
     return total
 
 
-def _canonical(name: str) -> str:
-    return name.replace(".inner.", ".").replace("_checkpoint_wrapped_module.", "")
+def _canonical(name: str, tied: bool) -> str:
+    name = name.replace(".inner.", ".").replace("_checkpoint_wrapped_module.", "")
+    # the last stage's copy of a tied weight is the embedding's
+    return "embed.tokens.weight" if tied and name == "head.out.weight" else name
 
 
-def full_tensors(module: torch.nn.Module, grads: bool) -> dict[str, torch.Tensor]:
-    """Unsharded copies of every parameter (or gradient); collective over each mesh."""
+def full_tensors(module: torch.nn.Module, grads: bool, tied: bool = False) -> dict[str, torch.Tensor]:
+    """Unsharded fp32 copies of every parameter (or gradient); collective over each mesh."""
     out = {}
     for name, p in module.named_parameters():
         t = p.grad if grads else p
         if t is None:
             continue
         t = t.full_tensor() if isinstance(t, DTensor) else t
-        out[_canonical(name)] = t.detach().cpu().clone()
+        out[_canonical(name, tied)] = t.detach().float().cpu().clone()
     return out
 
 
-def _global_loss(pm: ParallelModel, plan: Plan, local_loss: float, device: str) -> float:
+def _global_loss(pm: ParallelModel, plan: Plan, local_loss: torch.Tensor) -> float:
     """Sum of one copy per DP replica of the last stage's loss shares."""
     own = pm.stage == plan.pp - 1 and pm.last_layout.tp_index(pm.local_rank) == 0
-    t = torch.tensor([local_loss if own else 0.0], dtype=torch.float64, device=device)
+    t = (local_loss if own else torch.zeros_like(local_loss)).double().reshape(1)
     dist.all_reduce(t)
     return float(t)
 
 
-def _autocast(cfg: TrainConfig):
-    return torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
+class StepTimer:
+    """Wall time of one step: CUDA events on GPU (read after the step), perf_counter on CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def start(self) -> None:
+        if self.cuda:
+            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.begin.elapsed_time(self.end) / 1e3
+        return self.t1 - self.t0
+
+
+def rank_device(cfg: TrainConfig, local_rank: int) -> str:
+    """The device of this rank: "cuda" means GPU ``local_rank`` (one GPU per local process)."""
+    return f"cuda:{local_rank}" if cfg.device == "cuda" else cfg.device
+
+
+def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainConfig,
+           local_rank: int | None = None) -> dict:
+    """One rank's whole run; returns plain data (pickled back to the launcher)."""
+    cfg = replace(cfg, device=rank_device(cfg, rank if local_rank is None else local_rank))
+    if cfg.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(cfg.device))
+    torch.manual_seed(cfg.seed)
+    pm = parallelize(model, plan, rank, world_size, seed=cfg.seed, device=cfg.device, bf16=cfg.bf16)
+    pm.data_parallel.build_optimizer(cfg.lr, cfg.adam_eps)
+    opt = pm.data_parallel
+    loss_fn = make_loss_fn(plan.global_batch)
+    result: dict = {"rank": rank, "stage": pm.stage, "losses": [], "step_times_s": [], "notes": pm.notes,
+                    "device": cfg.device, "process_groups": len(pm.groups.groups)}
+    total_steps = cfg.steps if cfg.check else cfg.warmup + cfg.steps
+    timer, losses = StepTimer(cfg.device), []
+    for step in range(total_steps):
+        inputs, targets = _rank_batch(model, plan, pm, cfg, step)
+        dist.barrier()
+        _sync(cfg.device)
+        timer.start()
+        local = train_step(pm, plan, inputs, targets, loss_fn)
+        held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
+        opt.step()
+        if held is not None:
+            result["state_bytes"] = _merge_grads(state_bytes(pm), held)
+            _check_state(result, pm, model)
+        opt.zero_grad()
+        timer.stop()
+        result["step_times_s"].append(timer.seconds())
+        losses.append(local)  # on the device: reading it here would sync the host every step
+        progress({"step": step, "step_time_s": result["step_times_s"][-1]})
+    result["losses"] = [_global_loss(pm, plan, l) for l in losses]
+    if cfg.check:
+        result["params"] = full_tensors(pm.module, grads=False, tied=is_tied(model))
+    if cfg.track_memory:
+        result.update(_peak_memory(pm, plan, opt, loss_fn, model, cfg))
+    return result
+
+
+def _check_state(result: dict, pm: ParallelModel, model: ModelSpec) -> None:
+    """First-step gradients, summed and unsharded (a check-only gather)."""
+    for bucket in pm.data_parallel.buckets:
+        bucket.materialize_grads()
+    result["grads"] = full_tensors(pm.module, grads=True, tied=is_tied(model))
+
+
+def _merge_grads(after_step: dict, before_step: dict) -> dict:
+    return {name: {**units, "grads": before_step[name]["grads"]} for name, units in after_step.items()}
+
+
+def state_bytes(pm: ParallelModel) -> dict[str, dict[str, int]]:
+    """Per unit: bytes of parameters, gradients and optimizer state this rank holds (after a
+    step, before the gradients are freed)."""
+    adam = pm.data_parallel.adam
+
+    def opt_bytes(tensors) -> int:
+        return sum(local(v).numel() * v.element_size() for t in tensors for k, v in adam.state.get(t, {}).items()
+                   if k != "step" and torch.is_tensor(v))
+
+    def nbytes(tensors) -> int:
+        return sum(local(t).numel() * local(t).element_size() for t in tensors)
+
+    out = {}
+    for unit in pm.units:
+        if unit.bucket is not None:
+            s = unit.bucket.state_tensors()
+            out[unit.name] = {"params": nbytes(s["params"]), "grads": nbytes(s["grads"]),
+                              "optimizer": nbytes(s["master"]) + opt_bytes(s["master"])}
+        else:
+            params = [p for p in unit.module.parameters() if p not in unit.ignored]
+            out[unit.name] = {"params": nbytes(params), "grads": nbytes([p.grad for p in params if p.grad is not None]),
+                              "optimizer": opt_bytes(params)}
+        out[unit.name].update(numel=unit.numel, dp_type=unit.dp_type, dp=unit.dp)
+    return out
 
 
 def _sync(device: str) -> None:
@@ -93,64 +204,34 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainConfig) -> dict:
-    """One rank's whole run; returns plain data (pickled back to the launcher)."""
-    if cfg.device == "cuda":  # one GPU per local process
-        cfg = replace(cfg, device=f"cuda:{rank % torch.cuda.device_count()}")
-    torch.manual_seed(cfg.seed)
-    pm = parallelize(model, plan, rank, world_size, seed=cfg.seed, device=cfg.device)
-    params = list(pm.module.parameters())
-    opt = (torch.optim.SGD(params, lr=cfg.lr, foreach=False) if cfg.check
-           else torch.optim.Adam(params, lr=1e-4, foreach=False))
-    loss_fn = make_loss_fn(plan.global_batch)
-    result: dict = {"rank": rank, "stage": pm.stage, "losses": [], "step_times_s": [], "notes": pm.notes}
-    total_steps = cfg.steps if cfg.check else cfg.warmup + cfg.steps
-    for step in range(total_steps):
-        inputs, targets = _rank_batch(model, plan, pm, cfg, step)
-        dist.barrier()
-        _sync(cfg.device)
-        start = time.perf_counter()
-        with _autocast(cfg):
-            local = train_step(pm, plan, inputs, targets, loss_fn)
-        if cfg.check and step == 0:
-            result["grads"] = full_tensors(pm.module, grads=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(cfg.device)
-        result["step_times_s"].append(time.perf_counter() - start)
-        result["losses"].append(_global_loss(pm, plan, local, cfg.device))
-        progress({"step": step, "loss": result["losses"][-1], "step_time_s": result["step_times_s"][-1]})
-    if cfg.check:
-        result["params"] = full_tensors(pm.module, grads=False)
-    result["peak_memory_bytes"] = _peak_memory(pm, plan, opt, loss_fn, model, cfg) if cfg.track_memory else 0
-    return result
-
-
 def _rank_batch(model: ModelSpec, plan: Plan, pm: ParallelModel, cfg: TrainConfig, step: int):
     inputs, targets = synthetic_batch(model, plan.global_batch, cfg.seed + step)
     inputs = rank_slice(inputs, plan, pm.first_layout, pm.local_rank).to(cfg.device)
     targets = rank_slice(targets, plan, pm.last_layout, pm.local_rank).to(cfg.device)
+    if cfg.bf16 and inputs.is_floating_point():
+        inputs = inputs.to(torch.bfloat16)
     return inputs, targets
 
 
-def _peak_memory(pm: ParallelModel, plan: Plan, opt, loss_fn, model: ModelSpec, cfg: TrainConfig) -> int:
-    """Peak bytes of one more training step: CUDA allocator peak on GPU, MemTracker on CPU."""
+def _peak_memory(pm: ParallelModel, plan: Plan, opt, loss_fn, model: ModelSpec, cfg: TrainConfig) -> dict:
+    """Peak bytes of one more training step: CUDA allocator peak (and reserved) on GPU,
+    MemTracker on CPU."""
     inputs, targets = _rank_batch(model, plan, pm, cfg, 0)
     if cfg.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-        with _autocast(cfg):
-            train_step(pm, plan, inputs, targets, loss_fn)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return int(torch.cuda.max_memory_allocated())
-    tracker = _micro_batch_tracker()
-    tracker.track_external(pm.module, opt)
-    with tracker, _autocast(cfg):
         train_step(pm, plan, inputs, targets, loss_fn)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
+        return {"peak_memory_bytes": int(torch.cuda.max_memory_allocated()),
+                "reserved_memory_bytes": int(torch.cuda.memory_reserved())}
+    tracker = _micro_batch_tracker()
+    tracker.track_external(pm.module, opt.adam, *[b.master for b in opt.buckets])
+    with tracker:
+        train_step(pm, plan, inputs, targets, loss_fn)
+        opt.step()
+        opt.zero_grad()
     peak = tracker.get_tracker_snapshot("peak")
-    return int(sum(v.get("Total", 0) for v in peak.values()))
+    return {"peak_memory_bytes": int(sum(v.get("Total", 0) for v in peak.values())), "reserved_memory_bytes": 0}
 
 
 def _micro_batch_tracker():

@@ -10,7 +10,7 @@ from cost_models import CostModel
 from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result,
                            pop_options, scored_result)
 from planners.registry import register
-from planners.space import SearchSpace, powers_of_two
+from planners.space import SearchSpace, powers_of_two, tp_splits
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.units import GIB
 
@@ -55,6 +55,8 @@ def _plan_or_none(model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) 
         plan.validate(model, cluster)
     except SpecError:
         return None
+    if not all(tp_splits(l, s.tp) for l, s in zip(model.layers, plan.layers)):
+        return None  # the executor could not run it
     return plan
 
 
@@ -100,7 +102,7 @@ class MegatronTp(GridPlanner):
 
     def candidates(self, model, cluster, batch):
         for tp in sorted(powers_of_two(min(cluster.gpus_per_node, SearchSpace().max_tp)), reverse=True):
-            if all(l.num_heads % tp == 0 for l in model.layers):
+            if all(tp_splits(l, tp) for l in model.layers):
                 yield {"tp": tp, "dp": cluster.world_size // tp, "vocab_tp": tp}
                 return
 

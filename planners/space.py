@@ -184,15 +184,19 @@ class SearchSpace:
         return out
 
 
+def tp_splits(layer: LayerSpec, tp: int) -> bool:
+    """tp divides the heads, the kv heads and the MLP width: the executor splits each of them
+    (kv heads are not replicated over tp > kv heads), so a plan outside this never runs."""
+    return not (layer.num_heads % tp or layer.kv_heads % tp or layer.ffn_hidden_size % tp)
+
+
 def layer_allows(layer: LayerSpec, s: LayerStrategy, global_batch: int, micro_batches: int) -> bool:
-    """The per-layer rules of Plan.validate: heads divisible by tp, batch divisible by dp*m,
+    """The per-layer rules of Plan.validate and the executor: tp_splits, batch divisible by dp*m,
     sequence parallelism only on plain blocks whose sequence the degree divides."""
-    if layer.num_heads % s.tp:
+    if not tp_splits(layer, s.tp):
         return False
     if s.sp != SequenceParallel.NONE and (layer.seq_len % s.tp or layer.cross_attention_seq_len
                                           or layer.downsample_to):
-        return False
-    if layer.kv_heads % s.tp and s.tp % layer.kv_heads:
         return False
     return global_batch % (s.dp * micro_batches) == 0
 

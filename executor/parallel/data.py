@@ -1,106 +1,256 @@
-"""Data parallelism per layer: DDP (gradient all-reduce) and ZeRO-1/2/3 (FSDP2 fully_shard).
+"""Data parallelism per layer, run the way the cost model charges it (docs/executor.md):
 
-Every rank's loss is its samples' share of the *global* mean (sum over its samples / global
-batch), so gradients are summed, never averaged, over DP groups: that stays exact when
-layers have different dp degrees. ZeRO-1 runs as ZeRO-2 (FSDP2 shards gradients with the
-optimizer states; numerically identical).
+- DDP: the module's gradients in one flat buffer, all-reduced once after the last micro-batch;
+- ZeRO-1: the same buffer reduce-scattered after the last micro-batch, Adam on this rank's
+  1/dp shard (fp32 master + states), updated parameters all-gathered after the step;
+- ZeRO-2: the same, but every micro-batch's gradients are reduce-scattered into a sharded
+  accumulator as soon as they are complete (full gradients never outlive a micro-batch);
+- ZeRO-3: FSDP2 ``fully_shard`` (parameters gathered per micro-batch in forward and backward,
+  gradients reduce-scattered per micro-batch, Adam on the fp32 shards).
+
+Every rank's loss is its samples' share of the *global* mean, so every reduction is a plain
+SUM: that stays exact when layers have different dp degrees.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from specs import DPType
 
+SHARDED_OPTIMIZER = (DPType.ZERO1, DPType.ZERO2)
+"""dp types whose flat bucket keeps only a 1/dp shard of the fp32 master and Adam states."""
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor-parallel shard a rank holds (the tensor itself when not a DTensor)."""
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-class _Bucket:
-    """One module's replicated parameters: their gradients, flattened, are summed over the DP
-    group as soon as the last micro-batch's backward has produced all of them."""
+def _settled(p: nn.Parameter) -> torch.Tensor:
+    """This rank's shard of ``p``'s gradient, laid out like ``p``: a sequence-parallel norm's
+    gradient is Partial over the TP group and must be summed there first."""
+    g = p.grad
+    if isinstance(g, DTensor) and g.placements != p.placements:
+        g = g.redistribute(placements=p.placements)
+    return local(g)
 
-    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup, micro_batches: int) -> None:
+
+class FlatBucket:
+    """One module's replicated parameters (working dtype) with their gradients reduced over
+    ``group`` in one flat buffer, and the fp32 master copy of this rank's shard that Adam updates.
+
+    ``master`` holds 1/dp of the flat parameters under ZeRO-1/2, all of them under DDP.
+    """
+
+    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None, dp_type: str,
+                 micro_batches: int, master_init: torch.Tensor, eager: bool = True) -> None:
         self.params, self.group, self.micro_batches = params, group, micro_batches
-        self.calls, self.work, self.flat = 0, None, None
-        for p in params:
+        self.size = dist.get_world_size(group) if group is not None else 1
+        self.dp_type = DPType(dp_type) if self.size > 1 else DPType.DDP
+        self.shards = self.size if self.dp_type in SHARDED_OPTIMIZER else 1
+        self.numel = sum(local(p).numel() for p in params)
+        self.shard_numel = math.ceil(self.numel / self.shards)
+        start = self.shard_index() * self.shard_numel
+        padded = torch.zeros(self.shard_numel * self.shards, dtype=torch.float32, device=master_init.device)
+        padded[:self.numel] = master_init
+        self.master = padded[start:start + self.shard_numel].clone()
+        """fp32 master of this rank's shard; Adam's parameter."""
+        self.grad_shard: torch.Tensor | None = None
+        """ZeRO-2: this rank's summed gradient shard, accumulated over the micro-batches."""
+        self.reduced: torch.Tensor | None = None
+        """After sync(): this rank's shard (or all, under DDP) of the summed gradients."""
+        self.pending: list[tuple[object, torch.Tensor, torch.Tensor]] = []
+        self.calls = 0
+        for p in params if eager else ():  # else reduced in sync(), after backward
             p.register_post_accumulate_grad_hook(self._on_grad)
 
+    def shard_index(self) -> int:
+        """Which shard of the flat vector this rank owns (its rank in the DP group)."""
+        return dist.get_group_rank(self.group, dist.get_rank()) if self.shards > 1 else 0
+
+    # -- backward ------------------------------------------------------------------------------
     def _on_grad(self, _param: nn.Parameter) -> None:
         self.calls += 1
-        if self.calls == len(self.params) * self.micro_batches:
-            self.launch(async_op=True)  # overlaps with the rest of backward
+        n = len(self.params)
+        if self.dp_type == DPType.ZERO2 and self.calls % n == 0:
+            self._reduce_now()  # this micro-batch's gradients are complete
+        elif self.calls == n * self.micro_batches:
+            self._reduce_now()  # overlaps with the rest of backward
 
-    def _grads(self) -> list[torch.Tensor]:
-        return [_local(p.grad) for p in self.params if p.grad is not None]
+    def _flat_grads(self, take: bool) -> torch.Tensor:
+        """The gradients as one padded flat vector (zeros where a parameter got none); ``take``
+        frees them from the parameters (ZeRO-2 keeps only the sharded sum)."""
+        parts = []
+        for p in self.params:
+            g = _settled(p) if p.grad is not None else torch.zeros_like(local(p))
+            parts.append(g.reshape(-1))
+            if take:
+                p.grad = None
+        pad = self.shard_numel * self.shards - self.numel
+        if pad:
+            parts.append(parts[0].new_zeros(pad))
+        return torch.cat(parts)
 
     @torch.no_grad()
-    def launch(self, async_op: bool) -> None:
-        grads = self._grads()
-        if grads:
-            self.flat = torch.cat([g.reshape(-1) for g in grads])
-            self.work = dist.all_reduce(self.flat, group=self.group, async_op=async_op)
+    def _reduce_now(self) -> None:
+        self._drain()  # at most one ZeRO-2 reduction in flight
+        flat = self._flat_grads(take=self.dp_type == DPType.ZERO2)
+        self.pending.append(self.launch(flat))
+
+    def launch(self, flat: torch.Tensor) -> tuple[object, torch.Tensor, torch.Tensor]:
+        """Start the SUM over the DP group: all-reduce (DDP) or reduce-scatter (ZeRO-1/2).
+        Returns (work, output, input kept alive until the work is done)."""
+        if self.size == 1:
+            return None, flat, flat
+        if self.shards == 1:
+            return dist.all_reduce(flat, group=self.group, async_op=True), flat, flat
+        out = flat.new_empty(self.shard_numel)
+        return dist.reduce_scatter_single(out, flat, group=self.group, async_op=True), out, flat
+
+    def _drain(self) -> None:
+        for work, out, _ in self.pending:
+            if work is not None:
+                work.wait()
+            if self.dp_type == DPType.ZERO2:
+                self.grad_shard = out if self.grad_shard is None else self.grad_shard.add_(out)
+            else:
+                self.reduced = out
+        self.pending.clear()
 
     @torch.no_grad()
-    def finish(self) -> None:
-        if self.flat is None:  # some parameter got no gradient: the hooks never completed
-            self.launch(async_op=False)
-        if self.work is not None:
-            self.work.wait()
+    def sync(self) -> None:
+        """Wait for the reductions; reduce what no hook has sent yet (parameters without a
+        gradient, or a leftover partial micro-batch)."""
+        if self.dp_type == DPType.ZERO2:
+            left = any(p.grad is not None for p in self.params)
+        else:
+            left = self.reduced is None and not self.pending
+        if left:
+            self._reduce_now()
+        self._drain()
+        if self.dp_type == DPType.ZERO2:
+            self.reduced = self.grad_shard
+        elif self.shards == 1:  # DDP: the parameters' gradients are the sums
+            self._grads_from(self.reduced)
+        self.calls = 0
+
+    # -- optimizer -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Copy the updated master into the parameters (all-gathered in the working dtype
+        under ZeRO-1/2: the cost model's parameter all-gather after the step)."""
+        dtype = local(self.params[0]).dtype
+        shard = self.master.to(dtype)
+        if self.shards > 1:
+            full = shard.new_empty(self.shard_numel * self.shards)
+            dist.all_gather_single(full, shard, group=self.group)
+        else:
+            full = shard
+        self._scatter_into(full, lambda p: local(p))
+
+    @torch.no_grad()
+    def materialize_grads(self) -> None:
+        """--check only: put the summed full gradients back on the parameters."""
+        red = self.reduced
+        if self.shards > 1:
+            full = red.new_empty(self.shard_numel * self.shards)
+            dist.all_gather_single(full, red.contiguous(), group=self.group)
+            red = full
+        self._grads_from(red)
+
+    def _grads_from(self, flat: torch.Tensor) -> None:
+        for p in self.params:  # laid out like p (a Partial gradient would be summed twice)
+            if p.grad is None or (isinstance(p.grad, DTensor) and p.grad.placements != p.placements):
+                p.grad = torch.zeros_like(p)
+        self._scatter_into(flat, lambda p: local(p.grad))
+
+    def _scatter_into(self, flat: torch.Tensor, target) -> None:
         offset = 0
-        for g in self._grads():
-            g.copy_(self.flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-        self.calls, self.work, self.flat = 0, None, None
+        for p in self.params:
+            t = target(p)
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def clear(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.grad_shard = self.reduced = None
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """What this bucket keeps per category (for the byte accounting of --check)."""
+        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        if self.grad_shard is not None:
+            grads.append(self.grad_shard)
+        return {"params": [local(p) for p in self.params], "grads": grads, "master": [self.master]}
 
 
-@dataclass
-class GradientSync:
-    """DDP: per module, its replicated parameters' gradients summed over its DP group in one
-    flat bucket, launched asynchronously when the iteration's last backward has produced them
-    and waited for before the optimizer step."""
+class DataParallel:
+    """Every bucket and FSDP module of a stage, and the Adam that updates them: the fp32
+    masters of the buckets and the (fp32, sharded) FSDP parameters."""
 
-    micro_batches: int = 1
-    """Backward passes per iteration (a bucket is ready after this many gradient accumulations)."""
-    buckets: list[_Bucket] = field(default_factory=list)
+    def __init__(self, micro_batches: int) -> None:
+        self.micro_batches = micro_batches
+        self.buckets: list[FlatBucket] = []
+        self.fsdp_params: list[nn.Parameter] = []
+        self.adam: torch.optim.Adam | None = None
 
-    def add(self, params: list[nn.Parameter], group: dist.ProcessGroup, size: int) -> None:
-        if size > 1 and params:
-            self.buckets.append(_Bucket(params, group, self.micro_batches))
+    def add_bucket(self, params: list[nn.Parameter], group: dist.ProcessGroup | None, dp_type: str,
+                   dtype: torch.dtype, eager: bool = True) -> FlatBucket | None:
+        """Cast ``params`` to the working dtype and manage them as one flat bucket; ``eager``:
+        start its reduction from backward (only safe when every rank of ``group`` reaches it at
+        the same point of its collective sequence on that group)."""
+        if not params:
+            return None
+        init = torch.cat([local(p).detach().reshape(-1).float() for p in params])
+        for p in params:  # swap, not .data=: a DTensor's local shard must change dtype too
+            if p.dtype != dtype:
+                torch.utils.swap_tensors(p, nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad))
+        bucket = FlatBucket(params, group, dp_type, self.micro_batches, init, eager)
+        self.buckets.append(bucket)
+        return bucket
+
+    def build_optimizer(self, lr: float, eps: float) -> None:
+        tensors = [b.master for b in self.buckets] + self.fsdp_params
+        self.adam = torch.optim.Adam(tensors, lr=lr, eps=eps, foreach=False)
 
     def sync(self) -> None:
-        for bucket in self.buckets:
-            bucket.finish()
+        """After the last micro-batch's backward: every bucket's reduction finished."""
+        for b in self.buckets:
+            b.sync()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for b in self.buckets:
+            b.master.grad = b.reduced.float() if b.reduced is not None else torch.zeros_like(b.master)
+        self.adam.step()
+        for b in self.buckets:
+            b.write_back()
+
+    def zero_grad(self) -> None:
+        self.adam.zero_grad(set_to_none=True)
+        for b in self.buckets:
+            b.clear()
+        for p in self.fsdp_params:
+            p.grad = None
 
 
-def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh, sync: GradientSync) -> None:
-    """Register ``module``'s parameters for a summed all-reduce over ``dp_mesh``."""
-    sync.add(list(module.parameters()), dp_mesh.get_group(), dp_mesh.size())
-
-
-def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp_type: str) -> nn.Module:
-    """Shard ``module`` over ``dp_mesh``: ZeRO-3 frees gathered parameters after forward,
-    ZeRO-1/2 keep them until backward is done."""
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=dp_type == DPType.ZERO3)
-    _sum_reduction(module)
-    return module
-
-
-def apply_fsdp_root(root: nn.Module, dp_mesh: DeviceMesh, ignored: set[nn.Parameter]) -> None:
-    """One FSDP root over a stage whose blocks sit on different meshes; the parameters that
-    DDP owns are ignored so FSDP leaves them alone."""
-    fully_shard(root, mesh=dp_mesh, reshard_after_forward=False, ignored_params=ignored)
-    _sum_reduction(root)
-
-
-def _sum_reduction(module: nn.Module) -> None:
+def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: bool,
+               ignored: set[nn.Parameter]) -> None:
+    """ZeRO-3: shard ``module`` over ``dp_mesh``; gathered parameters are freed after forward
+    and after backward of every micro-batch. Under bf16 the fp32 shards are the master
+    weights; gathers and gradient reductions move bf16."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
+        else MixedPrecisionPolicy()
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=True, mp_policy=policy,
+                ignored_params=ignored or None)
     module.set_gradient_divide_factor(1.0)
     # gloo has no PREMUL_SUM: a custom divide factor must go through a plain SUM
     module.set_force_sum_reduction_for_comms(True)
+    dp.fsdp_params.extend(p for p in module.parameters() if p not in ignored)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from specs import LayerStrategy
@@ -43,15 +44,41 @@ class Layout:
         g = self.tp * self.dp
         return self.dp == other.dp and all(self.dp_index(j) == other.dp_index(j) for j in range(g))
 
-    def mesh(self, pp: int, device: str) -> DeviceMesh:
+    def mesh(self, pp: int, device: str, groups: "GroupCache") -> DeviceMesh:
         """A (pp, dp, tp) mesh over the whole world; every rank must build it, in the same order."""
         g = self.tp * self.dp
         grid = torch.tensor([[[s * g + self.local_rank(d, t) for t in range(self.tp)]
                               for d in range(self.dp)] for s in range(pp)])
-        return DeviceMesh(device, grid, mesh_dim_names=("pp", "dp", "tp"))
+        return groups.mesh(grid, device, ("pp", "dp", "tp"))
 
 
-def stage_mesh(pp: int, world_size: int, device: str) -> DeviceMesh:
+class GroupCache:
+    """One process group per distinct set of ranks, reused by every mesh that has it (a pp lane,
+    a stage, a TP group shared by two layouts): created collectively, in the same order on
+    every rank."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    def group(self, all_sets: list[tuple[int, ...]]) -> dist.ProcessGroup | None:
+        """Create whichever of ``all_sets`` is new; the group of the set holding this rank
+        (None if none does)."""
+        rank = dist.get_rank()
+        for ranks in all_sets:
+            if ranks not in self.groups:
+                self.groups[ranks] = dist.new_group(list(ranks))
+        return next((self.groups[r] for r in all_sets if rank in r), None)
+
+    def mesh(self, grid: torch.Tensor, device: str, names: tuple[str, ...]) -> DeviceMesh:
+        """A DeviceMesh over ``grid`` whose dimension groups come from this cache."""
+        dims = []
+        for dim in range(grid.dim()):
+            lines = grid.movedim(dim, -1).reshape(-1, grid.shape[dim])
+            dims.append(self.group([tuple(int(r) for r in line) for line in lines]))
+        return DeviceMesh.from_group(dims, device, mesh=grid, mesh_dim_names=names)
+
+
+def stage_mesh(pp: int, world_size: int, device: str, groups: GroupCache) -> DeviceMesh:
     """A (pp, stage) mesh: 'stage' groups the ranks of one stage, 'pp' one lane across stages."""
     grid = torch.arange(world_size).view(pp, world_size // pp)
-    return DeviceMesh(device, grid, mesh_dim_names=("pp", "stage"))
+    return groups.mesh(grid, device, ("pp", "stage"))

@@ -48,3 +48,10 @@ def test_causal_blocks_ignore_the_future():
     y[:, 5:] += 1.0
     assert torch.allclose(block(x)[:, :5], block(y)[:, :5], atol=1e-6)
     assert not torch.allclose(block(x)[:, 5:], block(y)[:, 5:])
+
+
+def test_tied_head_shares_the_token_embedding():
+    model = specs.load_model("tiny-gpt")  # head.tied
+    net = Transformer(model)
+    assert net.head.out.weight is net.embed.tokens.weight
+    assert sum(p.numel() for p in net.parameters()) == model.param_count()

@@ -1,5 +1,6 @@
-"""The planners' plans for tiny-gpt on the CPU "clusters" cpu-4 and cpu-8 run end to end and
-match the one-process reference. Skipped with the reason while planners/ is not importable."""
+"""The planners' plans for tiny-gpt and tiny-llama on the CPU "clusters" cpu-4 and cpu-8 run end
+to end and match the one-process reference. Skipped with the reason while planners/ is not
+importable."""
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import specs
 from executor.unsupported import refuse_unsupported
 from specs import Plan
 
+from executor.checks import check_runnable
 from tests.executor.conftest import assert_matches_reference
 
 planners = pytest.importorskip("planners", reason="planners package not importable yet")
@@ -72,3 +74,42 @@ def test_planners_compare_files_run_end_to_end(cluster, extra, tmp_path):
             assert "\n" not in str(err)
             continue
         assert_matches_reference(plan, model, world)
+
+
+def _every_planners_plans(model_name: str, cluster: str) -> dict[str, Plan]:
+    """Distinct plans of every registered planner (summary -> plan), at a budget tight enough
+    that they differ (tiny models: 1.015 GiB is 15 MiB above the runtime overhead)."""
+    model, spec = specs.load_model(model_name), specs.load_cluster(cluster)
+    plans: dict[str, Plan] = {}
+    for name in planners.available():
+        result = planners.plan(name, model, spec, planners.Budget(memory_gib=1.015, global_batch=8))
+        if result.feasible:
+            plans.setdefault(result.plan.summary(), result.plan)
+    return plans
+
+
+@pytest.mark.parametrize("model_name", ["tiny-gpt", "tiny-llama"])
+@pytest.mark.parametrize("cluster", ["cpu-4", "cpu-8"])
+def test_every_planners_plan_is_runnable(model_name, cluster):
+    """No planner produces a plan the executor refuses (tp splitting kv heads, MLP width...)."""
+    plans = _every_planners_plans(model_name, cluster)
+    assert len(plans) >= 4
+    for plan in plans.values():
+        check_runnable(specs.load_model(model_name), plan, specs.load_cluster(cluster).world_size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", ["tiny-gpt", "tiny-llama"])
+def test_every_planners_plan_runs_with_check_on_cpu_4(model_name):
+    model = specs.load_model(model_name)
+    for plan in _every_planners_plans(model_name, "cpu-4").values():
+        assert_matches_reference(plan, model, 4)
+
+
+def test_mixed_planner_plans_run_with_check_on_cpu_4():
+    """The default run's share of the slow test above: the planners' per-layer mixes."""
+    gpt = _every_planners_plans("tiny-gpt", "cpu-4")
+    mixes = [p for p in gpt.values() if len({(s.tp, s.dp_type, s.checkpoint) for s in p.layers}) > 1]
+    assert mixes
+    for plan in mixes:
+        assert_matches_reference(plan, specs.load_model("tiny-gpt"), 4)

@@ -67,3 +67,21 @@ def test_validate_reports_predicted_and_measured_memory():
         assert all(abs(e) < 10 for e in errors)  # same order of magnitude: a unit slip would be 1e3+
     text = format_validation(v)
     assert "measured" in text and "simulator" in text and "%" in text
+
+
+def test_noisy_profiles_are_refused_with_the_entries_named():
+    from specs.profile_format import ProfileError
+    from executor.profile import noisy_entries
+    stats = {"layer0/4/fwd": (10.0, 0.02), "layer0/4/bwd": (20.0, 0.4)}
+    assert noisy_entries(stats, 0.15) == ["layer0/4/bwd cv 0.40"]
+    model = specs.load_model("tiny-gpt").scaled(num_layers=1)
+    with pytest.raises(ProfileError, match=r"timings too noisy \(coefficient of variation > 0.0\): layer0/1/bwd"):
+        build_profile(model, batch_sizes=[1], tps=[1], repeats=3, warmup=0, max_cv=0.0)
+
+
+def test_profile_records_how_it_timed():
+    model = specs.load_model("tiny-gpt").scaled(num_layers=1)
+    profile = build_profile(model, batch_sizes=[1, 2], tps=[1], repeats=2, warmup=1, world_size=2, max_cv=None)
+    hw = profile.hardware
+    assert hw["threads_per_rank"] == 1 and hw["repeats"] == 2 and hw["world_size"] == 2
+    assert hw["max_cv"] >= hw["median_cv"] >= 0

@@ -3,11 +3,14 @@ compositions, and mixed per-layer plans with relayouts, at world sizes 2, 4 and 
 import pytest
 
 import specs
-from executor.parallel.data import GradientSync
+from executor.launch import launch
+from executor.reference import CHECK_ATOL_BF16
 from executor.run import run_plan
+from executor.train import TrainConfig, worker
 from specs import LayerStrategy as L
 from specs import Plan, SpecError, uniform_plan
 
+from tests.executor import broken_workers
 from tests.executor.conftest import assert_matches_reference
 
 
@@ -113,21 +116,41 @@ def test_other_families_mixed_on_4_ranks(name):
     assert_matches_reference(plan, model, 4)
 
 
-def _worker_without_grad_sync(*args, **kwargs):
-    """The training worker with DDP's all-reduce removed, patched inside the (spawned) rank."""
-    from executor import train
-    GradientSync.sync = lambda self: None
-    return train.worker(*args, **kwargs)
+@pytest.mark.parametrize("broken,plan_kwargs,failure", [
+    (broken_workers.zero3_run_as_ddp, dict(dp=2, dp_type="zero3", micro_batches=2), "bytes"),
+    (broken_workers.dropped_all_reduce, dict(dp=2), "numerics"),
+    (broken_workers.wrong_adam_shard, dict(dp=2, dp_type="zero1"), "numerics"),
+], ids=["zero3-as-ddp", "dropped-all-reduce", "wrong-adam-shard"])
+def test_the_check_fails_on_a_broken_strategy(tiny_gpt, broken, plan_kwargs, failure):
+    m = run_plan(uniform_plan(4, global_batch=4, **plan_kwargs), tiny_gpt, world_size=2, steps=2, check=True,
+                 track_memory=False, timeout_s=120, rank_fn=broken)
+    c = m.check
+    assert not c.passed
+    if failure == "bytes":  # same numbers, but each rank holds twice the parameters the plan says
+        assert any("layer 0 (zero3 dp2): params" in e for e in c.state_bytes_errors), c.state_bytes_errors
+        assert max(c.grad_max_abs_diff, c.param_max_abs_diff) <= c.atol
+    else:
+        assert max(c.grad_max_abs_diff, c.param_max_abs_diff) > 1e-4 and not c.state_bytes_errors
 
 
-def test_the_check_fails_when_gradients_are_not_summed(tiny_gpt, monkeypatch):
-    """DDP without its all-reduce must not pass (spawned ranks inherit no patch from the parent,
-    so the launched function itself removes the all-reduce)."""
-    import executor.run
-    monkeypatch.setattr(executor.run, "worker", _worker_without_grad_sync)
-    m = run_plan(uniform_plan(4, dp=2, global_batch=4), tiny_gpt, world_size=2, steps=2, check=True,
-                 track_memory=False, timeout_s=120)
-    assert not m.check.passed and m.check.grad_max_abs_diff > 1e-4
+@pytest.mark.parametrize("plan_kwargs", [dict(dp=2, dp_type="zero2", micro_batches=2), dict(tp=2), dict(pp=2, micro_batches=2)],
+                         ids=["zero2", "tp", "pp"])
+def test_bf16_runs_match_a_bf16_reference(tiny_gpt, plan_kwargs):
+    m = assert_matches_reference(uniform_plan(4, global_batch=4, **plan_kwargs), tiny_gpt, 2, bf16=True)
+    assert m.check.atol == CHECK_ATOL_BF16
+    assert m.check.param_max_abs_diff > 0  # bf16 rounding differs from the reference's: a real comparison
+
+
+def test_zero_stages_hold_the_plans_shards(tiny_gpt):
+    """Per-layer bytes on each rank: ZeRO-2 shards gradients, ZeRO-3 also parameters."""
+    def held(dp_type):
+        per_rank = launch(worker, 2, tiny_gpt, uniform_plan(4, dp=2, dp_type=dp_type, global_batch=4, micro_batches=2),
+                          TrainConfig(steps=1, warmup=0, check=True, track_memory=False), timeout_s=120)
+        return per_rank[0]["state_bytes"]["layer 1"]
+    ddp, zero1, zero2, zero3 = (held(t) for t in ("ddp", "zero1", "zero2", "zero3"))
+    assert ddp["params"] == zero1["params"] == zero2["params"] == 2 * zero3["params"]
+    assert ddp["grads"] == zero1["grads"] == 2 * zero2["grads"]
+    assert ddp["optimizer"] == 2 * zero1["optimizer"] == 2 * zero2["optimizer"]
 
 
 def test_measurement_reports_memory_per_rank_and_stage_imbalance(tiny_gpt):

@@ -1,0 +1,128 @@
+"""The profile -> predict -> run loop on this machine: ``python -m benchmarks.loop_accuracy``.
+
+On cpu-2 (two gloo processes, one thread each) with a GPT wide enough that compute dominates
+communication (gpt-1.7b scaled to hidden 384, 6 heads, 4 layers, sequence 128, vocabulary cut to 8192:
+~1.8 GFLOP per layer forward at batch 4, against a 7 MiB fp32 gradient all-reduce): profile once, then for each of
+nine plans print the profiled cost model's and the simulator's predicted iteration time beside
+the measured time (median of the timed steps), and predicted beside measured peak memory
+(runtime overhead excluded). Summary: time MAPE, Kendall's tau, worst memory error.
+Targets (issue 11): MAPE <= 15 %, tau >= 0.8, memory within 10 %.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+from specs import LayerStrategy as L
+from specs import Plan, load_cluster, load_model, uniform_plan
+from specs.errors import one_line_errors
+
+MODEL, SCALE = "gpt-1.7b", dict(hidden_size=384, num_layers=4, seq_len=128)
+HEADS = 6
+"""64-wide heads (the scaled model would keep gpt-1.7b's head width and have too few to split)."""
+VOCAB = 8192
+"""A 50k vocabulary would make the head, not the blocks, the bulk of the work."""
+CLUSTER = "cpu-2"
+BATCH = 8
+
+
+def plans() -> dict[str, Plan]:
+    """Nine plans over the dimensions a planner mixes (dp, ZeRO, tp, pp, checkpointing)."""
+    def u(**kw) -> Plan:
+        return uniform_plan(4, global_batch=BATCH, model=MODEL, cluster=CLUSTER, **kw)
+    mixed = Plan(pp=1, stage_layers=(4,), layers=(L(tp=2), L(tp=2), L(dp=2, dp_type="zero3"), L(dp=2, dp_type="zero3")),
+                 global_batch=BATCH, micro_batches=2, model=MODEL, cluster=CLUSTER)
+    return {"dp2": u(dp=2), "dp2 zero2 m2": u(dp=2, dp_type="zero2", micro_batches=2),
+            "dp2 zero3": u(dp=2, dp_type="zero3"), "dp2 ckpt": u(dp=2, recompute="full"),
+            "tp2": u(tp=2), "tp2 ckpt m2": u(tp=2, recompute="full", micro_batches=2),
+            "pp2 m2": u(pp=2, micro_batches=2), "pp2 m4 gpipe": u(pp=2, micro_batches=4, schedule="gpipe"),
+            "tp2+zero3 mixed m2": mixed}
+
+
+def _model():
+    model = load_model(MODEL).scaled(**SCALE)
+    layers = tuple(dataclasses.replace(l, num_heads=HEADS, head_dim=0) for l in model.layers)
+    return dataclasses.replace(model, layers=layers, embedding=dataclasses.replace(model.embedding, vocab_size=VOCAB),
+                               head=dataclasses.replace(model.head, output_size=VOCAB))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Predicted:
+    """One predictor's iteration time and per-stage peak memory (runtime overhead excluded)."""
+
+    time_s: float
+    peak_memory_bytes: tuple[float, ...]
+
+
+def predict_plan(model, cluster, plan, **cost_options) -> tuple[Predicted, Predicted]:
+    """The profiled cost model's and the simulator's prediction (benchmarks may not import
+    analysis.validate, which does the same per rank)."""
+    import cost_models
+    import simulator
+    cm = cost_models.get("profiled", cluster, **cost_options)
+    cost = cm.plan_cost(model, plan)
+    sim = simulator.simulate(model, cluster, plan, cm)
+    overhead = cm.runtime_overhead_bytes
+    return (Predicted(time_s=cost.iteration_time_s, peak_memory_bytes=tuple(b - overhead for b in cost.stage_peak_bytes)),
+            Predicted(time_s=sim.iteration_time_s, peak_memory_bytes=tuple(b - overhead for b in sim.peak_memory_bytes)))
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    from scipy.stats import kendalltau
+    return float(kendalltau(a, b).statistic)
+
+
+@one_line_errors(RuntimeError)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loop_accuracy", description=__doc__)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per plan (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=3, help="profiler repeats per measurement")
+    parser.add_argument("--max-cv", type=float, default=None,
+                        help="refuse a profile noisier than this (default: accept, print its spread)")
+    args = parser.parse_args(argv)
+    from executor.profile import build_profile
+    from executor.run import run_plan
+    model, cluster = _model(), load_cluster(CLUSTER)
+    start = time.time()
+    profile = build_profile(model, batch_sizes=[1, 2, 4], tps=[1, 2], world_size=2, repeats=args.repeats,
+                            max_cv=args.max_cv, timeout_s=1200)
+    hw = profile.hardware
+    print(f"profile: {time.time() - start:.0f} s, spread of the timings: median cv {hw['median_cv']:.3f}, "
+          f"max cv {hw['max_cv']:.3f}")
+    rows = []
+    for name, plan in plans().items():
+        cost, sim = predict_plan(model, cluster, plan, profile=profile)
+        m = run_plan(plan, model, world_size=2, steps=args.steps, warmup=1, timeout_s=600)
+        rows.append((name, m, cost, sim))
+        _print_row(name, m, cost, sim)
+    _summary(rows)
+    return 0
+
+
+def _print_row(name, m, cost, sim) -> None:
+    mem_meas = max(m.peak_memory_bytes) / 2**20
+    mem_pred = max(cost.peak_memory_bytes) / 2**20
+    mem_sim = max(sim.peak_memory_bytes) / 2**20
+    spread = (max(m.step_times_s) - min(m.step_times_s)) / m.step_time_s if m.step_time_s else 0.0
+    print(f"{name:20s} measured {m.step_time_s * 1e3:8.1f} ms (spread {spread:4.0%})  cost {cost.time_s * 1e3:8.1f} "
+          f"({(cost.time_s - m.step_time_s) / m.step_time_s:+5.0%})  sim {sim.time_s * 1e3:8.1f} "
+          f"({(sim.time_s - m.step_time_s) / m.step_time_s:+5.0%})  | peak MiB measured {mem_meas:6.1f} "
+          f"cost {mem_pred:6.1f} ({(mem_pred - mem_meas) / mem_meas:+4.0%}) sim {mem_sim:6.1f}", flush=True)
+
+
+def _summary(rows) -> None:
+    measured = [m.step_time_s for _, m, _, _ in rows]
+    for label, idx in (("cost model (profiled)", 2), ("simulator", 3)):
+        pred = [r[idx].time_s for r in rows]
+        mape = statistics.mean(abs(p - t) / t for p, t in zip(pred, measured))
+        mem = [abs(max(r[idx].peak_memory_bytes) - max(r[1].peak_memory_bytes)) / max(r[1].peak_memory_bytes)
+               for r in rows]
+        print(f"{label:22s} time MAPE {mape:.1%}  Kendall tau {kendall_tau(pred, measured):+.2f}  "
+              f"memory error median {statistics.median(mem):.1%} worst {max(mem):.1%}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
