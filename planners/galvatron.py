@@ -80,51 +80,26 @@ def _proven(exact: bool, even: bool, granularity: float, max_temp_levels, tables
     return exact or (max_temp_levels is None and all(t.combo.pp == 1 for t in tables))
 
 
-@register
-class GalvatronFull(GalvatronPlanner):
-    """The full space: every dp type, tp, pp, sequence parallelism (Megatron, Ulysses), selective
-    and full recomputation, interleaving, the vocabulary's tp/ZeRO-3/sp, caps lifted."""
-
-    name = "galvatron_full"
-    defaults = {**DEFAULTS, "space": "full"}
+def _variant(name: str, doc: str, **overrides) -> type[GalvatronPlanner]:
+    """A registered GalvatronPlanner that differs from ``galvatron`` only in its default options."""
+    cls = type(f"GalvatronPlanner[{name}]", (GalvatronPlanner,),
+               {"name": name, "__doc__": doc, "defaults": {**DEFAULTS, **overrides}})
+    return register(cls)
 
 
-@register
-class Galvatron2(GalvatronPlanner):
-    """Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer,
-    Ulysses and ZeRO-3 for the vocabulary) searched by our DP."""
-
-    name = "galvatron2"
-    defaults = {**DEFAULTS, "space": "galvatron2"}
-
-
-@register
-class GalvatronDpTp(GalvatronPlanner):
-    """The paper's ablation: data and tensor parallelism only (no pipeline)."""
-
-    name = "galvatron_dp_tp"
-    defaults = {**DEFAULTS, "space": "dp+tp"}
-
-
-@register
-class GalvatronDpPp(GalvatronPlanner):
-    """The paper's ablation: data and pipeline parallelism only (no tensor parallelism)."""
-
-    name = "galvatron_dp_pp"
-    defaults = {**DEFAULTS, "space": "dp+pp"}
-
-
-@register
-class GalvatronPaper(GalvatronPlanner):
-    """The paper's space (DDP/ZeRO-3, no checkpointing) searched exactly."""
-
-    name = "galvatron_paper"
-    defaults = {**DEFAULTS, "space": "galvatron"}
-
-
-@register
-class GalvatronBins(GalvatronPlanner):
-    """As the public code searches: the paper's space, memory in whole-MiB bins, even partitions."""
-
-    name = "galvatron_bins"
-    defaults = {**DEFAULTS, "space": "galvatron", "memory_granularity_mib": 1.0, "partition": "even"}
+GalvatronFull = _variant(
+    "galvatron_full", "The full space: every dp type, tp, pp, sequence parallelism (Megatron, Ulysses), "
+    "selective and full recomputation, interleaving, the vocabulary's tp/ZeRO-3/sp, caps lifted.", space="full")
+Galvatron2 = _variant(
+    "galvatron2", "Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer, "
+    "Ulysses and ZeRO-3 for the vocabulary) searched by our DP.", space="galvatron2")
+GalvatronDpTp = _variant(
+    "galvatron_dp_tp", "The paper's ablation: data and tensor parallelism only (no pipeline).", space="dp+tp")
+GalvatronDpPp = _variant(
+    "galvatron_dp_pp", "The paper's ablation: data and pipeline parallelism only (no tensor parallelism).",
+    space="dp+pp")
+GalvatronPaper = _variant(
+    "galvatron_paper", "The paper's space (DDP/ZeRO-3, no checkpointing) searched exactly.", space="galvatron")
+GalvatronBins = _variant(
+    "galvatron_bins", "As the public code searches: the paper's space, memory in whole-MiB bins, even partitions.",
+    space="galvatron", memory_granularity_mib=1.0, partition="even")
