@@ -92,7 +92,7 @@ def _layer(i: int, tp: int, sp: int, use_sp: int, per_stage: int, sdp: bool, def
 def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
     """Galvatron's plan dict for ``plan`` (ZeRO-2 layers set default_dp_type zero2); what a
     Galvatron file cannot say (ZeRO-1, Megatron-SP, selective recompute, interleaving) is refused."""
-    types = {s.dp_type for s in plan.layers if s.dp > 1}
+    types = {s.dp_type for s in plan.layers if s.dp > 1 or s.ulysses}  # Ulysses syncs over tp * dp
     if DPType.ZERO1 in types or (DPType.ZERO2 in types and DPType.DDP in types):
         raise SpecError("dp_type", f"Galvatron files express one default dp type besides zero3; plan mixes {sorted(types)}")
     for i, s in enumerate(plan.layers):

@@ -6,7 +6,7 @@ from simulator.run import main
 
 def test_list_prints_the_registries_and_the_zoo(capsys):
     assert main(["--list", "cost-models"]) == 0
-    assert capsys.readouterr().out.split() == ["analytical", "profiled", "galvatron"]
+    assert {"analytical", "profiled", "galvatron"} <= set(capsys.readouterr().out.split())
     assert main(["--list", "clusters"]) == 0
     assert "dgx-a100-80g" in capsys.readouterr().out.split()
 
