@@ -70,10 +70,14 @@ def junk_for(orig: Any, fmt: Format, rng: random.Random) -> tuple[Any, bool, str
                    (None, not fmt.null_is_missing)]
     elif isinstance(orig, list):
         options = [("x", True), (3, True), ({}, True), ([], False), (orig[:-1], False), (orig + orig[-1:], False)]
-    else:
-        options = [(3, True), ([], True), ("x", True), ({}, False)]
+    else:  # null: an optional field of unknown type, so a small count may be a valid value
+        options = [(3, False), ([], True), ("x", True), ({}, False)]
     value, garbage = rng.choice(options)
     return value, garbage, f"= {json.dumps(value)[:30]}"
+
+
+LEGACY_BOOLEAN_FIELDS = ("sp", "checkpoint")
+"""Plan-strategy fields whose old files held booleans (sp true = megatron, checkpoint true = full)."""
 
 
 def structural(raw: Any, fmt: Format, rng: random.Random) -> tuple[Any, bool, str]:
@@ -93,6 +97,8 @@ def structural(raw: Any, fmt: Format, rng: random.Random) -> tuple[Any, bool, st
         return raw, False, f"{_name(path)} deleted"
     value, garbage, what = junk_for(parent[key], fmt, rng)
     parent[key] = value
+    if key in LEGACY_BOOLEAN_FIELDS and isinstance(value, bool):
+        garbage = False  # the pre-issue-15 spelling of the field: old plan files must still load
     return raw, garbage and not fmt.free_at(path), f"{_name(path)} {what}"
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from specs import SpecError
 from specs.errors import read_json
+from specs.schema import check_number_tree
 
 MIB = 1024**2
 KEY = re.compile(r"^(all2all|allreduce)_size_(\d+)_(\d+)MB_time$")
@@ -50,6 +51,10 @@ def read_sp_time(path: str | Path) -> SpTimeTable:
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise SpecError("sp_time", f"{path}: expected a JSON object")
+    try:
+        check_number_tree(raw)  # every time a finite number >= 0, before any float() below
+    except SpecError as err:
+        raise err.with_source(str(path)) from None
     collected: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for key, value in raw.items():
         match = KEY.match(key)

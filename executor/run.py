@@ -184,10 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         if m is None:
             return 0
     else:
-        print(why, file=sys.stderr)
         m = run_plan(plan, model, world_size=args.world_size, steps=args.steps, check=args.check,
                      timeout_s=args.timeout, bf16=args.bf16, device=device, check_atol=args.check_atol,
                      progress_path=args.progress)
+        print(why, file=sys.stderr)  # after the run: a refused plan stays a one-line error
     print(json.dumps(m.to_dict(), indent=1) if args.json else format_measurement(m))
     return 0 if m.check is None or m.check.passed else 1
 
