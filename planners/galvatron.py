@@ -80,26 +80,33 @@ def _proven(exact: bool, even: bool, granularity: float, max_temp_levels, tables
     return exact or (max_temp_levels is None and all(t.combo.pp == 1 for t in tables))
 
 
-def _variant(name: str, doc: str, **overrides) -> type[GalvatronPlanner]:
-    """A registered GalvatronPlanner that differs from ``galvatron`` only in its default options."""
-    cls = type(f"GalvatronPlanner[{name}]", (GalvatronPlanner,),
-               {"name": name, "__doc__": doc, "defaults": {**DEFAULTS, **overrides}})
+def _variant(class_name: str, name: str, doc: str, **overrides) -> type[GalvatronPlanner]:
+    """A registered GalvatronPlanner that differs from ``galvatron`` only in its default options
+    (bound to ``class_name`` in this module, so it pickles like a written-out class)."""
+    cls = type(class_name, (GalvatronPlanner,), {"name": name, "__doc__": doc, "__module__": __name__,
+                                                 "defaults": {**DEFAULTS, **overrides}})
     return register(cls)
 
 
 GalvatronFull = _variant(
-    "galvatron_full", "The full space: every dp type, tp, pp, sequence parallelism (Megatron, Ulysses), "
+    "GalvatronFull", "galvatron_full",
+    "The full space: every dp type, tp, pp, sequence parallelism (Megatron, Ulysses), "
     "selective and full recomputation, interleaving, the vocabulary's tp/ZeRO-3/sp, caps lifted.", space="full")
 Galvatron2 = _variant(
-    "galvatron2", "Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer, "
+    "Galvatron2", "galvatron2",
+    "Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer, "
     "Ulysses and ZeRO-3 for the vocabulary) searched by our DP.", space="galvatron2")
 GalvatronDpTp = _variant(
-    "galvatron_dp_tp", "The paper's ablation: data and tensor parallelism only (no pipeline).", space="dp+tp")
+    "GalvatronDpTp", "galvatron_dp_tp",
+    "The paper's ablation: data and tensor parallelism only (no pipeline).", space="dp+tp")
 GalvatronDpPp = _variant(
-    "galvatron_dp_pp", "The paper's ablation: data and pipeline parallelism only (no tensor parallelism).",
+    "GalvatronDpPp", "galvatron_dp_pp",
+    "The paper's ablation: data and pipeline parallelism only (no tensor parallelism).",
     space="dp+pp")
 GalvatronPaper = _variant(
-    "galvatron_paper", "The paper's space (DDP/ZeRO-3, no checkpointing) searched exactly.", space="galvatron")
+    "GalvatronPaper", "galvatron_paper",
+    "The paper's space (DDP/ZeRO-3, no checkpointing) searched exactly.", space="galvatron")
 GalvatronBins = _variant(
-    "galvatron_bins", "As the public code searches: the paper's space, memory in whole-MiB bins, even partitions.",
+    "GalvatronBins", "galvatron_bins",
+    "As the public code searches: the paper's space, memory in whole-MiB bins, even partitions.",
     space="galvatron", memory_granularity_mib=1.0, partition="even")
