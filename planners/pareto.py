@@ -46,7 +46,7 @@ TIE_RTOL = 1e-12
 
 
 def argmin_low_tail(cost: np.ndarray, tail: np.ndarray):
-    """argmin of ``cost`` along axis 0, ties going to the smaller ``tail`` (same shape): under a
+    """argmin of ``cost`` along axis 0, ties going to the smaller ``tail`` (broadcastable to it): under a
     weight that ignores tails (T + 0 * D) ZeRO-1 then wins over DDP at equal time, which matters
     on the stage whose tail is the maximum."""
     low = cost.min(axis=0)
@@ -153,7 +153,7 @@ class PassRunner:
         st = self.st
         targets = np.flatnonzero(self.allowed[ty])
         total = self._cost(prev.T, prev.D)[:, None] + R[prev.strat][:, targets]
-        best = argmin_low_tail(total, prev.D[:, None] + np.zeros_like(total))
+        best = argmin_low_tail(total, prev.D[:, None])
         shift = R[prev.strat[best], targets]
         f = Frontier(prev.mem[best] + st.memory_bytes[ty, targets],
                      np.maximum(prev.level[best], self.strat_level[ty, targets]),
