@@ -100,6 +100,9 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
             raise SpecError(f"layer {i}", "sp megatron has no field in Galvatron files")
         if s.recompute == Recompute.SELECTIVE:
             raise SpecError(f"layer {i}", "recompute selective has no field in Galvatron files")
+        if s.has_expert_split:
+            raise SpecError(f"layer {i}", f"{s.short()}: expert parallelism has no field in Galvatron's "
+                            "dense plan files")
     if plan.virtual_stages > 1:
         raise SpecError("virtual_stages", f"virtual_stages {plan.virtual_stages} has no field in Galvatron files")
     if plan.vocab_sp == SequenceParallel.MEGATRON:

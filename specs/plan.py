@@ -93,6 +93,15 @@ class LayerStrategy:
     """Activation recomputation in backward (none, selective, full)."""
     sp: SequenceParallel = SequenceParallel.NONE
     """Sequence parallelism over the tp group (none, megatron, ulysses)."""
+    ep: int = 1
+    """Expert-parallel degree of a MoE layer: its routed experts are split over ``ep`` groups
+    carved out of the stage's data-parallel ranks (Megatron-Core and DeepSpeed-MoE); tokens
+    reach their experts by all-to-all. 1 = every rank holds every expert."""
+    expert_tp: int = 0
+    """Tensor-parallel degree of each expert's MLP; 0 = the dense part's (``weight_tp``,
+    Megatron-Core's default). ``ep * expert_tp`` must divide the stage's GPUs."""
+    expert_dp_type: DPType | None = None
+    """How the expert data-parallel group holds the expert states; None = ``dp_type``."""
 
     def __post_init__(self) -> None:
         positive_int(self.tp, "tp")
@@ -102,6 +111,12 @@ class LayerStrategy:
             raise SpecError("tp_consecutive", f"must be true or false, got {self.tp_consecutive!r}")
         object.__setattr__(self, "recompute", Recompute(one_of(self.recompute, tuple(Recompute), "recompute")))
         object.__setattr__(self, "sp", SequenceParallel(one_of(self.sp, tuple(SequenceParallel), "sp")))
+        positive_int(self.ep, "ep")
+        if isinstance(self.expert_tp, bool) or not isinstance(self.expert_tp, int) or self.expert_tp < 0:
+            raise SpecError("expert_tp", f"must be an integer >= 0 (0 = tp), got {self.expert_tp!r}")
+        if self.expert_dp_type is not None:
+            object.__setattr__(self, "expert_dp_type", DPType(one_of(self.expert_dp_type, DP_TYPES,
+                                                                     "expert_dp_type")))
 
     @property
     def gpus(self) -> int:
@@ -131,6 +146,27 @@ class LayerStrategy:
         tp * dp under Ulysses."""
         return self.tp * self.dp if self.ulysses else self.dp
 
+    @property
+    def etp(self) -> int:
+        """Tensor-parallel degree of the experts (``expert_tp``, or ``weight_tp`` when 0)."""
+        return self.expert_tp or self.weight_tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same expert shard (the experts' gradient-sync and ZeRO group):
+        the stage's GPUs / (ep * etp)."""
+        return self.gpus // (self.ep * self.etp)
+
+    @property
+    def expert_dp_kind(self) -> DPType:
+        """The experts' effective dp type (``expert_dp_type`` or ``dp_type``)."""
+        return self.expert_dp_type or self.dp_type
+
+    @property
+    def has_expert_split(self) -> bool:
+        """Any expert field set away from its default (meaningful on MoE layers only)."""
+        return self.ep != 1 or self.expert_tp != 0 or self.expert_dp_type is not None
+
     def short(self) -> str:
         """Compact text, e.g. ``tp2/dp2 zero3 ckpt``."""
         parts = [f"tp{self.tp}" + ("" if self.tp_consecutive or self.tp == 1 or self.dp == 1 else "s")
@@ -143,6 +179,11 @@ class LayerStrategy:
             parts.append("sel")
         if self.sp != SequenceParallel.NONE:
             parts.append("sp" if self.megatron_sp else "uly")
+        if self.has_expert_split:
+            expert = f"ep{self.ep}" + (f"/etp{self.etp}" if self.etp != self.weight_tp else "")
+            if self.expert_dp_type is not None and self.expert_dp > 1:
+                expert += f" e:{self.expert_dp_kind}"
+            parts.append(expert)
         return " ".join(parts)
 
 
@@ -367,6 +408,27 @@ def _check_layer(i: int, s: LayerStrategy, spec: Any, per_stage: int, batch: int
                         f"dp({s.dp})*micro_batches({micro}) = {s.dp * micro}")
     if s.grad_dp == 1 and s.dp_type != DPType.DDP:
         raise SpecError(f"layer {i}", f"dp_type {s.dp_type} needs dp > 1 (dp is 1)")
+    if s.has_expert_split:
+        _check_experts(i, s, spec)
+
+
+def _check_experts(i: int, s: LayerStrategy, spec: Any) -> None:
+    """ep and expert_tp: a MoE layer only; ep divides the experts, ep * etp the stage, etp the
+    expert width; a sharded expert dp type needs expert data-parallel replicas."""
+    if spec.moe is None:
+        raise SpecError(f"layer {i}", f"ep {s.ep}, expert_tp {s.expert_tp}, expert_dp_type "
+                        f"{s.expert_dp_type} set on a {spec.kind} layer without experts")
+    if spec.moe.num_experts % s.ep:
+        raise SpecError(f"layer {i}", f"ep {s.ep} does not divide num_experts {spec.moe.num_experts}")
+    if s.gpus % (s.ep * s.etp):
+        raise SpecError(f"layer {i}", f"ep({s.ep})*expert_tp({s.etp}) = {s.ep * s.etp} does not divide "
+                        f"the {s.gpus} GPUs per stage")
+    if spec.moe.expert_ffn_hidden_size % s.etp:
+        raise SpecError(f"layer {i}", f"expert_tp {s.etp} does not divide expert_ffn_hidden_size "
+                        f"{spec.moe.expert_ffn_hidden_size}")
+    if s.expert_dp == 1 and s.expert_dp_kind != DPType.DDP:
+        raise SpecError(f"layer {i}", f"expert dp type {s.expert_dp_kind} needs expert data-parallel "
+                        f"replicas: {s.gpus} GPUs / (ep {s.ep} * expert_tp {s.etp}) = 1")
 
 
 def _check_sequence_parallel(i: int, s: LayerStrategy, spec: Any) -> None:

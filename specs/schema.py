@@ -124,6 +124,9 @@ class StrategyFile(BaseModel):
     """Before issue 15 (still read): true = recompute full."""
     sp: bool | Literal["none", "megatron", "ulysses"] = "none"
     """Before issue 15 a boolean (true = megatron)."""
+    ep: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    expert_tp: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
+    expert_dp_type: Literal["ddp", "zero1", "zero2", "zero3"] | None = None
 
 
 class PlanFile(BaseModel):
