@@ -11,14 +11,10 @@ import cost_models
 from planners.base import Budget
 from planners.evaluate import EVALUATORS
 from planners.records import add_evaluation, mark_ties, record
-from planners.registry import get
+from planners.registry import DEFAULT_PLANNERS, get
 from planners.report import save_plan, write_tables
 from specs import load_cluster, load_model
 
-DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
-                    "megatron_sp_selective", "galvatron_dp_tp", "galvatron_dp_pp", "galvatron_paper", "galvatron")
-"""The default table: the paper's comparison plus today's baselines. galvatron2 and galvatron_full
-(spaces several times larger) search much longer, so they are opt-in (--planners)."""
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
 """Without a fixed global batch, search it like Galvatron does (grow it while a plan fits and

@@ -17,6 +17,12 @@ PLANNERS: Registry[type[Planner]] = Registry(
 register = PLANNERS.register
 available = PLANNERS.available
 
+DEFAULT_PLANNERS = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d",
+                    "megatron_sp_selective", "galvatron_dp_tp", "galvatron_dp_pp", "galvatron_paper", "galvatron")
+"""The default comparison: the paper's planners plus today's baselines. The exact solvers (ilp,
+cpsat) and galvatron2 / galvatron_full (spaces several times larger) search much longer, so
+they are opt-in."""
+
 
 def get(name: str) -> Planner:
     """A planner instance by name."""
