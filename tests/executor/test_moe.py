@@ -137,7 +137,9 @@ def test_the_check_fails_on_broken_expert_parallelism(tiny_moe, broken):
                  track_memory=False, timeout_s=180, rank_fn=broken)
     c = m.check
     assert not c.passed and max(c.grad_max_abs_diff, c.param_max_abs_diff) > 1e-4
-    assert "experts" in c.worst and not c.state_bytes_errors
+    assert not c.state_bytes_errors
+    if broken is wrong_expert_group:  # the forward is right: only the expert weights go astray
+        assert c.loss_max_abs_diff < 1e-5 and "experts" in c.worst
 
 
 @pytest.mark.slow
@@ -148,6 +150,6 @@ def test_uniform_expert_parallel_plans_on_4_ranks(tiny_moe, strategy):
 
 @pytest.mark.slow
 def test_expert_parallel_inside_pipeline_stages_with_recompute_on_4_ranks(tiny_moe):
-    plan = moe_plan([L(dp=2, ep=2), L(dp=2, ep=2, recompute="full"), L(tp=2, ep=1), L(dp=2, ep=2, dp_type="zero1")],
+    plan = moe_plan([L(dp=2, ep=2), L(dp=2, ep=2, recompute="full"), L(tp=2, ep=1), L(dp=2, ep=2, dp_type="zero1", expert_dp_type="ddp")],
                     stage_layers=(2, 2), micro_batches=2)
     assert_matches_reference(plan, tiny_moe, 4)
