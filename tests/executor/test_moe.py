@@ -130,6 +130,31 @@ def unsorted_dispatch(rank, world_size, model, plan, cfg):
     return train.worker(rank, world_size, model, plan, cfg)
 
 
+def experts_replicated(rank, world_size, model, plan, cfg):
+    """Every rank holds all experts (ep 1: the same numbers) but reports the plan's split."""
+    real = train.parallelize
+
+    def parallelize(model, plan, *args, **kwargs):
+        pm = real(model, dataclasses.replace(plan, layers=tuple(dataclasses.replace(s, ep=1) for s in plan.layers)),
+                  *args, **kwargs)
+        for unit in pm.units:
+            if unit.name.endswith("experts"):
+                s = plan.layers[int(unit.name.split()[1])]
+                unit.numel, unit.dp = unit.numel // s.ep, s.expert_dp
+        return pm
+
+    train.parallelize = parallelize
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def test_the_byte_check_sees_experts_that_are_not_split(tiny_moe):
+    m = run_plan(moe_plan([L(dp=2, ep=2)] * 4, global_batch=4), tiny_moe, world_size=2, steps=2, check=True,
+                 track_memory=False, timeout_s=180, rank_fn=experts_replicated)
+    c = m.check
+    assert not c.passed and max(c.grad_max_abs_diff, c.param_max_abs_diff) <= c.atol
+    assert any("layer 0 experts (ddp dp1): params" in e for e in c.state_bytes_errors), c.state_bytes_errors
+
+
 @pytest.mark.parametrize("broken", [wrong_expert_group, pytest.param(unsorted_dispatch, marks=pytest.mark.slow)],
                          ids=["wrong-expert-group", "unsorted-dispatch"])
 def test_the_check_fails_on_broken_expert_parallelism(tiny_moe, broken):
