@@ -10,8 +10,8 @@ from torch import nn
 
 from executor.model import build_block, build_embedding, build_head, is_tied, per_sample_loss
 from executor.parallel.checkpoint import apply_ac
-from executor.parallel.expert import ExpertShard, apply_ep, build_expert_groups
 from executor.parallel.data import DataParallel, FlatBucket, apply_fsdp, local
+from executor.parallel.expert import ExpertShard, apply_ep, build_expert_groups
 from executor.parallel.layout import GroupCache, Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout

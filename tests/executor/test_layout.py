@@ -48,7 +48,7 @@ def test_kv_heads_must_split(tiny_gpt):
 def test_layers_the_blocks_cannot_build_are_refused():
     moe = specs.load_model("tiny-moe")
     check_runnable(moe, uniform_plan(4, global_batch=2), 1)  # experts: executor/moe.py
-    all_biases = dict(bias=True, qkv_bias=True, out_bias=True, mlp_bias=True)
+    all_biases = {"bias": True, "qkv_bias": True, "out_bias": True, "mlp_bias": True}
     biased = dataclasses.replace(moe, layers=tuple(dataclasses.replace(l, **all_biases) for l in moe.layers))
     with pytest.raises(SpecError, match=r"layer 0: the executor's experts are SwiGLU without biases"):
         check_runnable(biased, uniform_plan(4, global_batch=2), 1)

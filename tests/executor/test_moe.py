@@ -17,7 +17,6 @@ from executor.parallel import expert
 from executor.run import run_plan
 from specs import LayerStrategy as L
 from specs import Plan, SpecError
-
 from tests.executor.conftest import assert_matches_reference
 
 
