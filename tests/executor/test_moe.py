@@ -162,8 +162,8 @@ def test_the_check_fails_on_broken_expert_parallelism(tiny_moe, broken):
     c = m.check
     assert not c.passed and max(c.grad_max_abs_diff, c.param_max_abs_diff) > 1e-4
     assert not c.state_bytes_errors
-    if broken is wrong_expert_group:  # the forward is right: only the expert weights go astray
-        assert c.loss_max_abs_diff < 1e-5 and "experts" in c.worst
+    if broken is wrong_expert_group:  # the first forward is right: the expert gradients go astray
+        assert "experts" in c.worst
 
 
 @pytest.mark.slow
