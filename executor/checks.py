@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from executor.parallel.expert import check_moe
 from executor.unsupported import refuse_unsupported
 from specs import LayerSpec, ModelSpec, Plan, SpecError
 
@@ -17,6 +18,7 @@ def check_runnable(model: ModelSpec, plan: Plan, world_size: int) -> None:
     for i, spec in enumerate(model.layers):
         _check_buildable(i, spec)
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
+        check_moe(i, spec, s)
         if s.megatron_sp and (spec.cross_attention_seq_len or spec.downsample_to):
             raise SpecError(f"layer {i}", "sp is not supported on blocks with cross-attention or patch merging")
         if s.megatron_sp and spec.seq_len % s.tp:
@@ -32,7 +34,7 @@ def _check_buildable(i: int, spec: LayerSpec) -> None:
     """The blocks of executor.model build q/k/v/o attention and a dense MLP with one bias flag;
     refuse what they would silently build differently (experts, MLA, sliding windows...)."""
     unsupported = [name for name, used in (
-        ("moe (experts)", spec.moe is not None), ("mla", spec.mla is not None),
+        ("mla", spec.mla is not None),
         (f"sliding_window({spec.sliding_window})", 0 < spec.sliding_window < spec.seq_len),
         ("qk_norm", spec.qk_norm), ("sandwich_norm", spec.sandwich_norm),
         ("per-projection biases", {spec.qkv_bias, spec.out_bias, spec.mlp_bias} - {None, spec.bias}),

@@ -6,15 +6,18 @@ own seed, so a pipeline stage builds only its layers and still matches a single-
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch import nn
 
+from executor.moe import MoE
 from specs import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
 
-CAUSAL_KINDS = ("gpt", "llama", "t5_decoder")
-PRE_NORM_KINDS = ("gpt", "llama", "t5_encoder", "t5_decoder", "vit", "swin")
+CAUSAL_KINDS = ("gpt", "llama", "t5_decoder", "moe")
+PRE_NORM_KINDS = ("gpt", "llama", "t5_encoder", "t5_decoder", "vit", "swin", "moe")
 
 
 def _norm(kind: str, width: int) -> nn.Module:
@@ -92,7 +95,8 @@ class Block(nn.Module):
         self.attn = Attention(spec, causal=spec.kind in CAUSAL_KINDS)
         self.cross = Attention(spec, causal=False) if spec.cross_attention_seq_len else None
         self.norm_cross = _norm(spec.norm, spec.hidden_size) if self.cross else None
-        self.mlp = MLP(spec)
+        self.mlp = MoE(spec, lambda width: MLP(replace(spec, kind="llama", moe=None, ffn_hidden_size=width))) \
+            if spec.moe is not None else MLP(spec)
         self.merge = None
         if spec.downsample_to:
             self.merge_norm = _norm(spec.norm, 4 * spec.hidden_size)

@@ -11,6 +11,7 @@ from torch import nn
 from executor.model import build_block, build_embedding, build_head, is_tied, per_sample_loss
 from executor.parallel.checkpoint import apply_ac
 from executor.parallel.data import DataParallel, FlatBucket, apply_fsdp, local
+from executor.parallel.expert import ExpertShard, apply_ep, build_expert_groups
 from executor.parallel.layout import GroupCache, Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
@@ -91,11 +92,13 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
     refuse_unsupported(plan)
     groups = GroupCache()
     meshes, smesh = build_meshes(plan, world_size, device.split(":")[0], groups)
+    build_expert_groups(model, plan, groups)
     per_stage = world_size // plan.pp
     stage, local = divmod(rank, per_stage)
     ids = list(plan.stage_ranges()[stage])
     layouts = {i: Layout.of(plan.layers[i]) for i in ids}
     stage_module = StageModule()
+    experts: dict[int, ExpertShard] = {}
     if stage == 0:
         stage_module.embed = build_embedding(model, seed)
         stage_module.order.append(("embed", ""))
@@ -103,6 +106,9 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
         if pos > 0:
             _add_relayout(stage_module, layouts[ids[pos - 1]], layouts[i], smesh, f"{i}")
         block = build_block(model, i, seed)
+        shard = apply_ep(block, model.layers[i], plan.layers[i], i, stage, local, groups, device.split(":")[0])
+        if shard is not None:
+            experts[i] = shard
         block = apply_tp(block, meshes[layouts[i]]["tp"], sequence_parallel=plan.layers[i].megatron_sp)
         block = apply_ac(block, plan.layers[i].recompute)
         stage_module.layers[str(i)] = block
@@ -114,7 +120,7 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
         _add_relayout(stage_module, layouts[ids[-1]], Layout.of(plan.layers[ids[-1] + 1]), smesh, "out")
     tied = _tie(stage_module, model, plan, seed, local, layouts[ids[0]], layouts[ids[-1]], groups, smesh)
     stage_module.to(device)
-    dp, units = _apply_data_parallel(stage_module, plan, ids, meshes, bf16, tied)
+    dp, units = _apply_data_parallel(stage_module, plan, ids, meshes, bf16, tied, experts)
     schedule = None
     if plan.pp > 1:
         loss_fn = make_loss_fn(plan.global_batch)
@@ -169,9 +175,11 @@ def _tie(stage_module: StageModule, model: ModelSpec, plan: Plan, seed: int, loc
 
 
 def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], meshes: dict, bf16: bool,
-                         tied: tuple[nn.Parameter, object] | None) -> tuple[DataParallel, list[Unit]]:
+                         tied: tuple[nn.Parameter, object] | None, experts: dict[int, ExpertShard]
+                         ) -> tuple[DataParallel, list[Unit]]:
     """A flat bucket (DDP, ZeRO-1/2) or FSDP (ZeRO-3) for each block, the embedding (like the
-    first layer) and the head (like the last); the tied weight gets its own bucket."""
+    first layer) and the head (like the last); the tied weight and each MoE layer's experts
+    (over their expert-data-parallel group) get their own bucket."""
     dp = DataParallel(micro_batches=plan.micro_batches)
     dtype = torch.bfloat16 if bf16 else torch.float32
     parts: list[tuple[str, nn.Module, int]] = [(f"layer {i}", stage_module.layers[str(i)], i) for i in ids]
@@ -179,7 +187,7 @@ def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], 
         parts.insert(0, ("embedding", stage_module.embed, ids[0]))
     if stage_module.head is not None:
         parts.append(("head", stage_module.head, ids[-1]))
-    skip = frozenset([tied[0]]) if tied else frozenset()
+    skip = frozenset([tied[0]] if tied else []) | frozenset(p for e in experts.values() for p in e.params)
     units = []
     for name, module, i in parts:
         strategy = plan.layers[i]
@@ -196,6 +204,9 @@ def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], 
         else:
             unit.bucket = dp.add_bucket(params, dp_mesh.get_group(), dp_type, dtype)
         units.append(unit)
+    for i, e in experts.items():
+        units.append(Unit(name=f"layer {i} experts", dp_type=e.dp_type, dp=e.dp, numel=e.numel,
+                          bucket=dp.add_bucket(e.params, e.group, e.dp_type, dtype)))
     if tied:
         weight, group = tied
         units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=weight.numel(),

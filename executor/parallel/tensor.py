@@ -25,9 +25,12 @@ def tp_plan(block: nn.Module, sequence_parallel: bool = False) -> dict[str, obje
         if getattr(block, attn, None) is not None:
             plan.update({f"{attn}.{n}": ColwiseParallel() for n in ("q", "k", "v")})
             plan[f"{attn}.o"] = row
-    names = ("gate", "up", "down") if block.mlp.gated else ("fc1", "fc2")
-    plan.update({f"mlp.{n}": ColwiseParallel() for n in names[:-1]})
-    plan[f"mlp.{names[-1]}"] = row
+    # a MoE splits only its shared experts like a dense MLP (routed ones: parallel/expert.py)
+    mlp, prefix = (block.mlp.shared, "mlp.shared") if hasattr(block.mlp, "experts") else (block.mlp, "mlp")
+    if mlp is not None:
+        names = ("gate", "up", "down") if mlp.gated else ("fc1", "fc2")
+        plan.update({f"{prefix}.{n}": ColwiseParallel() for n in names[:-1]})
+        plan[f"{prefix}.{names[-1]}"] = row
     if sequence_parallel:
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan.update({"attn": gather, "mlp": gather, "norm1": SequenceParallel(), "norm2": SequenceParallel()})

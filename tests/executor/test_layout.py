@@ -47,8 +47,11 @@ def test_kv_heads_must_split(tiny_gpt):
 
 def test_layers_the_blocks_cannot_build_are_refused():
     moe = specs.load_model("tiny-moe")
-    with pytest.raises(SpecError, match=r"layer 0: the executor cannot build moe \(experts\) yet"):
-        check_runnable(moe, uniform_plan(4, global_batch=2), 1)
+    check_runnable(moe, uniform_plan(4, global_batch=2), 1)  # experts: executor/moe.py
+    all_biases = {"bias": True, "qkv_bias": True, "out_bias": True, "mlp_bias": True}
+    biased = dataclasses.replace(moe, layers=tuple(dataclasses.replace(l, **all_biases) for l in moe.layers))
+    with pytest.raises(SpecError, match=r"layer 0: the executor's experts are SwiGLU without biases"):
+        check_runnable(biased, uniform_plan(4, global_batch=2), 1)
     windowed = moe.with_seq_len(64)
     layers = tuple(dataclasses.replace(l, kind="llama", moe=None, sliding_window=16) for l in windowed.layers)
     with pytest.raises(SpecError, match=r"sliding_window\(16\)"):
