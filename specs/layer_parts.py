@@ -1,7 +1,7 @@
 """Optional parts of a LayerSpec: a mixture-of-experts MLP (MoESpec) and DeepSeek's multi-head
 latent attention (MLASpec), each with its own parameter and per-token FLOP counts.
 
-Expert parallelism is not modelled yet: every rank holds all experts of a layer.
+Expert parallelism (LayerStrategy.ep, expert_tp, expert_dp_type) is per layer in the Plan.
 """
 from __future__ import annotations
 
