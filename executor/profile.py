@@ -96,10 +96,14 @@ def time_module(module: nn.Module, make_input, timings: Timings, key: str) -> No
 
 
 def shard_spec(layer: LayerSpec, tp: int) -> LayerSpec:
-    """What one tensor-parallel rank of ``layer`` computes: heads and MLP width / tp."""
+    """What one tensor-parallel rank of ``layer`` computes: heads and MLP width / tp (for a
+    MoE block every expert's and the shared experts' width / tp, as the executor splits them)."""
+    moe = layer.moe and dataclasses.replace(
+        layer.moe, expert_ffn_hidden_size=layer.moe.expert_ffn_hidden_size // tp,
+        shared_expert_ffn_hidden_size=layer.moe.shared_expert_ffn_hidden_size // tp)
     return dataclasses.replace(layer, num_heads=layer.num_heads // tp,
                                num_kv_heads=layer.kv_heads // tp if layer.num_kv_heads else 0,
-                               head_dim=layer.head_size, ffn_hidden_size=layer.ffn_hidden_size // tp)
+                               head_dim=layer.head_size, ffn_hidden_size=layer.ffn_hidden_size // tp, moe=moe)
 
 
 def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:

@@ -26,6 +26,16 @@ def test_saved_activations_shrink_with_tp_and_exclude_parameters():
     assert full < params + 40 * 2 * layer.seq_len * layer.hidden_size * 4
 
 
+def test_a_tp_shard_of_a_moe_block_splits_every_expert():
+    """tiny-moe: 8 experts of width 256; a tp-2 rank holds every expert at width 128 (the
+    router and norms whole), as the executor's expert tensor parallelism splits them."""
+    layer = specs.load_model("tiny-moe").layers[0]
+    shard = shard_spec(layer, 2)
+    assert shard.moe.expert_ffn_hidden_size == 128 and shard.moe.num_experts == 8
+    router = layer.moe.router_params(layer.hidden_size)
+    assert shard._ffn_params() - router == (layer._ffn_params() - router) // 2
+
+
 def test_profile_file_round_trips_and_has_the_tables(tmp_path):
     out = tmp_path / "profile.json"
     assert profile_main(["--model", "tiny-gpt", "--batch-sizes", "1", "2", "--tp", "1", "2",
