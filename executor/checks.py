@@ -13,7 +13,7 @@ def check_runnable(model: ModelSpec, plan: Plan, world_size: int) -> None:
     if world_size < 1:
         raise SpecError("world_size", f"must be >= 1, got {world_size}")
     plan.validate(model, SimpleNamespace(world_size=world_size))
-    refuse_unsupported(plan)
+    refuse_unsupported(plan, model)
     for i, spec in enumerate(model.layers):
         _check_buildable(i, spec)
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):

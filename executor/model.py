@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from torch import nn
 
 from specs import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
@@ -34,8 +33,8 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, spec.kv_width, bias=spec.bias)
         self.v = nn.Linear(h, spec.kv_width, bias=spec.bias)
         self.o = nn.Linear(spec.q_width, h, bias=spec.bias)
-        self.recompute_core = False
-        """Selective recomputation: keep q, k, v (matmul outputs), re-run the core in backward."""
+        self.around_core = None
+        """None, or ``f(core, q, k, v, causal)`` run in place of the core (Ulysses' all-to-alls)."""
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
         src = x if memory is None else memory
@@ -47,8 +46,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         causal = self.causal and memory is None
-        if self.recompute_core:
-            out = checkpoint(self._core, q, k, v, causal, use_reentrant=False)
+        if self.around_core is not None:
+            out = self.around_core(self._core, q, k, v, causal)
         else:
             out = self._core(q, k, v, causal)
         return self.o(out.transpose(1, 2).flatten(2))
