@@ -217,9 +217,9 @@ def _tie(embed: nn.Module | None, head: nn.Module | None, model: ModelSpec, plan
 
 
 def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split: VocabSplit | None
-              ) -> list[tuple[str, nn.Module, object, int, str, frozenset]]:
-    """(unit name, module, data-parallel mesh, degree, dp type, parameters of the module that
-    are another unit's) of every block (its gradient group: dp, or tp * dp under Ulysses), the
+              ) -> list[tuple[str, nn.Module, object, int, str, nn.Module | None]]:
+    """(unit name, module, data-parallel mesh, degree, dp type, a submodule that is a unit of
+    its own, listed before) of every block (its gradient group: dp, or tp * dp under Ulysses), the
     embedding (like the first layer's replicas) and the head (like the last's), in the order
     the chunks run them."""
     parts = []
@@ -229,16 +229,16 @@ def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split:
             parts += vocab_dp_parts("embedding", chunk.embed, split, meshes, smesh, plan.layers[ids[0]].dp_type)
         elif chunk.embed is not None:
             s = plan.layers[ids[0]]
-            parts.append(("embedding", chunk.embed, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, frozenset()))
+            parts.append(("embedding", chunk.embed, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
         for i in ids:
             s = plan.layers[i]
             mesh = smesh["stage"] if s.ulysses else meshes[Layout.of(s)]["dp"]
-            parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.grad_dp, s.dp_type, frozenset()))
+            parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.grad_dp, s.dp_type, None))
         if chunk.head is not None and split is not None:
             parts += vocab_dp_parts("head", chunk.head, split, meshes, smesh, plan.layers[ids[-1]].dp_type)
         elif chunk.head is not None:
             s = plan.layers[ids[-1]]
-            parts.append(("head", chunk.head, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, frozenset()))
+            parts.append(("head", chunk.head, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
     return parts
 
 
@@ -251,7 +251,8 @@ def _apply_data_parallel(chunks: list[StageModule], plan: Plan, meshes: dict, sm
     dtype = torch.bfloat16 if bf16 else torch.float32
     skip = frozenset([tied[0]]) if tied else frozenset()
     units = []
-    for name, module, dp_mesh, degree, dp_type, others in _dp_parts(chunks, plan, meshes, smesh, split):
+    for name, module, dp_mesh, degree, dp_type, child in _dp_parts(chunks, plan, meshes, smesh, split):
+        others = frozenset(child.parameters()) if child is not None else frozenset()  # after its FSDP
         params = [p for p in module.parameters() if p not in skip and p not in others]
         if not params:
             continue

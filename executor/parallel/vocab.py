@@ -297,5 +297,4 @@ def vocab_dp_parts(name: str, module: VocabEmbedding | VocabHead, split: VocabSp
     rest_group = stage if split.weights_see_chunks else replicas
     dp_type = "zero3" if split.zero3 else neighbour_dp_type
     rows = module.tokens if isinstance(module, VocabEmbedding) else module.out
-    return [(name, rows, *rows_group, dp_type, frozenset()),
-            (f"{name} norms", module, *rest_group, dp_type, frozenset(rows.parameters()))]
+    return [(name, rows, *rows_group, dp_type, None), (f"{name} norms", module, *rest_group, dp_type, rows)]
