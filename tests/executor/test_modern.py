@@ -145,7 +145,7 @@ def test_selective_recomputation_reruns_the_attention_core_and_no_matmul(name):
 @pytest.mark.parametrize("name,p,message", [
     ("tiny-gpt", plan([4], [L(dp=4)] * 4, micro_batches=1, vocab_zero3=True),
      "vocab_zero3: vocab_zero3 with tied embeddings is not run"),
-    ("vit-large-24", plan([4], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
+    ("vit-large-24", plan([24], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
      "vocab_tp: vocabulary parallelism needs a token embedding and an lm head, got patch embedding and classifier"),
 ])
 def test_what_the_executor_cannot_run_is_refused_in_one_line(name, p, message):
