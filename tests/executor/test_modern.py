@@ -141,6 +141,32 @@ def test_selective_recomputation_reruns_the_attention_core_and_no_matmul(name):
     assert selective[norm] == 0 and full[norm] > 0  # nothing outside the attention sub-layer is re-run
 
 
+def count_all_to_alls(rank, world_size, model, plan, cfg):
+    """train.worker with every all_to_all_single that reaches the dispatcher counted (a
+    selective checkpoint that keeps an all-to-all answers its recomputation from its cache)."""
+    counter, real = OpCounter(), train.train_step
+
+    def train_step(*args):
+        with counter:
+            return real(*args)
+
+    train.train_step = train_step
+    result = train.worker(rank, world_size, model, plan, cfg)
+    return {**result, "all_to_alls": counter.counts["all_to_all_single"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recompute,per_layer", [("none", 8), ("selective", 8), ("full", 12)])
+def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt, recompute, per_layer):
+    """Per layer and micro-batch: q, k, v and the output go out (4) and their gradients come back
+    (4); full recomputation re-runs the forward's 4, the selective policy keeps them."""
+    from executor.launch import launch
+    p = plan([4], [L(tp=2, sp="ulysses", recompute=recompute)] * 4, global_batch=2, micro_batches=1)
+    per_rank = launch(count_all_to_alls, 2, tiny_gpt, p, train.TrainConfig(steps=1, warmup=0, track_memory=False),
+                      timeout_s=120)
+    assert [r["all_to_alls"] for r in per_rank] == [4 * per_layer] * 2
+
+
 # -- refusals -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,p,message", [
     ("tiny-gpt", plan([4], [L(dp=4)] * 4, micro_batches=1, vocab_zero3=True),
