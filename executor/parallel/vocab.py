@@ -255,6 +255,9 @@ def refuse_vocab(plan: Plan, model: ModelSpec, tied: bool) -> None:
     if model.embedding.kind != "token" or model.head.kind != "lm":
         raise SpecError("vocab_tp", f"vocabulary parallelism needs a token embedding and an lm head, got "
                         f"{model.embedding.kind} embedding and {model.head.kind} head")
+    if model.embedding.vocab_size != model.head.output_size:
+        raise SpecError("vocab_tp", f"vocabulary parallelism needs the embedding's vocabulary "
+                        f"({model.embedding.vocab_size}) to be the head's ({model.head.output_size})")
     if plan.vocab_zero3 and tied:
         raise SpecError("vocab_zero3", "vocab_zero3 with tied embeddings is not run: the tied matrix is kept "
                         "replicated on its holders (untie the head or drop vocab_zero3)")
