@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from torch import nn
 
 from executor.moe import MoE
@@ -37,8 +36,8 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, spec.kv_width, bias=spec.bias)
         self.v = nn.Linear(h, spec.kv_width, bias=spec.bias)
         self.o = nn.Linear(spec.q_width, h, bias=spec.bias)
-        self.recompute_core = False
-        """Selective recomputation: keep q, k, v (matmul outputs), re-run the core in backward."""
+        self.around_core = None
+        """None, or ``f(core, q, k, v, causal)`` run in place of the core (Ulysses' all-to-alls)."""
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
         src = x if memory is None else memory
@@ -50,8 +49,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         causal = self.causal and memory is None
-        if self.recompute_core:
-            out = checkpoint(self._core, q, k, v, causal, use_reentrant=False)
+        if self.around_core is not None:
+            out = self.around_core(self._core, q, k, v, causal)
         else:
             out = self._core(q, k, v, causal)
         return self.o(out.transpose(1, 2).flatten(2))

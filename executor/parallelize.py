@@ -15,8 +15,10 @@ from executor.parallel.expert import ExpertShard, apply_ep, build_expert_groups
 from executor.parallel.layout import GroupCache, Layout, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
+from executor.parallel.sequence import apply_ulysses
 from executor.parallel.tensor import apply_tp
-from executor.unsupported import refuse_unsupported, vocab_notes
+from executor.parallel.vocab import VocabEmbedding, VocabHead, VocabSplit, tie_vocab, vocab_dp_parts, vocab_split
+from executor.unsupported import refuse_unsupported
 from specs import DPType, ModelSpec, Plan
 
 
@@ -57,6 +59,15 @@ class Unit:
     """Parameters of ``module`` that are not this unit's (the tied weight)."""
 
 
+class ChunkedStage(nn.Module):
+    """The v model chunks one rank runs under interleaved 1F1B (``chunk<j>``: pipeline stage j)."""
+
+    def __init__(self, chunks: dict[int, StageModule]) -> None:
+        super().__init__()
+        for j, chunk in chunks.items():
+            self.add_module(f"chunk{j}", chunk)
+
+
 @dataclass
 class ParallelModel:
     """This rank's share of the model and what the training loop needs to drive it."""
@@ -72,70 +83,108 @@ class ParallelModel:
     units: list[Unit]
     schedule: object | None = None
     """Pipeline schedule (pp > 1) or None."""
+    loss_fn: object = None
+    """This rank's loss of a micro-batch (output, target) -> scalar tensor."""
+    owns_loss: bool = True
+    """Its loss counts in the reported global loss (one copy per replica, or every Ulysses share)."""
+    padded_rows: dict[str, int] = field(default_factory=dict)
+    """Parameter name -> real rows of a vocabulary-padded parameter (--check compares those)."""
     notes: list[str] = field(default_factory=list)
     groups: GroupCache | None = None
     """Every process group this rank's meshes use, one per distinct set of ranks."""
 
 
-def build_meshes(plan: Plan, world_size: int, device: str, groups: GroupCache) -> tuple[dict[Layout, object], object]:
-    """Every layout's (pp, dp, tp) mesh and the (pp, stage) mesh, built in the same order on
-    every rank (process groups are created collectively, once per distinct set of ranks)."""
-    layouts = sorted({Layout.of(s) for s in plan.layers}, key=lambda l: (l.tp, l.dp, l.consecutive))
+def build_meshes(plan: Plan, world_size: int, device: str, groups: GroupCache, split: VocabSplit | None = None
+                 ) -> tuple[dict[Layout, object], object]:
+    """Every layout's (pp, dp, tp) mesh (the layers' and the vocabulary's) and the (pp, stage)
+    mesh, built in the same order on every rank (process groups are created collectively,
+    once per distinct set of ranks)."""
+    layouts = {Layout.of(s) for s in plan.layers} | ({split.layout} if split else set())
+    layouts = sorted(layouts, key=lambda l: (l.tp, l.dp, l.consecutive))
     meshes = {layout: layout.mesh(plan.pp, device, groups) for layout in layouts}
     return meshes, stage_mesh(plan.pp, world_size, device, groups)
 
 
 def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, seed: int = 0,
                 device: str = "cpu", bf16: bool = False) -> ParallelModel:
-    """The recipe: stage -> tensor parallel -> checkpointing -> relayouts -> tied weights ->
-    data parallel -> pipeline."""
-    refuse_unsupported(plan)
+    """The recipe: chunks (tensor parallel or Ulysses -> checkpointing -> relayouts) -> tied
+    weights -> data parallel -> pipeline."""
+    refuse_unsupported(plan, model)
     groups = GroupCache()
-    meshes, smesh = build_meshes(plan, world_size, device.split(":")[0], groups)
-    build_expert_groups(model, plan, groups)
     per_stage = world_size // plan.pp
+    split = vocab_split(plan, model, per_stage)
+    meshes, smesh = build_meshes(plan, world_size, device.split(":")[0], groups, split)
+    build_expert_groups(model, plan, groups)
     stage, local = divmod(rank, per_stage)
-    ids = list(plan.stage_ranges()[stage])
-    layouts = {i: Layout.of(plan.layers[i]) for i in ids}
-    stage_module = StageModule()
+    ranges = plan.chunk_ranges()
     experts: dict[int, ExpertShard] = {}
-    if stage == 0:
-        stage_module.embed = build_embedding(model, seed)
-        stage_module.order.append(("embed", ""))
-    for pos, i in enumerate(ids):
-        if pos > 0:
-            _add_relayout(stage_module, layouts[ids[pos - 1]], layouts[i], smesh, f"{i}")
-        block = build_block(model, i, seed)
-        shard = apply_ep(block, model.layers[i], plan.layers[i], i, stage, local, groups, device.split(":")[0])
-        if shard is not None:
-            experts[i] = shard
-        block = apply_tp(block, meshes[layouts[i]]["tp"], sequence_parallel=plan.layers[i].megatron_sp)
-        block = apply_ac(block, plan.layers[i].recompute)
-        stage_module.layers[str(i)] = block
-        stage_module.order.append(("layers", str(i)))
-    if stage == plan.pp - 1:
-        stage_module.head = build_head(model, seed)
-        stage_module.order.append(("head", ""))
-    else:  # hand the next stage its input already in its first layer's layout
-        _add_relayout(stage_module, layouts[ids[-1]], Layout.of(plan.layers[ids[-1] + 1]), smesh, "out")
-    tied = _tie(stage_module, model, plan, seed, local, layouts[ids[0]], layouts[ids[-1]], groups, smesh)
+    ep_place = (stage, local, groups, device.split(":")[0], experts)
+    chunks = {j: _build_chunk(model, plan, ranges, j, meshes, smesh, seed, split, ep_place)
+              for j in range(stage, len(ranges), plan.pp)}  # round-robin: chunk j on rank j % pp
+    first, last = chunks[min(chunks)], chunks[max(chunks)]
+    stage_module = first if len(chunks) == 1 else ChunkedStage(chunks)
+    first_layout, last_layout = Layout.of(plan.layers[ranges[min(chunks)][0]]), Layout.of(plan.layers[ranges[max(chunks)][-1]])
+    if split is not None:  # embedding and head run in the vocabulary layout
+        first_layout = split.layout if first.embed is not None else first_layout
+        last_layout = split.layout if last.head is not None else last_layout
+    tied = _tie(first.embed, last.head, model, plan, seed, local, first_layout, last_layout, groups, smesh, split)
     stage_module.to(device)
-    dp, units = _apply_data_parallel(stage_module, plan, ids, meshes, bf16, tied, experts)
+    dp, units = _apply_data_parallel(list(chunks.values()), plan, meshes, smesh, bf16, tied, split, experts)
+    loss_fn = make_loss_fn(plan.global_batch, last.head.per_sample_loss if split and last.head else per_sample_loss)
     schedule = None
     if plan.pp > 1:
-        loss_fn = make_loss_fn(plan.global_batch)
-        schedule = apply_pp(stage_module, stage, plan.pp, smesh["pp"].get_group(), torch.device(device),
+        schedule = apply_pp(chunks, len(ranges), smesh["pp"].get_group(), torch.device(device),
                             plan.micro_batches, plan.schedule, loss_fn)
-    notes = vocab_notes(plan)
-    return ParallelModel(module=stage_module, stage=stage, local_rank=local, first_layout=layouts[ids[0]],
-                         last_layout=layouts[ids[-1]], data_parallel=dp, units=units, schedule=schedule,
-                         notes=notes, groups=groups)
+    owns_loss = split.owns_loss(local) if split else last_layout.tp_index(local) == 0
+    return ParallelModel(module=stage_module, stage=stage, local_rank=local, first_layout=first_layout,
+                         last_layout=last_layout, data_parallel=dp, units=units, schedule=schedule,
+                         groups=groups, loss_fn=loss_fn, owns_loss=owns_loss,
+                         padded_rows=split.padded_names() if split else {})
 
 
-def make_loss_fn(global_batch: int):
+def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, meshes: dict, smesh,
+                 seed: int, split: VocabSplit | None, ep_place: tuple) -> StageModule:
+    """Model chunk ``j``: embedding (first chunk), its blocks with relayouts between them, head
+    (last chunk) or a relayout into the next chunk's first layout (pipeline sends lane to lane).
+    ``ep_place`` = (stage, local rank, groups, device type, dict collecting expert shards)."""
+    stage, local, groups, device_type, experts = ep_place
+    ids = list(ranges[j])
+    chunk = StageModule()
+    if j == 0:
+        chunk.embed = build_embedding(model, seed)
+        chunk.order.append(("embed", ""))
+        if split is not None:
+            chunk.embed = VocabEmbedding(chunk.embed, split, meshes[split.layout]["tp"])
+            _add_relayout(chunk, split.layout, Layout.of(plan.layers[ids[0]]), smesh, "in")
+    for pos, i in enumerate(ids):
+        layout = Layout.of(plan.layers[i])
+        if pos > 0:
+            _add_relayout(chunk, Layout.of(plan.layers[ids[pos - 1]]), layout, smesh, f"{i}")
+        block, strategy = build_block(model, i, seed), plan.layers[i]
+        shard = apply_ep(block, model.layers[i], strategy, i, stage, local, groups, device_type)
+        if shard is not None:
+            experts[i] = shard
+        if strategy.ulysses:
+            block = apply_ulysses(block, meshes[layout]["tp"].get_group())
+        else:
+            block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp)
+        chunk.layers[str(i)] = apply_ac(block, strategy.recompute)
+        chunk.order.append(("layers", str(i)))
+    if j == len(ranges) - 1:
+        chunk.head = build_head(model, seed)
+        if split is not None:
+            chunk.head = VocabHead(chunk.head, split, meshes[split.layout]["tp"])
+            _add_relayout(chunk, Layout.of(plan.layers[ids[-1]]), split.layout, smesh, "head")
+        chunk.order.append(("head", ""))
+    else:
+        _add_relayout(chunk, Layout.of(plan.layers[ids[-1]]), Layout.of(plan.layers[ids[-1] + 1]), smesh, "out")
+    return chunk
+
+
+def make_loss_fn(global_batch: int, per_sample=per_sample_loss):
     """Sum of this rank's per-sample losses over the global batch: gradients sum exactly."""
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return per_sample_loss(output, target).sum() / global_batch
+        return per_sample(output, target).sum() / global_batch
     return loss_fn
 
 
@@ -145,8 +194,9 @@ def _add_relayout(stage_module: StageModule, src: Layout, dst: Layout, smesh, ke
         stage_module.order.append(("relayouts", key))
 
 
-def _tie(stage_module: StageModule, model: ModelSpec, plan: Plan, seed: int, local: int, first: Layout,
-         last: Layout, groups: GroupCache, smesh) -> tuple[nn.Parameter, object] | None:
+def _tie(embed: nn.Module | None, head: nn.Module | None, model: ModelSpec, plan: Plan, seed: int, local: int,
+         first: Layout, last: Layout, groups: GroupCache, smesh, split: VocabSplit | None
+         ) -> tuple[nn.Parameter, object] | None:
     """Tied token weight (Megatron's way): one parameter when embedding and head share a stage,
     else an identical copy on the first and the last stage. Each TP group adds its gradient
     once (the copies on its other ranks are duplicates), and one SUM over the ranks of both
@@ -156,9 +206,10 @@ def _tie(stage_module: StageModule, model: ModelSpec, plan: Plan, seed: int, loc
         return None
     ends = sorted({0, plan.pp - 1})
     per_stage = smesh.size() // plan.pp
+    if split is not None:
+        return tie_vocab(embed, head, split, ends, per_stage, groups, lambda: build_embedding(model, seed))
     ranks = tuple(s * per_stage + j for s in ends for j in range(per_stage))
     group = groups.group([ranks])  # collective: every rank creates it
-    embed, head = stage_module.embed, stage_module.head
     if embed is None and head is None:
         return None
     if embed is not None:
@@ -174,31 +225,51 @@ def _tie(stage_module: StageModule, model: ModelSpec, plan: Plan, seed: int, loc
     return weight, group
 
 
-def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], meshes: dict, bf16: bool,
-                         tied: tuple[nn.Parameter, object] | None, experts: dict[int, ExpertShard]
-                         ) -> tuple[DataParallel, list[Unit]]:
+def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split: VocabSplit | None
+              ) -> list[tuple[str, nn.Module, object, int, str, nn.Module | None]]:
+    """(unit name, module, data-parallel mesh, degree, dp type, a submodule that is a unit of
+    its own, listed before) of every block (its gradient group: dp, or tp * dp under Ulysses), the
+    embedding (like the first layer's replicas) and the head (like the last's), in the order
+    the chunks run them."""
+    parts = []
+    for chunk in chunks:
+        ids = [int(k) for k in chunk.layers]
+        if chunk.embed is not None and split is not None:
+            parts += vocab_dp_parts("embedding", chunk.embed, split, meshes, smesh, plan.layers[ids[0]].dp_type)
+        elif chunk.embed is not None:
+            s = plan.layers[ids[0]]
+            parts.append(("embedding", chunk.embed, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
+        for i in ids:
+            s = plan.layers[i]
+            mesh = smesh["stage"] if s.ulysses else meshes[Layout.of(s)]["dp"]
+            parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.grad_dp, s.dp_type, None))
+        if chunk.head is not None and split is not None:
+            parts += vocab_dp_parts("head", chunk.head, split, meshes, smesh, plan.layers[ids[-1]].dp_type)
+        elif chunk.head is not None:
+            s = plan.layers[ids[-1]]
+            parts.append(("head", chunk.head, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
+    return parts
+
+
+def _apply_data_parallel(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, bf16: bool,
+                         tied: tuple[nn.Parameter, object] | None, split: VocabSplit | None,
+                         experts: dict[int, ExpertShard]) -> tuple[DataParallel, list[Unit]]:
     """A flat bucket (DDP, ZeRO-1/2) or FSDP (ZeRO-3) for each block, the embedding (like the
     first layer) and the head (like the last); the tied weight and each MoE layer's experts
     (over their expert-data-parallel group) get their own bucket."""
     dp = DataParallel(micro_batches=plan.micro_batches)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    parts: list[tuple[str, nn.Module, int]] = [(f"layer {i}", stage_module.layers[str(i)], i) for i in ids]
-    if stage_module.embed is not None:
-        parts.insert(0, ("embedding", stage_module.embed, ids[0]))
-    if stage_module.head is not None:
-        parts.append(("head", stage_module.head, ids[-1]))
     skip = frozenset([tied[0]] if tied else []) | frozenset(p for e in experts.values() for p in e.params)
     units = []
-    for name, module, i in parts:
-        strategy = plan.layers[i]
-        dp_mesh = meshes[Layout.of(strategy)]["dp"]
-        params = [p for p in module.parameters() if p not in skip]
+    for name, module, dp_mesh, degree, dp_type, child in _dp_parts(chunks, plan, meshes, smesh, split):
+        others = frozenset(child.parameters()) if child is not None else frozenset()  # after its FSDP
+        params = [p for p in module.parameters() if p not in skip and p not in others]
         if not params:
             continue
-        dp_type = strategy.dp_type if strategy.dp > 1 else DPType.DDP
-        unit = Unit(name=name, dp_type=dp_type, dp=strategy.dp, numel=sum(local(p).numel() for p in params))
+        dp_type = dp_type if degree > 1 else DPType.DDP
+        unit = Unit(name=name, dp_type=dp_type, dp=degree, numel=sum(local(p).numel() for p in params))
         if dp_type == DPType.ZERO3:
-            ignored = skip & set(module.parameters())
+            ignored = (skip | others) & set(module.parameters())
             apply_fsdp(module, dp_mesh, dp, bf16, set(ignored))
             unit.module, unit.ignored = module, frozenset(ignored)
         else:
@@ -209,7 +280,7 @@ def _apply_data_parallel(stage_module: StageModule, plan: Plan, ids: list[int], 
                           bucket=dp.add_bucket(e.params, e.group, e.dp_type, dtype)))
     if tied:
         weight, group = tied
-        units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=weight.numel(),
+        units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=local(weight).numel(),
                           # its group's ranks reach the tied weight's last use at different
                           # points of backward (TP duplicates add nothing): reduce after it
                           bucket=dp.add_bucket([weight], group, DPType.DDP, dtype, eager=False)))

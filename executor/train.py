@@ -2,6 +2,7 @@
 time them, measure peak memory, and (for --check) hand back full gradients and parameters."""
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ from executor.model import is_tied, synthetic_batch
 from executor.parallel.data import local
 from executor.parallel.layout import Layout
 from executor.parallel.pipeline import run_schedule
-from executor.parallelize import ParallelModel, make_loss_fn, parallelize
+from executor.parallelize import ParallelModel, parallelize
 from specs import ModelSpec, Plan
 
 
@@ -67,26 +68,31 @@ def train_step(pm: ParallelModel, plan: Plan, inputs: torch.Tensor, targets: tor
 
 
 def _canonical(name: str, tied: bool) -> str:
+    name = re.sub(r"^chunk\d+\.", "", name)  # interleaved 1F1B: this rank's chunks
     name = name.replace(".inner.", ".").replace("_checkpoint_wrapped_module.", "")
     # the last stage's copy of a tied weight is the embedding's
     return "embed.tokens.weight" if tied and name == "head.out.weight" else name
 
 
-def full_tensors(module: torch.nn.Module, grads: bool, tied: bool = False) -> dict[str, torch.Tensor]:
-    """Unsharded fp32 copies of every parameter (or gradient); collective over each mesh."""
-    out = {}
+def full_tensors(module: torch.nn.Module, grads: bool, tied: bool = False,
+                 rows: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Unsharded fp32 copies of every parameter (or gradient), the vocabulary padding cut off
+    (``rows``: name -> real rows); collective over each mesh."""
+    out, rows = {}, rows or {}
     for name, p in module.named_parameters():
         t = p.grad if grads else p
         if t is None:
             continue
         t = t.full_tensor() if isinstance(t, DTensor) else t
-        out[_canonical(name, tied)] = t.detach().float().cpu().clone()
+        name = _canonical(name, tied)
+        t = t[:rows[name]] if name in rows else t
+        out[name] = t.detach().float().cpu().clone()
     return out
 
 
 def _global_loss(pm: ParallelModel, plan: Plan, local_loss: torch.Tensor) -> float:
     """Sum of one copy per DP replica of the last stage's loss shares."""
-    own = pm.stage == plan.pp - 1 and pm.last_layout.tp_index(pm.local_rank) == 0
+    own = pm.stage == plan.pp - 1 and pm.owns_loss
     t = (local_loss if own else torch.zeros_like(local_loss)).double().reshape(1)
     dist.all_reduce(t)
     return float(t)
@@ -133,7 +139,7 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
     pm = parallelize(model, plan, rank, world_size, seed=cfg.seed, device=cfg.device, bf16=cfg.bf16)
     pm.data_parallel.build_optimizer(cfg.lr, cfg.adam_eps)
     opt = pm.data_parallel
-    loss_fn = make_loss_fn(plan.global_batch)
+    loss_fn = pm.loss_fn
     result: dict = {"rank": rank, "stage": pm.stage, "losses": [], "step_times_s": [], "notes": pm.notes,
                     "device": cfg.device, "process_groups": len(pm.groups.groups)}
     total_steps = cfg.steps if cfg.check else cfg.warmup + cfg.steps
@@ -156,7 +162,7 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
         progress({"step": step, "step_time_s": result["step_times_s"][-1]})
     result["losses"] = [_global_loss(pm, plan, l) for l in losses]
     if cfg.check:
-        result["params"] = full_tensors(pm.module, grads=False, tied=is_tied(model))
+        result["params"] = full_tensors(pm.module, grads=False, tied=is_tied(model), rows=pm.padded_rows)
     if cfg.track_memory:
         result.update(_peak_memory(pm, plan, opt, loss_fn, model, cfg))
     return result
@@ -166,7 +172,7 @@ def _check_state(result: dict, pm: ParallelModel, model: ModelSpec) -> None:
     """First-step gradients, summed and unsharded (a check-only gather)."""
     for bucket in pm.data_parallel.buckets:
         bucket.materialize_grads()
-    result["grads"] = full_tensors(pm.module, grads=True, tied=is_tied(model))
+    result["grads"] = full_tensors(pm.module, grads=True, tied=is_tied(model), rows=pm.padded_rows)
 
 
 def _merge_grads(after_step: dict, before_step: dict) -> dict:

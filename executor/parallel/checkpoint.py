@@ -1,30 +1,52 @@
 """Activation checkpointing per layer: full (keep the block's input, recompute the rest in backward)
-or selective (recompute only the attention core)."""
+or selective (torch.utils.checkpoint with a selective-checkpoint policy over each attention
+sub-layer: matmul outputs and collectives kept, the attention core recomputed)."""
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+SAVED_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
+"""The projections' matmuls (q, k, v, o: nn.Linear lowers to mm/addmm); the core's own matmuls
+run inside the attention kernel (or as bmm), so they are recomputed."""
+SAVED_NAMESPACES = frozenset({"_c10d_functional"})
+"""Functional collectives (tensor-parallel gathers, Ulysses' all-to-alls): never re-run in
+backward. (In-place c10d collectives are re-run: a kept result of one would be lost.)"""
+
+
+def selective_policy(_ctx, op, *_args, **_kwargs) -> CheckpointPolicy:
+    """Korthikanti et al.'s selective recomputation: keep every matmul output, recompute the rest
+    of the attention sub-layer (QK^T, softmax, attention over V and the reshapes around them)."""
+    if op in SAVED_OPS or getattr(op, "namespace", "") in SAVED_NAMESPACES:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class Checkpointed(nn.Module):
-    """``inner`` with its activations recomputed in backward (non-reentrant checkpoint)."""
+    """``inner`` with its activations recomputed in backward (non-reentrant checkpoint); with a
+    ``policy`` only what the policy does not save is recomputed."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, policy=None) -> None:
         super().__init__()
-        self.inner = inner
+        self.inner, self.policy = inner, policy
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.inner, x, use_reentrant=False)
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        if self.policy is None:
+            return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+        context_fn = partial(create_selective_checkpoint_contexts, self.policy)
+        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
 
 def apply_ac(block: nn.Module, recompute: str) -> nn.Module:
-    """full: checkpoint the whole block; selective: only its attention core(s) (Korthikanti
-    et al.: keep every matmul output, re-run QK^T, softmax and attention over V); none: as is."""
+    """full: checkpoint the whole block; selective: each attention sub-layer under the selective
+    policy (its core recomputed, its projections kept); none: as is."""
     if recompute == "full":
         return Checkpointed(block)
     if recompute == "selective":
-        for attn in (getattr(block, "attn", None), getattr(block, "cross", None)):
-            if attn is not None:
-                attn.recompute_core = True
+        for name in ("attn", "cross"):
+            if getattr(block, name, None) is not None:
+                setattr(block, name, Checkpointed(getattr(block, name), selective_policy))
     return block

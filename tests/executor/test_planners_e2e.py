@@ -69,7 +69,7 @@ def test_planners_compare_files_run_end_to_end(cluster, extra, tmp_path):
     world = specs.load_cluster(cluster).world_size
     for plan in _compare_plans(cluster, tmp_path, extra):
         try:
-            refuse_unsupported(plan)
+            refuse_unsupported(plan, model)
         except specs.SpecError as err:  # e.g. megatron_3d's interleaved plans: refused in one line
             assert "\n" not in str(err)
             continue

@@ -50,16 +50,6 @@ def test_sequence_parallel_with_selective_recompute_on_4_ranks(tiny_gpt):
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(tp=2, dp=2, sp="ulysses"), "layer 0: sp ulysses is planned and simulated but the executor does not run it"),
-    (dict(dp=2, pp=2, micro_batches=2, virtual_stages=2), "virtual_stages 2: the executor does not run interleaved"),
-])
-def test_what_the_executor_cannot_run_is_refused_in_one_line(tiny_gpt, kw, message):
-    from executor.checks import check_runnable
-    with pytest.raises(SpecError, match=message):
-        check_runnable(tiny_gpt, uniform_plan(4, global_batch=4, **kw), 4)
-
-
 @pytest.mark.slow
 def test_sequence_parallel_mixed_with_relayouts_and_zero3_on_4_ranks(tiny_gpt):
     plan = mixed([4], [L(tp=2, dp=2, sp="megatron", dp_type="zero3"), L(tp=4, sp="megatron", recompute="full"), L(dp=4),

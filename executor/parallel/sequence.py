@@ -1,0 +1,151 @@
+"""Sequence splits of activations over a group: DeepSpeed-Ulysses (sequence split outside the
+attention core, head split inside it, all-to-alls between) and the scatter/gather steps that
+the Ulysses blocks and the vocabulary-parallel embedding/head put around themselves.
+
+Convention (the same as the tensor-parallel blocks'): between blocks an activation is
+replicated on its group and every copy's gradient is the whole gradient; a sequence-split
+activation's gradient is its own chunk's.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+
+
+def _all_gather_seq(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+def _my_chunk(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    return x.chunk(dist.get_world_size(group), dim=dim)[dist.get_rank(group)].contiguous()
+
+
+def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    parts = [p.contiguous() for p in x.chunk(dist.get_world_size(group), dim=dim)]
+    out = torch.empty_like(parts[0])
+    dist.reduce_scatter(out, parts, group=group)
+    return out
+
+
+class ScatterSeq(torch.autograd.Function):
+    """Replicated -> this rank's sequence chunk; backward all-gathers the chunks' gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):  # type: ignore[override]
+        ctx.group, ctx.dim = group, dim
+        return _my_chunk(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _all_gather_seq(grad, ctx.group, ctx.dim), None, None
+
+
+class GatherSeq(torch.autograd.Function):
+    """Sequence chunks -> the whole sequence, replicated; backward keeps this rank's chunk of
+    the (whole, replicated) gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):  # type: ignore[override]
+        ctx.group, ctx.dim = group, dim
+        return _all_gather_seq(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _my_chunk(grad, ctx.group, ctx.dim), None, None
+
+
+class GatherSeqReduceGrad(torch.autograd.Function):
+    """Megatron-SP's all-gather before a column-parallel matmul: the gradient that comes back is
+    a partial sum over the group (one vocabulary shard each), so backward reduce-scatters it."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):  # type: ignore[override]
+        ctx.group, ctx.dim = group, dim
+        return _all_gather_seq(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _reduce_scatter_seq(grad, ctx.group, ctx.dim), None, None
+
+
+class ReduceScatterSeq(torch.autograd.Function):
+    """Partial sums over the group -> this rank's sequence chunk of the sum (Megatron-SP after a
+    vocabulary-parallel embedding); backward all-gathers the chunks' gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):  # type: ignore[override]
+        ctx.group, ctx.dim = group, dim
+        return _reduce_scatter_seq(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _all_gather_seq(grad, ctx.group, ctx.dim), None, None
+
+
+# -- Ulysses ------------------------------------------------------------------------------
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """[b, H, s/t, d] (all heads, my sequence chunk) -> [b, H/t, s, d] (my heads, the whole
+    sequence): slot j of the all-to-all carries head group j to rank j."""
+    t = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    send = x.reshape(b, t, h // t, s, d).permute(1, 0, 2, 3, 4).contiguous()
+    recv = _AllToAll.apply(send, group)  # [t (sequence chunk), b, H/t, s/t, d]
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, h // t, t * s, d)
+
+
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The inverse of seq_to_heads: [b, H/t, s, d] -> [b, H, s/t, d]."""
+    t = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    send = x.reshape(b, h, t, s // t, d).permute(2, 0, 1, 3, 4).contiguous()
+    recv = _AllToAll.apply(send, group)  # [t (head group), b, H/t, s/t, d]
+    return recv.permute(1, 0, 2, 3, 4).reshape(b, t * h, s // t, d)
+
+
+def _exchange(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    # functional (out-of-place) collective: a selective-checkpoint policy can keep its output,
+    # which it cannot do for an in-place one writing into a buffer it would re-create
+    return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), None, None, group))
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single along dim 0 (slot j to rank j); its own inverse, so backward is the
+    same exchange of the gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        ctx.group = group
+        return _exchange(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _exchange(grad, ctx.group), None
+
+
+class UlyssesCore:
+    """What Attention runs around its core under Ulysses: heads split in, sequence split out."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def __call__(self, core, q, k, v, causal: bool) -> torch.Tensor:
+        q, k, v = (seq_to_heads(t, self.group) for t in (q, k, v))
+        return heads_to_seq(core(q, k, v, causal), self.group)
+
+
+def apply_ulysses(block: nn.Module, group: dist.ProcessGroup) -> nn.Module:
+    """Run ``block`` with its sequence split over ``group`` (weights replicated): the replicated
+    input is cut into sequence chunks on entry and gathered back on exit, and every attention
+    core sees all tokens of its heads through two all-to-alls."""
+    if dist.get_world_size(group) == 1:
+        return block
+    for attn in (getattr(block, "attn", None), getattr(block, "cross", None)):
+        if attn is not None:
+            attn.around_core = UlyssesCore(group)
+    block.register_forward_pre_hook(lambda _m, args: (ScatterSeq.apply(args[0], group, 1), *args[1:]))
+    block.register_forward_hook(lambda _m, _args, out: GatherSeq.apply(out, group, 1))
+    return block
