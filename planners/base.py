@@ -1,6 +1,7 @@
 """The planner interface: a Budget in, a PlanResult out (best plan, its predicted cost, search stats)."""
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,14 @@ class Budget:
                 out.add(p)
             p *= 2
         return tuple(sorted(out))
+
+
+def time_limit(value: Any) -> float:
+    """``time_limit_s`` as seconds, refused up front unless a finite number > 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise SpecError("time_limit_s", f"must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def _positive(value: Any, name: str) -> int:

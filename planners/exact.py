@@ -15,7 +15,7 @@ from typing import Any
 import pulp
 
 from cost_models import CostModel
-from planners.base import Budget, Planner, PlanResult, pop_options
+from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.formulation import Formulation, build
 from planners.galvatron import GalvatronPlanner, resolve_space
 from planners.outer import OuterState, finish, run_outer
@@ -96,14 +96,6 @@ class SolveLog:
             return None
         obj, bound = min(self.bounds, key=lambda ob: abs(ob[0] - iteration_time_s))
         return bound if abs(obj - iteration_time_s) <= 1e-6 * max(iteration_time_s, 1e-12) else None
-
-
-def time_limit(value: Any) -> float:
-    """``time_limit_s`` as seconds, refused up front unless a finite number > 0."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise SpecError("time_limit_s", f"must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
 
 
 class ExactPlanner(Planner):

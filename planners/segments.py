@@ -71,6 +71,13 @@ class GroupDP:
         self.strat_g = np.array([self.dp_index[s.dp] for s in t.strategies])
         max_len = None if stage_imbalance is None else math.ceil(stage_imbalance * self.n / t.combo.pp)
         self.windows = stage_windows(self.n, t.combo.pp, even, max_len)
+        self.bound_windows = stage_windows(self.n, t.combo.pp, False)
+        """Every partition: the memory-blind bound covers the whole space, not only the searched windows."""
+        exact_levels = max_temp_levels is None and not granularity_bytes  # rounding changes the problem
+        self.proven = exact_levels and (exact and not even or t.combo.pp == 1)
+        """Whether solve() is exact over the space (then a group's optimum is its own lower bound)."""
+        self.bounds: dict = {}
+        """vocab choice -> a lower bound on the group's objective over the whole space (inf: no plan)."""
         self.points = 0
         self.skipped = 0
         """Vocab tps skipped because the memory-blind objective could not beat the incumbent."""
@@ -95,7 +102,7 @@ class GroupDP:
         runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
                             self.weight if scalar is None else scalar, self.exact, first_extra)
         stop_of: dict[int, int] = {}
-        for a, b in self.windows[k]:
+        for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
             stop_of[a] = max(stop_of.get(a, 0), b)
         done: list[SegmentPass] = []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
@@ -119,7 +126,7 @@ class GroupDP:
         B = self.t.budget_bytes
         cols = {name: [] for name in ("a", "b", "g", "T", "D")}
         refs: list = []
-        for a, b in self.windows[k]:
+        for a, b in (self.bound_windows if relaxed else self.windows)[k]:
             if relaxed:
                 p, pid = self._stage_passes(k, v, scalar=lam)[a]
                 key = ("relaxed", pid, b - a, lam)
@@ -208,10 +215,10 @@ class GroupDP:
 
     # -- answer -----------------------------------------------------------------------------
     def relaxed_objective(self, v: int) -> float:
-        """A lower bound on the group's objective under vocab tp ``v`` over fast mode's windows,
+        """A lower bound on the group's objective under vocab tp ``v`` over every partition,
         memory ignored (memory-blind passes only). pp = 1: m * min (T + D/m), the optimum itself.
-        pp > 1: max_k D_k >= sum_k D_k / q with q = max(m, pp), so the objective is at least
-        min over partitions of sum_k (T_k + D_k / q) plus (m - 1) x the least bottleneck."""
+        pp > 1: max_k D_k >= sum_k D_k / pp, so the objective is at least the least
+        sum_k (T_k + D_k / pp) over partitions plus (m - 1) x the least bottleneck."""
         caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
 
@@ -222,7 +229,7 @@ class GroupDP:
         if len(self.windows) == 1:
             choice = search_partition(options(self.weight), recv, self.n, G, self.m, exact=False)
             return np.inf if choice is None else choice.objective_s
-        lam = min(self.weight, 1.0 / len(self.windows))  # reuses the 1/m passes whenever m >= pp
+        lam = 1.0 / len(self.windows)  # max_k D_k >= the mean over the pp stages
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
@@ -230,9 +237,18 @@ class GroupDP:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
         per weight lam (each segment offering its best T + lam * D) and keeps the best; it skips
         the group when even the memory-blind objective cannot beat ``incumbent_s``."""
-        if not self.exact and self.relaxed_objective(v) >= incumbent_s:
+        relaxed = None
+        if not self.exact or not self.proven:
+            relaxed = self.bounds[v] = self.relaxed_objective(v)
+        if not self.exact and relaxed >= incumbent_s:
             self.skipped += 1
             return None
+        found = self._solve(v)
+        if self.proven:
+            self.bounds[v] = np.inf if found is None else found.objective_s
+        return found
+
+    def _solve(self, v: int) -> GroupSolution | None:
         caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
         best = None
