@@ -118,7 +118,8 @@ class ExactPlanner(Planner):
         log, state = SolveLog(), OuterState()
         if opts["warm_start"]:
             seed = GalvatronPlanner().plan(model, cluster, budget, cost_model,
-                                           {"space": space, "partition": opts["partition"], "top_k": 1})
+                                           {"space": space, "partition": opts["partition"], "top_k": 1,
+                                            "time_limit_s": limit_s})
             if seed.feasible:
                 state.solutions.append((seed.throughput_samples_per_s, seed.iteration_time_s, seed.plan))
 

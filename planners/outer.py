@@ -41,6 +41,9 @@ class OuterState:
     """Groups left without any bound (their tables not built before the time limit)."""
     timed_out: bool = False
     """The time limit ended the search before every group was settled."""
+    tables_s: float = 0.0
+    groups_s: float = 0.0
+    """Seconds spent building tables / inside the group solver."""
 
     def bound(self, global_batch: int, lower_bound_s: float) -> None:
         """Record a group's lower bound on iteration time (inf: proven to have no plan)."""
@@ -113,7 +116,9 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     Past ``deadline`` (time.monotonic) the remaining groups are left with their lower bound, once
     a plan has been found (a call with no plan yet goes on until it has one)."""
     state = state or OuterState()
+    start = time.perf_counter()
     tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
+    state.tables_s += time.perf_counter() - start
     state.unbounded += unbuilt
     state.timed_out |= unbuilt > 0
     bounds = [lower_bound_s(t) for t in tables]
@@ -132,7 +137,10 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
             state.bound(t.combo.global_batch, bounds[i])
             continue
         incumbent = t.combo.global_batch / best_thr if best_thr > 0 else float("inf")
-        for sol in solve(t, incumbent):
+        start = time.perf_counter()
+        found = solve(t, incumbent)
+        state.groups_s += time.perf_counter() - start
+        for sol in found:
             plan = t.plan(sol.choice, sol.stage_layers, sol.vocab_tp, meta)
             cost = cost_model.plan_cost(model, plan)
             if max(cost.stage_peak_bytes) > budget_bytes * (1 + 1e-12):
@@ -184,7 +192,7 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
            budget_bytes: float, top_k: int, status: str, gap: float | None, extra_states: int = 0) -> PlanResult:
     """PlanResult of the best plan (re-scored), or the smallest memory at which the space fits."""
     stats = SearchStats(states_explored=state.states + extra_states, candidates=state.candidates,
-                        pruned=state.pruned, gap=gap,
+                        pruned=state.pruned, gap=gap, tables_s=state.tables_s, groups_s=state.groups_s,
                         solver_status=status if state.solutions or status == "time_limit" else "infeasible")
     if not state.solutions:
         if not tables:
