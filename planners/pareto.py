@@ -55,6 +55,18 @@ def argmin_low_tail(cost: np.ndarray, tail: np.ndarray):
     return int(best) if np.ndim(best) == 0 else best
 
 
+def _class_heads(cls: np.ndarray, cost: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """Per class present in ``cls``: the index of its cheapest point, ties going to the smaller tail."""
+    _, inv = np.unique(cls, return_inverse=True)
+    inv = inv.ravel()
+    low = np.full(inv.max() + 1, np.inf)
+    np.minimum.at(low, inv, cost)
+    key = np.where(cost <= low[inv] + TIE_RTOL * np.abs(low[inv]), tail, np.inf)
+    order = np.lexsort((np.arange(len(cost)), key, inv))
+    first = np.concatenate(([True], inv[order][1:] != inv[order][:-1]))
+    return order[first]
+
+
 def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """Indices of points not dominated in (level, mem, cost).
 
@@ -146,14 +158,20 @@ class PassRunner:
             self.cap_by_level = saved
 
     def _scalar_step(self, prev: Frontier, j: int) -> Frontier:
+        """Per target strategy the cheapest path into it. Sources whose relayout rows are equal
+        (a layout class) reach every target at the same price, so only each class's cheapest point
+        (ties to the smaller tail) competes: O(classes x targets), not O(strategies^2)."""
         if not len(prev):
             return prev
         R = self.st.trans_s[self.layer_type[j - 1]]
+        src_cls = self._source_target_classes(self.layer_type[j - 1])[0]
         ty = self.layer_type[j]
         st = self.st
         targets = np.flatnonzero(self.allowed[ty])
-        total = self._cost(prev.T, prev.D)[:, None] + R[prev.strat][:, targets]
-        best = argmin_low_tail(total, prev.D[:, None])
+        cost = self._cost(prev.T, prev.D)
+        heads = _class_heads(src_cls[prev.strat], cost, prev.D)
+        total = cost[heads][:, None] + R[prev.strat[heads]][:, targets]
+        best = heads[argmin_low_tail(total, prev.D[heads][:, None])]
         shift = R[prev.strat[best], targets]
         f = Frontier(prev.mem[best] + st.memory_bytes[ty, targets],
                      np.maximum(prev.level[best], self.strat_level[ty, targets]),
