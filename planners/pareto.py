@@ -68,22 +68,57 @@ def _class_heads(cls: np.ndarray, cost: np.ndarray, tail: np.ndarray) -> np.ndar
 
 
 def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
-    """Indices of points not dominated in (level, mem, cost).
+    """Indices of points not dominated in (level, mem, cost), in (mem, cost, level) order.
 
     Sorted by (mem, cost, level), point i is dominated iff an earlier point of level <= its own
-    has cost <= its own: one running minimum per level threshold, all levels at once.
-    """
+    has cost <= its own. Few levels x points: one running minimum per level threshold, all at
+    once; many: level by level against the (mem, cost) staircase of the lower levels."""
     if len(mem) <= 1:
         return np.arange(len(mem))
+    levels = np.unique(level)
+    if len(levels) * len(mem) > LEVEL_BY_LEVEL_ABOVE:
+        return _prune_by_level(level, mem, cost)
     order = np.lexsort((level, cost, mem))
     lv, c = level[order], cost[order]
-    thresholds = np.unique(lv)
-    masked = np.where(lv[None, :] <= thresholds[:, None], c[None, :], np.inf)
+    masked = np.where(lv[None, :] <= levels[:, None], c[None, :], np.inf)
     running = np.minimum.accumulate(masked, axis=1)
-    before = np.concatenate((np.full((len(thresholds), 1), np.inf), running[:, :-1]), axis=1)
-    row = np.searchsorted(thresholds, lv)
+    before = np.concatenate((np.full((len(levels), 1), np.inf), running[:, :-1]), axis=1)
+    row = np.searchsorted(levels, lv)
     dominated = before[row, np.arange(len(c))] <= c
     return order[~dominated]
+
+
+LEVEL_BY_LEVEL_ABOVE = 20_000
+"""levels x points beyond which prune_fast goes level by level (measured: 2.5-3.5x faster at
+2,000-50,000 points and 10-100 levels; slower on small sets)."""
+
+
+def _running_min_before(c: np.ndarray) -> np.ndarray:
+    return np.minimum.accumulate(np.concatenate(([np.inf], c[:-1])))
+
+
+def _prune_by_level(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """prune_fast level by level: a point is kept if no earlier point of its own level and no
+    point of a lower level with mem <= and cost <= its own beats it; the lower levels are kept
+    as a staircase (mem ascending, cost strictly descending)."""
+    order = np.lexsort((cost, mem, level))
+    lv = level[order]
+    s_mem, s_cost = np.empty(0), np.empty(0)
+    keep = []
+    for idx in np.split(order, np.flatnonzero(lv[1:] != lv[:-1]) + 1):
+        m, c = mem[idx], cost[idx]
+        ok = c < _running_min_before(c)
+        if len(s_mem):
+            pos = np.searchsorted(s_mem, m, side="right") - 1
+            ok &= c < np.where(pos >= 0, s_cost[np.maximum(pos, 0)], np.inf)
+        kept = idx[ok]
+        keep.append(kept)
+        all_m, all_c = np.concatenate((s_mem, mem[kept])), np.concatenate((s_cost, cost[kept]))
+        o = np.lexsort((all_c, all_m))
+        sel = o[all_c[o] < _running_min_before(all_c[o])]
+        s_mem, s_cost = all_m[sel], all_c[sel]
+    out = np.concatenate(keep)
+    return out[np.lexsort((level[out], cost[out], mem[out]))]
 
 
 def prune_exact(level: np.ndarray, mem: np.ndarray, T: np.ndarray, D: np.ndarray) -> np.ndarray:

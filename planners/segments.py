@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planners.lagrange import lagrangian_bound
 from planners.pareto import PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.tables import ComboTables, StageTables
@@ -233,16 +234,23 @@ class GroupDP:
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
+    def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
+        """The larger of the memory-blind bound and the Lagrangian memory bound (computed only
+        when the first cannot already rule the group out)."""
+        relaxed = self.relaxed_objective(v)
+        if relaxed >= incumbent_s:
+            return relaxed
+        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s))
+
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
         per weight lam (each segment offering its best T + lam * D) and keeps the best; it skips
         the group when even the memory-blind objective cannot beat ``incumbent_s``."""
-        relaxed = None
         if not self.exact or not self.proven:
-            relaxed = self.bounds[v] = self.relaxed_objective(v)
-        if not self.exact and relaxed >= incumbent_s:
-            self.skipped += 1
-            return None
+            self.bounds[v] = self.lower_bound(v, incumbent_s)
+            if not self.exact and self.bounds[v] >= incumbent_s:
+                self.skipped += 1
+                return None
         found = self._solve(v)
         if self.proven:
             self.bounds[v] = np.inf if found is None else found.objective_s
