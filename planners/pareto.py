@@ -167,6 +167,13 @@ class PassRunner:
         self.strat_level = np.searchsorted(levels, np.where(np.isfinite(st.temp_bytes), st.temp_bytes, 0.0))
         self._classes: dict[int, tuple] = {}
         self.points = 0
+        self.cut: tuple[float, np.ndarray, float] | None = None
+        """(m, offset by layer, incumbent): a point with m T + D + offset[j] >= incumbent after
+        layer j cannot lead to a better plan (plan_cost's time >= m T_k + D_k on any stage k)."""
+
+    def cut_above(self, m: int, offset_by_layer: np.ndarray, incumbent_s: float) -> None:
+        """Drop Pareto points that cannot beat ``incumbent_s`` (see ``cut``); inf: keep all."""
+        self.cut = (float(m), offset_by_layer, incumbent_s) if np.isfinite(incumbent_s) else None
 
     def run(self, stage: int, start: int, stop: int) -> SegmentPass:
         """Frontiers for layers start..stop-1."""
@@ -185,12 +192,12 @@ class PassRunner:
         return SegmentPass(stage, start, frontiers)
 
     def _first_unpruned(self, j: int) -> Frontier:
-        saved = self.cap_by_level
-        self.cap_by_level = np.full(len(self.levels), np.inf)
+        saved = self.cap_by_level, self.cut
+        self.cap_by_level, self.cut = np.full(len(self.levels), np.inf), None
         try:
             return self._first(j)
         finally:
-            self.cap_by_level = saved
+            self.cap_by_level, self.cut = saved
 
     def _scalar_step(self, prev: Frontier, j: int) -> Frontier:
         """Per target strategy the cheapest path into it. Sources whose relayout rows are equal
@@ -227,10 +234,13 @@ class PassRunner:
         if j == 0 and self.first_extra is not None:
             extra = self.first_extra[strat]
             f = Frontier(f.mem + extra[:, 2], f.level, f.T + extra[:, 0], f.D + extra[:, 1], f.strat, f.parent)
-        return self._finish(f)
+        return self._finish(f, j)
 
-    def _finish(self, f: Frontier) -> Frontier:
+    def _finish(self, f: Frontier, j: int) -> Frontier:
         ok = f.mem <= self.cap_by_level[f.level]
+        if self.cut is not None:
+            m, offset, incumbent = self.cut
+            ok &= m * f.T + f.D + offset[j] < incumbent
         f = f.take(np.flatnonzero(ok))
         self.points += len(f)
         return f
@@ -266,7 +276,7 @@ class PassRunner:
             return Frontier(*(np.empty(0),) * 4, np.empty(0, dtype=int), np.empty(0, dtype=int))
         f = Frontier(*(np.concatenate([getattr(p, a) for p in pieces])
                        for a in ("mem", "level", "T", "D", "strat", "parent")))
-        return self._finish(f)
+        return self._finish(f, j)
 
     def _unions_by_source(self, prev: Frontier, src_cls: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Per source class: the representative strategy and the non-dominated points ending in it."""

@@ -3,13 +3,14 @@ segment options, and the partition DP that picks stage boundaries; plans come ba
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planners.lagrange import lagrangian_bound
 from planners.pareto import PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
+from planners.seed import uniform_seed
 from planners.tables import ComboTables, StageTables
 from specs import even_stage_layers
 
@@ -77,6 +78,8 @@ class GroupDP:
         exact_levels = max_temp_levels is None and not granularity_bytes  # rounding changes the problem
         self.proven = exact_levels and (exact and not even or t.combo.pp == 1)
         """Whether solve() is exact over the space (then a group's optimum is its own lower bound)."""
+        self.incumbent_s = np.inf
+        """The best objective known from elsewhere; Pareto points that cannot beat it are dropped."""
         self.bounds: dict = {}
         """vocab choice -> a lower bound on the group's objective over the whole space (inf: no plan)."""
         self.points = 0
@@ -94,7 +97,8 @@ class GroupDP:
     def _stage_passes(self, k: int, v: int, scalar: float | None = None) -> dict:
         """start -> (pass, pass id) for stage k; stage 0 depends on the vocab tp, the others do not.
         ``scalar``: the memory-blind pass (one point per strategy) under weight ``scalar``."""
-        key = (k, v if k == 0 else None, scalar)
+        cut = self.incumbent_s if scalar is None else np.inf
+        key = (k, v if k == 0 else None, scalar, cut)
         if key in self.passes:
             return self.passes[key]
         lt = self.t.layer_type
@@ -102,6 +106,7 @@ class GroupDP:
         first_extra = self.t.vocab[v][0].first_delta if k == 0 else None
         runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
                             self.weight if scalar is None else scalar, self.exact, first_extra)
+        runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut)
         stop_of: dict[int, int] = {}
         for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
             stop_of[a] = max(stop_of.get(a, 0), b)
@@ -118,6 +123,23 @@ class GroupDP:
         self.points += runner.points
         self.passes[key] = by_start
         return by_start
+
+    def _cut_offset(self, k: int, vocab_tps) -> np.ndarray:
+        """[layer j] what a stage-k point after layer j must still add to m T + D at least: the
+        embedding/head on the stage and, on the last stage, the fastest time of every later layer."""
+        n, m, last = self.n, self.m, k == self.t.combo.pp - 1
+        vocab = []
+        for v in vocab_tps:
+            vc = self.t.vocab[v][k]
+            d = vc.last_delta
+            vocab.append(m * vc.time_s + vc.tail_s + (float(np.min(m * d[:, 0] + d[:, 1])) if d is not None else 0.0))
+        offset = np.full(n, min(vocab))
+        if last:
+            st = self.stages[k]
+            fastest = np.where(self.t.allowed, st.time_s, np.inf).min(axis=1)[self.t.layer_type]
+            later = np.concatenate((np.cumsum(fastest[::-1])[::-1][1:], [0.0]))
+            offset += m * later
+        return offset
 
     # -- options ----------------------------------------------------------------------------
     def _options(self, k: int, v: int, cache: dict, lam: float | None, relaxed: bool = False
@@ -251,9 +273,18 @@ class GroupDP:
             if not self.exact and self.bounds[v] >= incumbent_s:
                 self.skipped += 1
                 return None
+        seed = uniform_seed(self.t if self.stages is self.t.stages else replace(self.t, stages=self.stages), v)
+        seeded = None
+        if seed is not None and seed[0] < incumbent_s:
+            sizes = list(even_stage_layers(self.n, self.t.combo.pp))
+            seeded = GroupSolution(v, [seed[1]] * self.n, sizes, seed[0])
+            incumbent_s = seed[0]
+        self.incumbent_s = incumbent_s
         found = self._solve(v)
-        if self.proven:
-            self.bounds[v] = np.inf if found is None else found.objective_s
+        if found is None or (seeded is not None and seeded.objective_s <= found.objective_s):
+            found = seeded
+        if self.proven:  # with the cut, finding nothing proves only that nothing beats the incumbent
+            self.bounds[v] = incumbent_s if found is None else found.objective_s
         return found
 
     def _solve(self, v: int) -> GroupSolution | None:
@@ -303,7 +334,6 @@ def _coarse_levels(levels: np.ndarray, stages: list[StageTables], count: int) ->
     values (quantiles of the distinct ones, the largest kept), so plans stay within budget and
     the Pareto pruning compares fewer levels. Exactness is lost only for plans whose largest
     temporary would be rounded up across the budget."""
-    from dataclasses import replace
     pick = np.unique(np.quantile(levels, np.linspace(0, 1, count), method="higher"))
 
     def up(x: np.ndarray) -> np.ndarray:
@@ -319,5 +349,4 @@ def _round_up(x: np.ndarray, g: float) -> np.ndarray:
 
 def _rounded(st: StageTables, g: float) -> StageTables:
     """Galvatron's bins: every layer's memory rounded up to whole multiples of ``g`` bytes."""
-    from dataclasses import replace
     return replace(st, memory_bytes=_round_up(st.memory_bytes, g), temp_bytes=_round_up(st.temp_bytes, g))
