@@ -22,7 +22,7 @@ SCALES = (0.0, 0.0625, 0.25, 1.0, 4.0)
 """mu as multiples of the objective per byte of capacity, tried before the golden-section refinement."""
 
 
-def lagrangian_bound(t: ComboTables, v, incumbent_s: float = np.inf, refine: int = 6) -> float:
+def lagrangian_bound(t: ComboTables, v, incumbent_s: float = np.inf, refine: int = 4) -> float:
     """max over the tried mu of the relaxation's value (a lower bound on the group's objective
     under vocab choice ``v``, over every partition); stops early once it reaches ``incumbent_s``."""
     caps = float(sum(t.budget_bytes - vc.memory_bytes - vc.temp_bytes for vc in t.vocab[v]))
@@ -36,13 +36,17 @@ def lagrangian_bound(t: ComboTables, v, incumbent_s: float = np.inf, refine: int
     base = value(0.0)
     if not np.isfinite(base) or base >= incumbent_s or caps <= 0:
         return base
-    ref = base / caps
-    mus = [s * ref for s in SCALES]
-    for mu in mus[1:]:
-        if value(mu) >= incumbent_s:
-            return seen[mu]
+    mus = [0.0]
+    for scale in SCALES[1:]:  # concave: once a step does not rise, the maximum lies behind it
+        mus.append(scale * base / caps)
+        if value(mus[-1]) >= incumbent_s:
+            return seen[mus[-1]]
+        if seen[mus[-1]] <= seen[mus[-2]]:
+            break
     i = int(np.argmax([seen[mu] for mu in mus]))
-    lo, hi = mus[max(i - 1, 0)], mus[min(i + 1, len(mus) - 1)] if i + 1 < len(mus) else 4 * mus[i]
+    if i == 0:
+        return base
+    lo, hi = mus[i - 1], mus[i + 1] if i + 1 < len(mus) else 4 * mus[i]
     for _ in range(refine):  # golden section on a concave function
         a, b = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
         if value(a) >= incumbent_s or value(b) >= incumbent_s:

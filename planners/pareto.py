@@ -55,10 +55,14 @@ def argmin_low_tail(cost: np.ndarray, tail: np.ndarray):
     return int(best) if np.ndim(best) == 0 else best
 
 
+FEW_SOURCES = 16
+"""Below this many points the memory-blind step compares every source with every target."""
+
+
 def _class_heads(cls: np.ndarray, cost: np.ndarray, tail: np.ndarray) -> np.ndarray:
-    """Per class present in ``cls``: the index of its cheapest point, ties going to the smaller tail."""
-    _, inv = np.unique(cls, return_inverse=True)
-    inv = inv.ravel()
+    """Per class present in ``cls`` (small non-negative ints): the index of its cheapest point,
+    ties going to the smaller tail."""
+    inv = cls
     low = np.full(inv.max() + 1, np.inf)
     np.minimum.at(low, inv, cost)
     key = np.where(cost <= low[inv] + TIE_RTOL * np.abs(low[inv]), tail, np.inf)
@@ -211,7 +215,7 @@ class PassRunner:
         st = self.st
         targets = np.flatnonzero(self.allowed[ty])
         cost = self._cost(prev.T, prev.D)
-        heads = _class_heads(src_cls[prev.strat], cost, prev.D)
+        heads = _class_heads(src_cls[prev.strat], cost, prev.D) if len(prev) > FEW_SOURCES else np.arange(len(prev))
         total = cost[heads][:, None] + R[prev.strat[heads]][:, targets]
         best = heads[argmin_low_tail(total, prev.D[heads][:, None])]
         shift = R[prev.strat[best], targets]
