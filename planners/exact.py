@@ -20,7 +20,7 @@ from planners.formulation import Formulation, build
 from planners.galvatron import GalvatronPlanner, resolve_space
 from planners.outer import OuterState, finish, run_outer
 from planners.segments import GroupDP, GroupSolution
-from specs import ClusterSpec, ModelSpec, SpecError
+from specs import ClusterSpec, ModelSpec
 
 CUTOFF_RTOL = 1e-9
 """A group must beat the incumbent by more than this (relative) to be solved."""

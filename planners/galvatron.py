@@ -14,7 +14,14 @@ from typing import Any
 
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
-from planners.outer import OuterState, finish, lower_bound_s, passed, run_outer
+from planners.outer import (
+    OuterState,
+    finish,
+    lower_bound_s,
+    passed,
+    run_outer,
+    vocab_min_memory_bytes,
+)
 from planners.registry import register
 from planners.segments import GroupDP
 from planners.space import SearchSpace
@@ -70,7 +77,9 @@ class GalvatronPlanner(Planner):
                     state.timed_out = True
                     state.bound(tables.combo.global_batch, lower_bound_s(tables))
                     break
-                sol = dp.solve(v, incumbent_s)
+                if vocab_min_memory_bytes(tables, v) > tables.budget_bytes:
+                    continue  # no plan of this vocab choice fits: its bound is inf
+                sol = dp.solve(v, min([incumbent_s] + [f.objective_s for f in found]))
                 state.bound(tables.combo.global_batch, dp.bounds[v])
                 if sol is not None:
                     found.append(sol)

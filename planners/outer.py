@@ -10,7 +10,13 @@ from typing import Callable
 import numpy as np
 
 from cost_models import CostModel
-from planners.base import PlanResult, RankedPlan, SearchStats, infeasible_result, scored_result
+from planners.base import (
+    PlanResult,
+    RankedPlan,
+    SearchStats,
+    infeasible_result,
+    scored_result,
+)
 from planners.segments import GroupSolution, temp_levels
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables
@@ -57,7 +63,7 @@ class OuterState:
         the best throughput any plan could reach would take; None where some group has no bound."""
         if not self.solutions or self.unbounded:
             return None, None
-        thr, time_s, plan = max(self.solutions, key=lambda s: (s[0], -s[1]))
+        thr, _, plan = max(self.solutions, key=lambda s: (s[0], -s[1]))
         upper = max(thr, self.upper_thr)
         gap = 1.0 - thr / upper
         return plan.global_batch / upper, 0.0 if gap <= GAP_RTOL else gap
@@ -211,16 +217,19 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
 def min_memory_bytes(t: ComboTables) -> float:
     """Smallest peak memory over the group's plans (any partition, vocab tp and strategies),
     runtime overhead included: a min-max partition over per-stage minimum memory."""
+    return min(vocab_min_memory_bytes(t, v) for v in t.vocab) + t.overhead_bytes
+
+
+def vocab_min_memory_bytes(t: ComboTables, v) -> float:
+    """Smallest peak memory of the group's plans under vocab choice ``v``, runtime overhead not
+    counted (compare with t.budget_bytes): above it, the group has no plan for ``v``."""
     n, pp = len(t.layer_type), t.combo.pp
     levels = temp_levels(t)
-    best = np.inf
-    for v, vocab in t.vocab.items():
-        seg = [_stage_min_memory(t, k, levels, vocab[k]) for k in range(pp)]
-        M = seg[0][0].copy()
-        for k in range(1, pp):
-            M = np.min(np.maximum(M[:, None], seg[k]), axis=0)
-        best = min(best, float(M[n]))
-    return best + t.overhead_bytes
+    seg = [_stage_min_memory(t, k, levels, t.vocab[v][k]) for k in range(pp)]
+    M = seg[0][0].copy()
+    for k in range(1, pp):
+        M = np.min(np.maximum(M[:, None], seg[k]), axis=0)
+    return float(M[n])
 
 
 def _stage_min_memory(t: ComboTables, k: int, levels: np.ndarray, vc) -> np.ndarray:

@@ -262,7 +262,7 @@ def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, firs
 class _HashOnce:
     """A ModelSpec as a cache key: its (field by field) hash computed once, equality by identity first."""
 
-    __slots__ = ("value", "_hash")
+    __slots__ = ("_hash", "value")
 
     def __init__(self, value) -> None:
         self.value, self._hash = value, hash(value)

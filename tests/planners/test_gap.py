@@ -10,7 +10,13 @@ import pytest
 import planners
 from planners.base import Budget
 from specs import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
-from tests.planners.random_instances import KIB, SMALL_SPACE, RandomCostModel, tiny_cluster, tiny_model
+from tests.planners.random_instances import (
+    KIB,
+    SMALL_SPACE,
+    RandomCostModel,
+    tiny_cluster,
+    tiny_model,
+)
 
 PIPE_SPACE = replace(SMALL_SPACE, max_pp=4, micro_batches=(2, 4), dp_types=("ddp", "zero1", "zero3"))
 """pp 1, 2 and 4 on 4 GPUs, two micro-batch counts, three dp types."""
