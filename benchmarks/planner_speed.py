@@ -4,10 +4,14 @@ to head with Galvatron's own search inputs (its LLaMA-2 7B profiles, read by the
     python -m benchmarks.planner_speed                 # both parts
     python -m benchmarks.planner_speed --part scaling --max-gpus 64
     python -m benchmarks.planner_speed --part head-to-head
+    python -m benchmarks.planner_speed --part issue16 --repeats 3   # issue 16's targets, full space
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import statistics
 import sys
 import time
 
@@ -54,6 +58,41 @@ def scaling(args) -> None:
                 summary = res.plan.summary()[:60] if res.feasible else res.message[:60]
                 print(_row([gpus, layers, space_name, name, f"{wall:.2f}", thr, res.stats.solver_status, summary]),
                       flush=True)
+
+
+TARGETS = (("gpt3-175b", "dgx-a100-80g:128", 80, 1536), ("t5-large-48", "titan-16", 12, 64),
+           ("llama2-70b", "dgx-h100:8", 80, 512))
+"""Issue 16's cases on the full space: (model, cluster, GiB, global batch); targets < 5 s, < 10 s, < 5 s
+proven optimal or with gap <= 0.5%."""
+
+
+def issue16(args) -> None:
+    """Wall time (median of --repeats), its split (tables / group DP / outer loops), status and gap."""
+    print(_row(["GPUs", "layers", "model", "GiB", "wall s", "samples/s", "status", "gap | tables s, DP s, outer s"]))
+    for name, cluster_name, gib, batch in TARGETS:
+        model, cluster = load_model(name), load_cluster(cluster_name)
+        runs = []
+        for _ in range(args.repeats):
+            cm = cost_models.get("analytical", cluster)  # fresh: tables are not shared between repeats
+            opts = {"space": "full", "time_limit_s": args.galvatron_limit_s}
+            runs.append(planners.get("galvatron").plan(model, cluster, Budget(memory_gib=gib, global_batch=batch),
+                                                        cm, opts))
+        res = sorted(runs, key=lambda r: r.stats.wall_time_s)[len(runs) // 2]
+        st = res.stats
+        gap = "none" if st.gap is None else f"{st.gap * 100:.2f}%"
+        split = f"{st.tables_s:.1f}, {st.groups_s:.1f}, {st.wall_time_s - st.tables_s - st.groups_s:.1f}"
+        thr = f"{res.throughput_samples_per_s:.2f}" if res.feasible else "OOM"
+        print(_row([cluster.world_size, model.num_layers, name, gib, f"{st.wall_time_s:.2f}", thr, st.solver_status,
+                    f"{gap} | {split}"]), flush=True)
+    from planners import compare
+    walls = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            compare.main(["--no-progress"])
+        walls.append(time.perf_counter() - start)
+    print(f"default compare (python -m planners.compare): median {statistics.median(walls):.2f} s "
+          f"of {len(walls)} run(s)", flush=True)
 
 
 def head_to_head(args) -> None:
@@ -125,7 +164,9 @@ def _one(model, cluster, cm, budget, args) -> None:
 @one_line_errors()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner_speed", description=__doc__)
-    p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss"), default="all")
+    p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss", "issue16"), default="all")
+    p.add_argument("--repeats", type=int, default=1, help="issue16: runs per case (the median is printed)")
+    p.add_argument("--galvatron-limit-s", type=float, default=120.0, help="issue16: galvatron's time_limit_s")
     p.add_argument("--planners", nargs="+", default=["galvatron", "ilp", "cpsat"])
     p.add_argument("--h2h-planners", nargs="+", default=["galvatron"])
     p.add_argument("--max-gpus", type=int, default=1024)
@@ -139,6 +180,8 @@ def main(argv=None) -> int:
         head_to_head(args)
     if args.part in ("all", "public-loss"):
         public_loss(args)
+    if args.part in ("all", "issue16"):
+        issue16(args)
     return 0
 
 

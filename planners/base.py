@@ -1,6 +1,7 @@
 """The planner interface: a Budget in, a PlanResult out (best plan, its predicted cost, search stats)."""
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
@@ -62,6 +63,14 @@ class Budget:
         return tuple(sorted(out))
 
 
+def time_limit(value: Any) -> float:
+    """``time_limit_s`` as seconds, refused up front unless a finite number > 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise SpecError("time_limit_s", f"must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(name, f"must be a positive integer, got {value!r}")
@@ -87,6 +96,10 @@ class SearchStats:
     bound_s: float | None = None
     """Lower bound on the returned plan's iteration time the solver proved (its group), s; None
     where the solver gives none."""
+    tables_s: float = 0.0
+    """Of wall_time_s: building the cost tables (the cost model's per-layer answers)."""
+    groups_s: float = 0.0
+    """Of wall_time_s: solving groups (the DP or the solver); the rest is the outer loops."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,11 +179,7 @@ class Planner(ABC):
         usable = budget.memory_bytes - cost_model.allocator_reserve_bytes(budget.memory_bytes)
         budget = replace(budget, memory_gib=usable / GIB)
         result = self._search(model, cluster, budget, cost_model, options)
-        stats = result.stats
-        new_stats = SearchStats(wall_time_s=time.perf_counter() - start,
-                                states_explored=stats.states_explored, candidates=stats.candidates,
-                                pruned=stats.pruned, solver_status=stats.solver_status, gap=stats.gap,
-                                bound_s=stats.bound_s)
+        new_stats = replace(result.stats, wall_time_s=time.perf_counter() - start)
         return _replace_stats(result, new_stats)
 
     @abstractmethod

@@ -3,6 +3,7 @@ one cost model, optionally re-scored by an evaluator; returns one record per cel
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from planners.evaluate import EVALUATORS
 from planners.records import add_evaluation, mark_ties, record
 from planners.registry import DEFAULT_PLANNERS, get
 from planners.report import save_plan, write_tables
-from specs import load_cluster, load_model
+from specs import SpecError, load_cluster, load_model
 
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
@@ -45,6 +46,12 @@ class Grid:
     """Folder for plan JSONs and results.csv/.json."""
     progress: bool = True
     """A progress bar on stderr."""
+    workers: int = 1
+    """Processes running cells at once (1: in this process); the records are the same either way."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise SpecError("workers", f"must be a positive integer, got {self.workers!r}")
 
 
 def default_budget(gib: float, batch_range: tuple[int, int] = DEFAULT_BATCH_RANGE) -> Budget:
@@ -53,35 +60,65 @@ def default_budget(gib: float, batch_range: tuple[int, int] = DEFAULT_BATCH_RANG
 
 
 def run(grid: Grid) -> list[dict[str, Any]]:
-    """One record per cell, budgets outermost; files under ``grid.out`` when given."""
-    model, cluster = load_model(grid.model), load_cluster(grid.cluster)
-    cm = cost_models.get(grid.cost_model, cluster, **grid.cost_model_options)
-    model = getattr(cm, "model_spec", None) or model  # a profile can fix the sequence length
-    evaluator = EVALUATORS.get(grid.evaluator)() if grid.evaluator else None
+    """One record per cell, budgets outermost; files under ``grid.out`` when given. With
+    ``grid.workers`` > 1 the cells run in a local process pool (each worker keeps its own cost
+    model, so its tables are shared by the cells it runs); records keep the serial order."""
+    cm = _context(grid)[2]
     cells = [(b, n) for b in grid.budgets for n in grid.planners]
-    records = []
+    done: dict[int, dict[str, Any]] = {}
     bar = _progress(len(cells), grid.progress)
-    for budget, name in cells:
-        if bar is not None:
-            bar.set_description(f"{name} @ {budget.memory_gib:g} GiB")
-        result = get(name).plan(model, cluster, budget, cm, dict(grid.options.get(name, {})))
-        rec = record(result, grid.model, grid.cluster, budget)
-        if evaluator is not None:
-            add_evaluation(rec, grid.evaluator, evaluator.evaluate(model, cluster, result.plan)
-                           if result.feasible else None)
-        if grid.out and result.feasible:
-            rec["plan_file"] = save_plan(grid.out, name, budget, result)
-        records.append(rec)
+
+    def finished(i: int, rec: dict[str, Any]) -> None:
+        done[i] = rec
         if grid.out:  # each record as it completes: a run killed midway keeps what it finished
-            write_tables(grid.out, records)
+            write_tables(grid.out, [done[j] for j in sorted(done)])
         if bar is not None:
+            bar.set_description(f"{cells[i][1]} @ {cells[i][0].memory_gib:g} GiB")
             bar.update(1)
+
+    if grid.workers == 1:
+        for i, (budget, name) in enumerate(cells):
+            finished(i, run_cell(grid, budget, name))
+    else:
+        with ProcessPoolExecutor(max_workers=grid.workers) as pool:
+            futures = {pool.submit(run_cell, grid, b, n): i for i, (b, n) in enumerate(cells)}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result())
     if bar is not None:
         bar.close()
+    records = [done[i] for i in range(len(cells))]
     mark_ties(records, cm.error_band())
     if grid.out:
         write_tables(grid.out, records)
     return records
+
+
+_CONTEXTS: dict[tuple, tuple] = {}
+"""Per process: (model, cluster, cost model, evaluator) of a grid, so cells share the tables."""
+
+
+def _context(grid: Grid) -> tuple:
+    key = (grid.model, grid.cluster, grid.cost_model, repr(sorted(grid.cost_model_options.items())), grid.evaluator)
+    if key not in _CONTEXTS:
+        model, cluster = load_model(grid.model), load_cluster(grid.cluster)
+        cm = cost_models.get(grid.cost_model, cluster, **grid.cost_model_options)
+        model = getattr(cm, "model_spec", None) or model  # a profile can fix the sequence length
+        evaluator = EVALUATORS.get(grid.evaluator)() if grid.evaluator else None
+        _CONTEXTS[key] = (model, cluster, cm, evaluator)
+    return _CONTEXTS[key]
+
+
+def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
+    """The record of one (budget, planner) cell (its plan file written when ``grid.out``)."""
+    model, cluster, cm, evaluator = _context(grid)
+    result = get(name).plan(model, cluster, budget, cm, dict(grid.options.get(name, {})))
+    rec = record(result, grid.model, grid.cluster, budget)
+    if evaluator is not None:
+        add_evaluation(rec, grid.evaluator, evaluator.evaluate(model, cluster, result.plan)
+                       if result.feasible else None)
+    if grid.out and result.feasible:
+        rec["plan_file"] = save_plan(grid.out, name, budget, result)
+    return rec
 
 
 def _progress(total: int, enabled: bool):

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="folder for the plan JSONs and results.csv/results.json")
     p.add_argument("--json", action="store_true", help="print a JSON list of records instead of the table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--workers", type=int, default=1, help="cells run at once in a local process pool "
+                   "(the table is the same as with 1)")
     return p
 
 
@@ -128,7 +130,7 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
                 planners=names, options=parse_options(args.option, names), cost_model=args.cost_model,
                 cost_model_options=_cost_model_options(args),
                 evaluator=None if args.evaluate == "cost" else args.evaluate, out=args.out,
-                progress=not args.no_progress)
+                progress=not args.no_progress, workers=args.workers)
 
 
 @one_line_errors()

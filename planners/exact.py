@@ -15,12 +15,12 @@ from typing import Any
 import pulp
 
 from cost_models import CostModel
-from planners.base import Budget, Planner, PlanResult, pop_options
+from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.formulation import Formulation, build
 from planners.galvatron import GalvatronPlanner, resolve_space
 from planners.outer import OuterState, finish, run_outer
 from planners.segments import GroupDP, GroupSolution
-from specs import ClusterSpec, ModelSpec, SpecError
+from specs import ClusterSpec, ModelSpec
 
 CUTOFF_RTOL = 1e-9
 """A group must beat the incumbent by more than this (relative) to be solved."""
@@ -98,14 +98,6 @@ class SolveLog:
         return bound if abs(obj - iteration_time_s) <= 1e-6 * max(iteration_time_s, 1e-12) else None
 
 
-def time_limit(value: Any) -> float:
-    """``time_limit_s`` as seconds, refused up front unless a finite number > 0."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise SpecError("time_limit_s", f"must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
 class ExactPlanner(Planner):
     """Skeleton: subclasses set ``defaults`` and implement ``solve_formulation``."""
 
@@ -126,7 +118,8 @@ class ExactPlanner(Planner):
         log, state = SolveLog(), OuterState()
         if opts["warm_start"]:
             seed = GalvatronPlanner().plan(model, cluster, budget, cost_model,
-                                           {"space": space, "partition": opts["partition"], "top_k": 1})
+                                           {"space": space, "partition": opts["partition"], "top_k": 1,
+                                            "time_limit_s": limit_s})
             if seed.feasible:
                 state.solutions.append((seed.throughput_samples_per_s, seed.iteration_time_s, seed.plan))
 

@@ -8,11 +8,20 @@ public code; ``partition="even"`` splits layers evenly like the public code.
 """
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Any
 
 from cost_models import CostModel
-from planners.base import Budget, Planner, PlanResult, pop_options
-from planners.outer import OuterState, finish, run_outer
+from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
+from planners.outer import (
+    OuterState,
+    finish,
+    lower_bound_s,
+    passed,
+    run_outer,
+    vocab_min_memory_bytes,
+)
 from planners.registry import register
 from planners.segments import GroupDP
 from planners.space import SearchSpace
@@ -20,10 +29,12 @@ from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
 
 DEFAULTS = {"space": "classic", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
-            "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None}
+            "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
-distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper)."""
+distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper). time_limit_s: bounds
+the whole call (tables, every group, every batch); the best plan so far comes back with its bound
+and gap and status "time_limit" (None: no limit)."""
 
 
 def resolve_space(space: Any) -> SearchSpace:
@@ -53,31 +64,37 @@ class GalvatronPlanner(Planner):
         exact, even = opts["mode"] == "exact", opts["partition"] == "even"
         granularity = float(opts["memory_granularity_mib"]) * MIB
         state = OuterState()
+        limit = opts["time_limit_s"]
+        deadline = None if limit is None else time.monotonic() + time_limit(limit)
 
         def solve(tables, incumbent_s):
             dp = GroupDP(tables, exact=exact, even=even, granularity_bytes=granularity,
                          stage_imbalance=None if exact else opts["stage_imbalance"],
                          max_temp_levels=None if exact else opts["max_temp_levels"])
-            found = [s for s in (dp.solve(v, incumbent_s) for v in tables.vocab) if s is not None]
+            found = []
+            for v in tables.vocab:
+                if (found or state.solutions) and passed(deadline):
+                    state.timed_out = True
+                    state.bound(tables.combo.global_batch, lower_bound_s(tables))
+                    break
+                if vocab_min_memory_bytes(tables, v) > tables.budget_bytes:
+                    continue  # no plan of this vocab choice fits: its bound is inf
+                sol = dp.solve(v, min([incumbent_s] + [f.objective_s for f in found]))
+                state.bound(tables.combo.global_batch, dp.bounds[v])
+                if sol is not None:
+                    found.append(sol)
             state.states += dp.points
             state.pruned += dp.skipped
             return found
 
         meta = {"model": model.name, "cluster": cluster.name}
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
-                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state)
-        status = "optimal" if _proven(exact, even, granularity, opts["max_temp_levels"], tables) else "heuristic"
-        return finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
-                      status, 0.0 if status == "optimal" else None)
-
-
-def _proven(exact: bool, even: bool, granularity: float, max_temp_levels, tables) -> bool:
-    """Optimal is claimed only where the search is exact over the space: exact mode, or fast mode
-    with a single stage everywhere and exact temporary levels; never with rounded memory (the
-    bins change the problem) or even partitions (they leave boundaries unsearched)."""
-    if granularity or (even and any(t.combo.pp > 1 for t in tables)):
-        return False
-    return exact or (max_temp_levels is None and all(t.combo.pp == 1 for t in tables))
+                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline)
+        bound_s, gap = state.gap()
+        status = "time_limit" if state.timed_out else "optimal" if gap == 0.0 else "heuristic"
+        result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
+                        status, gap)
+        return replace(result, stats=replace(result.stats, bound_s=bound_s))
 
 
 def _variant(class_name: str, name: str, doc: str, **overrides) -> type[GalvatronPlanner]:

@@ -3,13 +3,20 @@ by a lower bound and pruned by it, each solved by a planner-specific group solve
 re-scored with plan_cost; and the smallest memory of the space when nothing fits."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from cost_models import CostModel
-from planners.base import PlanResult, RankedPlan, SearchStats, infeasible_result, scored_result
+from planners.base import (
+    PlanResult,
+    RankedPlan,
+    SearchStats,
+    infeasible_result,
+    scored_result,
+)
 from planners.segments import GroupSolution, temp_levels
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables
@@ -18,6 +25,8 @@ from specs.units import GIB
 
 RESCORE_RTOL = 1e-6
 """Planner objective vs plan_cost: they are the same formula, so they agree to rounding."""
+GAP_RTOL = 1e-9
+"""A relative gap this small is rounding (group objectives vs plan_cost's re-score): proven optimal."""
 
 
 @dataclass
@@ -31,16 +40,54 @@ class OuterState:
     states: int = 0
     mismatch: float = 0.0
     """Largest relative gap between a solver objective and plan_cost (should be ~0)."""
+    upper_thr: float = 0.0
+    """The most throughput a plan not found could have: max over groups not solved to proof of
+    global batch / their lower bound (groups skipped by a bound never exceed the best found)."""
+    unbounded: int = 0
+    """Groups left without any bound (their tables not built before the time limit)."""
+    timed_out: bool = False
+    """The time limit ended the search before every group was settled."""
+    tables_s: float = 0.0
+    groups_s: float = 0.0
+    """Seconds spent building tables / inside the group solver."""
+
+    def bound(self, global_batch: int, lower_bound_s: float) -> None:
+        """Record a group's lower bound on iteration time (inf: proven to have no plan)."""
+        if lower_bound_s > 0:
+            self.upper_thr = max(self.upper_thr, global_batch / lower_bound_s)
+        else:
+            self.unbounded += 1
+
+    def gap(self) -> tuple[float | None, float | None]:
+        """(bound_s, relative gap) of the best plan: the iteration time at its global batch that
+        the best throughput any plan could reach would take; None where some group has no bound."""
+        if not self.solutions or self.unbounded:
+            return None, None
+        thr, _, plan = max(self.solutions, key=lambda s: (s[0], -s[1]))
+        upper = max(thr, self.upper_thr)
+        gap = 1.0 - thr / upper
+        return plan.global_batch / upper, 0.0 if gap <= GAP_RTOL else gap
 
 
 def grouped_tables(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
                    batches: tuple[int, ...]) -> list[ComboTables]:
     """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps."""
+    return build_groups(model, cost_model, budget_bytes, space, batches)[0]
+
+
+def build_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
+                 batches: tuple[int, ...], deadline: float | None = None) -> tuple[list[ComboTables], int]:
+    """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps, and how many
+    groups were left unbuilt because ``deadline`` (time.monotonic) passed (at least one is built)."""
     groups: dict[tuple, list[Combo]] = {}
     for c in combos(model, cost_model.cluster, batches, space):
         groups.setdefault((c.global_batch, c.pp, c.micro_batches, c.schedule), []).append(c)
-    return [build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes)
-            for cs in groups.values()]
+    out = []
+    for cs in groups.values():
+        if out and deadline is not None and time.monotonic() > deadline:
+            break
+        out.append(build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes))
+    return out, len(groups) - len(out)
 
 
 def lower_bound_s(t: ComboTables) -> float:
@@ -48,17 +95,38 @@ def lower_bound_s(t: ComboTables) -> float:
     pp, m = t.combo.pp, t.combo.micro_batches
     per_type = np.min([np.min(s.time_s, axis=1) for s in t.stages], axis=0)
     layers = float(per_type[t.layer_type].sum())
-    vocab = min(sum(vc.time_s for vc in v) for v in t.vocab.values())
+    vocab = min(sum(vc.time_s for vc in v) + _least_delta(v) for v in t.vocab.values())
     total = layers + vocab
     return total + (m - 1) * total / pp
 
 
+def _least_delta(vocab) -> float:
+    """The most the first/last layer's dp type can take off the embedding/head's time (<= 0)."""
+    out = 0.0
+    for vc in vocab:
+        for d in (vc.first_delta, vc.last_delta):
+            if d is not None:
+                out += min(0.0, float(d[:, 0].min()))
+    return out
+
+
+def passed(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
+
+
 def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
               batches: tuple[int, ...], solve: Callable[[ComboTables, float], list[GroupSolution]],
-              top_k: int, meta: dict, state: OuterState | None = None) -> tuple[OuterState, list[ComboTables]]:
-    """Solve groups in order of their lower bound; skip a group whose bound cannot beat the best."""
+              top_k: int, meta: dict, state: OuterState | None = None, deadline: float | None = None
+              ) -> tuple[OuterState, list[ComboTables]]:
+    """Solve groups in order of their lower bound; skip a group whose bound cannot beat the best.
+    Past ``deadline`` (time.monotonic) the remaining groups are left with their lower bound, once
+    a plan has been found (a call with no plan yet goes on until it has one)."""
     state = state or OuterState()
-    tables = grouped_tables(model, cost_model, budget_bytes, space, batches)
+    start = time.perf_counter()
+    tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
+    state.tables_s += time.perf_counter() - start
+    state.unbounded += unbuilt
+    state.timed_out |= unbuilt > 0
     bounds = [lower_bound_s(t) for t in tables]
     order = sorted(range(len(tables)), key=lambda i: -tables[i].combo.global_batch / bounds[i])
     for i in order:
@@ -70,8 +138,15 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         if t.combo.global_batch / bounds[i] <= threshold:
             state.pruned += len(t.vocab)
             continue
+        if state.solutions and passed(deadline):
+            state.timed_out = True
+            state.bound(t.combo.global_batch, bounds[i])
+            continue
         incumbent = t.combo.global_batch / best_thr if best_thr > 0 else float("inf")
-        for sol in solve(t, incumbent):
+        start = time.perf_counter()
+        found = solve(t, incumbent)
+        state.groups_s += time.perf_counter() - start
+        for sol in found:
             plan = t.plan(sol.choice, sol.stage_layers, sol.vocab_tp, meta)
             cost = cost_model.plan_cost(model, plan)
             if max(cost.stage_peak_bytes) > budget_bytes * (1 + 1e-12):
@@ -82,12 +157,12 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     for t in tables:
         for v in space.virtual_stages:
             if v > 1:
-                _interleaved(t, v, model, cost_model, budget_bytes, space, top_k, meta, state)
+                _interleaved(t, v, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     return state, tables
 
 
 def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel, budget_bytes: float,
-                 space: SearchSpace, top_k: int, meta: dict, state: OuterState) -> None:
+                 space: SearchSpace, top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
     """Interleaved 1F1B with v chunks per rank over uniform plans (one strategy for every layer,
     the vocabulary sharded like the layers, an even partition: how Megatron runs it), scored by
     plan_cost. Strategies go in order of a lower bound (m * layers * layer time / pp, no bubble)
@@ -102,8 +177,13 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
     for pos, i in enumerate(order):
         ranked = sorted((x[0] for x in state.solutions), reverse=True)
         threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
-        if c.global_batch / (c.micro_batches * per_layer[i] / c.pp) <= threshold:
+        floor_s = c.micro_batches * per_layer[i] / c.pp
+        if c.global_batch / floor_s <= threshold:
             state.pruned += len(order) - pos
+            return
+        if state.solutions and passed(deadline):  # the rest, bounded by the best of them
+            state.timed_out = True
+            state.bound(c.global_batch, floor_s)
             return
         s = t.strategies[uniform[i]]
         vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
@@ -118,7 +198,7 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
            budget_bytes: float, top_k: int, status: str, gap: float | None, extra_states: int = 0) -> PlanResult:
     """PlanResult of the best plan (re-scored), or the smallest memory at which the space fits."""
     stats = SearchStats(states_explored=state.states + extra_states, candidates=state.candidates,
-                        pruned=state.pruned, gap=gap,
+                        pruned=state.pruned, gap=gap, tables_s=state.tables_s, groups_s=state.groups_s,
                         solver_status=status if state.solutions or status == "time_limit" else "infeasible")
     if not state.solutions:
         if not tables:
@@ -137,16 +217,19 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
 def min_memory_bytes(t: ComboTables) -> float:
     """Smallest peak memory over the group's plans (any partition, vocab tp and strategies),
     runtime overhead included: a min-max partition over per-stage minimum memory."""
+    return min(vocab_min_memory_bytes(t, v) for v in t.vocab) + t.overhead_bytes
+
+
+def vocab_min_memory_bytes(t: ComboTables, v) -> float:
+    """Smallest peak memory of the group's plans under vocab choice ``v``, runtime overhead not
+    counted (compare with t.budget_bytes): above it, the group has no plan for ``v``."""
     n, pp = len(t.layer_type), t.combo.pp
     levels = temp_levels(t)
-    best = np.inf
-    for v, vocab in t.vocab.items():
-        seg = [_stage_min_memory(t, k, levels, vocab[k]) for k in range(pp)]
-        M = seg[0][0].copy()
-        for k in range(1, pp):
-            M = np.min(np.maximum(M[:, None], seg[k]), axis=0)
-        best = min(best, float(M[n]))
-    return best + t.overhead_bytes
+    seg = [_stage_min_memory(t, k, levels, t.vocab[v][k]) for k in range(pp)]
+    M = seg[0][0].copy()
+    for k in range(1, pp):
+        M = np.min(np.maximum(M[:, None], seg[k]), axis=0)
+    return float(M[n])
 
 
 def _stage_min_memory(t: ComboTables, k: int, levels: np.ndarray, vc) -> np.ndarray:

@@ -154,16 +154,44 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
 
 def partition_floor(sum_opts: list[StageOptions], max_opts: list[StageOptions], recv: list[np.ndarray],
                     n: int, G: int, m: int) -> float:
-    """Least sum_k T_k over partitions of ``sum_opts`` plus (m - 1) x the least bottleneck
-    max_k T_k over partitions of ``max_opts`` (inf when nothing is feasible): each term is
-    minimised on its own, so the sum is a lower bound on any partition's sum + (m - 1) max."""
+    """A lower bound on sum_k S_k + (m - 1) max_k T_k over partitions, where each segment's S is
+    at least its ``sum_opts`` T and its T at least its ``max_opts`` T (same segments): the least
+    over bottleneck caps tau of [least sum of S over partitions whose every stage can be <= tau]
+    + (m - 1) tau (inf when nothing is feasible). A partition whose bottleneck is tau* is counted at
+    tau = tau*, so the minimum is a bound."""
     sum_cells = [_cells(o, n, G, np.inf)[0] for o in sum_opts]
     max_cells = [_cells(o, n, G, np.inf)[0] for o in max_opts]
     base = _min_sum(sum_cells, recv, np.inf, n, path=False)
     taus = _tau_candidates(max_cells, recv)
     if base is None or not len(taus) or _min_sum(max_cells, recv, np.inf, n, path=False) is None:
         return np.inf
-    return base[0] + (m - 1) * float(taus[_first_feasible(max_cells, recv, taus, n)])
+    taus = taus[_first_feasible(max_cells, recv, taus, n):]
+    best = np.inf
+    batch = max(1, int(FLOOR_BATCH_CELLS // ((n + 1) * G) ** 2))
+    for lo in range(0, len(taus), batch):
+        chunk = taus[lo:lo + batch]
+        if base[0] + (m - 1) * chunk[0] >= best:
+            break
+        best = min(best, float(np.min(_capped_sums(sum_cells, max_cells, recv, chunk, n) + (m - 1) * chunk)))
+    return best
+
+
+FLOOR_BATCH_CELLS = 2e6
+"""partition_floor evaluates this many (cap, cell) pairs per numpy call."""
+
+
+def _capped_sums(sum_cells, max_cells, recv, taus: np.ndarray, n: int) -> np.ndarray:
+    """[tau] least sum of sum_cells over partitions whose every stage's max_cells time <= tau."""
+    cap = taus[:, None, None]
+    V = np.where(max_cells[0][0][None] <= cap, sum_cells[0][0][None], np.inf)  # [tau, b, g]
+    G = sum_cells[0].shape[2]
+    for k in range(1, len(sum_cells)):
+        stage_sum = recv[k][:, :, None, None] + sum_cells[k][:, None, :, :]  # [a, g', b, g]
+        stage_max = recv[k][:, :, None, None] + max_cells[k][:, None, :, :]
+        total = np.where(stage_max[None] <= taus[:, None, None, None, None], V[:, :, :, None, None] + stage_sum[None],
+                         np.inf)
+        V = total.reshape(len(taus), (n + 1) * G, n + 1, G).min(axis=1)
+    return V[:, n].min(axis=1)
 
 
 def _single_stage(o: StageOptions, n: int, m: int) -> PartitionChoice | None:

@@ -3,12 +3,14 @@ segment options, and the partition DP that picks stage boundaries; plans come ba
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planners.lagrange import lagrangian_bound
 from planners.pareto import PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
+from planners.seed import uniform_seed
 from planners.tables import ComboTables, StageTables
 from specs import even_stage_layers
 
@@ -71,6 +73,15 @@ class GroupDP:
         self.strat_g = np.array([self.dp_index[s.dp] for s in t.strategies])
         max_len = None if stage_imbalance is None else math.ceil(stage_imbalance * self.n / t.combo.pp)
         self.windows = stage_windows(self.n, t.combo.pp, even, max_len)
+        self.bound_windows = stage_windows(self.n, t.combo.pp, False)
+        """Every partition: the memory-blind bound covers the whole space, not only the searched windows."""
+        exact_levels = max_temp_levels is None and not granularity_bytes  # rounding changes the problem
+        self.proven = exact_levels and (exact and not even or t.combo.pp == 1)
+        """Whether solve() is exact over the space (then a group's optimum is its own lower bound)."""
+        self.incumbent_s = np.inf
+        """The best objective known from elsewhere; Pareto points that cannot beat it are dropped."""
+        self.bounds: dict = {}
+        """vocab choice -> a lower bound on the group's objective over the whole space (inf: no plan)."""
         self.points = 0
         self.skipped = 0
         """Vocab tps skipped because the memory-blind objective could not beat the incumbent."""
@@ -86,7 +97,8 @@ class GroupDP:
     def _stage_passes(self, k: int, v: int, scalar: float | None = None) -> dict:
         """start -> (pass, pass id) for stage k; stage 0 depends on the vocab tp, the others do not.
         ``scalar``: the memory-blind pass (one point per strategy) under weight ``scalar``."""
-        key = (k, v if k == 0 else None, scalar)
+        cut = self.incumbent_s if scalar is None else np.inf
+        key = (k, v if k == 0 else None, scalar, cut)
         if key in self.passes:
             return self.passes[key]
         lt = self.t.layer_type
@@ -94,8 +106,9 @@ class GroupDP:
         first_extra = self.t.vocab[v][0].first_delta if k == 0 else None
         runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
                             self.weight if scalar is None else scalar, self.exact, first_extra)
+        runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut)
         stop_of: dict[int, int] = {}
-        for a, b in self.windows[k]:
+        for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
             stop_of[a] = max(stop_of.get(a, 0), b)
         done: list[SegmentPass] = []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
@@ -111,6 +124,23 @@ class GroupDP:
         self.passes[key] = by_start
         return by_start
 
+    def _cut_offset(self, k: int, vocab_tps) -> np.ndarray:
+        """[layer j] what a stage-k point after layer j must still add to m T + D at least: the
+        embedding/head on the stage and, on the last stage, the fastest time of every later layer."""
+        n, m, last = self.n, self.m, k == self.t.combo.pp - 1
+        vocab = []
+        for v in vocab_tps:
+            vc = self.t.vocab[v][k]
+            d = vc.last_delta
+            vocab.append(m * vc.time_s + vc.tail_s + (float(np.min(m * d[:, 0] + d[:, 1])) if d is not None else 0.0))
+        offset = np.full(n, min(vocab))
+        if last:
+            st = self.stages[k]
+            fastest = np.where(self.t.allowed, st.time_s, np.inf).min(axis=1)[self.t.layer_type]
+            later = np.concatenate((np.cumsum(fastest[::-1])[::-1][1:], [0.0]))
+            offset += m * later
+        return offset
+
     # -- options ----------------------------------------------------------------------------
     def _options(self, k: int, v: int, cache: dict, lam: float | None, relaxed: bool = False
                  ) -> tuple[StageOptions, list]:
@@ -119,7 +149,7 @@ class GroupDP:
         B = self.t.budget_bytes
         cols = {name: [] for name in ("a", "b", "g", "T", "D")}
         refs: list = []
-        for a, b in self.windows[k]:
+        for a, b in (self.bound_windows if relaxed else self.windows)[k]:
             if relaxed:
                 p, pid = self._stage_passes(k, v, scalar=lam)[a]
                 key = ("relaxed", pid, b - a, lam)
@@ -208,10 +238,10 @@ class GroupDP:
 
     # -- answer -----------------------------------------------------------------------------
     def relaxed_objective(self, v: int) -> float:
-        """A lower bound on the group's objective under vocab tp ``v`` over fast mode's windows,
+        """A lower bound on the group's objective under vocab tp ``v`` over every partition,
         memory ignored (memory-blind passes only). pp = 1: m * min (T + D/m), the optimum itself.
-        pp > 1: max_k D_k >= sum_k D_k / q with q = max(m, pp), so the objective is at least
-        min over partitions of sum_k (T_k + D_k / q) plus (m - 1) x the least bottleneck."""
+        pp > 1: max_k D_k >= sum_k D_k / pp, so the objective is at least the least
+        sum_k (T_k + D_k / pp) over partitions plus (m - 1) x the least bottleneck."""
         caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
 
@@ -222,17 +252,42 @@ class GroupDP:
         if len(self.windows) == 1:
             choice = search_partition(options(self.weight), recv, self.n, G, self.m, exact=False)
             return np.inf if choice is None else choice.objective_s
-        lam = min(self.weight, 1.0 / len(self.windows))  # reuses the 1/m passes whenever m >= pp
+        lam = 1.0 / len(self.windows)  # max_k D_k >= the mean over the pp stages
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
+
+    def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
+        """The larger of the memory-blind bound and the Lagrangian memory bound (computed only
+        when the first cannot already rule the group out)."""
+        relaxed = self.relaxed_objective(v)
+        if relaxed >= incumbent_s:
+            return relaxed
+        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s))
 
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
         per weight lam (each segment offering its best T + lam * D) and keeps the best; it skips
         the group when even the memory-blind objective cannot beat ``incumbent_s``."""
-        if not self.exact and self.relaxed_objective(v) >= incumbent_s:
-            self.skipped += 1
-            return None
+        if not self.exact or not self.proven:
+            self.bounds[v] = self.lower_bound(v, incumbent_s)
+            if not self.exact and self.bounds[v] >= incumbent_s:
+                self.skipped += 1
+                return None
+        seed = uniform_seed(self.t if self.stages is self.t.stages else replace(self.t, stages=self.stages), v)
+        seeded = None
+        if seed is not None and seed[0] < incumbent_s:
+            sizes = list(even_stage_layers(self.n, self.t.combo.pp))
+            seeded = GroupSolution(v, [seed[1]] * self.n, sizes, seed[0])
+            incumbent_s = seed[0]
+        self.incumbent_s = incumbent_s
+        found = self._solve(v)
+        if found is None or (seeded is not None and seeded.objective_s <= found.objective_s):
+            found = seeded
+        if self.proven:  # with the cut, finding nothing proves only that nothing beats the incumbent
+            self.bounds[v] = incumbent_s if found is None else found.objective_s
+        return found
+
+    def _solve(self, v: int) -> GroupSolution | None:
         caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
         best = None
@@ -279,7 +334,6 @@ def _coarse_levels(levels: np.ndarray, stages: list[StageTables], count: int) ->
     values (quantiles of the distinct ones, the largest kept), so plans stay within budget and
     the Pareto pruning compares fewer levels. Exactness is lost only for plans whose largest
     temporary would be rounded up across the budget."""
-    from dataclasses import replace
     pick = np.unique(np.quantile(levels, np.linspace(0, 1, count), method="higher"))
 
     def up(x: np.ndarray) -> np.ndarray:
@@ -295,5 +349,4 @@ def _round_up(x: np.ndarray, g: float) -> np.ndarray:
 
 def _rounded(st: StageTables, g: float) -> StageTables:
     """Galvatron's bins: every layer's memory rounded up to whole multiples of ``g`` bytes."""
-    from dataclasses import replace
     return replace(st, memory_bytes=_round_up(st.memory_bytes, g), temp_bytes=_round_up(st.temp_bytes, g))

@@ -129,23 +129,60 @@ def _mbs(combo: Combo, s: LayerStrategy) -> int:
     return max(1, combo.global_batch // (s.dp * combo.micro_batches))
 
 
+RANK_SYMMETRIC_COST_MODELS = frozenset({"analytical", "profiled", "galvatron"})
+"""Cost models whose answers depend on ranks only through the cluster's topology (which node,
+which PCIe switch), so a stage's layer questions asked at an equivalent first rank have the same
+answers (tested against the true ranks). Any other cost model is asked at the true ranks."""
+
+
+def canonical_first_rank(cm: CostModel, first: int, gpus: int) -> int:
+    """An equivalent first rank for a stage of ``gpus`` ranks starting at ``first``: 0 for whole
+    nodes starting at a node boundary, the same place in node 0 for a stage inside one node
+    (nodes are identical), else ``first`` itself."""
+    if getattr(cm, "name", "") not in RANK_SYMMETRIC_COST_MODELS:
+        return first
+    per_node = cm.cluster.gpus_per_node
+    if first % per_node == 0 and gpus % per_node == 0:
+        return 0
+    if first % per_node + gpus <= per_node:
+        return first % per_node
+    return first
+
+
+def layout_key(s: LayerStrategy) -> tuple:
+    """What a relayout between two layers depends on (CostModel.transition_time: the strategies'
+    tp, dp and rank layout; sequence and expert splits shape the activation too); dp type and
+    recompute do not move activations."""
+    return (s.tp, s.dp, s.tp_consecutive, s.sp, getattr(s, "ep", 1), getattr(s, "expert_tp", 0))
+
+
+def layout_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[int]]:
+    """Class index of each strategy by layout_key, and one representative strategy per class."""
+    index: dict[tuple, int] = {}
+    cls = np.array([index.setdefault(layout_key(s), len(index)) for s in strategies])
+    reps = [int(np.flatnonzero(cls == c)[0]) for c in range(len(index))]
+    return cls, reps
+
+
 def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy],
            allowed: np.ndarray, k: int, gpus: int) -> StageTables:
     cache = _cache(cm)
     nt, ns = len(types), len(strategies)
     first = k * gpus
+    local = canonical_first_rank(cm, first, gpus)  # stage-local questions; sends keep the true ranks
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
     arrays = {name: np.full((nt, ns), np.inf) for name in ("t", "d", "mem", "temp")}
     trans = np.full((nt, ns, ns), np.inf)
     send_next, send_prev = np.zeros((nt, ns)), np.zeros((nt, ns))
+    cls, reps = layout_classes(strategies)
     for ti, layer in enumerate(types):
         for si, s in enumerate(strategies):
             if not allowed[ti, si]:
                 continue
             mbs = _mbs(combo, s)
-            key = ("lt", layer, s, mbs, combo.micro_batches, first)
+            key = ("lt", layer, s, mbs, combo.micro_batches, local)
             if key not in cache:
-                cache[key] = cm.layer_time(layer, s, mbs, combo.micro_batches, first)
+                cache[key] = cm.layer_time(layer, s, mbs, combo.micro_batches, local)
             lt = cache[key]
             key = ("lm", layer, s, mbs, held, combo.micro_batches)
             if key not in cache:
@@ -154,25 +191,33 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
             arrays["t"][ti, si], arrays["d"][ti, si] = lt.micro_batch_s, lt.tail_s
             arrays["mem"][ti, si] = lm.states_bytes + lm.activations_bytes
             arrays["temp"][ti, si] = lm.temporary_bytes
-            trans[ti, si] = _trans_row(cm, cache, layer, s, strategies, allowed[:, :], mbs, first)
             if k < combo.pp - 1:
                 nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
                 send_next[ti, si] = _p2p(cm, cache, nbytes, first, first + gpus)
                 send_prev[ti, si] = _p2p(cm, cache, nbytes, first + gpus, first)
+        rows = allowed[ti]
+        if rows.any():
+            small = _trans_classes(cm, cache, layer, combo, strategies, reps, local)
+            trans[ti][rows] = small[cls[rows]][:, cls]
     return StageTables(first_rank=first, in_flight=held, time_s=arrays["t"], tail_s=arrays["d"],
                        memory_bytes=arrays["mem"], temp_bytes=arrays["temp"], trans_s=trans,
                        send_next_s=send_next, send_prev_s=send_prev)
 
 
-def _trans_row(cm: CostModel, cache: dict, layer, s: LayerStrategy, strategies: list[LayerStrategy],
-               allowed: np.ndarray, mbs: int, first: int) -> np.ndarray:
-    row = np.zeros(len(strategies))
-    for ui, u in enumerate(strategies):
-        key = ("tr", layer, s, u, mbs, first)
-        if key not in cache:
-            cache[key] = cm.transition_time(layer, s, u, mbs, first)
-        row[ui] = cache[key]
-    return row
+def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: list[LayerStrategy],
+                   reps: list[int], first: int) -> np.ndarray:
+    """[from class, to class] relayout times of ``layer``'s output, one call per layout pair."""
+    out = np.zeros((len(reps), len(reps)))
+    for a, i in enumerate(reps):
+        s = strategies[i]
+        mbs = _mbs(combo, s)
+        for b, j in enumerate(reps):
+            u = strategies[j]
+            key = ("tr", layer, layout_key(s), layout_key(u), mbs, first)
+            if key not in cache:
+                cache[key] = cm.transition_time(layer, s, u, mbs, first)
+            out[a, b] = cache[key]
+    return out
 
 
 def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int) -> float:
@@ -201,14 +246,32 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
 def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, first: str, last: str
                  ) -> np.ndarray:
     cache = _cache(cm)
-    key = ("vocab", model, combo, stage, first, last)
+    key = ("vocab", _HashOnce(model), combo, stage, first, last)
     if key not in cache:
         world = cm.cluster.world_size
-        plan = _probe_plan(model, combo, world, first, last)
+        plan_key = ("probe", key[1], combo, first, last)  # the same probe plan serves every stage
+        if plan_key not in cache:
+            cache[plan_key] = _probe_plan(model, combo, world, first, last)
+        plan = cache[plan_key]
         lt, mem = cm.vocab_cost(model, plan, stage, world)
         cache[key] = np.array([lt.micro_batch_s, lt.tail_s, mem.states_bytes + mem.activations_bytes,
                                mem.temporary_bytes])
     return cache[key]
+
+
+class _HashOnce:
+    """A ModelSpec as a cache key: its (field by field) hash computed once, equality by identity first."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value) -> None:
+        self.value, self._hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _HashOnce) and (other.value is self.value or other.value == self.value)
 
 
 def _probe_plan(model: ModelSpec, combo: Combo, world: int, first: str, last: str) -> Plan:

@@ -1,0 +1,105 @@
+"""galvatron's proven gap: on random instances (pp > 1, heterogeneous T5- and Swin-like models) the
+MILP optimum lies inside [bound, galvatron's value]; a time limit returns a plan and says so."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import planners
+from planners.base import Budget
+from specs import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
+from tests.planners.random_instances import (
+    KIB,
+    SMALL_SPACE,
+    RandomCostModel,
+    tiny_cluster,
+    tiny_model,
+)
+
+PIPE_SPACE = replace(SMALL_SPACE, max_pp=4, micro_batches=(2, 4), dp_types=("ddp", "zero1", "zero3"))
+"""pp 1, 2 and 4 on 4 GPUs, two micro-batch counts, three dp types."""
+
+
+def _layer(kind: str, seq: int, **extra) -> LayerSpec:
+    return LayerSpec(kind=kind, hidden_size=64, num_heads=4, ffn_hidden_size=256, seq_len=seq, **extra)
+
+
+def t5_like(enc: int, dec: int) -> ModelSpec:
+    """Identical encoder blocks, then decoder blocks with cross attention (no sequence parallelism)."""
+    layers = [_layer("t5_encoder", 16)] * enc + [_layer("t5_decoder", 17, cross_attention_seq_len=16)] * dec
+    return ModelSpec(name=f"t5-like-{enc}-{dec}", embedding=EmbeddingSpec(hidden_size=64, vocab_size=64),
+                     layers=tuple(layers), head=HeadSpec(hidden_size=64, output_size=64))
+
+
+def swin_like(blocks: tuple[int, ...]) -> ModelSpec:
+    """Stages of identical blocks, each stage's last block downsampling."""
+    layers = []
+    for i, count in enumerate(blocks):
+        seq = 64 >> (2 * i)
+        layers += [_layer("swin", seq)] * (count - 1) + [_layer("swin", seq, downsample_to=64)]
+    return ModelSpec(name="swin-like", embedding=EmbeddingSpec(hidden_size=64, vocab_size=64),
+                     layers=tuple(layers), head=HeadSpec(hidden_size=64, output_size=64))
+
+
+def _case(seed: int):
+    rng = np.random.default_rng(seed)
+    model = [lambda: tiny_model(int(rng.integers(4, 7)), identical=bool(rng.random() < 0.5)),
+             lambda: t5_like(int(rng.integers(2, 4)), int(rng.integers(2, 4))),
+             lambda: swin_like((2, int(rng.integers(1, 3)), 1))][seed % 3]()
+    cluster = tiny_cluster()
+    budget = Budget(memory_gib=int(rng.integers(3000, 30000)) * KIB / 1024**3, global_batch=8)
+    return model, cluster, RandomCostModel(cluster, seed), budget
+
+
+def _check(seed: int) -> None:
+    model, cluster, cm, budget = _case(seed)
+    fast = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE})
+    ilp = planners.get("ilp").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "warm_start": False})
+    assert fast.feasible == ilp.feasible, (fast.message, ilp.message)
+    if not fast.feasible:
+        return
+    assert ilp.stats.solver_status == "optimal"
+    bound, gap = fast.stats.bound_s, fast.stats.gap
+    assert bound is not None and gap is not None and 0.0 <= gap < 1.0
+    assert bound <= ilp.iteration_time_s * (1 + 1e-9), (bound, ilp.iteration_time_s)
+    assert ilp.iteration_time_s <= fast.iteration_time_s * (1 + 1e-9)
+    assert gap == pytest.approx(1 - bound / fast.iteration_time_s, abs=1e-12)
+    assert (fast.stats.solver_status == "optimal") == (gap == 0.0)
+    if gap == 0.0:
+        assert fast.iteration_time_s == pytest.approx(ilp.iteration_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 5])
+def test_ilp_optimum_lies_inside_the_proven_gap(seed):
+    _check(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6, 30))
+def test_ilp_optimum_lies_inside_the_proven_gap_many(seed):
+    _check(seed)
+
+
+def test_the_case_builders_give_pipelines_and_heterogeneous_layers():
+    kinds = {s % 3: len(_case(s)[0].layer_types()) for s in range(3)}
+    assert kinds[1] == 2 and kinds[2] >= 3  # T5-like: two block types; Swin-like: a type per stage
+
+
+@pytest.mark.parametrize("name", ["galvatron", "galvatron_full"])
+def test_a_spent_time_limit_returns_a_plan_and_says_so(name):
+    model, cluster, cm, budget = _case(1)
+    budget = replace(budget, memory_gib=budget.memory_gib * 4)
+    res = planners.get(name).plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "time_limit_s": 1e-9})
+    assert res.feasible and res.stats.solver_status == "time_limit"
+    assert res.stats.gap is None or 0.0 <= res.stats.gap < 1.0
+    full = planners.get(name).plan(model, cluster, budget, cm, {"space": PIPE_SPACE})
+    assert full.stats.solver_status != "time_limit" and full.iteration_time_s <= res.iteration_time_s
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "1", True])
+def test_bad_time_limits_are_refused(bad):
+    model, cluster, cm, budget = _case(0)
+    with pytest.raises(Exception, match="time_limit_s"):
+        planners.get("galvatron").plan(model, cluster, budget, cm, {"time_limit_s": bad})

@@ -1,0 +1,36 @@
+"""compare --workers N: the cells run in a local process pool and give the serial run's records."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planners import compare
+from planners.cells import Grid
+from specs import SpecError
+
+GRID = ["--model", "tiny-gpt", "--cluster", "cpu-4", "--global-batch", "8", "--no-progress", "--json",
+        "--budget-gib", "1", "2", "4", "--planners", "ddp", "zero3", "megatron_3d", "galvatron"]
+
+
+def _records(capsys, workers: int) -> list[dict]:
+    assert compare.main(GRID + ["--workers", str(workers)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for r in out:
+        r.pop("search_time_s")  # wall time is the only thing allowed to differ
+    return out
+
+
+def test_two_workers_give_the_serial_table(capsys, tmp_path):
+    serial = _records(capsys, 1)
+    assert len(serial) == 12 and any(r["feasible"] for r in serial)
+    assert _records(capsys, 2) == serial
+    assert compare.main(GRID + ["--workers", "2", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "plans").iterdir())  # plans written by the workers
+
+
+@pytest.mark.parametrize("bad", [0, -2, True])
+def test_bad_worker_counts_are_refused(bad):
+    with pytest.raises(SpecError, match="workers"):
+        Grid(budgets=(), workers=bad)
