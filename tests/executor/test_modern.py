@@ -171,6 +171,8 @@ def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt
 @pytest.mark.parametrize("name,p,message", [
     ("tiny-gpt", plan([4], [L(dp=4)] * 4, micro_batches=1, vocab_zero3=True),
      "vocab_zero3: vocab_zero3 with tied embeddings is not run"),
+    ("tiny-moe", plan([4], [L(tp=2, dp=2, sp="ulysses", expert_tp=2)] * 4, micro_batches=1),
+     "layer 0: sp ulysses on a MoE layer is not run"),
     ("vit-large-24", plan([24], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
      "vocab_tp: vocabulary parallelism needs a token embedding and an lm head, got patch embedding and classifier"),
 ])
