@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -109,7 +110,7 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``."""
     world = cost_model.cluster.world_size
     gpus = world // combo.pp
-    strategies = space.stage_strategies(gpus)
+    strategies = space.stage_strategies(gpus, model)
     types = model.layer_types()
     index = {t: i for i, t in enumerate(types)}
     layer_type = np.array([index[l] for l in model.layers])
@@ -138,6 +139,7 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     arrays = {name: np.full((nt, ns), np.inf) for name in ("t", "d", "mem", "temp")}
     trans = np.full((nt, ns, ns), np.inf)
     send_next, send_prev = np.zeros((nt, ns)), np.zeros((nt, ns))
+    rows: dict = {}  # (type, mbs, layout) -> relayout row: expert variants share their base's
     for ti, layer in enumerate(types):
         for si, s in enumerate(strategies):
             if not allowed[ti, si]:
@@ -154,7 +156,10 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
             arrays["t"][ti, si], arrays["d"][ti, si] = lt.micro_batch_s, lt.tail_s
             arrays["mem"][ti, si] = lm.states_bytes + lm.activations_bytes
             arrays["temp"][ti, si] = lm.temporary_bytes
-            trans[ti, si] = _trans_row(cm, cache, layer, s, strategies, allowed[:, :], mbs, first)
+            row_key = (ti, mbs, _layout(s))
+            if row_key not in rows:
+                rows[row_key] = _trans_row(cm, cache, layer, s, strategies, allowed[:, :], mbs, first)
+            trans[ti, si] = rows[row_key]
             if k < combo.pp - 1:
                 nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
                 send_next[ti, si] = _p2p(cm, cache, nbytes, first, first + gpus)
@@ -168,11 +173,17 @@ def _trans_row(cm: CostModel, cache: dict, layer, s: LayerStrategy, strategies: 
                allowed: np.ndarray, mbs: int, first: int) -> np.ndarray:
     row = np.zeros(len(strategies))
     for ui, u in enumerate(strategies):
-        key = ("tr", layer, s, u, mbs, first)
+        key = ("tr", layer, _layout(s), _layout(u), mbs, first)
         if key not in cache:
-            cache[key] = cm.transition_time(layer, s, u, mbs, first)
+            cache[key] = cm.transition_time(layer, key[2], key[3], mbs, first)
         row[ui] = cache[key]
     return row
+
+
+@lru_cache(maxsize=65536)
+def _layout(s: LayerStrategy) -> LayerStrategy:
+    """What a relayout depends on: the expert fields do not change a layer's output layout."""
+    return replace(s, ep=1, expert_tp=0, expert_dp_type=None) if s.has_expert_split else s
 
 
 def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int) -> float:
