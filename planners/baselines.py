@@ -225,16 +225,14 @@ def ep_degrees(model: ModelSpec, room: int) -> list[int]:
     """Expert-parallel degrees (powers of two) dividing every MoE layer's experts and ``room``
     (the ranks ep may take: dp x tp / expert tp)."""
     counts = {l.moe.num_experts for l in model.layers if l.moe is not None}
+    if not counts:
+        return [1]
     return [e for e in powers_of_two(room) if room % e == 0 and all(n % e == 0 for n in counts)]
 
 
 class _MoEGrid(GridPlanner):
-    """A grid whose candidates carry ``ep`` and ``expert_tp`` for the MoE layers."""
-
-    def _search(self, model, cluster, budget, cost_model, options):
-        if all(l.moe is None for l in model.layers):
-            raise SpecError("model", f"{self.name} plans mixture-of-experts models; {model.name} has no MoE layer")
-        return super()._search(model, cluster, budget, cost_model, options)
+    """A grid whose candidates carry ``ep`` and ``expert_tp`` for the MoE layers (on a dense
+    model only ep 1: the framework's dense grid)."""
 
     def build(self, model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) -> Plan | None:
         kw = dict(kw)
@@ -262,7 +260,8 @@ class MegatronMoE(_MoEGrid):
     def candidates(self, model, cluster, batch):
         for kw in Megatron3d.candidates(self, model, cluster, batch):
             gpus = kw["tp"] * kw["dp"]
-            for etp in dict.fromkeys((kw["tp"], 1)):
+            moe = any(l.moe is not None for l in model.layers)
+            for etp in dict.fromkeys((kw["tp"], 1) if moe else (kw["tp"],)):
                 for ep in ep_degrees(model, gpus // etp):
                     yield {**kw, "ep": ep, "expert_tp": 0 if etp == kw["tp"] else etp}
 

@@ -66,8 +66,8 @@ def test_moe_baselines_search_ep_as_their_frameworks_do():
     assert ds.plan.pp == 1 and all(s.dp_type in ("zero1", "zero2") for s in ds.plan.layers)
     assert all(s.expert_tp in (0, 1) and s.etp == 1 for s in ds.plan.layers)  # experts whole
     assert max(_ep(mega)) > 1  # at 4 GiB the experts must be split to fit
-    with pytest.raises(SpecError, match="no MoE layer"):
-        plan("megatron_moe", load_model("tiny-llama"), load_cluster("cpu-4"), Budget(memory_gib=8, global_batch=8))
+    dense = plan("megatron_moe", load_model("tiny-llama"), load_cluster("cpu-4"), Budget(memory_gib=8, global_batch=8))
+    assert dense.feasible and _ep(dense) == {1}  # a dense model: Megatron's dense grid
 
 
 @pytest.mark.parametrize("planner", ["galvatron", "galvatron_moe"])
