@@ -135,3 +135,24 @@ def test_galvatron_cost_model_refuses_ep_plans_in_one_line():
         cm.gplan(plan)
     assert "ep 2" in str(err.value) and "\n" not in str(err.value)
     assert cm.layer_memory(model.layers[0], plan.layers[0], 1, 1).total_bytes == float("inf")
+
+
+def test_profiled_model_splits_the_experts_too():
+    import json
+    import re
+    from pathlib import Path
+
+    from cost_models.profiled import ProfiledModel
+    from specs.profile_format import LayerSignature, Profile
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "profile_format.md").read_text()
+    raw = json.loads(re.search(r"```json\n(.*?)```", doc, re.S).group(1))
+    raw["layers"][0]["signature"] = LayerSignature.of(MOE).to_dict()
+    raw["layers"][0]["parameter_bytes"] = 2 * MOE.param_count()
+    cm = ProfiledModel(TWO_BY_TWO, profile=Profile.from_dict(raw))
+    s = LayerStrategy(dp=4, ep=4)
+    lt, plain = cm.layer_time(MOE, s, 2, 1, 0), cm.layer_time(MOE, LayerStrategy(dp=4), 2, 1, 0)
+    assert lt.ep_comm_s == pytest.approx(4 * cm.collective_time("all_to_all", 16384, [[0, 1, 2, 3]]))
+    assert plain.ep_comm_s == 0.0
+    assert lt.forward_s == pytest.approx(plain.forward_s)  # balanced, etp = tp: the same kernels
+    e = experts.expert_params(MOE)
+    assert cm.layer_memory(MOE, s, 2, 0).states_bytes == pytest.approx(16 * (MOE.param_count() - e) + 16 * e / 4)
