@@ -116,8 +116,8 @@ class SearchSpace:
     @classmethod
     def preset(cls, name: str) -> "SearchSpace":
         """full (default: every dimension, caps lifted), galvatron (the 2022 paper's: ddp+zero3,
-        no checkpointing, no expert parallelism), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full checkpointing, Megatron-SP
-        and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
+        no checkpointing, no expert parallelism), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full
+        checkpointing, Megatron-SP and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
         with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
         dp+pp, 3d (tp x pp x dp, plain DDP), the pure dimensions dp, zero3, and moe (Megatron-Core's
         MoE dimensions per layer: ZeRO-1/2, Megatron-SP, every recompute, interleaving, ep with
@@ -129,7 +129,8 @@ class SearchSpace:
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20, expert_tp=(0, 1))
-        # Megatron-Core's MoE dimensions per layer: holds the megatron_moe and deepspeed_moe grids
+        # Megatron-Core's MoE dimensions per layer: the megatron_moe grid up to pp 8 and 64
+        # micro-batches (classic's caps, which keep the DP in minutes at 32 GPUs)
         moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=tuple(Recompute),
                       sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON), tp_consecutive=(True,),
                       virtual_stages=(1, 2, 4), vocab_sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON),
