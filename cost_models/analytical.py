@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from cost_models import collectives as coll
+from cost_models import experts
 from cost_models import memory as mem
 from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
@@ -111,25 +112,30 @@ class AnalyticalModel(CostModel):
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
-        fwd_ops = forward_ops(layer, strategy.tp, mbs)
+        fwd_ops = forward_ops(layer, strategy.tp, mbs, experts.compute_split(layer, strategy, self.expert_imbalance))
         forward_s = self.ops_time(fwd_ops, pass_comm_s)
         backward_s = self.ops_time(backward_ops(fwd_ops), pass_comm_s) + self.recompute_time(layer, strategy, mbs,
                                                                                              pass_comm_s)
-        local_params = layer.param_count() / strategy.weight_tp
-        traffic = self.dp_traffic(local_params, strategy.dp_type, dp_groups)
+        # dense part over dp; with an expert split the routed experts over their expert-dp groups
+        parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
+        traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups) for p in parts])
         per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
             self.exposed_time(traffic.micro_batch_fwd_s, forward_s)
         tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
+        ep_comm_s = experts.dispatch_time_s(self.all_to_all_time, layer, strategy, mbs, first_rank,
+                                            self.expert_imbalance)
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
-                         exposed_micro_batch_dp_s=per_mb,
-                         update_s=self.update_time(local_params, strategy.dp_type, strategy.grad_dp))
+                         exposed_micro_batch_dp_s=per_mb, ep_comm_s=ep_comm_s,
+                         update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts))
 
     def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                        pass_comm_s: float = 0.0) -> float:
         """Forward kernels re-run in backward: all of them (full, with its TP collectives hiding
         host launches as in the forward) or the attention core (selective: no collective inside)."""
         ops = seq.recompute_ops(layer, strategy, mbs)
+        if strategy.recompute == Recompute.FULL:  # the forward again, experts split as in it
+            ops = forward_ops(layer, strategy.tp, mbs, experts.compute_split(layer, strategy, self.expert_imbalance))
         if not ops:
             return 0.0
         return self.ops_time(ops, pass_comm_s if strategy.recompute == Recompute.FULL else 0.0)
@@ -187,7 +193,7 @@ class AnalyticalModel(CostModel):
 
     def _compute_layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                               in_flight: int) -> MemoryBreakdown:
-        return mem.layer_memory(layer, strategy, mbs, in_flight)
+        return mem.layer_memory(layer, strategy, mbs, in_flight, imbalance=self.expert_imbalance)
 
     def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
                         micro_batch_size: int, first_rank: int = 0) -> float:
@@ -218,6 +224,18 @@ class AnalyticalModel(CostModel):
             if link.crosses_nodes:
                 best = min(best, self._hierarchical_s(nbytes, groups))
         return self.constants.collective_base_latency_s + best
+
+    def all_to_all_time(self, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
+        """Expert dispatch/combine: pairwise all-to-all with every pair's bytes on its path's links
+        (experts.topology_all_to_all_s), plus the launch cost."""
+        if max((len(g) for g in groups), default=1) <= 1 or nbytes <= 0:
+            return 0.0
+        c = self.constants
+        alpha = lambda crosses: (self.cluster.inter_node.latency_us if crosses  # noqa: E731
+                                 else self.cluster.intra_node.latency_us) * 1e-6 * self._step_factor(crosses)
+        efficiency = lambda nic: c.network_efficiency if nic else c.bus_efficiency  # noqa: E731
+        return c.collective_base_latency_s + experts.topology_all_to_all_s(self.cluster, nbytes, groups, alpha,
+                                                                           efficiency)
 
     def _step_factor(self, crosses_nodes: bool) -> float:
         c = self.constants
@@ -264,6 +282,12 @@ class AnalyticalModel(CostModel):
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         return vocab_cost(self, model, plan, stage, world_size)
+
+
+def _sum_traffic(parts: list[DPTraffic]) -> DPTraffic:
+    """The data-parallel traffic of a layer's sync parts together (each runs as its own collective)."""
+    return DPTraffic(*(sum(getattr(t, f) for t in parts) for f in
+                       ("micro_batch_bwd_s", "micro_batch_fwd_s", "iteration_bwd_s", "after_step_s")))
 
 
 def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,

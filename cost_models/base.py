@@ -69,11 +69,14 @@ class LayerTime:
     exposed_micro_batch_dp_s: float = 0.0
     """Per-micro-batch data-parallel traffic (ZeRO-2/3 gradient reduce-scatter, ZeRO-3
     parameter all-gathers) not hidden behind that micro-batch's compute."""
+    ep_comm_s: float = 0.0
+    """Expert-parallel all-to-alls (dispatch and combine) of one micro-batch, forward and
+    backward, on the critical path (cost_models/experts.py)."""
 
     @property
     def micro_batch_s(self) -> float:
         """What this layer adds to its stage's per-micro-batch time."""
-        return self.forward_s + self.backward_s + self.tp_comm_s + self.exposed_micro_batch_dp_s
+        return self.forward_s + self.backward_s + self.tp_comm_s + self.exposed_micro_batch_dp_s + self.ep_comm_s
 
     @property
     def tail_s(self) -> float:
@@ -166,6 +169,10 @@ class CostModel(ABC):
     allocator_reserve: bool = True
     """Keep the caching-allocator reserve (ALLOCATOR_RESERVE_FRACTION above ALLOCATOR_RESERVE_ABOVE_GIB)
     out of every budget; set per instance (``cost_models.get(..., allocator_reserve=False)``)."""
+
+    expert_imbalance: float | None = None
+    """Busiest expert-parallel rank's routed load over the even share; None = the default from
+    the capacity factor (experts.imbalance); set per instance."""
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster

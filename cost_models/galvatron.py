@@ -436,6 +436,11 @@ class GalvatronModel(CostModel):
     def gplan(self, plan: Plan, strict: bool = True) -> GPlan:
         """``plan`` in Galvatron's terms in the tightest search task that holds it; ``strict``: a
         SpecError for what its files cannot say (DDP/ZeRO-1 with dp > 1 beside ZeRO-2, GPipe)."""
+        split = next((i for i, s in enumerate(plan.layers) if s.has_expert_split), None)
+        if split is not None:  # Galvatron's engine has no expert-parallel term
+            s = plan.layers[split]
+            raise SpecError(f"layer {split}", f"ep {s.ep} (expert_tp {s.expert_tp}, expert_dp_type "
+                            f"{s.expert_dp_type}): the galvatron cost model cannot express expert parallelism")
         if strict:
             bad = sorted({s.dp_type for s in plan.layers if s.dp > 1} - {"zero2", "zero3"})
             if bad or plan.schedule != "1f1b":
@@ -478,8 +483,9 @@ class GalvatronModel(CostModel):
     def layer_memory_in(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
                         in_flight: int, micro_batches: int) -> MemoryBreakdown:
         """Whole MB as Galvatron rounds each layer; the SP buffer at this layer's tp as a temporary.
-        Strategies its plan files cannot express (DDP or ZeRO-1 with dp > 1) take infinite memory."""
-        if strategy.dp > 1 and strategy.dp_type not in ("zero2", "zero3"):
+        Strategies its plan files cannot express (DDP or ZeRO-1 with dp > 1, expert parallelism)
+        take infinite memory."""
+        if (strategy.dp > 1 and strategy.dp_type not in ("zero2", "zero3")) or strategy.has_expert_split:
             return MemoryBreakdown(parameters_bytes=float("inf"))
         pp = self.cluster.world_size // strategy.gpus
         p = GPlan(pp=pp, division=(1,) * pp, layers=(_glayer(strategy),), global_batch=micro_batch_size * strategy.dp

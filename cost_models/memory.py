@@ -3,6 +3,7 @@ Transformer activation bytes (Korthikanti et al. 2022), per docs/cost_models.md 
 """
 from __future__ import annotations
 
+from cost_models import experts
 from cost_models.base import MemoryBreakdown
 from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy, Recompute, SequenceParallel
 from specs.errors import one_of
@@ -83,7 +84,8 @@ def _moe_bytes_per_token(layer: LayerSpec, per_width: int, mask: int) -> tuple[f
     return replicated, split
 
 
-def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
+def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                     imbalance: float | None = None) -> float:
     """Bytes one micro-batch of ``layer`` keeps for backward on one GPU (Korthikanti et al.
     2022, Table 2). GPT at tp t: s b h (10 + 24/t + 5 a s / (h t)); with sequence parallelism
     (Megatron-SP, or Ulysses of degree t) all of it / t: s b h (34 + 5 a s / h) / t; selective
@@ -105,9 +107,12 @@ def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size
         core += x_core
     if strategy.recompute != Recompute.SELECTIVE:
         split += core
+    # routed experts under an expert split: the busiest rank's copies at width f / etp
+    per_width = ACTIVATION_BYTES * (3 if layer.gated_ffn else 2)
+    moe_fix = experts.activation_correction_bytes(layer, strategy, b, per_width, imbalance)
     if seq_split:
-        return tokens * (replicated + split) / tp
-    return tokens * (replicated + split / tp)
+        return tokens * (replicated + split) / tp + moe_fix
+    return tokens * (replicated + split / tp) + moe_fix
 
 
 def attention_core_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
@@ -120,18 +125,18 @@ def attention_core_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_
 
 def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int, in_flight: int,
                  params: float | None = None, kept_bytes: float | None = None,
-                 recomputed_bytes: float | None = None) -> MemoryBreakdown:
+                 recomputed_bytes: float | None = None, imbalance: float | None = None) -> MemoryBreakdown:
     """States of the layer's local shard, ``in_flight`` stashed micro-batches, and temporaries:
-    ZeRO-3's gathered weights, and under checkpointing the recomputed layer's full activations."""
-    params = layer.param_count() if params is None else params
-    local_params = params / strategy.weight_tp
-    states = model_state_bytes(local_params, strategy.dp_type, strategy.grad_dp)
-    kept = activation_bytes(layer, strategy, micro_batch_size) if kept_bytes is None else kept_bytes
-    temporary = 0.0
-    if strategy.dp_type == DPType.ZERO3 and strategy.grad_dp > 1:
-        temporary += WEIGHT_BYTES_PER_PARAM * local_params
+    ZeRO-3's gathered weights, and under checkpointing the recomputed layer's full activations.
+    With an expert split the routed experts' states are / (ep * etp), ZeRO-sharded over expert dp."""
+    states, temporary = MemoryBreakdown(), 0.0
+    for part in experts.sync_parts(layer, strategy, 0, (), params):
+        states = states + model_state_bytes(part.params, part.dp_type, part.size)
+        if part.dp_type == DPType.ZERO3 and part.size > 1:
+            temporary += WEIGHT_BYTES_PER_PARAM * part.params
+    kept = activation_bytes(layer, strategy, micro_batch_size, imbalance) if kept_bytes is None else kept_bytes
     if strategy.checkpoint:
-        temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size)
+        temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size, imbalance)
                       if recomputed_bytes is None else recomputed_bytes)
     elif strategy.recompute == Recompute.SELECTIVE:
         temporary += attention_core_bytes(layer, strategy, micro_batch_size)

@@ -7,6 +7,7 @@ activation, FC2, bias-dropout-add. Widths split by the tensor-parallel degree tp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from specs import EmbeddingSpec, HeadSpec, LayerSpec
 
@@ -99,17 +100,31 @@ def _mlp_ops(layer: LayerSpec, tokens: float, width: float, tag: str) -> list[Op
     return ops + [gemm(f"{tag}fc2", tokens, h, width)]
 
 
-def _moe_ops(layer: LayerSpec, tp: int, tokens: float) -> list[Op]:
+class ExpertSplit(NamedTuple):
+    """How one rank runs a MoE layer's routed experts under expert parallelism (experts.py)."""
+
+    passes_per_token: float
+    """Routed copies per token the rank's experts compute (the busiest rank's)."""
+    etp: int
+    """Tensor-parallel degree of each expert's MLP."""
+    tokens_factor: float = 1.0
+    """Tokens the rank's experts see over the tokens this list is written for."""
+
+
+def _moe_ops(layer: LayerSpec, tp: int, tokens: float, split: ExpertSplit | None = None) -> list[Op]:
     """Router GEMM and top-k, the routed experts' MLPs over the token copies they receive
-    (active experts only; every rank holds all experts: no expert parallelism yet), the shared
-    experts, and the weighted combine. Experts are tp-split like a dense MLP."""
+    (active experts only), the shared experts, and the weighted combine. Without ``split`` every
+    rank holds all experts, tp-split like a dense MLP; with it the rank's experts take
+    ``split``'s copies at width f / etp."""
     moe, h = layer.moe, layer.hidden_size
     routed = tokens * moe.expert_passes_per_token
+    if split is not None:
+        routed = tokens * split.tokens_factor * split.passes_per_token
     ops = [gemm("router", tokens, moe.num_experts, h),
            elementwise("topk", tokens * moe.num_experts, tokens * moe.top_k),
            elementwise("dispatch", routed * h, routed * h)]
     # one grouped GEMM per matrix over all routed copies (as grouped-GEMM MoE kernels run)
-    ops += _mlp_ops(layer, routed, moe.expert_ffn_hidden_size / tp, "experts_")
+    ops += _mlp_ops(layer, routed, moe.expert_ffn_hidden_size / (split.etp if split else tp), "experts_")
     if moe.num_shared_experts:
         ops += _mlp_ops(layer, tokens, moe.shared_ffn_hidden_size / tp, "shared_")
     if moe.shared_expert_gate:
@@ -117,8 +132,9 @@ def _moe_ops(layer: LayerSpec, tp: int, tokens: float) -> list[Op]:
     return ops + [elementwise("combine", routed * h, tokens * h)]
 
 
-def forward_ops(layer: LayerSpec, tp: int, batch: int) -> list[Op]:
-    """Kernels of one forward pass of ``layer`` over ``batch`` samples on one of tp GPUs."""
+def forward_ops(layer: LayerSpec, tp: int, batch: int, experts: ExpertSplit | None = None) -> list[Op]:
+    """Kernels of one forward pass of ``layer`` over ``batch`` samples on one of tp GPUs
+    (``experts``: the routed experts' split under expert parallelism, experts.compute_split)."""
     h = layer.hidden_size
     tokens = float(batch * layer.seq_len)
     dropout = layer.has_dropout
@@ -132,7 +148,7 @@ def forward_ops(layer: LayerSpec, tp: int, batch: int) -> list[Op]:
         ops += _attention_ops(layer, tp, tokens, batch, layer.cross_attention_seq_len, "x_", dropout)
     ops.append(elementwise("norm2", tokens * h, tokens * h))
     if layer.moe is not None:
-        ops += _moe_ops(layer, tp, tokens)
+        ops += _moe_ops(layer, tp, tokens, experts)
     else:
         ops += _mlp_ops(layer, tokens, layer.ffn_hidden_size / tp, "")
     ops.append(elementwise("residual2", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0))

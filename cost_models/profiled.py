@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cost_models import collectives as coll
+from cost_models import experts
 from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
@@ -46,8 +47,18 @@ def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> floa
 def activation_ratio(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
     """Formula activations of ``strategy`` over those of plain tp (same degree): what sequence
     parallelism and selective recomputation keep of the measured tp table."""
-    plain = replace(strategy, sp="none", recompute="none")
+    plain = replace(strategy, sp="none", recompute="none", ep=1, expert_tp=0, expert_dp_type=None)
     return mem.activation_bytes(layer, strategy, mbs) / mem.activation_bytes(layer, plain, mbs)
+
+
+def expert_compute_ratio(layer: LayerSpec, strategy: LayerStrategy, mbs: int, imbalance: float | None) -> float:
+    """The measured (all experts on every rank) compute rescaled to an expert split: the kernel
+    formulas' FLOPs and bytes with the split over those without it (1 without a split)."""
+    split = experts.compute_split(layer, strategy, imbalance)
+    if split is None:
+        return 1.0
+    weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
+    return weight(forward_ops(layer, strategy.tp, mbs, split)) / weight(forward_ops(layer, strategy.tp, mbs))
 
 
 @register
@@ -119,17 +130,23 @@ class ProfiledModel(CostModel):
         """Galvatron: forward = slope * b / tp + intercept (every tp rank launches the same kernels, so
         the fixed part does not shrink with tp), backward likewise (+ a forward if checkpointed)."""
         (fa, fb), (ba, bb) = self._fits(layer)
-        forward_s = (fa * mbs / strategy.tp + fb) * 1e-3
-        backward_s = (ba * mbs / strategy.tp + bb) * 1e-3 + forward_s * recompute_share(layer, strategy, mbs)
+        scale = expert_compute_ratio(layer, strategy, mbs, self.expert_imbalance)
+        forward_s = (fa * mbs / strategy.tp + fb) * 1e-3 * scale
+        backward_s = (ba * mbs / strategy.tp + bb) * 1e-3 * scale + forward_s * recompute_share(layer, strategy, mbs)
         tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, TP_ALLREDUCES_PER_PASS)
-        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param / strategy.weight_tp
-        per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, strategy.dp_type, dp_groups)
+        params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
+        parts = experts.sync_parts(layer, strategy, first_rank, dp_groups, params)
+        traffic = [self._dp_traffic_s(p.params, p.dp_type, p.groups) for p in parts]
+        per_mb_fwd, per_mb_bwd, once = (sum(t[i] for t in traffic) for i in range(3))
+        a2a = lambda nbytes, groups: self.collective_time("all_to_all", nbytes, groups)  # noqa: E731
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
                          dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
                          exposed_dp_comm_s=self.exposed_time(once, backward_s),
                          exposed_micro_batch_dp_s=self.exposed_time(per_mb_bwd, backward_s)
-                         + self.exposed_time(per_mb_fwd, forward_s))
+                         + self.exposed_time(per_mb_fwd, forward_s),
+                         ep_comm_s=experts.dispatch_time_s(a2a, layer, strategy, mbs, first_rank,
+                                                           self.expert_imbalance))
 
     def _dp_traffic_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]
                       ) -> tuple[float, float, float]:

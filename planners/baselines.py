@@ -1,16 +1,18 @@
 """Baselines as users run them: pure DDP / ZeRO-2 / ZeRO-3 (FSDP), Megatron TP inside a node,
 GPipe-style pp x dp, and the Megatron / DeepSpeed 3D grids users tune by hand. Each enumerates
-its uniform plans, scores them with plan_cost, and returns the fastest that fits."""
+its uniform plans, scores them with plan_cost, and returns the fastest that fits. For MoE models,
+megatron_moe and deepspeed_moe add the expert-parallel degree (and expert tp) to their grids."""
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import replace
 from typing import Any, Iterator
 
 from cost_models import CostModel
 from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result,
                            pop_options, scored_result)
 from planners.registry import register
-from planners.space import SearchSpace, powers_of_two, tp_splits
+from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.units import GIB
 
@@ -24,13 +26,17 @@ class GridPlanner(Planner):
     def candidates(self, model: ModelSpec, cluster: ClusterSpec, batch: int) -> Iterator[dict]:
         """uniform_plan keyword sets to try at global batch ``batch``."""
 
+    def build(self, model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) -> Plan | None:
+        """The plan of one candidate, None if it cannot run."""
+        return _plan_or_none(model, cluster, batch, kw)
+
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                 options: dict[str, Any]) -> PlanResult:
         opts = pop_options(options, DEFAULTS, self.name)
         scored, smallest, tried = [], None, 0
         for batch in budget.global_batches():
             for kw in self.candidates(model, cluster, batch):
-                plan = _plan_or_none(model, cluster, batch, kw)
+                plan = self.build(model, cluster, batch, kw)
                 if plan is None:
                     continue
                 tried += 1
@@ -201,3 +207,81 @@ class MegatronSpSelective(GridPlanner):
             sp = "megatron" if tp > 1 and model.seq_len % tp == 0 else "none"
             yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": batch // dp, "recompute": "selective",
                    "sp": sp, "vocab_tp": tp, "vocab_sp": sp}
+
+
+# -- mixture-of-experts baselines -------------------------------------------------------------
+def with_experts(model: ModelSpec, plan: Plan, ep: int, expert_tp: int = 0) -> Plan:
+    """``plan`` with every MoE layer's routed experts over ``ep`` ranks at expert tp ``expert_tp``
+    (0 = the layer's tp); the experts keep the layer's dp type unless no expert-dp replica is
+    left to shard over (then DDP)."""
+    if ep == 1 and expert_tp == 0:
+        return plan
+    layers = tuple(with_ep(s, ep, expert_tp) if spec.moe is not None else s
+                   for spec, s in zip(model.layers, plan.layers))
+    return replace(plan, layers=layers)
+
+
+def ep_degrees(model: ModelSpec, room: int) -> list[int]:
+    """Expert-parallel degrees (powers of two) dividing every MoE layer's experts and ``room``
+    (the ranks ep may take: dp x tp / expert tp)."""
+    counts = {l.moe.num_experts for l in model.layers if l.moe is not None}
+    if not counts:
+        return [1]
+    return [e for e in powers_of_two(room) if room % e == 0 and all(n % e == 0 for n in counts)]
+
+
+class _MoEGrid(GridPlanner):
+    """A grid whose candidates carry ``ep`` and ``expert_tp`` for the MoE layers (on a dense
+    model only ep 1: the framework's dense grid)."""
+
+    def build(self, model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) -> Plan | None:
+        kw = dict(kw)
+        ep, etp = kw.pop("ep"), kw.pop("expert_tp")
+        plan = _plan_or_none(model, cluster, batch, kw)
+        if plan is None:
+            return None
+        plan = with_experts(model, plan, ep, etp)
+        try:
+            plan.validate(model, cluster)
+        except SpecError:
+            return None
+        return plan
+
+
+@register
+class MegatronMoE(_MoEGrid):
+    """What Megatron-Core MoE users tune: the megatron_3d grid (tp inside a node with sequence
+    parallelism, pp, micro-batch size, recompute, interleaving) x ep (carved out of dp) x expert
+    tp in {tp, 1}, with the distributed optimizer (ZeRO-1) as its MoE recipes run."""
+
+    name = "megatron_moe"
+    dp_type = DPType.ZERO1
+
+    def candidates(self, model, cluster, batch):
+        for kw in Megatron3d.candidates(self, model, cluster, batch):
+            gpus = kw["tp"] * kw["dp"]
+            moe = any(l.moe is not None for l in model.layers)
+            for etp in dict.fromkeys((kw["tp"], 1) if moe else (kw["tp"],)):
+                for ep in ep_degrees(model, gpus // etp):
+                    yield {**kw, "ep": ep, "expert_tp": 0 if etp == kw["tp"] else etp}
+
+
+@register
+class DeepSpeedMoE(_MoEGrid):
+    """DeepSpeed-MoE as its tutorials run it: no pipeline, tp inside a node for the dense part,
+    experts whole (expert tp 1) over ep ranks, ZeRO-1 or ZeRO-2 on the dense and the expert
+    data-parallel groups, gradient accumulation (micro-batch counts) and full checkpointing or none."""
+
+    name = "deepspeed_moe"
+
+    def candidates(self, model, cluster, batch):
+        world = cluster.world_size
+        for tp in megatron_tp_degrees(model, cluster, world):
+            dp = world // tp
+            for b in micro_batch_sizes(batch, dp):
+                for ep in ep_degrees(model, world):
+                    for dp_type in (DPType.ZERO1, DPType.ZERO2):
+                        for recompute in ("none", "full"):
+                            yield {"tp": tp, "dp": dp, "micro_batches": batch // (dp * b), "recompute": recompute,
+                                   "dp_type": dp_type if dp > 1 else DPType.DDP, "vocab_tp": tp,
+                                   "ep": ep, "expert_tp": 1 if tp > 1 else 0}

@@ -113,6 +113,10 @@ Galvatron2 = _variant(
     "Galvatron2", "galvatron2",
     "Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer, "
     "Ulysses and ZeRO-3 for the vocabulary) searched by our DP.", space="galvatron2")
+GalvatronMoE = _variant(
+    "GalvatronMoE", "galvatron_moe",
+    "Megatron-Core's MoE dimensions per layer (ZeRO-1/2, Megatron-SP, every recompute, interleaving, "
+    "ep with expert tp = tp or 1), up to pp 8 and 64 micro-batches.", space="moe")
 GalvatronDpTp = _variant(
     "GalvatronDpTp", "galvatron_dp_tp",
     "The paper's ablation: data and tensor parallelism only (no pipeline).", space="dp+tp")

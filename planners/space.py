@@ -76,6 +76,14 @@ class SearchSpace:
     vocab_tp: tuple[int, ...] | None = None
     """Explicit embedding/head tp degrees; None: degrees up to the stage size and max_tp (the
     vocabulary is padded as Megatron pads it, so it need not divide)."""
+    expert_parallel: tuple[int, ...] | None = None
+    """Expert-parallel degrees a MoE layer may take (ep carved out of its dp ranks, expert tp =
+    the layer's weight tp, expert dp type = its dp type); None: every degree of the ``degrees``
+    rule dividing the experts and the dp room; (1,): no expert parallelism. Dense models get
+    no extra strategies either way."""
+    expert_tp: tuple[int, ...] = (0,)
+    """Expert tensor-parallel degrees tried with each ep > 1 (0 = the layer's weight tp, as
+    Megatron-Core defaults; 1 = whole experts)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches"):
@@ -97,23 +105,38 @@ class SearchSpace:
             raise SpecError("degrees", f"must be one of {', '.join(DEGREE_RULES)}, got {self.degrees!r}")
         if any(not isinstance(v, int) or v < 1 for v in self.virtual_stages):
             raise SpecError("virtual_stages", f"must be positive integers, got {self.virtual_stages!r}")
+        if self.expert_parallel is not None and (not self.expert_parallel or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.expert_parallel)):
+            raise SpecError("expert_parallel", f"must be positive integers (1 = no expert parallelism), "
+                            f"got {self.expert_parallel!r}")
+        if not self.expert_tp or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.expert_tp):
+            raise SpecError("expert_tp", f"must be integers >= 0 (0 = the layer's tp), got {self.expert_tp!r}")
 
     # -- presets and switches -------------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "SearchSpace":
         """full (default: every dimension, caps lifted), galvatron (the 2022 paper's: ddp+zero3,
-        no checkpointing), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full checkpointing, Megatron-SP
-        and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
+        no checkpointing, no expert parallelism), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full
+        checkpointing, Megatron-SP and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
         with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
-        dp+pp, 3d (tp x pp x dp, plain DDP), and the pure dimensions dp, zero3."""
+        dp+pp, 3d (tp x pp x dp, plain DDP), the pure dimensions dp, zero3, and moe (Megatron-Core's
+        MoE dimensions per layer: ZeRO-1/2, Megatron-SP, every recompute, interleaving, ep with
+        expert tp = tp or 1). Every preset but galvatron searches expert parallelism on MoE
+        layers (``expert_parallel`` None)."""
         classic = cls()
-        paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), recompute=(Recompute.NONE,))
+        paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), recompute=(Recompute.NONE,), expert_parallel=(1,))
         galvatron2 = replace(classic, sp=tuple(SequenceParallel), vocab_zero3=(False, True),
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
-                       virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20)
+                       virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20, expert_tp=(0, 1))
+        # Megatron-Core's MoE dimensions per layer: the megatron_moe grid up to pp 8 and 64
+        # micro-batches (classic's caps, which keep the DP in minutes at 32 GPUs)
+        moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=tuple(Recompute),
+                      sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON), tp_consecutive=(True,),
+                      virtual_stages=(1, 2, 4), vocab_sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON),
+                      expert_tp=(0, 1))
         presets = {
-            "full": full, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
+            "full": full, "moe": moe, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
             "dp+tp": replace(classic, pp_degrees=(1,), dp_types=(DPType.DDP,)),
             "dp+pp": replace(classic, tp_degrees=(1,), dp_types=(DPType.DDP,)),
             "3d": replace(classic, dp_types=(DPType.DDP,)),
@@ -146,8 +169,24 @@ class SearchSpace:
         base = self.tp_degrees or tuple(self._degrees(gpus, self.max_tp))
         return [t for t in base if gpus % t == 0 and t <= gpus]
 
-    def stage_strategies(self, gpus: int) -> list[LayerStrategy]:
-        """Every strategy of a layer on a stage of ``gpus`` GPUs (before per-layer filters)."""
+    def stage_strategies(self, gpus: int, model: ModelSpec | None = None) -> list[LayerStrategy]:
+        """Every strategy of a layer on a stage of ``gpus`` GPUs (before per-layer filters);
+        with a ``model`` that has MoE layers, each also with the expert-parallel degrees."""
+        base = self._dense_strategies(gpus)
+        experts = self.ep_choices(model) if model is not None else []
+        return base + [with_ep(s, ep, etp) for ep in experts for etp in self.expert_tp for s in base
+                       if _expert_tp_fits(s, ep, etp)]
+
+    def ep_choices(self, model: ModelSpec) -> list[int]:
+        """Expert-parallel degrees > 1 to try: dividing some MoE layer's experts (layer_allows
+        checks each layer)."""
+        counts = {l.moe.num_experts for l in model.layer_types() if l.moe is not None}
+        if not counts:
+            return []
+        wanted = self.expert_parallel or tuple(d for e in counts for d in self._degrees(e, e))
+        return sorted({ep for ep in wanted if ep > 1 and any(e % ep == 0 for e in counts)})
+
+    def _dense_strategies(self, gpus: int) -> list[LayerStrategy]:
         out = []
         for tp in self.tp_choices(gpus):
             dp = gpus // tp
@@ -184,6 +223,21 @@ class SearchSpace:
         return out
 
 
+def _expert_tp_fits(s: LayerStrategy, ep: int, etp: int) -> bool:
+    """ep * etp divides the stage; an explicit etp differs from the layer's own (else it is 0)."""
+    if etp and etp == s.weight_tp:
+        return False
+    return s.gpus % (ep * (etp or s.weight_tp)) == 0
+
+
+def with_ep(s: LayerStrategy, ep: int, expert_tp: int = 0) -> LayerStrategy:
+    """``s`` with its routed experts over ``ep`` ranks at expert tp ``expert_tp`` (0 = the layer's);
+    with no expert-dp replicas left the experts cannot be ZeRO-sharded, so their dp type is DDP."""
+    lone = s.gpus // (ep * (expert_tp or s.weight_tp)) == 1
+    return replace(s, ep=ep, expert_tp=expert_tp,
+                   expert_dp_type=DPType.DDP if lone and s.dp_type != DPType.DDP else None)
+
+
 def tp_splits(layer: LayerSpec, tp: int) -> bool:
     """tp divides the heads, the kv heads and the MLP width: the executor splits each of them
     (kv heads are not replicated over tp > kv heads), so a plan outside this never runs."""
@@ -198,7 +252,17 @@ def layer_allows(layer: LayerSpec, s: LayerStrategy, global_batch: int, micro_ba
     if s.sp != SequenceParallel.NONE and (layer.seq_len % s.tp or layer.cross_attention_seq_len
                                           or layer.downsample_to):
         return False
+    if s.has_expert_split and not expert_split_allowed(layer, s):
+        return False
     return global_batch % (s.dp * micro_batches) == 0
+
+
+def expert_split_allowed(layer: LayerSpec, s: LayerStrategy) -> bool:
+    """Plan.validate's expert rules: a MoE layer, ep divides its experts, ep * etp the stage,
+    etp the expert width."""
+    moe = layer.moe
+    return (moe is not None and moe.num_experts % s.ep == 0 and s.gpus % (s.ep * s.etp) == 0
+            and moe.expert_ffn_hidden_size % s.etp == 0)
 
 
 @dataclass(frozen=True)
@@ -223,7 +287,7 @@ def combos(model: ModelSpec, cluster: ClusterSpec, global_batches: tuple[int, ..
     for gb in global_batches:
         for pp in space.pp_choices(model, cluster):
             gpus = cluster.world_size // pp
-            strategies = space.stage_strategies(gpus)
+            strategies = space.stage_strategies(gpus, model)
             for m in space.micro_batch_choices(gb, pp):
                 if not all(any(layer_allows(k, s, gb, m) for s in strategies) for k in kinds):
                     continue

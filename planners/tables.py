@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -109,7 +110,7 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``."""
     world = cost_model.cluster.world_size
     gpus = world // combo.pp
-    strategies = space.stage_strategies(gpus)
+    strategies = space.stage_strategies(gpus, model)
     types = model.layer_types()
     index = {t: i for i, t in enumerate(types)}
     layer_type = np.array([index[l] for l in model.layers])
@@ -151,9 +152,9 @@ def canonical_first_rank(cm: CostModel, first: int, gpus: int) -> int:
 
 def layout_key(s: LayerStrategy) -> tuple:
     """What a relayout between two layers depends on (CostModel.transition_time: the strategies'
-    tp, dp and rank layout; sequence and expert splits shape the activation too); dp type and
-    recompute do not move activations."""
-    return (s.tp, s.dp, s.tp_consecutive, s.sp, getattr(s, "ep", 1), getattr(s, "expert_tp", 0))
+    tp, dp and rank layout; the sequence split shapes the activation too); dp type, recompute
+    and the expert fields (the experts hand tokens back in the layer's layout) do not."""
+    return (s.tp, s.dp, s.tp_consecutive, s.sp)
 
 
 def layout_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[int]]:
@@ -215,9 +216,15 @@ def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: 
             u = strategies[j]
             key = ("tr", layer, layout_key(s), layout_key(u), mbs, first)
             if key not in cache:
-                cache[key] = cm.transition_time(layer, s, u, mbs, first)
+                cache[key] = cm.transition_time(layer, _layout(s), _layout(u), mbs, first)
             out[a, b] = cache[key]
     return out
+
+
+@lru_cache(maxsize=65536)
+def _layout(s: LayerStrategy) -> LayerStrategy:
+    """What a relayout depends on: the expert fields do not change a layer's output layout."""
+    return replace(s, ep=1, expert_tp=0, expert_dp_type=None) if s.has_expert_split else s
 
 
 def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int) -> float:

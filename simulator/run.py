@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 import cost_models
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--virtual-stages", type=count(MAX_GPUS), default=1,
                    help="uniform plan: interleaved 1F1B model chunks per rank")
     p.add_argument("--vocab-tp", type=count(MAX_GPUS), default=1, help="uniform plan: tp degree of the embedding and head")
+    p.add_argument("--ep", type=count(MAX_GPUS), default=1,
+                   help="uniform plan: expert-parallel degree of the MoE layers (experts over ep of the dp ranks)")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="where compute times and memory come from")
     p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
@@ -68,11 +71,17 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
                         f"{args.micro_batch})*dp({dp}) = {args.micro_batch * dp}")
     if args.zero and dp == 1:
         raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 (dp is 1)")
-    return uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
+    plan = uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
                         micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],
                         recompute=args.recompute, sp=args.sp, schedule=args.schedule,
                         virtual_stages=args.virtual_stages, vocab_tp=args.vocab_tp, model=str(args.model),
                         cluster=str(args.cluster))
+    if args.ep == 1:
+        return plan
+    if all(layer.moe is None for layer in model.layers):
+        raise SpecError("ep", f"--ep {args.ep} needs a model with MoE layers; {model.name} has none")
+    return replace(plan, layers=tuple(replace(s, ep=args.ep) if layer.moe is not None else s
+                                      for layer, s in zip(model.layers, plan.layers)))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,12 +10,27 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
+from cost_models import experts
 from cost_models.base import BYTES_PER_ACTIVATION, activation_message_bytes
 from cost_models.sequence import sync_groups, ulysses_message_bytes
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncWork:
+    """States of a layer that one set of groups keeps in sync: the whole layer, or (with an
+    expert split) its dense part over dp and its routed experts over the expert-dp groups."""
+
+    name: str
+    grad_bytes: float
+    """TP-local (expert-local) 16-bit gradient the groups synchronise; 0 when not synced."""
+    dp_groups: tuple[tuple[int, ...], ...]
+    dp_type: DPType
+    gathered_bytes: float = 0.0
+    """ZeRO-3: this part's parameters while they are gathered."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,14 +58,18 @@ class LayerWork:
     """Activations rebuilt during the backward of a recomputed layer (temporary): all of them
     under full recomputation, the attention core under selective."""
     gathered_bytes: float
-    """ZeRO-3: the layer's full (TP-local) parameters while they are gathered."""
+    """ZeRO-3: the layer's full (TP-local) parameters while they are gathered (all parts)."""
     temporary_bytes: float
     """Other buffers live while the layer runs (communication buckets)."""
-    grad_bytes: float
-    """TP-local gradient that data parallelism synchronises (the cost model's unsharded
-    gradient bytes): the traffic, and ZeRO-2/3's buffer until it is reduced."""
     transition_s: float = 0.0
     """Re-layout after this layer when the next one differs (forward + backward), from the cost model."""
+    parts: tuple[SyncWork, ...] = ()
+    """What gradient sync and ZeRO gathers run over: one part (the layer), or the dense part and
+    the routed experts under an expert split."""
+    ep_groups: tuple[tuple[int, ...], ...] = ()
+    ep_calls: tuple[tuple[str, float, int], ...] = ()
+    """Expert all-to-alls of one forward pass (dispatch and combine) over ``ep_groups``; as many
+    in backward, again in a full recompute."""
 
     @property
     def name(self) -> str:
@@ -158,18 +177,20 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     layer, s, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
     lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
     one = cm.layer_memory(layer, s, mbs, 1)
-    unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP), mbs, 1)
+    unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP, expert_dp_type=None), mbs, 1)
     # the recomputed forward rebuilds what the layer did not keep while its backward runs
     # (everything under full recomputation, the attention core under selective)
     full_act = 0.0
     if s.recompute != "none":
         full_act = cm.layer_memory(layer, replace(s, recompute="none"), mbs, 1).activations_bytes
         full_act -= 0.0 if s.checkpoint else one.activations_bytes
-    gathered = unsharded.parameters_bytes if s.dp_type == DPType.ZERO3 and s.grad_dp > 1 else 0.0
     tp_groups, dp_groups = sync_groups(first_rank, s)
     transition = 0.0
     if not last_of_stage:
         transition = cm.transition_time(layer, s, plan.layers[i + 1], mbs, first_rank)
+    parts = _sync_parts(f"L{i}", layer, s, first_rank, dp_groups, unsharded)
+    gathered = sum(p.gathered_bytes for p in parts)
+    ep_groups, ep_calls = _expert_calls(cm, layer, s, mbs, first_rank)
     return LayerWork(
         index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, update_s=lt.update_s, strategy=s,
         tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
@@ -178,8 +199,33 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
                                optimizer_bytes=one.optimizer_bytes),
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
         gathered_bytes=gathered, temporary_bytes=max(0.0, one.temporary_bytes - gathered - full_act),
-        grad_bytes=unsharded.gradients_bytes if s.grad_dp > 1 else 0.0,
-        transition_s=transition)
+        transition_s=transition, parts=parts, ep_groups=ep_groups, ep_calls=ep_calls)
+
+
+def _sync_parts(name: str, layer: LayerSpec, s: LayerStrategy, first_rank: int, dp_groups,
+                unsharded: MemoryBreakdown) -> tuple[SyncWork, ...]:
+    """The layer's sync parts (experts.sync_parts) with the cost model's unsharded gradient and
+    parameter bytes shared out by their parameter counts."""
+    parts = experts.sync_parts(layer, s, first_rank, dp_groups)
+    total = sum(p.params for p in parts) or 1.0
+    out = []
+    for part, suffix in zip(parts, ("", " experts")):
+        share = part.params / total
+        synced = part.size > 1
+        out.append(SyncWork(name=name + suffix, grad_bytes=unsharded.gradients_bytes * share if synced else 0.0,
+                            dp_groups=_tuples(part.groups), dp_type=part.dp_type,
+                            gathered_bytes=unsharded.parameters_bytes * share
+                            if part.dp_type == DPType.ZERO3 and synced else 0.0))
+    return tuple(out)
+
+
+def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, first_rank: int):
+    """(ep groups, forward all-to-alls) of a MoE layer whose experts are split over ep > 1 ranks."""
+    if not experts.applies(layer, s) or s.ep == 1:
+        return (), ()
+    nbytes = experts.all_to_all_bytes(layer, s, mbs, cm.expert_imbalance)
+    groups = experts.expert_groups(first_rank, s).ep
+    return groups, (("all_to_all", nbytes, experts.ALL_TO_ALLS_PER_PASS),)
 
 
 def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int) -> tuple[tuple[str, float, int], ...]:

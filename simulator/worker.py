@@ -16,7 +16,7 @@ from cost_models.base import in_flight
 from simulator.collectives import Fabric, Rendezvous
 from simulator.hardware import GPU, Channel
 from simulator.schedules import schedule_ops
-from simulator.work import LayerWork, StageWork
+from simulator.work import LayerWork, StageWork, SyncWork
 from specs import DPType
 
 
@@ -61,11 +61,12 @@ class Worker:
         self.optimizer_s = 0.0
         self._backwards = 0
         self._gathers: dict[tuple, simpy.Event] = {}
-        self._bucket: list[LayerWork] = []
+        self._buckets: list[list[SyncWork]] = [[], []]
+        """Gradients waiting to sync: dense parts (or whole layers), and routed-expert parts."""
         self._sync: list[simpy.Event] = []
-        self._deferred: list[tuple[list[LayerWork], str]] = []
+        self._deferred: list[tuple[list[SyncWork], str]] = []
         """Buckets synced after the whole backward (overlap_dp=False, DDP/ZeRO-1)."""
-        self._after_backward: list[tuple[list[LayerWork], str]] = []
+        self._after_backward: list[tuple[list[SyncWork], str]] = []
         self._sharded_syncs: list[simpy.Event] = []
         """Buckets synced after this micro-batch's backward (overlap_dp=False, ZeRO-2/3)."""
         self._syncs_launched = 0
@@ -108,6 +109,13 @@ class Worker:
             yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} {tag} x{count * rounds}", kind, nbytes,
                                             lw.tp_groups, count * rounds)
 
+    def _ep_calls(self, phase: str, mb: int, lw: LayerWork, rounds: int):
+        """The layer's expert dispatch and combine all-to-alls, ``rounds`` passes' worth, on the
+        critical path (on the TP stream: tokens wait for their experts' outputs)."""
+        for kind, nbytes, count in lw.ep_calls:
+            yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} ep a2a x{count * rounds}", kind,
+                                            nbytes, lw.ep_groups, count * rounds)
+
     def _forward(self, mb: int, chunk):
         w, compute = self.work, self.gpu.compute
         if not self._first_chunk(chunk):
@@ -120,6 +128,7 @@ class Worker:
             yield from compute.run(f"F{mb} {lw.name}", lw.forward_s)
             self.gpu.memory.alloc(f"act {lw.name} mb{mb}", lw.activation_bytes)
             yield from self._tp_calls("F", mb, lw, 1)
+            yield from self._ep_calls("F", mb, lw, 1)
             self._release_gathered(lw, mb, "F")
             if lw.transition_s > 0:
                 yield from self.gpu.channels[Channel.TP].run(f"F{mb} {lw.name} relayout", lw.transition_s / 2)
@@ -147,6 +156,7 @@ class Worker:
             yield from compute.run(f"B{mb} {lw.name}", lw.backward_s)
             # backward's collectives, plus the recomputed forward's under full recomputation
             yield from self._tp_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
+            yield from self._ep_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
@@ -189,9 +199,10 @@ class Worker:
         self.optimizer_s = update_s
         yield from self.gpu.compute.run("optimizer", update_s)
         # the updated 16-bit parameters: as many bytes as the 16-bit gradient that was reduced
-        gathers = [self._collective(Channel.DP, f"{lw.name} param all-gather", "all_gather",
-                                    lw.grad_bytes, lw.dp_groups)
-                   for lw in self.work.layers if lw.strategy.dp_type in (DPType.ZERO1, DPType.ZERO2) and lw.grad_bytes]
+        gathers = [self._collective(Channel.DP, f"{part.name} param all-gather", "all_gather",
+                                    part.grad_bytes, part.dp_groups)
+                   for lw in self.work.layers for part in lw.parts
+                   if part.dp_type in (DPType.ZERO1, DPType.ZERO2) and part.grad_bytes]
         if gathers:
             yield self.env.all_of(gathers)
 
@@ -267,8 +278,10 @@ class Worker:
         key = (phase, mb, lw.index)
         if key not in self._gathers:
             self.gpu.memory.alloc(f"gathered {lw.name} {phase}{mb}", lw.gathered_bytes)
-            self._gathers[key] = self._collective(Channel.GATHER, f"{phase}{mb} {lw.name} gather", "all_gather",
-                                                  lw.gathered_bytes, lw.dp_groups)
+            events = [self._collective(Channel.GATHER, f"{phase}{mb} {part.name} gather", "all_gather",
+                                       part.gathered_bytes, part.dp_groups)
+                      for part in lw.parts if part.gathered_bytes > 0]
+            self._gathers[key] = events[0] if len(events) == 1 else self.env.all_of(events)
         return self._gathers[key]
 
     def _release_gathered(self, lw: LayerWork, mb: int, phase: str) -> None:
@@ -279,57 +292,62 @@ class Worker:
     def _grads_ready(self, lw: LayerWork, mb: int, last_mb: bool) -> None:
         """ZeRO-2/3 reduce-scatter every micro-batch (gradients are kept sharded, so the
         full gradient lives only until its bucket is reduced); DDP and ZeRO-1 accumulate
-        into their persistent buffers and sync once, after the last micro-batch."""
-        if lw.grad_bytes <= 0:
-            return
-        sharded = lw.strategy.dp_type in (DPType.ZERO2, DPType.ZERO3)
-        if not (sharded or last_mb):
-            return
-        if sharded:
-            self.gpu.memory.alloc(f"grad buffer {lw.name} mb{mb}", lw.grad_bytes)
-        if self._bucket and _sync_key(self._bucket[0]) != _sync_key(lw):
-            self._flush_bucket(mb)
-        self._bucket.append(lw)
-        if sum(x.grad_bytes for x in self._bucket) >= self.cfg.bucket_bytes:
-            self._flush_bucket(mb)
+        into their persistent buffers and sync once, after the last micro-batch. Each sync part
+        (the dense part, the routed experts) fills its own bucket."""
+        for slot, part in enumerate(lw.parts):
+            if part.grad_bytes <= 0:
+                continue
+            sharded = part.dp_type in (DPType.ZERO2, DPType.ZERO3)
+            if not (sharded or last_mb):
+                continue
+            if sharded:
+                self.gpu.memory.alloc(f"grad buffer {part.name} mb{mb}", part.grad_bytes)
+            bucket = self._buckets[slot]
+            if bucket and _sync_key(bucket[0]) != _sync_key(part):
+                self._flush_bucket(mb, slot)
+            self._buckets[slot].append(part)
+            if sum(x.grad_bytes for x in self._buckets[slot]) >= self.cfg.bucket_bytes:
+                self._flush_bucket(mb, slot)
 
-    def _flush_bucket(self, mb: int) -> None:
+    def _flush_bucket(self, mb: int, slot: int | None = None) -> None:
         """Sync a full bucket now (overlapped with the rest of backward), or with
         overlap_dp=False after the backward: of this micro-batch for ZeRO-2/3, of the
-        iteration for DDP/ZeRO-1."""
-        if not self._bucket:
-            return
-        if self.cfg.overlap_dp:
-            self._launch_sync(self._bucket, f"mb{mb}")
-        elif self._bucket[0].strategy.dp_type in (DPType.ZERO2, DPType.ZERO3):
-            self._after_backward.append((self._bucket, f"mb{mb}"))
-        else:
-            self._deferred.append((self._bucket, f"mb{mb}"))
-        self._bucket = []
+        iteration for DDP/ZeRO-1. ``slot`` None: every bucket."""
+        for i in range(len(self._buckets)) if slot is None else (slot,):
+            bucket = self._buckets[i]
+            if not bucket:
+                continue
+            if self.cfg.overlap_dp:
+                self._launch_sync(bucket, f"mb{mb}")
+            elif bucket[0].dp_type in (DPType.ZERO2, DPType.ZERO3):
+                self._after_backward.append((bucket, f"mb{mb}"))
+            else:
+                self._deferred.append((bucket, f"mb{mb}"))
+            self._buckets[i] = []
 
-    def _launch_sync(self, layers: list[LayerWork], tag: str) -> None:
-        """One collective per run of layers with the same groups and kind."""
-        run: list[LayerWork] = []
-        for lw in list(layers) + [None]:
-            if run and (lw is None or _sync_key(lw) != _sync_key(run[0])):
+    def _launch_sync(self, parts: list[SyncWork], tag: str) -> None:
+        """One collective per run of parts with the same groups and kind."""
+        run: list[SyncWork] = []
+        for part in list(parts) + [None]:
+            if run and (part is None or _sync_key(part) != _sync_key(run[0])):
                 self._sync.append(self._sync_run(run, tag))
                 run = []
-            if lw is not None:
-                run.append(lw)
+            if part is not None:
+                run.append(part)
 
-    def _sync_run(self, run: list[LayerWork], tag: str) -> simpy.Event:
+    def _sync_run(self, run: list[SyncWork], tag: str) -> simpy.Event:
         first = run[0]
         # ZeRO-1/2/3 keep sharded optimizer states: each rank needs only its shard
-        kind = "all_reduce" if first.strategy.dp_type == DPType.DDP else "reduce_scatter"
+        kind = "all_reduce" if first.dp_type == DPType.DDP else "reduce_scatter"
         self._syncs_launched += 1
         name = f"grad sync {run[-1].name}-{first.name} {tag} #{self._syncs_launched}"
         nbytes = sum(x.grad_bytes for x in run)
         done = self._collective(Channel.DP, name, kind, nbytes, first.dp_groups)
-        if first.strategy.dp_type in (DPType.ZERO2, DPType.ZERO3):
+        if first.dp_type in (DPType.ZERO2, DPType.ZERO3):
             done.callbacks.append(lambda _e: self.gpu.memory.free(f"grad buffers {name}", nbytes))
             self._sharded_syncs.append(done)
         return done
 
 
-def _sync_key(lw: LayerWork) -> tuple:
-    return (lw.dp_groups, lw.strategy.dp_type)
+def _sync_key(part: SyncWork) -> tuple:
+    return (part.dp_groups, part.dp_type)

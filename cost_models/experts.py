@@ -1,0 +1,215 @@
+"""Expert parallelism of a MoE layer: the expert groups (Megatron-Core's rank order), the busiest
+rank's routed load, the all-to-all dispatch and combine on the topology, and the split of the
+layer's states into a dense part (synced over dp) and an expert part (synced over expert dp).
+
+Used only where a strategy sets an expert field (``LayerStrategy.has_expert_split``); without
+one every rank holds every expert and the layer is costed as before. Formulas: docs/cost_models.md.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from cost_models import collectives as coll
+from cost_models.ops import ExpertSplit
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, SequenceParallel, SpecError
+
+BYTES_PER_ACTIVATION = 2
+"""Dispatched tokens are 16-bit activations."""
+ALL_TO_ALLS_PER_PASS = 2
+"""Dispatch (tokens to their experts) and combine (expert outputs back), in forward; their
+transposes in backward; again in a full recompute."""
+DROPLESS_IMBALANCE = 1.0
+"""Busiest EP rank's routed copies over the even share when no token is dropped. 1.0 assumes a
+router trained to balance (Switch's auxiliary loss, DeepSeek-V3's bias); set the cost model's
+``expert_imbalance`` to a measured max/mean load to model skew."""
+
+
+def applies(layer: LayerSpec, strategy: LayerStrategy) -> bool:
+    """The expert terms replace the plain ones: a MoE layer whose strategy splits its experts."""
+    return layer.moe is not None and strategy.has_expert_split
+
+
+def imbalance(layer: LayerSpec, override: float | None = None) -> float:
+    """Busiest rank's routed copies over an even share (tokens * k / ep).
+
+    With a capacity factor c the busiest expert takes at most c times its even share and the
+    buffers are padded to it, so every rank computes c times the even share: c. Dropless:
+    DROPLESS_IMBALANCE. ``override`` (the cost model's ``expert_imbalance``) wins when set."""
+    if override is not None:
+        if not override >= 1.0:
+            raise SpecError("expert_imbalance", f"must be >= 1 (busiest over mean load), got {override!r}")
+        return float(override)
+    return layer.moe.capacity_factor or DROPLESS_IMBALANCE
+
+
+def busiest_passes_per_token(layer: LayerSpec, strategy: LayerStrategy, override: float | None = None) -> float:
+    """Routed copies per local token that the busiest rank's experts compute: top_k * imbalance
+    (ep 1: every copy stays local, so the padded count k * c, or k, with no imbalance)."""
+    if strategy.ep == 1:
+        return layer.moe.expert_passes_per_token
+    return layer.moe.top_k * imbalance(layer, override)
+
+
+def _seq_split(strategy: LayerStrategy) -> bool:
+    return strategy.sp != SequenceParallel.NONE and strategy.tp > 1
+
+
+def dispatch_tokens(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
+    """Tokens one rank dispatches per micro-batch: its micro-batch's, split by tp under
+    sequence parallelism (Megatron-SP or Ulysses), else whole on every tp rank."""
+    return mbs * layer.seq_len / (strategy.tp if _seq_split(strategy) else 1)
+
+
+def compute_split(layer: LayerSpec, strategy: LayerStrategy, override: float | None = None) -> ExpertSplit | None:
+    """How ops.forward_ops counts the routed experts on one rank (None: as without ep).
+
+    The rank's E / ep experts take the busiest rank's copies of the tokens of its ep group, at
+    width f / etp. Under sequence parallelism the expert tp group gathers its tokens (etp of the
+    tp shards), so the experts see etp / tp of the layer's tokens; without it every tp rank
+    holds them all."""
+    if not applies(layer, strategy):
+        return None
+    share = min(1.0, strategy.etp / strategy.tp) if _seq_split(strategy) else 1.0
+    return ExpertSplit(passes_per_token=busiest_passes_per_token(layer, strategy, override),
+                       etp=strategy.etp, tokens_factor=share)
+
+
+# -- groups -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExpertGroups:
+    """Rank groups of one MoE layer on its stage (Megatron-Core order: etp fastest, then ep, then edp)."""
+
+    etp: tuple[tuple[int, ...], ...]
+    """Ranks splitting one expert's MLP."""
+    ep: tuple[tuple[int, ...], ...]
+    """Ranks exchanging tokens by all-to-all (each holds num_experts / ep experts)."""
+    edp: tuple[tuple[int, ...], ...]
+    """Ranks holding the same expert shard: the experts' gradient-sync and ZeRO group."""
+
+
+def expert_groups(first_rank: int, strategy: LayerStrategy) -> ExpertGroups:
+    """Local rank r = t + etp * (e + ep * d) for etp index t, ep index e, expert-dp index d
+    (RankGenerator order tp-ep-dp of Megatron-Core); with etp = tp the ep groups lie inside the
+    dense dp groups (ep is carved out of data parallelism)."""
+    etp, ep, edp = strategy.etp, strategy.ep, strategy.expert_dp
+
+    def rank(t: int, e: int, d: int) -> int:
+        return first_rank + t + etp * (e + ep * d)
+    return ExpertGroups(
+        etp=tuple(tuple(rank(t, e, d) for t in range(etp)) for d in range(edp) for e in range(ep)),
+        ep=tuple(tuple(rank(t, e, d) for e in range(ep)) for d in range(edp) for t in range(etp)),
+        edp=tuple(tuple(rank(t, e, d) for d in range(edp)) for e in range(ep) for t in range(etp)))
+
+
+# -- all-to-all --------------------------------------------------------------------------------
+def all_to_all_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int, override: float | None = None) -> float:
+    """Send buffer per rank of one dispatch (or combine): tokens x routed copies x hidden x bytes
+    (the busiest rank's copies, so the imbalance slows the whole group); (ep-1)/ep of it leaves."""
+    passes = busiest_passes_per_token(layer, strategy, override)
+    return dispatch_tokens(layer, strategy, mbs) * passes * layer.hidden_size * BYTES_PER_ACTIVATION
+
+
+def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict[tuple, float]:
+    """Per resource: the share of one rank's buffer it carries when every group runs a pairwise
+    all-to-all at once (each rank sends 1/p of its buffer to each other member)."""
+    load: Counter = Counter()
+    for g in groups:
+        p = len(g)
+        for a in g:
+            for b in g:
+                if a != b:
+                    for res, _ in cluster.path(a, b):
+                        load[res] += 1.0 / p
+    return dict(load)
+
+
+def topology_all_to_all_s(cluster: ClusterSpec, nbytes: float, groups: Sequence[Sequence[int]],
+                          alpha_s: Callable[[bool], float], efficiency: Callable[[bool], float]) -> float:
+    """Pairwise all-to-all of ``nbytes`` per rank over every group at once, on the links:
+    (p-1) alpha + (p-1)/p n / B (collectives.ring_time_s), with B the per-rank bandwidth the
+    busiest resource leaves: B = (p-1)/p / max_r(load_r / (capacity_r * efficiency_r)).
+
+    ``alpha_s(crosses_nodes)`` is the per-step latency, ``efficiency(crosses_nodes)`` the
+    achieved share of a link (a NIC is a node-crossing link, GPU ports and uplinks are not)."""
+    groups = [tuple(g) for g in groups if len(g) > 1]
+    if not groups or nbytes <= 0:
+        return 0.0
+    p = max(len(g) for g in groups)
+    caps = {res: cap for g in groups for a in g for b in g if a != b for res, cap in cluster.path(a, b)}
+    load = pairwise_load(cluster, groups)
+    seconds_per_byte = max(load[r] / (caps[r] * 1e9 * efficiency(r[0].startswith("nic"))) for r in load)
+    bandwidth = (p - 1) / p / seconds_per_byte
+    crosses = any(cluster.node_of(a) != cluster.node_of(g[0]) for g in groups for a in g)
+    return coll.ring_time_s("all_to_all", p, nbytes, alpha_s(crosses), bandwidth)
+
+
+def passes(strategy: LayerStrategy) -> int:
+    """Passes whose all-to-alls run per micro-batch: forward, backward, and a full recompute."""
+    return 3 if strategy.checkpoint else 2
+
+
+def dispatch_time_s(all_to_all: Callable[[float, Sequence[Sequence[int]]], float], layer: LayerSpec,
+                    strategy: LayerStrategy, mbs: int, first_rank: int, override: float | None = None) -> float:
+    """All-to-alls of one micro-batch (dispatch + combine per pass), on the critical path."""
+    if not applies(layer, strategy) or strategy.ep == 1:
+        return 0.0
+    nbytes = all_to_all_bytes(layer, strategy, mbs, override)
+    groups = expert_groups(first_rank, strategy).ep
+    return passes(strategy) * ALL_TO_ALLS_PER_PASS * all_to_all(nbytes, groups)
+
+
+# -- states ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SyncPart:
+    """Parameters of one layer that one group keeps in sync (and shards under ZeRO)."""
+
+    params: float
+    """Parameters on one GPU before ZeRO sharding."""
+    dp_type: DPType
+    groups: tuple[tuple[int, ...], ...]
+    """The gradient-sync groups."""
+    size: int
+    """Ranks per group."""
+
+
+def expert_params(layer: LayerSpec) -> float:
+    """Routed experts' parameters (the router and shared experts are dense)."""
+    return float(layer.moe.num_experts * layer._mlp_params(layer.moe.expert_ffn_hidden_size))
+
+
+def sync_parts(layer: LayerSpec, strategy: LayerStrategy, first_rank: int, dp_groups: Sequence[Sequence[int]],
+               params: float | None = None) -> list[SyncPart]:
+    """The layer's states by sync group: all of it over ``dp_groups`` (no expert split), or the
+    dense part (attention, norms, router, shared experts) / weight_tp over dp and the routed
+    experts / (ep * etp) over the expert-dp groups with ``expert_dp_kind``. ``params``: the
+    layer's total (a profile's count) split in the spec's proportion; default the spec's."""
+    total = float(layer.param_count()) if params is None else float(params)
+    groups = tuple(tuple(g) for g in dp_groups)
+    if not applies(layer, strategy):
+        return [SyncPart(total / strategy.weight_tp, strategy.dp_type, groups, strategy.grad_dp)]
+    expert = total * expert_params(layer) / layer.param_count()
+    edp = expert_groups(first_rank, strategy).edp
+    return [SyncPart((total - expert) / strategy.weight_tp, strategy.dp_type, groups, strategy.grad_dp),
+            SyncPart(expert / (strategy.ep * strategy.etp), strategy.expert_dp_kind, edp, strategy.expert_dp)]
+
+
+def activation_correction_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int, per_width: int,
+                                override: float | None = None) -> float:
+    """Kept activations of the routed experts under the split, less what memory.py counts for
+    them without one (per copy: the dispatched input 2h, and ``per_width`` bytes per unit of the
+    expert's inner width). The split's: the experts' tokens (compute_split) x the busiest
+    copies x (2h + per_width f / etp)."""
+    if not applies(layer, strategy):
+        return 0.0
+    split = compute_split(layer, strategy, override)
+    tokens, h, f = mbs * layer.seq_len, layer.hidden_size, layer.moe.expert_ffn_hidden_size
+    copies = tokens * split.tokens_factor * split.passes_per_token
+    new = copies * (BYTES_PER_ACTIVATION * h + per_width * f / split.etp)
+    plain = tokens * layer.moe.expert_passes_per_token
+    if _seq_split(strategy):
+        old = plain * (BYTES_PER_ACTIVATION * h + per_width * f) / strategy.tp
+    else:
+        old = plain * (BYTES_PER_ACTIVATION * h + per_width * f / strategy.tp)
+    return new - old
