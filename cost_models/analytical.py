@@ -57,6 +57,7 @@ class AnalyticalModel(CostModel):
     """FLOPs/bytes and alpha-beta cost model for one cluster."""
 
     name = "analytical"
+    rank_symmetric = True
 
     def __init__(self, cluster: ClusterSpec, calibration: str | Path | Mapping[str, float] | None = None,
                  constants: AnalyticalConstants | None = None, **overrides: float) -> None:

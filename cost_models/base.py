@@ -163,6 +163,9 @@ class CostModel(ABC):
     """Time and memory of layers, collectives and plans on one cluster."""
 
     name: ClassVar[str] = ""
+    rank_symmetric: ClassVar[bool] = False
+    """True when answers depend on ranks only through the cluster's topology (which node, which
+    PCIe switch): planners may then ask a stage's layer questions at an equivalent first rank."""
     runtime_overhead_bytes: float = 1.0 * GIB
     """Per-GPU memory outside the model (CUDA context, allocator slack); set per instance."""
 

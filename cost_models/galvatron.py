@@ -414,6 +414,7 @@ class GalvatronModel(CostModel):
     """
 
     name = "galvatron"
+    rank_symmetric = True
     runtime_overhead_bytes = 0.0
     """The 1 GB CUDA context is in each stage's other memory, as Galvatron counts it."""
 

@@ -66,6 +66,7 @@ class ProfiledModel(CostModel):
     """Cost model driven by measured tables."""
 
     name = "profiled"
+    rank_symmetric = True
 
     def __init__(self, cluster: ClusterSpec, profile_path: str | Path | None = None,
                  profile: Profile | None = None, galvatron_dir: str | Path | None = None,

@@ -130,17 +130,12 @@ def _mbs(combo: Combo, s: LayerStrategy) -> int:
     return max(1, combo.global_batch // (s.dp * combo.micro_batches))
 
 
-RANK_SYMMETRIC_COST_MODELS = frozenset({"analytical", "profiled", "galvatron"})
-"""Cost models whose answers depend on ranks only through the cluster's topology (which node,
-which PCIe switch), so a stage's layer questions asked at an equivalent first rank have the same
-answers (tested against the true ranks). Any other cost model is asked at the true ranks."""
-
-
 def canonical_first_rank(cm: CostModel, first: int, gpus: int) -> int:
     """An equivalent first rank for a stage of ``gpus`` ranks starting at ``first``: 0 for whole
     nodes starting at a node boundary, the same place in node 0 for a stage inside one node
-    (nodes are identical), else ``first`` itself."""
-    if getattr(cm, "name", "") not in RANK_SYMMETRIC_COST_MODELS:
+    (nodes are identical), else ``first`` itself. Only for cost models that declare
+    ``rank_symmetric`` (tested against the true ranks); any other is asked at the true ranks."""
+    if not cm.rank_symmetric:
         return first
     per_node = cm.cluster.gpus_per_node
     if first % per_node == 0 and gpus % per_node == 0:
