@@ -48,16 +48,19 @@ def spaces() -> dict[str, SearchSpace]:
     }
 
 
-def _run(name: str, model, cluster, cm, budget: Budget, options: dict[str, Any]) -> tuple[float, float, str]:
+def _run(name: str, model, cluster, cm, budget: Budget, options: dict[str, Any]) -> tuple[float, float, str, str]:
+    """(samples/s or 0, search wall s, status with the proven gap, plan summary or message)."""
     start = time.perf_counter()
     res = planners.get(name).plan(model, cluster, budget, cm, options)
     wall = time.perf_counter() - start
+    gap = res.stats.gap
+    status = res.stats.solver_status + (f" gap {gap:.1%}" if gap is not None and gap > 0 else "")
     if not res.feasible:
-        return 0.0, wall, res.message
-    return res.throughput_samples_per_s, wall, res.plan.summary()
+        return 0.0, wall, status, res.message
+    return res.throughput_samples_per_s, wall, status, res.plan.summary()
 
 
-def ablate(case: str, only: list[str] | None) -> list[list]:
+def ablate(case: str, only: list[str] | None, time_limit_s: float) -> list[list]:
     model_name, cluster_name, gib, batch = CASES[case]
     model, cluster = load_model(model_name), load_cluster(cluster_name)
     if case == "bert-8":
@@ -67,16 +70,17 @@ def ablate(case: str, only: list[str] | None) -> list[list]:
     print(f"{model.name} on {cluster.name} ({cluster.world_size} GPUs), {gib:g} GiB, global batch {batch}, "
           "analytical cost model", flush=True)
     rows, ref = [], None
-    runs = [(label, "galvatron", {"space": space}) for label, space in spaces().items()]
+    limit = {"time_limit_s": time_limit_s} if time_limit_s else {}
+    runs = [(label, "galvatron", {"space": space, **limit}) for label, space in spaces().items()]
     runs += [(name, name, {}) for name in BASELINES]
     for label, planner, options in runs:
         if only and label not in only and planner not in only:
             continue
-        thr, wall, plan = _run(planner, model, cluster, cm, budget, options)
+        thr, wall, status, plan = _run(planner, model, cluster, cm, budget, options)
         if ref is None:
             ref = thr
         ratio = f"{thr / ref:.3f}" if ref and thr else "-"
-        rows.append([label, f"{thr:.2f}" if thr else "none fits", ratio, f"{wall:.1f}", plan[:90]])
+        rows.append([label, f"{thr:.2f}" if thr else "none fits", ratio, f"{wall:.1f}", status, plan[:90]])
         print("  " + " | ".join(rows[-1]), flush=True)
     return rows
 
@@ -87,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.space_ablation", description=__doc__)
     p.add_argument("--case", nargs="+", choices=tuple(CASES), default=["gpt3-175b", "llama2-70b"])
     p.add_argument("--only", nargs="+", default=None, help="row labels or planner names to run (default: all)")
+    p.add_argument("--time-limit-s", type=float, default=0.0,
+                   help="bound each galvatron call (0: none); a stopped search prints its proven gap")
     args = p.parse_args(argv)
     for case in args.case:
-        rows = ablate(case, args.only)
-        print(tabulate(rows, headers=["space / planner", "samples/s", "vs 2022", "search s", "plan"],
+        rows = ablate(case, args.only, args.time_limit_s)
+        print(tabulate(rows, headers=["space / planner", "samples/s", "vs 2022", "search s", "status", "plan"],
                        tablefmt="github"))
     return 0
 

@@ -12,7 +12,6 @@ import cost_models
 from planners.base import Budget
 from planners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
 from planners.evaluate import EVALUATORS
-from planners.records import plan_summary
 from planners.registry import available
 from planners.report import table
 from specs import SpecError, cluster_names, model_names
@@ -20,7 +19,7 @@ from specs.cli import ArgumentParser, count, dumps, number, output_dir
 from specs.errors import one_line_errors
 from specs.limits import MAX_GLOBAL_BATCH
 
-__all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options", "plan_summary"]
+__all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options"]
 LISTINGS = {"models": model_names, "clusters": cluster_names, "planners": available,
             "cost-models": cost_models.available, "evaluators": EVALUATORS.available}
 """What --list can print."""

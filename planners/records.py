@@ -32,7 +32,7 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict
         "min_memory_gib": result.min_memory_gib, "search_time_s": result.stats.wall_time_s,
         "solver_status": result.stats.solver_status, "gap": result.stats.gap, "bound_s": result.stats.bound_s,
         "states_explored": result.stats.states_explored,
-        "tie": None, "plan_summary": plan_summary(plan) if plan else _oom_text(result), "plan_file": None,
+        "tie": None, "plan_summary": plan.summary() if plan else _oom_text(result), "plan_file": None,
     }
 
 
@@ -54,15 +54,6 @@ def add_evaluation(rec: dict[str, Any], evaluator: str, evaluation: Any | None) 
         evaluation.iteration_time_s if ran else None, evaluation.throughput_samples_per_s if ran else None,
         max(evaluation.peak_memory_bytes) / GIB, evaluation.oom is not None)
     rec.update(zip(evaluation_columns(evaluator), values))
-
-
-def plan_summary(plan: Plan) -> str:
-    """Plan.summary() with the stage sizes after the pipeline degree when pp > 1."""
-    text = plan.summary()
-    if plan.pp > 1:
-        head = f"pp{plan.pp} m{plan.micro_batches}"
-        text = text.replace(head, f"{head} [{'/'.join(map(str, plan.stage_layers))}]", 1)
-    return text
 
 
 def _oom_text(result: PlanResult) -> str:

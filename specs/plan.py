@@ -277,9 +277,15 @@ class Plan:
         return self.global_batch // (self.layers[layer].dp * self.micro_batches)
 
     def summary(self) -> str:
-        """One line: ``pp2 | L0-15 tp2/dp2 zero3 | L16-31 dp4 ckpt`` (runs of equal layers)."""
-        parts = [f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-                 + f" m{self.micro_batches}"]
+        """One line: ``pp2 m4 [16/16] vocab tp2/sp | L0-15 tp2/dp2 zero3 | L16-31 dp4 ckpt``
+        (stage sizes when pp > 1 without interleaving, the embedding/head strategy when not
+        the default, then runs of equal layers)."""
+        head = f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "") + f" m{self.micro_batches}"
+        if self.pp > 1 and self.virtual_stages == 1:
+            head += f" [{'/'.join(map(str, self.stage_layers))}]"
+        vocab = [f"tp{self.vocab_tp}"] if self.vocab_tp > 1 else []
+        vocab += {"megatron": ["sp"], "ulysses": ["uly"]}.get(self.vocab_sp, []) + (["zero3"] if self.vocab_zero3 else [])
+        parts = [head + (f" vocab {'/'.join(vocab)}" if vocab else "")]
         start = 0
         for i in range(1, len(self.layers) + 1):
             if i == len(self.layers) or self.layers[i] != self.layers[start]:

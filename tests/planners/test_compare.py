@@ -37,7 +37,7 @@ def test_out_writes_plans_and_tables(tmp_path, capsys):
     assert [r["planner"] for r in rows] == ["zero3", "galvatron"]
     assert (tmp_path / "results.csv").read_text().startswith("planner,model,cluster,budget_gib")
     from specs import Plan
-    assert compare.plan_summary(Plan.load(tmp_path / "plans" / "galvatron_4gib.json")) == rows[1]["plan_summary"]
+    assert Plan.load(tmp_path / "plans" / "galvatron_4gib.json").summary() == rows[1]["plan_summary"]
     assert not list(tmp_path.rglob("*.tmp"))
 
 
