@@ -76,7 +76,8 @@ def _moe_bytes_per_token(layer: LayerSpec, per_width: int, mask: int) -> tuple[f
     """(replicated, tp-split) bytes of a MoE MLP per token: the router's input and its logits
     (one per expert), then for each routed copy (k per token, or k x capacity factor) the
     dispatched input 2h and the expert MLP's inner tensors, and the shared experts' as a dense
-    MLP's. Every rank holds all experts (no expert parallelism)."""
+    MLP's, as if every rank held every expert; under expert parallelism
+    experts.activation_correction_bytes moves the routed part to the experts' ranks."""
     moe, h = layer.moe, layer.hidden_size
     passes = moe.expert_passes_per_token
     replicated = ACTIVATION_BYTES * (h + moe.num_experts + passes * h) + mask * h
