@@ -73,10 +73,11 @@ class GroupDP:
         self.strat_g = np.array([self.dp_index[s.dp] for s in t.strategies])
         max_len = None if stage_imbalance is None else math.ceil(stage_imbalance * self.n / t.combo.pp)
         self.windows = stage_windows(self.n, t.combo.pp, even, max_len)
-        self.bound_windows = stage_windows(self.n, t.combo.pp, False)
-        """Every partition: the memory-blind bound covers the whole space, not only the searched windows."""
+        self.bound_windows = stage_windows(self.n, t.combo.pp, even)
+        """Every partition of the space (even partitions only when the space is restricted to them):
+        the bounds cover the whole space, not only the windows fast mode's stage_imbalance keeps."""
         exact_levels = max_temp_levels is None and not granularity_bytes  # rounding changes the problem
-        self.proven = exact_levels and (exact and not even or t.combo.pp == 1)
+        self.proven = exact_levels and (exact or t.combo.pp == 1)
         """Whether solve() is exact over the space (then a group's optimum is its own lower bound)."""
         self.incumbent_s = np.inf
         """The best objective known from elsewhere; Pareto points that cannot beat it are dropped."""
@@ -262,7 +263,7 @@ class GroupDP:
         relaxed = self.relaxed_objective(v)
         if relaxed >= incumbent_s:
             return relaxed
-        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s))
+        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s, even=self.even))
 
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
