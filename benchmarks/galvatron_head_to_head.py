@@ -55,14 +55,18 @@ def engine_missing() -> str:
     return ""
 
 
-def run_engine(folder: Path, gb: int, batch: int) -> tuple[float, dict | None]:
-    """One search by Galvatron's engine: its own search wall time and its chosen plan."""
+def run_engine(folder: Path, gb: int, batch: int, keep: Path | None = None) -> tuple[float, dict | None]:
+    """One search by Galvatron's engine: its own search wall time and its chosen plan (the run's
+    JSON, every task's plan included, copied to ``keep`` when given)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "engine.json"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STUBS), os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, str(ENGINE), "search", "--folder", str(folder), "--memory-gb", str(gb),
                "--batch", str(batch), "--log-dir", str(Path(tmp) / "logs"), "--out", str(out)]
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            keep.write_text(out.read_text())
         run = json.loads(out.read_text())[0]
     return run["search_wall_s"], run["chosen"]
 
@@ -138,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-engine", action="store_true", help="print only hybridpar's side")
     p.add_argument("--engine-results", type=Path, help="take Galvatron's side (search time, chosen plan) "
                    "from this file written by tools/galvatron_engine.py instead of running the engine")
+    p.add_argument("--engine-out", type=Path, help="keep each engine run's JSON in this folder "
+                   "(engine_<GB>GB_bsz<batch>_<pair>.json; merge with tools/galvatron_engine.py collect)")
     args = p.parse_args(argv)
     recorded = _recorded(args.engine_results) if args.engine_results else {}
     folder, cluster = data_path(Dataset.GALVATRON_LLAMA2_7B), load_cluster("dgx-a100-80g")
@@ -155,9 +161,10 @@ def main(argv=None) -> int:
         if gb not in args.budgets:
             continue
         ours_s, theirs_s, ours, theirs = [], [], None, None
-        for _ in range(args.repeats):
+        for pair in range(args.repeats):
             if not missing:
-                wall, theirs = run_engine(folder, gb, batch)
+                keep = args.engine_out / f"engine_{gb}GB_bsz{batch}_{pair}.json" if args.engine_out else None
+                wall, theirs = run_engine(folder, gb, batch, keep)
                 theirs_s.append(wall)
             wall, ours = run_ours(models, cluster, gb, batch)
             ours_s.append(wall)
@@ -172,6 +179,8 @@ def main(argv=None) -> int:
                 theirs_s, theirs = [run["search_wall_s"]], run["chosen"]
             ratio = statistics.median(theirs_s) / statistics.median(ours_s)
             head += f", Galvatron's engine {statistics.median(theirs_s):.1f} s ({ratio:.1f}x)"
+            if len(theirs_s) > 1:
+                head += " [pairs (engine, ours): " + ", ".join(f"({a:.1f}, {b:.1f})" for a, b in zip(theirs_s, ours_s)) + "]"
         print(head, flush=True)
         report(gb, batch, ours, theirs, models, profiled, cluster)
     _shipped(folder, models, profiled, cluster)

@@ -144,7 +144,8 @@ class ExactPlanner(Planner):
 
         meta = {"model": model.name, "cluster": cluster.name}
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
-                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state)
+                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state,
+                                  seed=False)  # the warm start (galvatron, seeded) stands in for it
         status = log.overall()
         gap = 0.0 if status == "optimal" else (max(log.gaps) if log.gaps else None)
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),

@@ -17,10 +17,11 @@ from planners.base import (
     infeasible_result,
     scored_result,
 )
+from planners.seed import uniform_seed
 from planners.segments import GroupSolution, temp_levels
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables
-from specs import ModelSpec
+from specs import ModelSpec, even_stage_layers
 from specs.units import GIB
 
 RESCORE_RTOL = 1e-6
@@ -116,11 +117,13 @@ def passed(deadline: float | None) -> bool:
 
 def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
               batches: tuple[int, ...], solve: Callable[[ComboTables, float], list[GroupSolution]],
-              top_k: int, meta: dict, state: OuterState | None = None, deadline: float | None = None
-              ) -> tuple[OuterState, list[ComboTables]]:
-    """Solve groups in order of their lower bound; skip a group whose bound cannot beat the best.
-    Past ``deadline`` (time.monotonic) the remaining groups are left with their lower bound, once
-    a plan has been found (a call with no plan yet goes on until it has one)."""
+              top_k: int, meta: dict, state: OuterState | None = None, deadline: float | None = None,
+              seed: bool = True) -> tuple[OuterState, list[ComboTables]]:
+    """Seed with the uniform recipes and the interleaved plans (``seed``; else the interleaved
+    plans come last), then solve groups in order of their lower bound, skipping a group whose
+    bound cannot beat the best. Past ``deadline`` (time.monotonic) the remaining groups are left
+    with their lower bound, once a plan has been found (a call with no plan yet goes on until it
+    has one)."""
     state = state or OuterState()
     start = time.perf_counter()
     tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
@@ -128,6 +131,9 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     state.unbounded += unbuilt
     state.timed_out |= unbuilt > 0
     bounds = [lower_bound_s(t) for t in tables]
+    if seed:
+        _seed_uniform(tables, model, cost_model, budget_bytes, top_k, meta, state)
+        _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     order = sorted(range(len(tables)), key=lambda i: -tables[i].combo.global_batch / bounds[i])
     for i in order:
         t = tables[i]
@@ -154,11 +160,38 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
             rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
             state.mismatch = max(state.mismatch, rel)
             state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
+    if not seed:
+        _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
+    return state, tables
+
+
+def _all_interleaved(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,
+                     space: SearchSpace, top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
     for t in tables:
         for v in space.virtual_stages:
             if v > 1:
                 _interleaved(t, v, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
-    return state, tables
+
+
+def _seed_uniform(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,
+                  top_k: int, meta: dict, state: OuterState) -> None:
+    """Before any group is searched: the best uniform plans (one strategy for every layer, even
+    stages: the recipes Megatron and DeepSpeed run) of every group and vocab choice, scored from
+    the tables at once; the top_k of them are re-scored with plan_cost and kept. The first
+    incumbent is then at least as good as every uniform recipe of the space, so a search stopped
+    by its time limit never returns less."""
+    seeds = []
+    for t in tables:
+        for v in t.vocab:
+            found = uniform_seed(t, v)
+            if found is not None:
+                seeds.append((t.combo.global_batch / found[0], found[1], v, t))
+    for _, strategy, v, t in sorted(seeds, key=lambda s: -s[0])[:top_k]:
+        n, pp = len(t.layer_type), t.combo.pp
+        plan = t.plan([strategy] * n, list(even_stage_layers(n, pp)), v, meta)
+        cost = cost_model.plan_cost(model, plan)
+        if max(cost.stage_peak_bytes) <= budget_bytes * (1 + 1e-12):
+            state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
 
 
 def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel, budget_bytes: float,
@@ -206,7 +239,7 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
                                      "(no pp, micro-batch and tp/dp split divides them)")
         floor = min(min_memory_bytes(t) for t in tables)
         return infeasible_result(name, floor if np.isfinite(floor) else None, stats)
-    ranked = sorted(state.solutions, key=lambda s: (-s[0], s[1]))
+    ranked = list({s[2]: s for s in sorted(state.solutions, key=lambda s: (-s[0], s[1]))}.values())
     top = tuple(RankedPlan(plan=p, iteration_time_s=tm, throughput_samples_per_s=thr,
                            peak_memory_gib=cost_model.plan_cost(model, p).peak_memory_bytes / GIB)
                 for thr, tm, p in ranked[:top_k])

@@ -73,6 +73,10 @@ class SearchSpace:
     """Explicit micro-batch counts; None: powers of two dividing the batch, up to max_micro_batches."""
     max_micro_batches: int = 64
     """Largest micro-batch count (default 64; the full preset lifts it to the global batch)."""
+    micro_batch_degrees: str | None = None
+    """How micro-batch counts are enumerated (one of DEGREE_RULES); None: as ``degrees``. The
+    full preset takes every divisor of the global batch: Megatron's micro-batch size is a power
+    of two, so counts like 96 (batch 1536 over dp 16 at size 1) are what people run."""
     vocab_tp: tuple[int, ...] | None = None
     """Explicit embedding/head tp degrees; None: degrees up to the stage size and max_tp (the
     vocabulary is padded as Megatron pads it, so it need not divide)."""
@@ -101,8 +105,10 @@ class SearchSpace:
                                                                           if x not in tuple(SequenceParallel)]
         if bad:
             raise SpecError("recompute/sp", f"unknown choice {bad[0]!r}")
-        if self.degrees not in DEGREE_RULES:
-            raise SpecError("degrees", f"must be one of {', '.join(DEGREE_RULES)}, got {self.degrees!r}")
+        for name in ("degrees", "micro_batch_degrees"):
+            rule = getattr(self, name)
+            if rule not in DEGREE_RULES and not (name == "micro_batch_degrees" and rule is None):
+                raise SpecError(name, f"must be one of {', '.join(DEGREE_RULES)}, got {rule!r}")
         if any(not isinstance(v, int) or v < 1 for v in self.virtual_stages):
             raise SpecError("virtual_stages", f"must be positive integers, got {self.virtual_stages!r}")
         if self.expert_parallel is not None and (not self.expert_parallel or any(
@@ -128,7 +134,8 @@ class SearchSpace:
         galvatron2 = replace(classic, sp=tuple(SequenceParallel), vocab_zero3=(False, True),
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
-                       virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20, expert_tp=(0, 1))
+                       virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
+                       micro_batch_degrees="divisors", expert_tp=(0, 1))
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid up to pp 8 and 64
         # micro-batches (classic's caps, which keep the DP in minutes at 32 GPUs)
         moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=tuple(Recompute),
@@ -156,8 +163,10 @@ class SearchSpace:
             out = replace(out, recompute=out.recompute + (Recompute.FULL,))
         return out
 
-    def _degrees(self, n: int, limit: int) -> list[int]:
-        return divisors(n, limit) if self.degrees == "divisors" else [d for d in powers_of_two(limit) if n % d == 0]
+    def _degrees(self, n: int, limit: int, rule: str | None = None) -> list[int]:
+        if (rule or self.degrees) == "divisors":
+            return divisors(n, limit)
+        return [d for d in powers_of_two(limit) if n % d == 0]
 
     # -- enumeration ------------------------------------------------------------------------
     def pp_choices(self, model: ModelSpec, cluster: ClusterSpec) -> list[int]:
@@ -202,7 +211,7 @@ class SearchSpace:
 
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
         limit = min(self.max_micro_batches, global_batch)
-        base = self.micro_batches or tuple(self._degrees(global_batch, limit))
+        base = self.micro_batches or tuple(self._degrees(global_batch, limit, self.micro_batch_degrees))
         return [m for m in base if global_batch % m == 0 and (self.schedule == Schedule.GPIPE or m >= pp)
                 and (virtual_stages == 1 or m % pp == 0)]
 

@@ -78,6 +78,13 @@ def test_caps_are_options_with_stated_defaults():
     assert SearchSpace(degrees="divisors").tp_choices(6) == [1, 2, 3, 6]
     with pytest.raises(SpecError, match="degrees: must be one of powers_of_two, divisors"):
         SearchSpace(degrees="primes")
+    # micro-batch counts may follow their own rule; the full preset takes every divisor (Megatron's
+    # micro-batch size 1 at dp 16 on batch 1536 is 96 micro-batches), degrees stay powers of two
+    full = SearchSpace.preset("full")
+    assert 96 in full.micro_batch_choices(1536, 8) and 96 not in SearchSpace().micro_batch_choices(1536, 8)
+    assert full.tp_choices(6) == [1, 2]
+    with pytest.raises(SpecError, match="micro_batch_degrees: must be one of powers_of_two, divisors, got 'odd'"):
+        SearchSpace(micro_batch_degrees="odd")
 
 
 def test_layer_rules():
