@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 from cost_models import collectives as coll
 from cost_models.ops import ExpertSplit
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, SequenceParallel, SpecError
+from specs.ranks import expert_groups
 
 BYTES_PER_ACTIVATION = 2
 """Dispatched tokens are 16-bit activations."""
@@ -74,33 +75,6 @@ def compute_split(layer: LayerSpec, strategy: LayerStrategy, override: float | N
     share = min(1.0, strategy.etp / strategy.tp) if _seq_split(strategy) else 1.0
     return ExpertSplit(passes_per_token=busiest_passes_per_token(layer, strategy, override),
                        etp=strategy.etp, tokens_factor=share)
-
-
-# -- groups -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ExpertGroups:
-    """Rank groups of one MoE layer on its stage (Megatron-Core order: etp fastest, then ep, then edp)."""
-
-    etp: tuple[tuple[int, ...], ...]
-    """Ranks splitting one expert's MLP."""
-    ep: tuple[tuple[int, ...], ...]
-    """Ranks exchanging tokens by all-to-all (each holds num_experts / ep experts)."""
-    edp: tuple[tuple[int, ...], ...]
-    """Ranks holding the same expert shard: the experts' gradient-sync and ZeRO group."""
-
-
-def expert_groups(first_rank: int, strategy: LayerStrategy) -> ExpertGroups:
-    """Local rank r = t + etp * (e + ep * d) for etp index t, ep index e, expert-dp index d
-    (RankGenerator order tp-ep-dp of Megatron-Core); with etp = tp the ep groups lie inside the
-    dense dp groups (ep is carved out of data parallelism)."""
-    etp, ep, edp = strategy.etp, strategy.ep, strategy.expert_dp
-
-    def rank(t: int, e: int, d: int) -> int:
-        return first_rank + t + etp * (e + ep * d)
-    return ExpertGroups(
-        etp=tuple(tuple(rank(t, e, d) for t in range(etp)) for d in range(edp) for e in range(ep)),
-        ep=tuple(tuple(rank(t, e, d) for e in range(ep)) for d in range(edp) for t in range(etp)),
-        edp=tuple(tuple(rank(t, e, d) for d in range(edp)) for e in range(ep) for t in range(etp)))
 
 
 # -- all-to-all --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from cost_models import experts
 from cost_models.base import BYTES_PER_ACTIVATION, activation_message_bytes
 from cost_models.sequence import sync_groups, ulysses_message_bytes
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
+from specs.ranks import expert_groups
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
@@ -224,7 +225,7 @@ def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, f
     if not experts.applies(layer, s) or s.ep == 1:
         return (), ()
     nbytes = experts.all_to_all_bytes(layer, s, mbs, cm.expert_imbalance)
-    groups = experts.expert_groups(first_rank, s).ep
+    groups = expert_groups(first_rank, s).ep
     return groups, (("all_to_all", nbytes, experts.ALL_TO_ALLS_PER_PASS),)
 
 

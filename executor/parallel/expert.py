@@ -12,8 +12,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from executor.moe import Experts, MoE
-from executor.parallel.layout import GroupCache, Layout
+from executor.parallel.layout import GroupCache
 from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
+from specs.ranks import expert_coords, expert_groups, expert_rank
 
 EXPERT_DP_TYPES = (DPType.DDP, DPType.ZERO1, DPType.ZERO2)
 """How the expert-data-parallel group may hold the experts' states (flat buckets)."""
@@ -40,48 +41,18 @@ def check_moe(i: int, spec: LayerSpec, s: LayerStrategy) -> None:
                         f"({spec.moe.shared_ffn_hidden_size})")
 
 
-@dataclass(frozen=True)
-class ExpertLayout:
-    """Where a MoE layer's experts live on a stage of ``layout``: rank (dp index d, tp index t)
-    has ep index d % ep and expert-dp index d // ep, and splits its experts like its TP shard
-    (etp = tp). With consecutive TP this is Megatron-Core's order (etp fastest, then ep, then
-    expert dp)."""
-
-    layout: Layout
-    ep: int
-
-    def local_rank(self, edp: int, e: int, t: int) -> int:
-        return self.layout.local_rank(edp * self.ep + e, t)
-
-    def coords(self, local: int) -> tuple[int, int, int]:
-        """(expert-dp index, ep index, tp index) of a rank of the stage."""
-        d = self.layout.dp_index(local)
-        return d // self.ep, d % self.ep, self.layout.tp_index(local)
-
-    def ep_sets(self, pp: int) -> list[tuple[int, ...]]:
-        """Every ep group (same tokens' destinations) of every stage."""
-        g, edp = self.layout.tp * self.layout.dp, self.layout.dp // self.ep
-        return [tuple(s * g + self.local_rank(d, e, t) for e in range(self.ep))
-                for s in range(pp) for d in range(edp) for t in range(self.layout.tp)]
-
-    def expert_dp_sets(self, pp: int) -> list[tuple[int, ...]]:
-        """Every expert-data-parallel group (same experts, same shard) of every stage."""
-        g, edp = self.layout.tp * self.layout.dp, self.layout.dp // self.ep
-        return [tuple(s * g + self.local_rank(d, e, t) for d in range(edp))
-                for s in range(pp) for e in range(self.ep) for t in range(self.layout.tp)]
-
-
-def moe_layouts(model: ModelSpec, plan: Plan) -> list[ExpertLayout]:
-    """The distinct expert layouts of the plan's MoE layers, in an order every rank agrees on."""
-    found = {ExpertLayout(Layout.of(s), s.ep) for s, spec in zip(plan.layers, model.layers) if spec.moe is not None}
-    return sorted(found, key=lambda x: (x.layout.tp, x.layout.dp, x.layout.consecutive, x.ep))
+def _moe_strategies(model: ModelSpec, plan: Plan) -> list[LayerStrategy]:
+    """The distinct strategies of the plan's MoE layers, in an order every rank agrees on."""
+    found = {s for s, spec in zip(plan.layers, model.layers) if spec.moe is not None}
+    return sorted(found, key=lambda s: (s.tp, s.dp, s.tp_consecutive, s.ep, s.expert_tp, str(s)))
 
 
 def build_expert_groups(model: ModelSpec, plan: Plan, groups: GroupCache) -> None:
     """Create every ep and expert-dp group of every stage (collective: all ranks, same order)."""
-    for x in moe_layouts(model, plan):
-        groups.group(x.ep_sets(plan.pp))
-        groups.group(x.expert_dp_sets(plan.pp))
+    for s in _moe_strategies(model, plan):
+        stages = [expert_groups(stage * s.gpus, s) for stage in range(plan.pp)]
+        groups.group([g for x in stages for g in x.ep])
+        groups.group([g for x in stages for g in x.edp])
 
 
 @dataclass
@@ -106,15 +77,14 @@ def apply_ep(block: nn.Module, spec: LayerSpec, s: LayerStrategy, i: int, stage:
     if not isinstance(moe, MoE):
         return None
     check_moe(i, spec, s)
-    x = ExpertLayout(Layout.of(s), s.ep)
-    edp, e, t = x.coords(local)
+    d, e, t = expert_coords(s, local)
     base = stage * s.gpus
-    grid = torch.tensor([[base + x.local_rank(edp, j, k) for k in range(s.tp)] for j in range(s.ep)])
+    grid = torch.tensor([[expert_rank(base, s, k, j, d) for k in range(s.etp)] for j in range(s.ep)])
     mesh = groups.mesh(grid, device, ("ep", "etp"))  # its groups exist: build_expert_groups, layout meshes
     _shard_experts(moe.experts, mesh)
     moe.dispatch = AllToAllDispatch(mesh["ep"].get_group() if s.ep > 1 else None,
                                     mesh["etp"].get_group() if s.tp > 1 else None, s.ep)
-    dp_group = groups.groups[tuple(base + x.local_rank(d, e, t) for d in range(s.dp // s.ep))]
+    dp_group = groups.groups[tuple(expert_rank(base, s, t, e, j) for j in range(s.expert_dp))]
     dp_type = s.expert_dp_kind if s.expert_dp > 1 else DPType.DDP
     numel = spec.moe.num_experts // s.ep * 3 * spec.hidden_size * spec.moe.expert_ffn_hidden_size // s.tp
     return ExpertShard(params=[moe.experts.gate, moe.experts.up, moe.experts.down], group=dp_group,

@@ -13,6 +13,7 @@ from cost_models.ops import forward_ops
 from specs import (ClusterSpec, GPUSpec, InterNodeLink, IntraNodeLink, LayerSpec, LayerStrategy, SpecError,
                    load_cluster, load_model, uniform_plan)
 from specs.layer_parts import MoESpec
+from specs.ranks import expert_groups
 
 # 2 nodes x 2 GPUs: 100 GB/s GPU ports, one 10 GB/s NIC per node; 5 us inside a node, 10 us across
 TWO_BY_TWO = ClusterSpec(
@@ -42,7 +43,7 @@ def test_all_to_all_across_two_nodes_by_hand():
 
 
 def test_expert_groups_follow_megatron_core_order():
-    g = experts.expert_groups(8, LayerStrategy(tp=2, dp=4, ep=2))  # etp 2, ep 2, expert dp 2 on ranks 8..15
+    g = expert_groups(8, LayerStrategy(tp=2, dp=4, ep=2))  # etp 2, ep 2, expert dp 2 on ranks 8..15
     assert g.etp == ((8, 9), (10, 11), (12, 13), (14, 15))
     assert g.ep == ((8, 10), (9, 11), (12, 14), (13, 15))
     assert g.edp == ((8, 12), (9, 13), (10, 14), (11, 15))
