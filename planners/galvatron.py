@@ -23,7 +23,7 @@ from planners.outer import (
     vocab_min_memory_bytes,
 )
 from planners.registry import register
-from planners.segments import GroupDP
+from planners.segments import DeadlinePassed, GroupDP
 from planners.space import SearchSpace
 from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
@@ -70,7 +70,8 @@ class GalvatronPlanner(Planner):
         def solve(tables, incumbent_s):
             dp = GroupDP(tables, exact=exact, even=even, granularity_bytes=granularity,
                          stage_imbalance=None if exact else opts["stage_imbalance"],
-                         max_temp_levels=None if exact else opts["max_temp_levels"])
+                         max_temp_levels=None if exact else opts["max_temp_levels"],
+                         deadline=deadline if state.solutions else None)  # a call goes on until it has a plan
             found = []
             for v in tables.vocab:
                 if (found or state.solutions) and passed(deadline):
@@ -79,7 +80,12 @@ class GalvatronPlanner(Planner):
                     break
                 if vocab_min_memory_bytes(tables, v) > tables.budget_bytes:
                     continue  # no plan of this vocab choice fits: its bound is inf
-                sol = dp.solve(v, min([incumbent_s] + [f.objective_s for f in found]))
+                try:
+                    sol = dp.solve(v, min([incumbent_s] + [f.objective_s for f in found]))
+                except DeadlinePassed:  # stopped part-way: the group keeps its cheap bound
+                    state.timed_out = True
+                    state.bound(tables.combo.global_batch, lower_bound_s(tables))
+                    break
                 state.bound(tables.combo.global_batch, dp.bounds[v])
                 if sol is not None:
                     found.append(sol)

@@ -22,16 +22,17 @@ SCALES = (0.0, 0.0625, 0.25, 1.0, 4.0)
 """mu as multiples of the objective per byte of capacity, tried before the golden-section refinement."""
 
 
-def lagrangian_bound(t: ComboTables, v, incumbent_s: float = np.inf, refine: int = 4, even: bool = False) -> float:
+def lagrangian_bound(t: ComboTables, v, incumbent_s: float = np.inf, refine: int = 4, even: bool = False,
+                     deadline: float | None = None) -> float:
     """max over the tried mu of the relaxation's value (a lower bound on the group's objective
     under vocab choice ``v``, over every partition, or over the even one when ``even``); stops
-    early once it reaches ``incumbent_s``."""
+    early once it reaches ``incumbent_s``; raises segments.DeadlinePassed past ``deadline``."""
     caps = float(sum(t.budget_bytes - vc.memory_bytes - vc.temp_bytes for vc in t.vocab[v]))
     seen: dict[float, float] = {}
 
     def value(mu: float) -> float:
         if mu not in seen:
-            seen[mu] = _relaxed_sum(_priced(t, v, mu), even) - mu * caps
+            seen[mu] = _relaxed_sum(_priced(t, v, mu), even, deadline) - mu * caps
         return seen[mu]
 
     base = value(0.0)
@@ -56,12 +57,12 @@ def lagrangian_bound(t: ComboTables, v, incumbent_s: float = np.inf, refine: int
     return max(seen.values())
 
 
-def _relaxed_sum(t: ComboTables, even: bool) -> float:
+def _relaxed_sum(t: ComboTables, even: bool, deadline: float | None) -> float:
     """Least sum over stages of the priced per-micro-batch times, any partition (the even one
     when ``even``), memory ignored."""
     from planners.segments import GroupDP  # segments uses this module
     v = next(iter(t.vocab))
-    dp = GroupDP(t, exact=False, even=even)
+    dp = GroupDP(t, exact=False, even=even, deadline=deadline)
     pp, n, G = t.combo.pp, len(t.layer_type), len(t.dp_values)
     opts = [dp._options(k, v, {}, 0.0, relaxed=True)[0] for k in range(pp)]
     recv = [None] + [dp._recv(k) for k in range(1, pp)]

@@ -3,6 +3,7 @@ segment options, and the partition DP that picks stage boundaries; plans come ba
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -53,12 +54,19 @@ def _last_mem_floor(vc) -> float:
     return float(vc.last_delta[:, 2].min()) if vc.last_delta is not None else 0.0
 
 
+class DeadlinePassed(Exception):
+    """A group search reached the planner call's deadline part-way (nothing of it is kept)."""
+
+
 class GroupDP:
     """Runs the passes once per group (stage 0 once per vocab tp) and answers every vocab tp."""
 
     def __init__(self, t: ComboTables, exact: bool, even: bool, granularity_bytes: float = 0.0,
-                 stage_imbalance: float | None = None, max_temp_levels: int | None = None) -> None:
+                 stage_imbalance: float | None = None, max_temp_levels: int | None = None,
+                 deadline: float | None = None) -> None:
         self.t, self.exact, self.even = t, exact, even
+        self.deadline = deadline
+        """time.monotonic() past which the search raises DeadlinePassed between passes."""
         self.n = len(t.layer_type)
         self.m = t.combo.micro_batches
         self.weight = 1.0 / self.m
@@ -114,6 +122,7 @@ class GroupDP:
         done: list[SegmentPass] = []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
         for a in sorted(stop_of):
+            self.check_deadline()
             stop = stop_of[a]
             reuse = next((p for p in done if len(p.frontiers) >= stop - a
                           and np.array_equal(lt[p.start:p.start + stop - a], lt[a:stop])), None)
@@ -124,6 +133,10 @@ class GroupDP:
         self.points += runner.points
         self.passes[key] = by_start
         return by_start
+
+    def check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise DeadlinePassed
 
     def _cut_offset(self, k: int, vocab_tps) -> np.ndarray:
         """[layer j] what a stage-k point after layer j must still add to m T + D at least: the
@@ -263,7 +276,7 @@ class GroupDP:
         relaxed = self.relaxed_objective(v)
         if relaxed >= incumbent_s:
             return relaxed
-        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s, even=self.even))
+        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s, even=self.even, deadline=self.deadline))
 
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once

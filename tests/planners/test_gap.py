@@ -103,3 +103,26 @@ def test_bad_time_limits_are_refused(bad):
     model, cluster, cm, budget = _case(0)
     with pytest.raises(Exception, match="time_limit_s"):
         planners.get("galvatron").plan(model, cluster, budget, cm, {"time_limit_s": bad})
+
+
+def test_a_group_search_stops_part_way_at_the_deadline(monkeypatch):
+    """The deadline is checked between a group's passes, not only between groups: a search whose
+    limit passes inside its first group DP stops there and keeps that group's cheap bound."""
+    from planners import segments
+    from planners.outer import grouped_tables
+    model, cluster, cm, budget = _case(1)
+    budget = replace(budget, memory_gib=budget.memory_gib * 4)
+    t = grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (budget.global_batch,))[-1]
+    with pytest.raises(segments.DeadlinePassed):
+        segments.GroupDP(t, exact=False, even=False, deadline=0.0).solve(next(iter(t.vocab)))
+    calls = []
+    real = segments.GroupDP.check_deadline
+
+    def late_after_two(self):  # the clock passes the limit after two checks, wherever they are
+        calls.append(1)
+        if len(calls) > 2:
+            raise segments.DeadlinePassed
+        return real(self)
+    monkeypatch.setattr(segments.GroupDP, "check_deadline", late_after_two)
+    res = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "time_limit_s": 3600})
+    assert res.feasible and res.stats.solver_status == "time_limit" and len(calls) >= 3
