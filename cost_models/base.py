@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar, Sequence
 
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
@@ -45,6 +46,8 @@ ALLOCATOR_RESERVE_FRACTION = 0.2
 ALLOCATOR_RESERVE_ABOVE_GIB = 20
 """Budgets of more than 20 GiB (floor) keep the reserve; smaller ones none. Galvatron's rule
 (hetu-galvatron 2.4.0, DpOnModel: mem_cache = int(0.2 * max_mem) when max_mem // 1024 > 20)."""
+PLAN_COST_CACHE = 1 << 14
+"""Plans whose cost a cost model instance keeps (least recently used go first)."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -179,6 +182,7 @@ class CostModel(ABC):
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
+        self._plan_costs = lru_cache(maxsize=PLAN_COST_CACHE)(self._compute_plan_cost)
 
     def allocator_reserve_bytes(self, budget_bytes: float) -> float:
         """Bytes of a ``budget_bytes`` budget a plan may not use: the allocator's cache (a budget term;
@@ -242,7 +246,11 @@ class CostModel(ABC):
 
     # -- whole plan -----------------------------------------------------------------------
     def plan_cost(self, model: ModelSpec, plan: Plan) -> PlanCost:
-        """Iteration time and per-stage peak memory of ``plan`` (the formula in the module doc)."""
+        """Iteration time and per-stage peak memory of ``plan`` (the formula in the module doc);
+        cached per instance, as planners score the same plan for several budgets."""
+        return self._plan_costs(model, plan)
+
+    def _compute_plan_cost(self, model: ModelSpec, plan: Plan) -> PlanCost:
         world = self.cluster.world_size
         plan.validate(model, self.cluster)
         times, tails, memories = [], [], []
