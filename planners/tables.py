@@ -107,7 +107,18 @@ class ComboTables:
 def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
                  space: SearchSpace, budget_bytes: float) -> ComboTables:
     """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s
-    (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``."""
+    (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``. The
+    tables do not depend on the budget: built once per cost model and shared by every budget
+    and planner of a run (planners read them, never write them)."""
+    key = ("tables", model, combo, tuple(vocab_tps), space)
+    cache = _cache(cost_model)
+    if key not in cache:
+        cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space)
+    return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes)
+
+
+def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
+                  space: SearchSpace) -> ComboTables:
     world = cost_model.cluster.world_size
     gpus = world // combo.pp
     strategies = space.stage_strategies(gpus, model)
@@ -120,8 +131,7 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     vocab = {v: [_vocab(cost_model, model, replace(combo, vocab=v), k, strategies) for k in range(combo.pp)]
              for v in vocab_tps}
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
-                       allowed=allowed, stages=stages, vocab=vocab,
-                       budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes,
+                       allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
                        overhead_bytes=cost_model.runtime_overhead_bytes)
 
