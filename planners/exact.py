@@ -18,7 +18,7 @@ from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.formulation import Formulation, build
 from planners.galvatron import GalvatronPlanner, resolve_space
-from planners.outer import OuterState, finish, run_outer
+from planners.outer import OuterState, finish, lower_bound_s, run_outer
 from planners.segments import GroupDP, GroupSolution
 from specs import ClusterSpec, ModelSpec
 
@@ -56,13 +56,18 @@ def stdout_to_stderr():
         os.close(saved)
 
 
-def lp_bound(f: Formulation) -> float:
-    """The LP relaxation's optimum (inf when even the relaxation is infeasible)."""
+def lp_bound(f: Formulation, time_limit_s: float | None = None) -> float:
+    """The LP relaxation's optimum (inf when even the relaxation is infeasible; -inf, no bound,
+    when ``time_limit_s`` ends the solve first)."""
+    if time_limit_s is not None and time_limit_s <= 0:
+        return -math.inf
     prob, _ = to_pulp(f, relax=True)
     with stdout_to_stderr():
-        prob.solve(pulp.HiGHS(msg=False, threads=1))
-    if prob.status != pulp.LpStatusOptimal:
+        prob.solve(pulp.HiGHS(msg=False, threads=1, timeLimit=time_limit_s))
+    if prob.status == pulp.LpStatusInfeasible:
         return math.inf
+    if prob.status != pulp.LpStatusOptimal:
+        return -math.inf
     return float(pulp.value(prob.objective))
 
 
@@ -98,6 +103,18 @@ class SolveLog:
         return bound if abs(obj - iteration_time_s) <= 1e-6 * max(iteration_time_s, 1e-12) else None
 
 
+def _group_bound(log: SolveLog, solved_before: int, sol: GroupSolution | None, incumbent_s: float,
+                 tables) -> float:
+    """A lower bound on one group's objective after its solve: the solver's own bound when it
+    gave one, else its optimum (or, finding nothing below the cutoff, the incumbent), else the
+    group's cheap bound (stopped without a bound)."""
+    if len(log.bounds) > solved_before:
+        return log.bounds[-1][1]
+    if log.statuses and log.statuses[-1] == "optimal":
+        return sol.objective_s if sol is not None else incumbent_s
+    return lower_bound_s(tables)
+
+
 class ExactPlanner(Planner):
     """Skeleton: subclasses set ``defaults`` and implement ``solve_formulation``."""
 
@@ -125,19 +142,26 @@ class ExactPlanner(Planner):
 
         def solve(tables, incumbent_s):
             dp = GroupDP(tables, exact=False, even=even, stage_imbalance=2.0) if opts["warm_start"] else None
-            out = []
+            gb, out = tables.combo.global_batch, []
             for v in tables.vocab:
+                if time.monotonic() > deadline:  # before the formulation, whose build takes seconds
+                    log.solved("time_limit")
+                    state.bound(gb, lower_bound_s(tables))
+                    continue
                 cutoff = incumbent_s * (1 + CUTOFF_RTOL) if math.isfinite(incumbent_s) else None
                 f = build(tables, v, even, cutoff_s=cutoff)
-                if cutoff is not None and lp_bound(f) > cutoff:
-                    log.statuses.append("pruned")
+                if cutoff is not None and lp_bound(f, deadline - time.monotonic()) > cutoff:
+                    log.statuses.append("pruned")  # cannot beat the incumbent: adds nothing to the gap
                     continue
                 left_s = deadline - time.monotonic()
                 if left_s <= 0:
                     log.solved("time_limit")
+                    state.bound(gb, lower_bound_s(tables))
                     continue
                 warm = dp.solve(v) if dp else None
+                solved = len(log.bounds)
                 sol = self.solve_formulation(tables, v, f, warm, {**opts, "time_limit_s": left_s}, log, state)
+                state.bound(gb, _group_bound(log, solved, sol, incumbent_s, tables))
                 if sol is not None:
                     out.append(sol)
             return out
@@ -147,11 +171,15 @@ class ExactPlanner(Planner):
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state,
                                   seed=False)  # the warm start (galvatron, seeded) stands in for it
         status = log.overall()
-        gap = 0.0 if status == "optimal" else (max(log.gaps) if log.gaps else None)
+        bound_s, gap = state.gap()  # over every group: solver bounds, or the cheap bound where stopped
+        if status == "optimal":
+            gap = 0.0
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                         status, gap)
-        bound = log.bound_for(result.iteration_time_s) if result.feasible else None
-        return dataclasses.replace(result, stats=dataclasses.replace(result.stats, bound_s=bound))
+        if status == "optimal" and result.feasible:
+            bound_s = log.bound_for(result.iteration_time_s)
+        return dataclasses.replace(result, stats=dataclasses.replace(result.stats,
+                                                                     bound_s=bound_s if result.feasible else None))
 
     def check_options(self, opts: dict) -> None:
         """Subclasses validate their own options."""

@@ -136,13 +136,16 @@ def _sub(a: dict, b: dict) -> dict:
 
 
 def _edges(f, t, stage_of, T, n, pp) -> None:
+    classes: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # identical layers share them
     for l in range(1, n):
         src_ty, dst_ty = t.layer_type[l - 1], t.layer_type[l]
         for k in range(pp):
             if l - 1 not in stage_of[k] or l not in stage_of[k]:
                 continue
             R = t.stages[k].trans_s[src_ty]
-            src, dst = _classes(R)
+            if (k, src_ty) not in classes:
+                classes[(k, src_ty)] = _classes(R)
+            src, dst = classes[(k, src_ty)]
             S_prev = np.flatnonzero(t.allowed[src_ty])
             S_next = np.flatnonzero(t.allowed[dst_ty])
             G = sorted(set(src[S_prev]))

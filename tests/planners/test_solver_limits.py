@@ -25,7 +25,9 @@ def test_a_spent_limit_stops_every_group_and_says_so(name):
     res = planners.get(name).plan(MODEL, CLUSTER, BUDGET, CM, {"time_limit_s": 1e-6})
     assert res.stats.solver_status == "time_limit"
     assert res.feasible  # the seed's plan, reported as not proven
-    assert res.stats.gap is None and res.stats.bound_s is None
+    # every group left unsolved keeps its cheap lower bound, so the plan still carries a gap
+    assert 0 < res.stats.bound_s <= res.iteration_time_s
+    assert res.stats.gap == pytest.approx(1 - res.stats.bound_s / res.iteration_time_s, abs=1e-9)
 
 
 @pytest.mark.parametrize("name", ["ilp", "cpsat"])
@@ -36,3 +38,14 @@ def test_status_bound_and_gap_come_from_the_solver(name):
     assert res.stats.bound_s is not None
     assert res.stats.bound_s <= res.iteration_time_s * (1 + 1e-6)
     assert res.stats.bound_s >= res.iteration_time_s * (1 - 1e-3)
+
+
+def test_the_lp_bound_obeys_what_is_left_of_the_limit():
+    from planners.exact import lp_bound
+    from planners.formulation import build
+    from planners.outer import grouped_tables
+    from planners.space import SearchSpace
+    t = grouped_tables(MODEL, CM, BUDGET.memory_bytes, SearchSpace(), (8,))[0]
+    f = build(t, next(iter(t.vocab)))
+    assert 0 < lp_bound(f) < float("inf")
+    assert lp_bound(f, 0.0) == float("-inf")  # no time left: no bound, so nothing is pruned by it
