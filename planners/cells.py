@@ -2,6 +2,7 @@
 one cost model, optionally re-scored by an evaluator; returns one record per cell."""
 from __future__ import annotations
 
+import importlib.util
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -48,10 +49,16 @@ class Grid:
     """A progress bar on stderr."""
     workers: int = 1
     """Processes running cells at once (1: in this process); the records are the same either way."""
+    ray_address: str | None = None
+    """Run every cell as a Ray task on this cluster ('auto', 'ray://host:10001', ...; 'local'
+    starts a Ray instance here with ``workers`` CPUs); None: no Ray. Needs the optional extra
+    ``.[ray]`` and hybridpar importable on every node."""
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise SpecError("workers", f"must be a positive integer, got {self.workers!r}")
+        if self.ray_address is not None and importlib.util.find_spec("ray") is None:
+            raise SpecError("ray", f"--ray {self.ray_address}: Ray is not installed (pip install -e '.[ray]')")
 
 
 def default_budget(gib: float, batch_range: tuple[int, int] = DEFAULT_BATCH_RANGE) -> Budget:
@@ -76,7 +83,9 @@ def run(grid: Grid) -> list[dict[str, Any]]:
             bar.set_description(f"{cells[i][1]} @ {cells[i][0].memory_gib:g} GiB")
             bar.update(1)
 
-    if grid.workers == 1:
+    if grid.ray_address is not None:
+        _run_on_ray(grid, cells, finished)
+    elif grid.workers == 1:
         for i, (budget, name) in enumerate(cells):
             finished(i, run_cell(grid, budget, name))
     else:
@@ -119,6 +128,22 @@ def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
     if grid.out and result.feasible:
         rec["plan_file"] = save_plan(grid.out, name, budget, result)
     return rec
+
+
+def _run_on_ray(grid: Grid, cells: list, finished) -> None:
+    """Every cell a Ray task; ``finished`` gets each record as its task ends (the order of
+    completion, like the process pool; ``run`` puts them back in serial order)."""
+    import ray
+    if not ray.is_initialized():
+        local = grid.ray_address == "local"
+        ray.init(address=None if local else grid.ray_address, num_cpus=grid.workers if local else None,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)
+    task = ray.remote(run_cell)
+    index = {task.remote(grid, budget, name): i for i, (budget, name) in enumerate(cells)}
+    pending = list(index)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        finished(index[ready[0]], ray.get(ready[0]))
 
 
 def _progress(total: int, enabled: bool):

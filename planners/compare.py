@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list of records instead of the table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--workers", type=int, default=1, help="cells run at once in a local process pool "
-                   "(the table is the same as with 1)")
+                   "(the table is the same as with 1); with --ray local, the CPUs of the Ray instance")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the cells as Ray tasks on this cluster ('auto', "
+                   "'ray://host:10001'; 'local' starts one here); needs pip install -e '.[ray]'")
     return p
 
 
@@ -129,7 +131,7 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
                 planners=names, options=parse_options(args.option, names), cost_model=args.cost_model,
                 cost_model_options=_cost_model_options(args),
                 evaluator=None if args.evaluate == "cost" else args.evaluate, out=args.out,
-                progress=not args.no_progress, workers=args.workers)
+                progress=not args.no_progress, workers=args.workers, ray_address=args.ray)
 
 
 @one_line_errors()

@@ -13,8 +13,8 @@ GRID = ["--model", "tiny-gpt", "--cluster", "cpu-4", "--global-batch", "8", "--n
         "--budget-gib", "1", "2", "4", "--planners", "ddp", "zero3", "megatron_3d", "galvatron"]
 
 
-def _records(capsys, workers: int) -> list[dict]:
-    assert compare.main(GRID + ["--workers", str(workers)]) == 0
+def _records(capsys, workers: int, extra: tuple[str, ...] = ()) -> list[dict]:
+    assert compare.main(GRID + ["--workers", str(workers), *extra]) == 0
     out = json.loads(capsys.readouterr().out)
     for r in out:
         r.pop("search_time_s")  # wall time is the only thing allowed to differ
@@ -34,3 +34,21 @@ def test_two_workers_give_the_serial_table(capsys, tmp_path):
 def test_bad_worker_counts_are_refused(bad):
     with pytest.raises(SpecError, match="workers"):
         Grid(budgets=(), workers=bad)
+
+
+def test_ray_tasks_give_the_serial_table(capsys):
+    """--ray local: a Ray instance started by the test runs every cell; same records as serial."""
+    ray = pytest.importorskip("ray")
+    serial = _records(capsys, 1)
+    try:
+        assert _records(capsys, 2, ("--ray", "local")) == serial
+    finally:
+        ray.shutdown()
+
+
+def test_ray_without_ray_installed_is_one_line(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(SpecError, match=r"ray: --ray auto: Ray is not installed"):
+        Grid(budgets=(), ray_address="auto")
