@@ -77,7 +77,7 @@ def _priced(t: ComboTables, v, mu: float) -> ComboTables:
     c, w = 1.0 + (m - 1) / pp, 1.0 / pp
     stages = [_priced_stage(st, c, w, mu) for st in t.stages]
     vocab = [_priced_vocab(vc, c, w, mu) for vc in t.vocab[v]]
-    return replace(t, stages=stages, vocab={v: vocab})
+    return replace(t, stages=stages, vocab={v: vocab}, shared={})
 
 
 def _priced_stage(st: StageTables, c: float, w: float, mu: float) -> StageTables:

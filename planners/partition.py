@@ -124,16 +124,15 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
             continue  # this tail cap's min sum alone cannot win
         taus = _tau_candidates(T_cells, recv)
         lo = int(np.searchsorted(taus, loose_taus[0]))  # below the loose bottleneck nothing is feasible
+        if exact:  # S(tau, delta) + (m-1) tau + delta: its minimum is the optimum
+            best_value, best_caps, seen = _exact_caps(T_cells, recv, taus[lo:], n, m, base[0], delta,
+                                                      best_value, best_caps)
+            explored += seen
+            continue
         for tau in taus[lo:]:
             bound = base[0] + (m - 1) * tau + d_lb
             if best_value <= bound:
                 break
-            if exact:  # S(tau, delta) + (m-1) tau + delta: its minimum is the optimum
-                res = _min_sum(T_cells, recv, tau, n, path=False)
-                explored += 1
-                if res is not None and res[0] + (m - 1) * tau + delta < best_value:
-                    best_value, best_caps = res[0] + (m - 1) * tau + delta, (tau, delta)
-                continue
             res = _min_sum(T_cells, recv, tau, n)
             explored += 1
             if res is None:
@@ -150,6 +149,26 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
     if best is not None:
         best.cells_explored = explored
     return best
+
+
+def _exact_caps(T_cells, recv, taus: np.ndarray, n: int, m: int, base_s: float, delta: float,
+                best_value: float, best_caps) -> tuple[float, tuple | None, int]:
+    """The bottleneck caps of one tail cap in increasing order, S(tau) for a block of them per
+    numpy call (blocks growing from 4), until S_min + (m-1) tau + delta cannot win: (best value,
+    its caps, caps evaluated). The same caps and values as one _min_sum call per cap."""
+    seen, start, block = 0, 0, 4
+    limit = max(1, int(FLOOR_BATCH_CELLS // ((n + 1) * T_cells[0].shape[2]) ** 2))
+    while start < len(taus):
+        chunk = taus[start:start + block]
+        sums = _capped_sums(T_cells, T_cells, recv, chunk, n)
+        for tau, total in zip(chunk, sums):
+            if best_value <= base_s + (m - 1) * tau + delta:
+                return best_value, best_caps, seen
+            seen += 1
+            if np.isfinite(total) and total + (m - 1) * tau + delta < best_value:
+                best_value, best_caps = float(total + (m - 1) * tau + delta), (tau, delta)
+        start, block = start + len(chunk), min(2 * block, limit)
+    return best_value, best_caps, seen
 
 
 def partition_floor(sum_opts: list[StageOptions], max_opts: list[StageOptions], recv: list[np.ndarray],

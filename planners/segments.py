@@ -255,7 +255,14 @@ class GroupDP:
         """A lower bound on the group's objective under vocab tp ``v`` over every partition,
         memory ignored (memory-blind passes only). pp = 1: m * min (T + D/m), the optimum itself.
         pp > 1: max_k D_k >= sum_k D_k / pp, so the objective is at least the least
-        sum_k (T_k + D_k / pp) over partitions plus (m - 1) x the least bottleneck."""
+        sum_k (T_k + D_k / pp) over partitions plus (m - 1) x the least bottleneck. Memory-blind,
+        so computed once per group and vocab choice for every budget (ComboTables.shared)."""
+        key = ("relaxed_objective", v, self.even)
+        if key not in self.t.shared:
+            self.t.shared[key] = self._relaxed_objective(v)
+        return self.t.shared[key]
+
+    def _relaxed_objective(self, v: int) -> float:
         caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
 

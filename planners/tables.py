@@ -6,7 +6,7 @@ planners' objective is plan_cost's formula exactly (tests re-score every plan to
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -90,6 +90,9 @@ class ComboTables:
     """Distinct dp degrees of the strategies."""
     overhead_bytes: float = 0.0
     """The cost model's runtime overhead (already taken off budget_bytes)."""
+    shared: dict = field(default_factory=dict, compare=False, repr=False)
+    """Answers that do not depend on the budget (memory-blind bounds), computed once and seen by
+    every budget's copy of these tables (``replace`` keeps the same dict)."""
 
     @property
     def strategy_dp(self) -> np.ndarray:
