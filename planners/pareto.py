@@ -8,6 +8,7 @@ not dominated in (temp level, memory, T, D), which is what the pipeline objectiv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -158,9 +159,11 @@ class PassRunner:
     """Runs the DP through a stage's layers; exact or fast pruning, memory cap per temp level."""
 
     def __init__(self, st: StageTables, layer_type: np.ndarray, allowed: np.ndarray, levels: np.ndarray,
-                 cap_by_level: np.ndarray, weight: float, exact: bool, first_extra: np.ndarray | None = None
-                 ) -> None:
+                 cap_by_level: np.ndarray, weight: float, exact: bool, first_extra: np.ndarray | None = None,
+                 check: Callable[[], None] | None = None) -> None:
         self.st, self.layer_type, self.allowed = st, layer_type, allowed
+        self.check = check
+        """Called before each layer's Pareto step (the caller's deadline: it raises to stop)."""
         self.levels = levels
         """Sorted distinct temporary sizes; a point's level indexes it."""
         self.cap_by_level = cap_by_level
@@ -183,6 +186,8 @@ class PassRunner:
         """Frontiers for layers start..stop-1."""
         frontiers = [self._first(start)]
         for j in range(start + 1, stop):
+            if self.check is not None:
+                self.check()
             frontiers.append(self._step(frontiers[-1], j))
         return SegmentPass(stage, start, frontiers)
 

@@ -114,7 +114,8 @@ class GroupDP:
         vocab_tps = [v] if k == 0 else list(self.t.vocab)
         first_extra = self.t.vocab[v][0].first_delta if k == 0 else None
         runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
-                            self.weight if scalar is None else scalar, self.exact, first_extra)
+                            self.weight if scalar is None else scalar, self.exact, first_extra,
+                            check=self.check_deadline if self.deadline is not None else None)
         runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut)
         stop_of: dict[int, int] = {}
         for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
