@@ -105,7 +105,8 @@ def test_mixed_layer_model_matches_ilp():
 @pytest.mark.parametrize("gib", DEFAULT_BUDGETS)
 def test_galvatron_within_one_percent_of_ilp_on_the_default_compare(setting, galvatron_results, gib):
     model, cluster, cm = setting
-    ilp = planners.get("ilp").plan(model, cluster, default_budget(gib), cm, CLASSIC)
+    # the proof, not the speed, is checked here: a limit the solves do not reach on a loaded machine
+    ilp = planners.get("ilp").plan(model, cluster, default_budget(gib), cm, {**CLASSIC, "time_limit_s": 1800.0})
     assert ilp.stats.solver_status == "optimal"
     dp = galvatron_results[gib]
     assert dp.throughput_samples_per_s >= ilp.throughput_samples_per_s * 0.99
