@@ -53,8 +53,10 @@ def make_engine(folder: Path, memory_gb: float, batch: int, log_dir: str, extra:
     from galvatron.core.search_engine.search_engine import GalvatronSearchEngine
     args, argv = engine_args(memory_gb, batch, log_dir, extra)
     for name in ("allreduce_bandwidth_config_path", "p2p_bandwidth_config_path", "overlap_coe_path",
-                 "sp_time_path", "output_config_path"):
+                 "sp_time_path"):
         setattr(args, name, str(folder))
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    args.output_config_path = log_dir  # its chosen plan file goes with the logs, not into the inputs
     engine = GalvatronSearchEngine(args)
     engine.set_model_layer_configs([{"hidden_size": HIDDEN, "layer_num": LAYERS, "seq_len": SEQ}])
     engine.set_path(str(folder))
