@@ -52,6 +52,11 @@ def _ring_link(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]):
     return cluster.ring_link(groups)
 
 
+@lru_cache(maxsize=4096)
+def _transfers_link(cluster: ClusterSpec, pairs: tuple[tuple[int, int], ...]):
+    return cluster.transfers_link(pairs)
+
+
 @register
 class AnalyticalModel(CostModel):
     """FLOPs/bytes and alpha-beta cost model for one cluster."""
@@ -268,11 +273,14 @@ class AnalyticalModel(CostModel):
             self._effective_bandwidth(intra.bandwidth_gbytes_per_s, False),
             self._effective_bandwidth(inter.bandwidth_gbytes_per_s, True))
 
-    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
+    def p2p_time(self, nbytes: float, src: int, dst: int, senders: int = 1) -> float:
+        """alpha + n / B, with B the share of the path the concurrent senders leave this one
+        (ClusterSpec.transfers_link): four PCIe GPUs behind one switch sending to another
+        switch share its uplink."""
         if src == dst or nbytes <= 0:
             return 0.0
         cl = self.cluster
-        bottleneck = min(cap for _, cap in cl.path(src, dst))
+        bottleneck = _transfers_link(cl, tuple((src + i, dst + i) for i in range(senders))).bandwidth_gbytes_per_s
         crosses = cl.node_of(src) != cl.node_of(dst)
         latency_us = cl.inter_node.latency_us if crosses else cl.intra_node.latency_us
         eff = self.constants.network_efficiency if crosses else self.constants.p2p_efficiency

@@ -223,8 +223,10 @@ class CostModel(ABC):
         the full buffer per rank (all-reduce) or the gathered result (all-gather)."""
 
     @abstractmethod
-    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
-        """A point-to-point send of ``nbytes`` from rank src to rank dst."""
+    def p2p_time(self, nbytes: float, src: int, dst: int, senders: int = 1) -> float:
+        """A point-to-point send of ``nbytes`` from rank src to rank dst, while ranks src + i
+        send as much to dst + i for i < ``senders`` (a pipeline boundary: every rank of a
+        stage sends to its peer in the next stage at once)."""
 
     # -- embedding and head -------------------------------------------------------------
     @abstractmethod
@@ -297,11 +299,11 @@ class CostModel(ABC):
         for j in forward:
             last = chunks[j][-1]
             nbytes = activation_message_bytes(model.layers[last], plan, last)
-            total += self.p2p_time(nbytes, stage * per_stage, ((j + 1) % plan.pp) * per_stage)
+            total += self.p2p_time(nbytes, stage * per_stage, ((j + 1) % plan.pp) * per_stage, per_stage)
         for j in backward:
             prev = chunks[j][0] - 1
             nbytes = activation_message_bytes(model.layers[prev], plan, prev)
-            total += self.p2p_time(nbytes, stage * per_stage, ((j - 1) % plan.pp) * per_stage)
+            total += self.p2p_time(nbytes, stage * per_stage, ((j - 1) % plan.pp) * per_stage, per_stage)
         return total
 
 

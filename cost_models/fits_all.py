@@ -56,8 +56,8 @@ class FitsAll(CostModel):
     def collective_time(self, kind, nbytes, groups) -> float:
         return self.primary.collective_time(kind, nbytes, groups)
 
-    def p2p_time(self, nbytes, src, dst) -> float:
-        return self.primary.p2p_time(nbytes, src, dst)
+    def p2p_time(self, nbytes, src, dst, senders=1) -> float:
+        return self.primary.p2p_time(nbytes, src, dst, senders)
 
     # -- memory: the largest ---------------------------------------------------------------------
     def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,

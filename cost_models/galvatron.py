@@ -507,7 +507,7 @@ class GalvatronModel(CostModel):
             return 0.0
         return nbytes / MB * self.engine._coe(p) * 1e-3
 
-    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
+    def p2p_time(self, nbytes: float, src: int, dst: int, senders: int = 1) -> float:
         """0: Galvatron charges pipeline sends inside each layer's time (layer_time)."""
         return 0.0
 

@@ -220,8 +220,9 @@ class ProfiledModel(CostModel):
         busbw = self.allreduce_bus_bytes_per_s(p, consecutive)
         return self.profile.allreduce_latency_us * 1e-6 + coll.BUS_FACTOR[kind](p) * nbytes / busbw
 
-    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
-        """Bandwidth of the pipeline degree whose stages are |dst - src| ranks apart."""
+    def p2p_time(self, nbytes: float, src: int, dst: int, senders: int = 1) -> float:
+        """Bandwidth of the pipeline degree whose stages are |dst - src| ranks apart (measured
+        with every rank of a stage sending at once, so ``senders`` is in the figure)."""
         if src == dst or nbytes <= 0:
             return 0.0
         table = self.profile.p2p_gbytes_per_s

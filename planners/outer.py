@@ -52,6 +52,15 @@ class OuterState:
     groups_s: float = 0.0
     """Seconds spent building tables / inside the group solver."""
 
+    def keep(self, cost_model: CostModel, model: ModelSpec, plan, budget_bytes: float):
+        """Score ``plan`` with plan_cost and keep it if it fits the budget (a solver working in
+        rounded units may overshoot; such plans are not returned). Returns the cost if kept."""
+        cost = cost_model.plan_cost(model, plan)
+        if cost.peak_memory_bytes > budget_bytes * (1 + 1e-12):
+            return None
+        self.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
+        return cost
+
     def bound(self, global_batch: int, lower_bound_s: float) -> None:
         """Record a group's lower bound on iteration time (inf: proven to have no plan)."""
         if lower_bound_s > 0:
@@ -153,13 +162,11 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         found = solve(t, incumbent)
         state.groups_s += time.perf_counter() - start
         for sol in found:
-            plan = t.plan(sol.choice, sol.stage_layers, sol.vocab_tp, meta)
-            cost = cost_model.plan_cost(model, plan)
-            if max(cost.stage_peak_bytes) > budget_bytes * (1 + 1e-12):
-                continue  # a solver working in rounded units may overshoot; such plans are not returned
-            rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
-            state.mismatch = max(state.mismatch, rel)
-            state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
+            cost = state.keep(cost_model, model, t.plan(sol.choice, sol.stage_layers, sol.vocab_tp, meta),
+                              budget_bytes)
+            if cost is not None:
+                rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
+                state.mismatch = max(state.mismatch, rel)
     if not seed:
         _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     return state, tables
@@ -188,10 +195,7 @@ def _seed_uniform(tables: list[ComboTables], model: ModelSpec, cost_model: CostM
                 seeds.append((t.combo.global_batch / found[0], found[1], v, t))
     for _, strategy, v, t in sorted(seeds, key=lambda s: -s[0])[:top_k]:
         n, pp = len(t.layer_type), t.combo.pp
-        plan = t.plan([strategy] * n, list(even_stage_layers(n, pp)), v, meta)
-        cost = cost_model.plan_cost(model, plan)
-        if max(cost.stage_peak_bytes) <= budget_bytes * (1 + 1e-12):
-            state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
+        state.keep(cost_model, model, t.plan([strategy] * n, list(even_stage_layers(n, pp)), v, meta), budget_bytes)
 
 
 def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel, budget_bytes: float,
@@ -221,10 +225,8 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
         s = t.strategies[uniform[i]]
         vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
-        plan = replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta), virtual_stages=v)
-        cost = cost_model.plan_cost(model, plan)
-        if cost.peak_memory_bytes <= budget_bytes * (1 + 1e-12):
-            state.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
+        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
+                                              virtual_stages=v), budget_bytes)
 
 
 def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],

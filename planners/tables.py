@@ -202,8 +202,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
             arrays["temp"][ti, si] = lm.temporary_bytes
             if k < combo.pp - 1:
                 nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-                send_next[ti, si] = _p2p(cm, cache, nbytes, first, first + gpus)
-                send_prev[ti, si] = _p2p(cm, cache, nbytes, first + gpus, first)
+                send_next[ti, si] = _p2p(cm, cache, nbytes, first, first + gpus, gpus)
+                send_prev[ti, si] = _p2p(cm, cache, nbytes, first + gpus, first, gpus)
         rows = allowed[ti]
         if rows.any():
             small = _trans_classes(cm, cache, layer, combo, strategies, reps, local)
@@ -235,10 +235,10 @@ def _layout(s: LayerStrategy) -> LayerStrategy:
     return replace(s, ep=1, expert_tp=0, expert_dp_type=None) if s.has_expert_split else s
 
 
-def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int) -> float:
-    key = ("p2p", nbytes, src, dst)
+def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int, senders: int) -> float:
+    key = ("p2p", nbytes, src, dst, senders)
     if key not in cache:
-        cache[key] = cm.p2p_time(nbytes, src, dst)
+        cache[key] = cm.p2p_time(nbytes, src, dst, senders)
     return cache[key]
 
 

@@ -155,12 +155,16 @@ class ClusterSpec:
         resource share it equally. The slowest group sets the result (they run in lockstep).
         """
         rings = [list(g) for g in groups if len(g) > 1]
-        if not rings:
+        return self.transfers_link([(ring[i], ring[(i + 1) % len(ring)]) for ring in rings for i in range(len(ring))])
+
+    def transfers_link(self, pairs: Sequence[tuple[int, int]]) -> GroupLink:
+        """Bandwidth each (src, dst) transfer gets when all of ``pairs`` run at once: transfers
+        that cross the same resource share it equally; the slowest one sets the result."""
+        edges = [(a, b) for a, b in pairs if a != b]
+        if not edges:
             return GroupLink(float("inf"), 0.0, False)
-        for ring in rings:
-            for r in ring:
-                require(0 <= r < self.world_size, "ranks", f"rank {r} outside world of {self.world_size}")
-        edges = [(ring[i], ring[(i + 1) % len(ring)]) for ring in rings for i in range(len(ring))]
+        for r in {r for e in edges for r in e}:
+            require(0 <= r < self.world_size, "ranks", f"rank {r} outside world of {self.world_size}")
         paths = [self.path(a, b) for a, b in edges]
         load = Counter(res for p in paths for res, _ in p)
         bandwidth = min(cap / load[res] for p in paths for res, cap in p)

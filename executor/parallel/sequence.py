@@ -31,59 +31,34 @@ def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> 
     return out
 
 
-class ScatterSeq(torch.autograd.Function):
-    """Replicated -> this rank's sequence chunk; backward all-gathers the chunks' gradients."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim):  # type: ignore[override]
+def _sequence_function(name: str, doc: str, forward, backward) -> type[torch.autograd.Function]:
+    """An autograd Function ``f.apply(x, group, dim)`` that runs ``forward(x, group, dim)`` and
+    whose backward runs ``backward(grad, group, dim)``."""
+    def fwd(ctx, x, group, dim):
         ctx.group, ctx.dim = group, dim
-        return _my_chunk(x, group, dim)
+        return forward(x, group, dim)
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _all_gather_seq(grad, ctx.group, ctx.dim), None, None
+    def bwd(ctx, grad):
+        return backward(grad, ctx.group, ctx.dim), None, None
 
-
-class GatherSeq(torch.autograd.Function):
-    """Sequence chunks -> the whole sequence, replicated; backward keeps this rank's chunk of
-    the (whole, replicated) gradient."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim):  # type: ignore[override]
-        ctx.group, ctx.dim = group, dim
-        return _all_gather_seq(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _my_chunk(grad, ctx.group, ctx.dim), None, None
+    return type(name, (torch.autograd.Function,), {"__doc__": doc, "forward": staticmethod(fwd),
+                                                    "backward": staticmethod(bwd)})
 
 
-class GatherSeqReduceGrad(torch.autograd.Function):
-    """Megatron-SP's all-gather before a column-parallel matmul: the gradient that comes back is
-    a partial sum over the group (one vocabulary shard each), so backward reduce-scatters it."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim):  # type: ignore[override]
-        ctx.group, ctx.dim = group, dim
-        return _all_gather_seq(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _reduce_scatter_seq(grad, ctx.group, ctx.dim), None, None
-
-
-class ReduceScatterSeq(torch.autograd.Function):
-    """Partial sums over the group -> this rank's sequence chunk of the sum (Megatron-SP after a
-    vocabulary-parallel embedding); backward all-gathers the chunks' gradients."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim):  # type: ignore[override]
-        ctx.group, ctx.dim = group, dim
-        return _reduce_scatter_seq(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return _all_gather_seq(grad, ctx.group, ctx.dim), None, None
+ScatterSeq = _sequence_function(
+    "ScatterSeq", "Replicated -> this rank's sequence chunk; backward all-gathers the chunks' gradients.",
+    _my_chunk, _all_gather_seq)
+GatherSeq = _sequence_function(
+    "GatherSeq", "Sequence chunks -> the whole sequence, replicated; backward keeps this rank's chunk "
+    "of the (whole, replicated) gradient.", _all_gather_seq, _my_chunk)
+GatherSeqReduceGrad = _sequence_function(
+    "GatherSeqReduceGrad", "Megatron-SP's all-gather before a column-parallel matmul: the gradient "
+    "that comes back is a partial sum over the group (one vocabulary shard each), so backward "
+    "reduce-scatters it.", _all_gather_seq, _reduce_scatter_seq)
+ReduceScatterSeq = _sequence_function(
+    "ReduceScatterSeq", "Partial sums over the group -> this rank's sequence chunk of the sum "
+    "(Megatron-SP after a vocabulary-parallel embedding); backward all-gathers the chunks' gradients.",
+    _reduce_scatter_seq, _all_gather_seq)
 
 
 # -- Ulysses ------------------------------------------------------------------------------

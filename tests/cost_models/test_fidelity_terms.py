@@ -75,3 +75,15 @@ def test_error_band_turns_a_prediction_into_an_interval():
     assert (lo, hi) == pytest.approx((0.8, 1.25))
     with pytest.raises(SpecError, match="cv_error_p10"):
         AnalyticalConstants(cv_error_p10=0.1, cv_error_p90=0.0)
+
+
+def test_pipeline_send_shares_the_links_with_the_stages_other_senders():
+    """titan-8, pp 2 over dp 4: the four GPUs of stage 0 send to stage 1 at once through their
+    switch's 5 GB/s uplink, so each send sees 1.25 GB/s, not 5 (as the simulator plays it)."""
+    c = AnalyticalConstants()
+    model = AnalyticalModel(load_cluster("titan-8"), constants=c)
+    alpha = 10e-6 + c.collective_base_latency_s
+    nbytes = 8e6
+    assert model.p2p_time(nbytes, 0, 4) == pytest.approx(alpha + nbytes / (5e9 * c.p2p_efficiency))
+    assert model.p2p_time(nbytes, 0, 4, senders=4) == pytest.approx(alpha + nbytes / (1.25e9 * c.p2p_efficiency))
+    assert model.p2p_time(nbytes, 0, 1, senders=1) == pytest.approx(alpha + nbytes / (12e9 * c.p2p_efficiency))

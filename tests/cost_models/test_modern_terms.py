@@ -140,7 +140,7 @@ class CountingModel(CostModel):
     def collective_time(self, kind, nbytes, groups):
         return 0.0
 
-    def p2p_time(self, nbytes, src, dst):
+    def p2p_time(self, nbytes, src, dst, senders=1):
         self.sends.append((src, dst))
         return 0.125
 

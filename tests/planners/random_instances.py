@@ -62,7 +62,7 @@ class RandomCostModel(CostModel):
     def collective_time(self, kind, nbytes, groups):
         return 0.0
 
-    def p2p_time(self, nbytes, src, dst):
+    def p2p_time(self, nbytes, src, dst, senders=1):
         rng = self._rng("p", src, dst)
         return self._ticks(rng, 100, 2000) + (int(nbytes) // KIB) * 10 * TICK_S
 

@@ -71,3 +71,13 @@ def test_broken_cluster_files_give_one_line_errors(tmp_path, mutate, field):
 def test_rank_outside_world_is_rejected():
     with pytest.raises(SpecError, match="rank 9 outside world of 8"):
         cluster_from_dict(json.loads((specs.zoo.CLUSTERS_DIR / "titan-8.json").read_text())).group_link([0, 9])
+
+
+def test_concurrent_transfers_share_what_they_cross():
+    titan = load_cluster("titan-8")
+    assert titan.transfers_link([(0, 4)]).bandwidth_gbytes_per_s == 5.0  # one send: the uplink
+    # a 4-GPU stage sending to the next switch: four flows on one 5 GB/s uplink
+    assert titan.transfers_link([(i, i + 4) for i in range(4)]).bandwidth_gbytes_per_s == 1.25
+    dgx = load_cluster("dgx-a100-80g:2")
+    assert dgx.transfers_link([(i, i + 8) for i in range(8)]).bandwidth_gbytes_per_s == 25.0
+    assert dgx.transfers_link([(0, 0)]).bandwidth_gbytes_per_s == float("inf")  # nothing moves
