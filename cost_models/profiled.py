@@ -14,6 +14,7 @@ from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
 from cost_models.ops import forward_ops
+from cost_models.vocab import head_params
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
 from cost_models import sequence as seq
@@ -104,9 +105,29 @@ class ProfiledModel(CostModel):
         dtype = str(self.profile.hardware.get("dtype", "bf16")).lower()
         return 4 if dtype in ("fp32", "float32", "float") else PROFILED_DTYPE_BYTES
 
-    def _compute_fits(self, layer: LayerSpec) -> tuple[tuple[float, float], tuple[float, float]]:
+    def _compute_fits(self, layer: LayerSpec, tp: int = 1) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """Lines through the forward and backward tables at ``tp`` (1: the plain layer; > 1: the
+        tensor-parallel tables, None when not profiled)."""
         entry = self.profile.layer(layer)
-        return linear_fit(entry.forward_ms), linear_fit(entry.backward_ms)
+        if tp == 1:
+            return linear_fit(entry.forward_ms), linear_fit(entry.backward_ms)
+        if tp not in entry.tp_forward_ms or tp not in entry.tp_backward_ms:
+            return None
+        return linear_fit(entry.tp_forward_ms[tp]), linear_fit(entry.tp_backward_ms[tp])
+
+    def _compute_s(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, pass_comm_s: float
+                   ) -> tuple[float, float]:
+        """(forward, backward) compute of one micro-batch, recomputation excluded. The layer as
+        run at its tp degree when the profile has it (sequence parallelism none: those tables
+        are the executor's Megatron TP), less the TP collectives of the pass that the model
+        charges on its own; else Galvatron's line, slope * b / tp + intercept (every tp rank
+        launches the same kernels, so the fixed part does not shrink with tp)."""
+        fits = self._fits(layer, strategy.tp) if strategy.tp > 1 and strategy.sp == "none" else None
+        if fits is not None:
+            (fa, fb), (ba, bb) = fits
+            return (max(0.0, (fa * mbs + fb) * 1e-3 - pass_comm_s), max(0.0, (ba * mbs + bb) * 1e-3 - pass_comm_s))
+        (fa, fb), (ba, bb) = self._fits(layer)
+        return (fa * mbs / strategy.tp + fb) * 1e-3, (ba * mbs / strategy.tp + bb) * 1e-3
 
     def allreduce_bus_bytes_per_s(self, size: int, consecutive: bool) -> float:
         """Profiled bus bandwidth of a group of ``size``; a missing layout falls back to the
@@ -128,26 +149,33 @@ class ProfiledModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
-        """Galvatron: forward = slope * b / tp + intercept (every tp rank launches the same kernels, so
-        the fixed part does not shrink with tp), backward likewise (+ a forward if checkpointed)."""
-        (fa, fb), (ba, bb) = self._fits(layer)
-        scale = expert_compute_ratio(layer, strategy, mbs, self.expert_imbalance)
-        forward_s = (fa * mbs / strategy.tp + fb) * 1e-3 * scale
-        backward_s = (ba * mbs / strategy.tp + bb) * 1e-3 * scale + forward_s * recompute_share(layer, strategy, mbs)
+        """Compute from the profile's tables (_compute_s; backward + a forward if recomputed),
+        TP collectives and data-parallel traffic from its bandwidth tables."""
         tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, TP_ALLREDUCES_PER_PASS)
+        scale = expert_compute_ratio(layer, strategy, mbs, self.expert_imbalance)
+        forward_s, backward_s = (t * scale for t in self._compute_s(layer, strategy, mbs,
+                                                                    tp_comm_s / seq.forward_passes(strategy)))
+        backward_s += forward_s * recompute_share(layer, strategy, mbs)
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups, params)
         traffic = [self._dp_traffic_s(p.params, p.dp_type, p.groups) for p in parts]
         per_mb_fwd, per_mb_bwd, once = (sum(t[i] for t in traffic) for i in range(3))
         a2a = lambda nbytes, groups: self.collective_time("all_to_all", nbytes, groups)  # noqa: E731
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
+                         update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts),
                          dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
                          exposed_dp_comm_s=self.exposed_time(once, backward_s),
                          exposed_micro_batch_dp_s=self.exposed_time(per_mb_bwd, backward_s)
                          + self.exposed_time(per_mb_fwd, forward_s),
                          ep_comm_s=experts.dispatch_time_s(a2a, layer, strategy, mbs, first_rank,
                                                            self.expert_imbalance))
+
+    def update_time(self, local_params: float, dp_type: str, dp: int) -> float:
+        """The measured optimizer step (Profile.optimizer_ms_per_mparam) over the parameters this
+        rank updates: all of them under DDP, 1/dp under ZeRO."""
+        shard = dp if dp_type != DPType.DDP else 1
+        return self.profile.optimizer_ms_per_mparam * 1e-3 * local_params / shard / 1e6
 
     def _dp_traffic_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]
                       ) -> tuple[float, float, float]:
@@ -245,7 +273,19 @@ class ProfiledModel(CostModel):
         (fa, fb), (ba, bb) = linear_fit(vocab.forward_ms), linear_fit(vocab.backward_ms)
         fwd = share * (fa * mbs + fb) / tp * 1e-3
         bwd = share * (ba * mbs + bb) / tp * 1e-3
-        return LayerTime(forward_s=fwd, backward_s=bwd), self._vocab_memory(model, plan, stage, mbs, tp, dp)
+        sync_s = update_s = 0.0
+        first = plan.stage_first_rank(stage, world_size)
+        dp_groups = [list(range(first + j, first + tp * dp, tp)) for j in range(tp)]
+        ends = ([(0, model.embedding.param_count())] if stage == 0 else []) + \
+            ([(len(plan.layers) - 1, head_params(model, plan))] if stage == last else [])
+        for index, count in ends:
+            params = count / tp
+            dp_type = DPType.ZERO3 if plan.vocab_zero3 else plan.layers[index].dp_type
+            per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, dp_type, dp_groups)
+            sync_s += once + plan.micro_batches * (per_mb_fwd + per_mb_bwd)
+            update_s += self.update_time(params, dp_type, dp)
+        return (LayerTime(forward_s=fwd, backward_s=bwd, dp_comm_s=sync_s, exposed_dp_comm_s=sync_s, update_s=update_s),
+                self._vocab_memory(model, plan, stage, mbs, tp, dp))
 
     @staticmethod
     def _vocab_state_share(plan: Plan, stage: int, dp: int) -> float:

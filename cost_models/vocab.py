@@ -99,7 +99,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
             tp_comm += _vocab_tp_comm(model_, head_tokens * head.hidden_size * BYTES_PER_ACTIVATION, tp_groups,
                                       plan, "all_reduce")
             tp_comm += model_.collective_time("all_reduce", head_tokens * LOSS_ALLREDUCE_BYTES_PER_TOKEN, tp_groups)
-        params = _head_params(model, plan) / weight_tp
+        params = head_params(model, plan) / weight_tp
         d_sync, d_exposed, d_update, states = _states(model_, params, plan, len(plan.layers) - 1, sync_dp,
                                                       dp_groups, b)
         dp_comm, exposed, update = dp_comm + d_sync, exposed + d_exposed, update + d_update
@@ -125,7 +125,7 @@ def _vocab_tp_comm(model_: "AnalyticalModel", nbytes: float, groups: list, plan:
     return model_.collective_time(kind, nbytes, groups)
 
 
-def _head_params(model: ModelSpec, plan: Plan) -> float:
+def head_params(model: ModelSpec, plan: Plan) -> float:
     """The head's parameters on the last stage; a tied head on its own stage keeps a copy of
     the embedding matrix (Megatron), on the first stage it shares it."""
     params = model.head.param_count()

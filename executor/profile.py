@@ -149,6 +149,29 @@ def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Ti
         time_module(block, make, timings, f"layer{index}/{b}")
 
 
+def time_layer_tp(layer: LayerSpec, index: int, tp: int, batch_sizes: list[int], timings: Timings,
+                  dtype: torch.dtype) -> None:
+    """The layer as the executor runs it tensor parallel (executor.parallel.tensor: DTensor
+    column/row splits and their all-reduces) on consecutive groups of ``tp`` ranks, every group
+    at once; ``layer{index}/tp{tp}/{b}``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from executor.parallel.tensor import apply_tp
+    world = dist.get_world_size()
+    mesh = init_device_mesh(timings.device.split(":")[0], (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
+    block = apply_tp(Block(layer).to(device=timings.device, dtype=dtype), mesh)
+    shape = (layer.seq_len, layer.hidden_size)
+    for b in batch_sizes:
+        make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
+        time_module(block, make, timings, f"layer{index}/tp{tp}/{b}")
+
+
+def tp_degrees(tps: list[int], world_size: int, layer: LayerSpec) -> list[int]:
+    """The tp degrees > 1 the launched world can run ``layer`` at (dividing the world, its heads
+    and its key/value heads)."""
+    return [tp for tp in sorted(set(tps)) if 1 < tp <= world_size and world_size % tp == 0
+            and layer.num_heads % tp == 0 and layer.kv_heads % tp == 0]
+
+
 class _Vocab(nn.Module):
     """Embedding, then head and loss, with no blocks in between."""
 
@@ -177,6 +200,26 @@ def time_vocab(model: ModelSpec, batch_sizes: list[int], timings: Timings, dtype
     return sum(p.numel() * p.element_size() for p in vocab.parameters())
 
 
+OPTIMIZER_PROBE_PARAMS = 1 << 21
+"""Parameters of the buffer the optimizer step is timed on (the step is linear in them)."""
+
+
+def time_optimizer(timings: Timings, dtype: torch.dtype, nparams: int = OPTIMIZER_PROBE_PARAMS) -> None:
+    """The executor's optimizer step (executor.parallel.data: Adam, foreach off, over a flat fp32
+    master copy, then the copy back into the model's parameters) on ``nparams`` parameters."""
+    device = timings.device
+    master = torch.zeros(nparams, device=device, requires_grad=True)
+    master.grad = torch.randn(nparams, device=device)
+    weights = torch.zeros(nparams, device=device, dtype=dtype)
+    adam = torch.optim.Adam([master], lr=1e-3, foreach=False)
+
+    def step():
+        adam.step()
+        weights.copy_(master.detach())
+
+    timings.time("optimizer", step)
+
+
 def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list[int], tps: list[int],
                  device: str, dtype: torch.dtype, repeats: int, warmup: int, collective_bytes: int) -> dict:
     """What every launched rank runs: the compute timings in lockstep with the other ranks
@@ -188,7 +231,10 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
     kinds = model.layer_types()
     for i, layer in enumerate(kinds):
         time_layer(layer, i, batch_sizes, timings, dtype)
+        for tp in tp_degrees(tps, world_size, layer):
+            time_layer_tp(layer, i, tp, batch_sizes, timings, dtype)
     vocab_bytes = time_vocab(model, batch_sizes, timings, dtype)
+    time_optimizer(timings, dtype)
     stats = timings.reduce()
     out = {"stats": stats, "vocab_bytes": vocab_bytes, "device_name": _device_name(device)}
     if world_size > 1:
@@ -227,6 +273,10 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
     for i, layer in enumerate(model.layer_types()):
         entry = layer_memory_entry(layer, tps, max(batch_sizes), mem_device, dtype)
         entry["forward_ms"], entry["backward_ms"] = _tables(stats, f"layer{i}", batch_sizes)
+        sharded = {tp: _tables(stats, f"layer{i}/tp{tp}", batch_sizes) for tp in tp_degrees(tps, world_size, layer)}
+        if sharded:
+            entry["tp_forward_ms"] = {str(tp): f for tp, (f, _) in sharded.items()}
+            entry["tp_backward_ms"] = {str(tp): b for tp, (_, b) in sharded.items()}
         layers.append(entry)
     fwd, bwd = _tables(stats, "vocab", batch_sizes)
     cvs = [cv for _, cv in stats.values()]
@@ -238,6 +288,7 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
                         "median_cv": round(statistics.median(cvs), 4)},
            "layers": layers, "vocab": {"forward_ms": fwd, "backward_ms": bwd, "parameter_bytes": result["vocab_bytes"]}}
     raw.update(result.get("collectives", {}))
+    raw["optimizer_ms_per_mparam"] = stats["optimizer"][0] / (OPTIMIZER_PROBE_PARAMS / 1e6)
     return Profile.from_dict(raw)
 
 

@@ -54,6 +54,19 @@ def _batch_table(raw: Any, where: str) -> dict[int, float]:
                                                           if kv[0].isdigit() else -1)}
 
 
+def _tp_tables(raw: Any, where: str) -> dict[int, dict[int, float]]:
+    """{tp degree > 1: {batch size: ms}}."""
+    if not isinstance(raw, Mapping):
+        raise ProfileError(where, f"must be an object, got {raw!r}")
+    out = {}
+    for key, table in raw.items():
+        tp = _positive_key(key, where)
+        if tp < 2:
+            raise ProfileError(where, f"tp degree keys must be >= 2 (tp 1 is forward_ms/backward_ms), got {key!r}")
+        out[tp] = _batch_table(table, f"{where}.{key}")
+    return dict(sorted(out.items()))
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerSignature:
     """What identifies a layer type: its kind and shape (matches a LayerSpec)."""
@@ -112,6 +125,11 @@ class LayerProfile:
     activation_bytes_per_sample: dict[str, float]
     """Activation bytes kept for backward per sample, keyed by tp degree ('1', '2', ...) and
     'ckpt' (checkpointed layer: its input only)."""
+    tp_forward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    """Optional: forward of the layer run tensor parallel as the executor runs it (its TP
+    collectives included), ms, keyed by tp degree (> 1), then by micro-batch size."""
+    tp_backward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    """The same for the backward (without recomputation)."""
 
     @classmethod
     def from_dict(cls, raw: Any, where: str) -> "LayerProfile":
@@ -128,14 +146,20 @@ class LayerProfile:
                    backward_ms=_batch_table(raw.get("backward_ms"), f"{where}.backward_ms"),
                    parameter_bytes=_number(raw.get("parameter_bytes"), f"{where}.parameter_bytes",
                                            strict=False),
-                   activation_bytes_per_sample=act)
+                   activation_bytes_per_sample=act,
+                   tp_forward_ms=_tp_tables(raw.get("tp_forward_ms", {}), f"{where}.tp_forward_ms"),
+                   tp_backward_ms=_tp_tables(raw.get("tp_backward_ms", {}), f"{where}.tp_backward_ms"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"signature": self.signature.to_dict(),
-                "forward_ms": {str(k): v for k, v in self.forward_ms.items()},
-                "backward_ms": {str(k): v for k, v in self.backward_ms.items()},
-                "parameter_bytes": self.parameter_bytes,
-                "activation_bytes_per_sample": dict(self.activation_bytes_per_sample)}
+        out = {"signature": self.signature.to_dict(),
+               "forward_ms": {str(k): v for k, v in self.forward_ms.items()},
+               "backward_ms": {str(k): v for k, v in self.backward_ms.items()},
+               "parameter_bytes": self.parameter_bytes,
+               "activation_bytes_per_sample": dict(self.activation_bytes_per_sample)}
+        for name in ("tp_forward_ms", "tp_backward_ms"):
+            if getattr(self, name):
+                out[name] = {str(tp): {str(b): ms for b, ms in t.items()} for tp, t in getattr(self, name).items()}
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +206,10 @@ class Profile:
     """Pipeline send/recv bandwidth, GB/s, keyed by pipeline degree."""
     overlap_coefficient: float = 1.0
     """Slowdown (>= 1) of compute and communication running together (Galvatron's gamma)."""
+    optimizer_ms_per_mparam: float = 0.0
+    """One optimizer step (the executor's Adam over fp32 master weights, then the copy back to
+    the model's parameters) per million parameters a rank updates, milliseconds; 0 = not
+    measured (Galvatron's profiles have no such figure): the step then costs nothing."""
     format: str = FORMAT
     version: int = VERSION
 
@@ -199,6 +227,7 @@ class Profile:
             _positive_key(key, "p2p_gbytes_per_s")
         _number(self.allreduce_latency_us, "allreduce_latency_us", strict=False)
         _number(self.overlap_coefficient, "overlap_coefficient", minimum=1.0, strict=False)
+        _number(self.optimizer_ms_per_mparam, "optimizer_ms_per_mparam", strict=False)
         seen = set()
         for i, layer in enumerate(self.layers):
             if layer.signature in seen:
@@ -235,7 +264,8 @@ class Profile:
                    allreduce_latency_us=raw.get("allreduce_latency_us", 0.0),
                    p2p_gbytes_per_s=_table(raw.get("p2p_gbytes_per_s", {}), "p2p_gbytes_per_s",
                                            allow_empty=True),
-                   overlap_coefficient=raw.get("overlap_coefficient", 1.0))
+                   overlap_coefficient=raw.get("overlap_coefficient", 1.0),
+                   optimizer_ms_per_mparam=raw.get("optimizer_ms_per_mparam", 0.0))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": self.format, "version": self.version,
@@ -246,7 +276,8 @@ class Profile:
         out.update(allreduce_gbytes_per_s=dict(self.allreduce_gbytes_per_s),
                    allreduce_latency_us=self.allreduce_latency_us,
                    p2p_gbytes_per_s=dict(self.p2p_gbytes_per_s),
-                   overlap_coefficient=self.overlap_coefficient)
+                   overlap_coefficient=self.overlap_coefficient,
+                   optimizer_ms_per_mparam=self.optimizer_ms_per_mparam)
         return out
 
 

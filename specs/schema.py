@@ -273,6 +273,8 @@ class LayerProfileFile(BaseModel):
     backward_ms: BatchTable
     parameter_bytes: NonNegative
     activation_bytes_per_sample: dict[Annotated[str, Field(pattern=r"^([0-9]{1,9}|ckpt)$")], NonNegative]
+    tp_forward_ms: dict[BatchKey, BatchTable] = {}
+    tp_backward_ms: dict[BatchKey, BatchTable] = {}
 
 
 class VocabProfileFile(BaseModel):
@@ -294,3 +296,4 @@ class ProfileFile(BaseModel):
     allreduce_latency_us: NonNegative = 0.0
     p2p_gbytes_per_s: dict[BatchKey, Positive] = {}
     overlap_coefficient: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 1.0
+    optimizer_ms_per_mparam: NonNegative = 0.0

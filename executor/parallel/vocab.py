@@ -65,15 +65,28 @@ class VocabSplit:
         return self.sp != SequenceParallel.NONE
 
 
-def wants_split(plan: Plan) -> bool:
-    """The plan asks for a vocabulary split (else embedding and head run replicated in the
-    first/last layer's layout)."""
+def asks_split(plan: Plan) -> bool:
+    """The plan's vocab_* fields ask for more than vocab_tp 1, no sp, no ZeRO-3."""
     return plan.vocab_tp > 1 or plan.vocab_sp != SequenceParallel.NONE or plan.vocab_zero3
+
+
+def wants_split(plan: Plan, model: ModelSpec, per_stage: int) -> bool:
+    """The plan asks for a vocabulary split, or a token model's vocabulary layout (vocab_tp ranks
+    per group, the stage's other ranks data parallel, as the cost models charge it) is not the
+    first or the last layer's: then embedding and head run in it, with relayouts to the layers.
+    Else they run in the first/last layer's layout (and so do every patch embedding and
+    classification head)."""
+    if asks_split(plan):
+        return True
+    if model.embedding.kind != "token" or model.head.kind != "lm":
+        return False
+    vocab = Layout(tp=plan.vocab_tp, dp=per_stage // plan.vocab_tp)
+    return any(Layout.of(plan.layers[i]) != vocab for i in (0, -1))
 
 
 def vocab_split(plan: Plan, model: ModelSpec, per_stage: int) -> VocabSplit | None:
     """The split the plan asks for on stages of ``per_stage`` ranks, or None (wants_split)."""
-    if not wants_split(plan):
+    if not wants_split(plan, model, per_stage):
         return None
     vocab = model.embedding.vocab_size if model.embedding.kind == "token" else model.head.output_size
     return VocabSplit(tp=plan.vocab_tp, sp=plan.vocab_sp, zero3=plan.vocab_zero3,
@@ -250,7 +263,7 @@ class VocabHead(nn.Module):
 
 def refuse_vocab(plan: Plan, model: ModelSpec, tied: bool) -> None:
     """What the vocabulary split cannot run here, in one line (SpecError)."""
-    if not wants_split(plan):
+    if not asks_split(plan):
         return
     if model.embedding.kind != "token" or model.head.kind != "lm":
         raise SpecError("vocab_tp", f"vocabulary parallelism needs a token embedding and an lm head, got "

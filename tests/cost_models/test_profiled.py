@@ -1,6 +1,7 @@
 """Our profile format (reader/writer/validation) and the profiled model on ours and Galvatron's files."""
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ def test_the_documented_example_round_trips(tmp_path):
 
 @pytest.mark.parametrize("path, value, field", [
     (("overlap_coefficient",), 0.5, "overlap_coefficient"),
+    (("optimizer_ms_per_mparam",), -1.0, "optimizer_ms_per_mparam"),
     (("format",), "other", "format"),
     (("version",), 2, "version"),
     (("allreduce_gbytes_per_s",), {"4_diagonal": 1.0}, "allreduce_gbytes_per_s"),
@@ -79,6 +81,23 @@ def test_profiled_model_on_our_format(tmp_path):
     strided = cost.collective_time("all_reduce", 1e9, [[0, 2, 4, 6]])
     assert consec == pytest.approx(20e-6 + 1.5 * 1e9 / 200e9)
     assert strided > consec
+
+
+def test_the_measured_optimizer_step_is_charged_per_local_parameter():
+    """0.25 ms per million parameters (the documented example): a 1M-parameter layer's step is
+    0.25 ms under DDP and a quarter of it under ZeRO-2 over dp 4; a profile without the figure
+    charges nothing."""
+    model = load_model("tiny-gpt")
+    layer = model.layers[0]
+    profile = _profile_for(layer)
+    cost = ProfiledModel(load_cluster("cpu-4"), profile=profile)
+    assert cost.update_time(1e6, "ddp", 4) == pytest.approx(0.25e-3)
+    assert cost.update_time(1e6, "zero2", 4) == pytest.approx(0.25e-3 / 4)
+    params = profile.layers[0].parameter_bytes / cost.bytes_per_param
+    t = cost.layer_time(layer, LayerStrategy(dp=4, dp_type="zero3"), 1, 1)
+    assert t.update_s == pytest.approx(0.25e-3 * params / 1e6 / 4)
+    unmeasured = ProfiledModel(load_cluster("cpu-4"), profile=replace(profile, optimizer_ms_per_mparam=0.0))
+    assert unmeasured.layer_time(layer, LayerStrategy(dp=4), 1, 1).update_s == 0.0
 
 
 def test_profiled_model_needs_exactly_one_source():

@@ -72,3 +72,16 @@ def test_sequence_parallel_refused_where_the_block_cannot_shard_the_sequence():
     plan = dataclasses.replace(plan, layers=tuple(dataclasses.replace(s, sp="megatron") for s in plan.layers))
     with pytest.raises(SpecError, match="layer 1: sp megatron is not modelled for blocks with cross-attention"):
         check_runnable(t5, plan, 2)
+
+
+def test_a_token_models_vocabulary_runs_in_its_own_layout(tiny_gpt):
+    """vocab_tp 1 under tp 2 layers: the embedding and head run data parallel over the stage's
+    two ranks (the plan's vocabulary layout, as the cost models charge it), with relayouts to
+    the layers; a plan whose layers are in that layout needs none, nor does a patch model."""
+    from executor.parallel.vocab import vocab_split
+    tp2 = uniform_plan(tiny_gpt.num_layers, tp=2, global_batch=4, model="tiny-gpt", cluster="cpu-2")
+    split = vocab_split(tp2, tiny_gpt, 2)
+    assert split is not None and split.layout == Layout(tp=1, dp=2) and not split.sharded
+    assert vocab_split(uniform_plan(tiny_gpt.num_layers, dp=2, global_batch=4), tiny_gpt, 2) is None
+    vit = specs.load_model("vit-huge-32").scaled(num_layers=2)
+    assert vocab_split(uniform_plan(2, tp=2, global_batch=4), vit, 2) is None
