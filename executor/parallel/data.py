@@ -50,8 +50,11 @@ class FlatBucket:
     """
 
     def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None, dp_type: str,
-                 micro_batches: int, master_init: torch.Tensor, eager: bool = True) -> None:
+                 micro_batches: int, master_init: torch.Tensor, eager: bool = True,
+                 in_flight: list["FlatBucket"] | None = None) -> None:
+        """``in_flight``: the stage's ZeRO-2 buckets with a reduction under way, shared by them."""
         self.params, self.group, self.micro_batches = params, group, micro_batches
+        self.in_flight = [] if in_flight is None else in_flight
         self.size = dist.get_world_size(group) if group is not None else 1
         self.dp_type = DPType(dp_type) if self.size > 1 else DPType.DDP
         self.shards = self.size if self.dp_type in SHARDED_OPTIMIZER else 1
@@ -100,9 +103,15 @@ class FlatBucket:
 
     @torch.no_grad()
     def _reduce_now(self) -> None:
-        self._drain()  # at most one ZeRO-2 reduction in flight
+        if self.dp_type == DPType.ZERO2:  # one ZeRO-2 reduction in flight on the stage: its flat
+            for bucket in self.in_flight:  # copy of a module's gradients is the only transient
+                bucket._drain()
+            self.in_flight.clear()
+        self._drain()
         flat = self._flat_grads(take=self.dp_type == DPType.ZERO2)
         self.pending.append(self.launch(flat))
+        if self.dp_type == DPType.ZERO2:
+            self.in_flight.append(self)
 
     def launch(self, flat: torch.Tensor) -> tuple[object, torch.Tensor, torch.Tensor]:
         """Start the SUM over the DP group: all-reduce (DDP) or reduce-scatter (ZeRO-1/2).
@@ -200,6 +209,8 @@ class DataParallel:
         self.buckets: list[FlatBucket] = []
         self.fsdp_params: list[nn.Parameter] = []
         self.adam: torch.optim.Adam | None = None
+        self.in_flight: list[FlatBucket] = []
+        """ZeRO-2 buckets whose reduce-scatter is under way (FlatBucket._reduce_now)."""
 
     def add_bucket(self, params: list[nn.Parameter], group: dist.ProcessGroup | None, dp_type: str,
                    dtype: torch.dtype, eager: bool = True) -> FlatBucket | None:
@@ -212,7 +223,7 @@ class DataParallel:
         for p in params:  # swap, not .data=: a DTensor's local shard must change dtype too
             if p.dtype != dtype:
                 torch.utils.swap_tensors(p, nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad))
-        bucket = FlatBucket(params, group, dp_type, self.micro_batches, init, eager)
+        bucket = FlatBucket(params, group, dp_type, self.micro_batches, init, eager, self.in_flight)
         self.buckets.append(bucket)
         return bucket
 
