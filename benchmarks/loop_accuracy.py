@@ -78,8 +78,8 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 @one_line_errors(RuntimeError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.loop_accuracy", description=__doc__)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per plan (after one warm-up)")
-    parser.add_argument("--repeats", type=int, default=3, help="profiler repeats per measurement")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per plan (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=5, help="profiler repeats per measurement")
     parser.add_argument("--max-cv", type=float, default=None,
                         help="refuse a profile noisier than this (default: accept, print its spread)")
     args = parser.parse_args(argv)
