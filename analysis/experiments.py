@@ -206,11 +206,12 @@ def get(name: str) -> Experiment:
 
 
 def run_experiment(name: str, results: str | Path, quick: bool = False, progress: bool = True,
-                   command: str | None = None) -> SweepReport:
-    """Run every cell of experiment ``name`` that ``results`` does not hold yet."""
+                   command: str | None = None, workers: int = 1) -> SweepReport:
+    """Run every cell of experiment ``name`` that ``results`` does not hold yet (``workers``
+    cells at once in a local process pool)."""
     experiment = get(name)
     return run_sweep(ResultStore(results), name, experiment.cells(quick), experiment.run,
-                     command=command, progress=progress)
+                     command=command, progress=progress, workers=workers)
 
 
 def finished(name: str, results: str | Path, quick: bool = False):

@@ -146,7 +146,8 @@ def run_job(job: FigureJob, args: argparse.Namespace) -> list[Path]:
     if not args.no_run:
         for name in job.experiments:
             start = time.perf_counter()
-            report = run_experiment(name, args.results, quick=args.quick, progress=not args.no_progress)
+            report = run_experiment(name, args.results, quick=args.quick, progress=not args.no_progress,
+                                    workers=args.workers)
             print(f"{name}: {report.ran} run, {report.skipped} already done "
                   f"({time.perf_counter() - start:.1f} s)", flush=True)
     for name in job.experiments:
@@ -177,7 +178,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"figure groups to draw, some of: {names} (default: %(default)s)")
     parser.add_argument("--no-run", action="store_true", help="draw from existing results only (run no experiment)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--workers", type=_positive, default=1, metavar="N",
+                        help="experiment cells run at once in a local process pool (the result files are "
+                             "the same as with 1)")
     return parser.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:

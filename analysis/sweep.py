@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,32 +46,49 @@ def check_cells(experiment: str, cells: Sequence[Mapping[str, Any]]) -> None:
 
 def run_sweep(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, Any]],
               fn: Callable[..., RunRecord], *, command: str | None = None,
-              progress: bool = True, wait: bool = True) -> SweepReport:
+              progress: bool = True, wait: bool = True, workers: int = 1) -> SweepReport:
     """Call ``fn(**params)`` for every cell not yet in ``store`` and record each result.
 
     One sweep per results folder at a time: a second one waits for the lock (or, with
     wait=False, raises StoreBusy), then skips what the first finished. What a killed sweep
-    left half-written is removed first."""
+    left half-written is removed first. ``workers`` > 1 runs the cells in a local process pool
+    (``fn`` must pickle: a module-level function); this process writes each record as it
+    arrives, so the store holds the same rows as after a serial run, and a failing cell stops
+    the sweep with every finished cell kept."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: must be a positive integer, got {workers!r}")
     check_cells(experiment, cells)
     with store.lock(wait=wait):
         store.clean()
-        return _run_locked(store, experiment, cells, fn, command, progress)
+        return _run_locked(store, experiment, cells, fn, command, progress, workers)
 
 
 def _run_locked(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, Any]],
-                fn: Callable[..., RunRecord], command: str | None, progress: bool) -> SweepReport:
+                fn: Callable[..., RunRecord], command: str | None, progress: bool, workers: int) -> SweepReport:
     todo = [c for c in cells if not store.is_done(experiment, c)]
     command = default_command() if command is None else command
     skipped = len(cells) - len(todo)
     with tqdm(total=len(cells), initial=skipped, desc=experiment, unit="run",
               disable=not progress, leave=False) as bar:
-        for params in todo:
+        def record(params: Mapping[str, Any], result: Any) -> None:
+            if not isinstance(result, RunRecord):
+                raise TypeError(f"experiment {experiment!r} returned {type(result).__name__}, not a RunRecord")
+            store.write_run(experiment, params, result, command)
             bar.set_postfix_str(_short(params), refresh=False)
-            record = fn(**params)
-            if not isinstance(record, RunRecord):
-                raise TypeError(f"experiment {experiment!r} returned {type(record).__name__}, not a RunRecord")
-            store.write_run(experiment, params, record, command)
             bar.update(1)
+
+        if workers == 1:
+            for params in todo:
+                record(params, fn(**params))
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = {pool.submit(fn, **params): params for params in todo}
+                try:
+                    for future in as_completed(futures):
+                        record(futures[future], future.result())
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)
+                    raise
     return SweepReport(experiment=experiment, total=len(cells), skipped=skipped, ran=len(todo))
 
 

@@ -181,3 +181,29 @@ def test_non_finite_metrics_are_written_as_null(tmp_path):
     text = store.table_path.read_text()
     assert "Infinity" not in text and "NaN" not in text
     assert store.rows()[0]["throughput"] is None
+
+
+def test_a_sweep_on_two_workers_gives_the_serial_table(tmp_path):
+    serial, pooled = ResultStore(tmp_path / "serial"), ResultStore(tmp_path / "pooled")
+    run_sweep(serial, "exp", CELLS, fake_experiment, progress=False)
+    report = run_sweep(pooled, "exp", CELLS, fake_experiment, progress=False, workers=2)
+    assert (report.ran, report.skipped) == (len(CELLS), 0)
+    pd.testing.assert_frame_equal(stable(serial.table()), stable(pooled.table()))
+    with pytest.raises(ValueError, match="workers"):
+        run_sweep(pooled, "exp", CELLS, fake_experiment, workers=0)
+
+
+def failing_on_b(model: str, budget_gib: int, planner: str) -> RunRecord:
+    if model == "b":
+        raise RuntimeError("cell b failed")
+    return fake_experiment(model, budget_gib, planner)
+
+
+def test_a_failing_cell_in_the_pool_keeps_what_finished(tmp_path):
+    store = ResultStore(tmp_path)
+    with pytest.raises(RuntimeError, match="cell b failed"):
+        run_sweep(store, "exp", CELLS, failing_on_b, progress=False, workers=2)
+    done = {row["key"] for row in store.rows()}
+    assert done and done <= {cell_key("exp", c) for c in CELLS if c["model"] == "a"}
+    report = run_sweep(store, "exp", CELLS, fake_experiment, progress=False)
+    assert report.skipped == len(done) and report.ran == len(CELLS) - len(done)
