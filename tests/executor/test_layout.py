@@ -83,5 +83,9 @@ def test_a_token_models_vocabulary_runs_in_its_own_layout(tiny_gpt):
     split = vocab_split(tp2, tiny_gpt, 2)
     assert split is not None and split.layout == Layout(tp=1, dp=2) and not split.sharded
     assert vocab_split(uniform_plan(tiny_gpt.num_layers, dp=2, global_batch=4), tiny_gpt, 2) is None
+    # over 4 ranks the vocabulary layout is dp 4: a micro-batch of 2 cannot be split there
+    tp4 = dict(tp=4, micro_batches=2, model="tiny-gpt", cluster="cpu-4")
+    assert vocab_split(uniform_plan(tiny_gpt.num_layers, global_batch=4, **tp4), tiny_gpt, 4) is None
+    assert vocab_split(uniform_plan(tiny_gpt.num_layers, global_batch=8, **tp4), tiny_gpt, 4).layout == Layout(tp=1, dp=4)
     vit = specs.load_model("vit-huge-32").scaled(num_layers=2)
     assert vocab_split(uniform_plan(2, tp=2, global_batch=4), vit, 2) is None
