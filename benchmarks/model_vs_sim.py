@@ -28,23 +28,29 @@ to keep a run within minutes)."""
 BUDGETS_GIB = (8.0, 12.0, 16.0, 20.0)
 BASELINES = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d")
 TOLERANCE = 0.01
+"""Galvatron's plan may be at most this much slower in simulation than the best baseline's."""
 
 
-def case_row(name: str, layers: int, cluster_name: str, gib: float) -> tuple[list, list[float], list[float]]:
-    """One printed row, plus the simulated/model ratios of galvatron's and the baselines' plans."""
+def simulated_throughputs(model, cluster, budget) -> dict[str, tuple[float, float]]:
+    """Planner -> (throughput by the analytical model, in simulation) of its plan, for galvatron
+    and every baseline that finds a plan."""
     from simulator import simulate
-    model = load_model(name)
-    model = model.scaled(num_layers=layers) if layers else model
-    cluster = load_cluster(cluster_name)
     cm = cost_models.get("analytical", cluster)
-    budget = default_budget(gib)
     sims: dict[str, tuple[float, float]] = {}
-    start = time.perf_counter()
     for planner in ("galvatron", *BASELINES):
         res = planners.get(planner).plan(model, cluster, budget, cm)
         if res.feasible:
             sims[planner] = (res.throughput_samples_per_s,
                              simulate(model, cluster, res.plan, cm).throughput_samples_per_s)
+    return sims
+
+
+def case_row(name: str, layers: int, cluster_name: str, gib: float) -> tuple[list, list[float], list[float]]:
+    """One printed row, plus the simulated/model ratios of galvatron's and the baselines' plans."""
+    model = load_model(name)
+    model = model.scaled(num_layers=layers) if layers else model
+    start = time.perf_counter()
+    sims = simulated_throughputs(model, load_cluster(cluster_name), default_budget(gib))
     label = f"{name}" + (f" ({layers} layers)" if layers else "")
     if "galvatron" not in sims:
         return [label, gib, "no plan", "", "", "", "", time.perf_counter() - start], [], []

@@ -190,8 +190,8 @@ class AnalyticalModel(CostModel):
 
     def update_time(self, local_params: float, dp_type: str, dp: int) -> float:
         """Optimizer step of the local (ZeRO-sharded) parameters: memory-bound."""
-        shard = dp if dp_type != DPType.DDP else 1
-        return self._memory_bound_s(self.constants.optimizer_bytes_per_param * local_params / shard)
+        return self._memory_bound_s(self.constants.optimizer_bytes_per_param * local_params
+                                    / mem.optimizer_shard(dp_type, dp))
 
     def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
                      in_flight: int) -> MemoryBreakdown:

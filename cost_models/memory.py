@@ -22,6 +22,12 @@ FLASH_LSE_BYTES = 4
 """Flash attention saves one fp32 log-sum-exp per query row and head for its backward."""
 
 
+def optimizer_shard(dp_type: str, dp: int) -> int:
+    """Ranks the optimizer states (and the step that updates them) are split over: dp under
+    every ZeRO stage, 1 under DDP."""
+    return max(1, dp) if dp_type != DPType.DDP else 1
+
+
 def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
     """Weights, gradients and Adam states of ``params`` parameters on one GPU of a dp group.
 
@@ -29,7 +35,7 @@ def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
     """
     one_of(dp_type, DP_TYPES, "dp_type")
     d = max(1, dp)
-    shard_opt = d if dp_type != DPType.DDP else 1
+    shard_opt = optimizer_shard(dp_type, d)
     shard_grad = d if dp_type in (DPType.ZERO2, DPType.ZERO3) else 1
     shard_param = d if dp_type == DPType.ZERO3 else 1
     return MemoryBreakdown(parameters_bytes=WEIGHT_BYTES_PER_PARAM * params / shard_param,

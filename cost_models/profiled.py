@@ -14,7 +14,7 @@ from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
 from cost_models.ops import forward_ops
-from cost_models.vocab import head_params
+from cost_models.vocab import head_params, vocab_dp_type, vocab_layout
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
 from cost_models import sequence as seq
@@ -174,8 +174,7 @@ class ProfiledModel(CostModel):
     def update_time(self, local_params: float, dp_type: str, dp: int) -> float:
         """The measured optimizer step (Profile.optimizer_ms_per_mparam) over the parameters this
         rank updates: all of them under DDP, 1/dp under ZeRO."""
-        shard = dp if dp_type != DPType.DDP else 1
-        return self.profile.optimizer_ms_per_mparam * 1e-3 * local_params / shard / 1e6
+        return self.profile.optimizer_ms_per_mparam * 1e-3 * local_params / mem.optimizer_shard(dp_type, dp) / 1e6
 
     def _dp_traffic_s(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]
                       ) -> tuple[float, float, float]:
@@ -264,9 +263,8 @@ class ProfiledModel(CostModel):
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         vocab = self.profile.vocab
-        last, tp = plan.pp - 1, plan.vocab_tp
-        dp = world_size // plan.pp // tp
-        mbs = plan.global_batch / (dp * plan.micro_batches)
+        last = plan.pp - 1
+        tp, dp, mbs, _, dp_groups = vocab_layout(plan, world_size, stage)
         share = (1.0 - VOCAB_HEAD_SHARE if stage == 0 else 0.0) + (VOCAB_HEAD_SHARE if stage == last else 0.0)
         if vocab is None or share == 0.0:
             return LayerTime(0.0, 0.0), MemoryBreakdown()
@@ -274,13 +272,11 @@ class ProfiledModel(CostModel):
         fwd = share * (fa * mbs + fb) / tp * 1e-3
         bwd = share * (ba * mbs + bb) / tp * 1e-3
         sync_s = update_s = 0.0
-        first = plan.stage_first_rank(stage, world_size)
-        dp_groups = [list(range(first + j, first + tp * dp, tp)) for j in range(tp)]
         ends = ([(0, model.embedding.param_count())] if stage == 0 else []) + \
             ([(len(plan.layers) - 1, head_params(model, plan))] if stage == last else [])
         for index, count in ends:
             params = count / tp
-            dp_type = DPType.ZERO3 if plan.vocab_zero3 else plan.layers[index].dp_type
+            dp_type = vocab_dp_type(plan, index, dp)
             per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, dp_type, dp_groups)
             sync_s += once + plan.micro_batches * (per_mb_fwd + per_mb_bwd)
             update_s += self.update_time(params, dp_type, dp)

@@ -21,7 +21,7 @@ LOGIT_KEPT_BYTES = 4
 """The loss keeps its fp32 softmax for backward (Megatron vocab-parallel cross-entropy)."""
 
 
-def _vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
+def vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
     """(tp, dp, micro-batch size, tp groups, dp groups) of the vocabulary layers on ``stage``."""
     per_stage = world_size // plan.pp
     tp = plan.vocab_tp
@@ -33,7 +33,7 @@ def _vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, fl
     return tp, dp, plan.global_batch / (dp * plan.micro_batches), tp_groups, dp_groups
 
 
-def _dp_type(plan: Plan, layer_index: int, dp: int) -> str:
+def vocab_dp_type(plan: Plan, layer_index: int, dp: int) -> str:
     """ZeRO-3 when the plan says so (Galvatron's embed_sdp), else the neighbouring layer's type."""
     if dp <= 1:
         return DPType.DDP
@@ -69,7 +69,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     c = model_.constants
     model = padded_model(model, plan)
     ulysses = plan.vocab_sp == "ulysses"
-    tp, dp, mbs, tp_groups, dp_groups = (_ulysses_layout if ulysses else _vocab_layout)(plan, world_size, stage)
+    tp, dp, mbs, tp_groups, dp_groups = (_ulysses_layout if ulysses else vocab_layout)(plan, world_size, stage)
     weight_tp, sync_dp = (1, dp * tp) if ulysses else (tp, dp)
     tokens = mbs * model.seq_len
     h = model.embedding.hidden_size
@@ -136,7 +136,7 @@ def head_params(model: ModelSpec, plan: Plan) -> float:
 
 def _states(model_: "AnalyticalModel", params: float, plan: Plan, layer_index: int, dp: int,
             dp_groups: list, backward_s: float) -> tuple[float, float, float, MemoryBreakdown]:
-    dp_type = _dp_type(plan, layer_index, dp)
+    dp_type = vocab_dp_type(plan, layer_index, dp)
     sync = model_.dp_sync_time(params, dp_type, dp_groups)
     exposed = model_.exposed_time(sync, backward_s)
     return sync, exposed, model_.update_time(params, dp_type, dp), mem.model_state_bytes(params, dp_type, dp)

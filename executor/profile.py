@@ -141,28 +141,24 @@ def layer_memory_entry(layer: LayerSpec, tps: list[int], batch: int, device: str
     return {"signature": sig, "parameter_bytes": params, "activation_bytes_per_sample": acts}
 
 
-def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype) -> None:
+def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype,
+               tp: int = 1) -> None:
+    """The layer's forward and backward per batch size, as ``layer{index}/{b}``; at ``tp`` > 1 as
+    the executor runs it tensor parallel (executor.parallel.tensor: DTensor column/row splits and
+    their all-reduces) on consecutive groups of tp ranks, every group at once, as
+    ``layer{index}/tp{tp}/{b}``."""
     block = Block(layer).to(device=timings.device, dtype=dtype)
+    key = f"layer{index}"
+    if tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from executor.parallel.tensor import apply_tp
+        world = dist.get_world_size()
+        mesh = init_device_mesh(timings.device.split(":")[0], (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
+        block, key = apply_tp(block, mesh), f"{key}/tp{tp}"
     shape = (layer.seq_len, layer.hidden_size)
     for b in batch_sizes:
         make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
-        time_module(block, make, timings, f"layer{index}/{b}")
-
-
-def time_layer_tp(layer: LayerSpec, index: int, tp: int, batch_sizes: list[int], timings: Timings,
-                  dtype: torch.dtype) -> None:
-    """The layer as the executor runs it tensor parallel (executor.parallel.tensor: DTensor
-    column/row splits and their all-reduces) on consecutive groups of ``tp`` ranks, every group
-    at once; ``layer{index}/tp{tp}/{b}``."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from executor.parallel.tensor import apply_tp
-    world = dist.get_world_size()
-    mesh = init_device_mesh(timings.device.split(":")[0], (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
-    block = apply_tp(Block(layer).to(device=timings.device, dtype=dtype), mesh)
-    shape = (layer.seq_len, layer.hidden_size)
-    for b in batch_sizes:
-        make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
-        time_module(block, make, timings, f"layer{index}/tp{tp}/{b}")
+        time_module(block, make, timings, f"{key}/{b}")
 
 
 def tp_degrees(tps: list[int], world_size: int, layer: LayerSpec) -> list[int]:
@@ -230,9 +226,8 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
     timings = Timings(device, repeats, warmup)
     kinds = model.layer_types()
     for i, layer in enumerate(kinds):
-        time_layer(layer, i, batch_sizes, timings, dtype)
-        for tp in tp_degrees(tps, world_size, layer):
-            time_layer_tp(layer, i, tp, batch_sizes, timings, dtype)
+        for tp in [1, *tp_degrees(tps, world_size, layer)]:
+            time_layer(layer, i, batch_sizes, timings, dtype, tp)
     vocab_bytes = time_vocab(model, batch_sizes, timings, dtype)
     time_optimizer(timings, dtype)
     stats = timings.reduce()

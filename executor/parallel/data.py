@@ -50,11 +50,10 @@ class FlatBucket:
     """
 
     def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None, dp_type: str,
-                 micro_batches: int, master_init: torch.Tensor, eager: bool = True,
-                 in_flight: list["FlatBucket"] | None = None) -> None:
+                 micro_batches: int, master_init: torch.Tensor, eager: bool, in_flight: list["FlatBucket"]) -> None:
         """``in_flight``: the stage's ZeRO-2 buckets with a reduction under way, shared by them."""
         self.params, self.group, self.micro_batches = params, group, micro_batches
-        self.in_flight = [] if in_flight is None else in_flight
+        self.in_flight = in_flight
         self.size = dist.get_world_size(group) if group is not None else 1
         self.dp_type = DPType(dp_type) if self.size > 1 else DPType.DDP
         self.shards = self.size if self.dp_type in SHARDED_OPTIMIZER else 1

@@ -4,29 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-import cost_models
-import planners
+from benchmarks.model_vs_sim import TOLERANCE, simulated_throughputs
 from planners import Budget
 from planners.compare import default_budget
 from specs import load_cluster, load_model
 
-SIM_BASELINES = ("ddp", "zero2", "zero3", "megatron_tp", "gpipe", "megatron_3d", "deepspeed_3d")
-TOLERANCE = 0.01
-"""The chosen plan may be at most 1% slower in simulation than the best baseline."""
-
-
 def _simulated_throughputs(model, cluster, budget: Budget) -> tuple[float, dict[str, float]]:
-    from simulator import simulate
-    cm = cost_models.get("analytical", cluster)
-    chosen = planners.get("galvatron").plan(model, cluster, budget, cm)
-    assert chosen.feasible
-    ours = simulate(model, cluster, chosen.plan, cm).throughput_samples_per_s
-    others = {}
-    for name in SIM_BASELINES:
-        res = planners.get(name).plan(model, cluster, budget, cm)
-        if res.feasible:
-            others[name] = simulate(model, cluster, res.plan, cm).throughput_samples_per_s
-    return ours, others
+    sims = simulated_throughputs(model, cluster, budget)
+    assert "galvatron" in sims
+    return sims.pop("galvatron")[1], {name: sim for name, (_, sim) in sims.items()}
 
 
 def test_chosen_plan_does_not_lose_in_simulation_small_case():
