@@ -4,8 +4,9 @@ On cpu-2 (two gloo processes, one thread each) with a GPT wide enough that compu
 communication (gpt-1.7b scaled to hidden 384, 6 heads, 4 layers, sequence 128, vocabulary cut to 8192:
 ~1.8 GFLOP per layer forward at batch 4, against a 7 MiB fp32 gradient all-reduce): profile once, then for each of
 nine plans print the profiled cost model's and the simulator's predicted iteration time beside
-the measured time (median of the timed steps), and predicted beside measured peak memory
-(runtime overhead excluded). Summary: time MAPE, Kendall's tau, worst memory error.
+the measured time, and predicted beside measured peak memory (runtime overhead excluded).
+Each plan runs once per round, the rounds interleaved over the plans (--rounds, default 3, of
+--steps 3 timed steps): its time is the median of its runs' median step times. Summary: time MAPE, Kendall's tau, worst memory error.
 Targets (issue 11): MAPE <= 15 %, tau >= 0.8, memory within 10 %.
 """
 from __future__ import annotations
@@ -78,7 +79,10 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 @one_line_errors(RuntimeError)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.loop_accuracy", description=__doc__)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per plan (after one warm-up)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per plan and round (after one warm-up)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="passes over the plans, one run of each per pass: a plan's time is the median of "
+                             "its runs' medians, so a drift of the machine's load spreads over every plan")
     parser.add_argument("--repeats", type=int, default=5, help="profiler repeats per measurement")
     parser.add_argument("--max-cv", type=float, default=None,
                         help="refuse a profile noisier than this (default: accept, print its spread)")
@@ -92,14 +96,31 @@ def main(argv: list[str] | None = None) -> int:
     hw = profile.hardware
     print(f"profile: {time.time() - start:.0f} s, spread of the timings: median cv {hw['median_cv']:.3f}, "
           f"max cv {hw['max_cv']:.3f}")
+    runs: dict[str, list] = {name: [] for name in plans()}
+    for r in range(args.rounds):
+        for name, plan in plans().items():
+            runs[name].append(run_plan(plan, model, world_size=2, steps=args.steps, warmup=1, timeout_s=600))
+        print(f"round {r + 1}/{args.rounds} done ({time.time() - start:.0f} s)", flush=True)
     rows = []
     for name, plan in plans().items():
         cost, sim = predict_plan(model, cluster, plan, profile=profile)
-        m = run_plan(plan, model, world_size=2, steps=args.steps, warmup=1, timeout_s=600)
+        m = _combined(runs[name])
         rows.append((name, m, cost, sim))
         _print_row(name, m, cost, sim)
     _summary(rows)
     return 0
+
+
+def _combined(measurements: list):
+    """One measurement from a plan's runs: the median of their median step times, every timed
+    step, and per rank the median of their peak memories (a peak moves with the moment the
+    asynchronous collectives free their buffers)."""
+    first = measurements[0]
+    peaks = tuple(int(statistics.median(m.peak_memory_bytes[r] for m in measurements))
+                  for r in range(len(first.peak_memory_bytes)))
+    return dataclasses.replace(first, step_time_s=statistics.median(m.step_time_s for m in measurements),
+                               step_times_s=tuple(t for m in measurements for t in m.step_times_s),
+                               peak_memory_bytes=peaks)
 
 
 def _print_row(name, m, cost, sim) -> None:

@@ -28,19 +28,40 @@ def optimizer_shard(dp_type: str, dp: int) -> int:
     return max(1, dp) if dp_type != DPType.DDP else 1
 
 
-def model_state_bytes(params: float, dp_type: str, dp: int) -> MemoryBreakdown:
+def model_state_bytes(params: float, dp_type: str, dp: int,
+                      weight_bytes: int = WEIGHT_BYTES_PER_PARAM) -> MemoryBreakdown:
     """Weights, gradients and Adam states of ``params`` parameters on one GPU of a dp group.
 
-    DDP 16 B/param; ZeRO-1 4 + 12/d; ZeRO-2 2 + 14/d; ZeRO-3 16/d (formulas.md).
+    Mixed precision (``weight_bytes`` 2): DDP 16 B/param; ZeRO-1 4 + 12/d; ZeRO-2 2 + 14/d;
+    ZeRO-3 16/d (formulas.md). A run in a 4-byte working dtype keeps 4 B weights and gradients
+    beside the same 12 B fp32 master and Adam states (the executor's flat buckets), except under
+    ZeRO-3, whose fp32 shard is its own master: 16/d either way.
     """
     one_of(dp_type, DP_TYPES, "dp_type")
     d = max(1, dp)
     shard_opt = optimizer_shard(dp_type, d)
     shard_grad = d if dp_type in (DPType.ZERO2, DPType.ZERO3) else 1
     shard_param = d if dp_type == DPType.ZERO3 else 1
-    return MemoryBreakdown(parameters_bytes=WEIGHT_BYTES_PER_PARAM * params / shard_param,
-                           gradients_bytes=GRAD_BYTES_PER_PARAM * params / shard_grad,
-                           optimizer_bytes=OPTIMIZER_BYTES_PER_PARAM * params / shard_opt)
+    optimizer = OPTIMIZER_BYTES_PER_PARAM
+    if dp_type == DPType.ZERO3:
+        optimizer += 2 * (WEIGHT_BYTES_PER_PARAM - weight_bytes)
+    return MemoryBreakdown(parameters_bytes=weight_bytes * params / shard_param,
+                           gradients_bytes=weight_bytes * params / shard_grad,
+                           optimizer_bytes=optimizer * params / shard_opt)
+
+
+def gradient_sync_transient_bytes(params: float, dp_type: str, dp: int,
+                                  weight_bytes: int = WEIGHT_BYTES_PER_PARAM) -> float:
+    """Bytes a layer's data parallelism holds for a moment beyond its states: ZeRO-3 its
+    gathered weights; ZeRO-2 the layer's full gradients and their flat copy while its
+    reduce-scatter starts (every micro-batch, one layer at a time)."""
+    if dp <= 1:
+        return 0.0
+    if dp_type == DPType.ZERO3:
+        return weight_bytes * params
+    if dp_type == DPType.ZERO2:
+        return 2 * weight_bytes * params
+    return 0.0
 
 
 def _has_dropout(layer: LayerSpec) -> bool:
@@ -132,15 +153,16 @@ def attention_core_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_
 
 def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int, in_flight: int,
                  params: float | None = None, kept_bytes: float | None = None,
-                 recomputed_bytes: float | None = None, imbalance: float | None = None) -> MemoryBreakdown:
+                 recomputed_bytes: float | None = None, imbalance: float | None = None,
+                 weight_bytes: int = WEIGHT_BYTES_PER_PARAM) -> MemoryBreakdown:
     """States of the layer's local shard, ``in_flight`` stashed micro-batches, and temporaries:
     ZeRO-3's gathered weights, and under checkpointing the recomputed layer's full activations.
-    With an expert split the routed experts' states are / (ep * etp), ZeRO-sharded over expert dp."""
+    With an expert split the routed experts' states are / (ep * etp), ZeRO-sharded over expert dp.
+    ``weight_bytes``: the working dtype's bytes per weight (model_state_bytes)."""
     states, temporary = MemoryBreakdown(), 0.0
     for part in experts.sync_parts(layer, strategy, 0, (), params):
-        states = states + model_state_bytes(part.params, part.dp_type, part.size)
-        if part.dp_type == DPType.ZERO3 and part.size > 1:
-            temporary += WEIGHT_BYTES_PER_PARAM * part.params
+        states = states + model_state_bytes(part.params, part.dp_type, part.size, weight_bytes)
+        temporary += gradient_sync_transient_bytes(part.params, part.dp_type, part.size, weight_bytes)
     kept = activation_bytes(layer, strategy, micro_batch_size, imbalance) if kept_bytes is None else kept_bytes
     if strategy.checkpoint:
         temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size, imbalance)

@@ -14,7 +14,7 @@ from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
 from cost_models.ops import forward_ops
-from cost_models.vocab import head_params, vocab_dp_type, vocab_layout
+from cost_models.vocab import vocab_dp_type, vocab_ends, vocab_layout
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
 from cost_models import sequence as seq
@@ -30,6 +30,9 @@ VOCAB_HEAD_SHARE = 0.9
 loss); the lookup on the first stage is small and memory-bound."""
 LOGIT_KEPT_BYTES = 4
 """Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
+LOSS_GRADIENT_BYTES = 8
+"""Per logit at the start of the loss's backward (executor, torch cross-entropy): the fp32
+gradients of the log-softmax output and of the fp32 logits."""
 
 
 def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
@@ -223,7 +226,8 @@ class ProfiledModel(CostModel):
         if not strategy.checkpoint:  # the measured table is tp-only: scale by the formula's ratio
             kept *= activation_ratio(layer, strategy, mbs)
         return mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
-                                recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False))
+                                recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False),
+                                weight_bytes=self.bytes_per_param)
 
     def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
                         micro_batch_size: int, first_rank: int = 0) -> float:
@@ -233,13 +237,21 @@ class ProfiledModel(CostModel):
         return relayout_time(self, layer, prev, nxt, mbs, first_rank)
 
     # -- communication --------------------------------------------------------------------------
+    @property
+    def wire_scale(self) -> float:
+        """Bytes a message of the profiled run moves per byte the formulas count: they count
+        16-bit activations and gradients, an fp32 run sends 4-byte ones."""
+        return self.bytes_per_param / BYTES_PER_ACTIVATION
+
     def collective_time(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
-        """latency + factor(p) * n / profiled busbw of the group's size and layout."""
+        """latency + factor(p) * n / profiled busbw of the group's size and layout (n in the
+        profiled dtype)."""
         coll.check_kind(kind)
         group = max(groups, key=len, default=())
         p = len(group)
         if p <= 1 or nbytes <= 0:
             return 0.0
+        nbytes *= self.wire_scale
         measured = self.sp_time.time_s(kind, p, nbytes) if self.sp_time and kind == "all_to_all" else None
         if measured is not None:
             return measured
@@ -257,7 +269,7 @@ class ProfiledModel(CostModel):
             raise ProfileError("p2p_gbytes_per_s", "empty: the profile has no p2p table")
         pp = max(2, self.cluster.world_size // abs(dst - src))
         key = min(table, key=lambda k: abs(int(k) - pp))
-        return coll.p2p_time_s(nbytes, self.profile.allreduce_latency_us * 1e-6, table[key] * 1e9)
+        return coll.p2p_time_s(nbytes * self.wire_scale, self.profile.allreduce_latency_us * 1e-6, table[key] * 1e9)
 
     # -- embedding and head -----------------------------------------------------------------------
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
@@ -272,9 +284,7 @@ class ProfiledModel(CostModel):
         fwd = share * (fa * mbs + fb) / tp * 1e-3
         bwd = share * (ba * mbs + bb) / tp * 1e-3
         sync_s = update_s = 0.0
-        ends = ([(0, model.embedding.param_count())] if stage == 0 else []) + \
-            ([(len(plan.layers) - 1, head_params(model, plan))] if stage == last else [])
-        for index, count in ends:
+        for index, count in vocab_ends(model, plan, stage):
             params = count / tp
             dp_type = vocab_dp_type(plan, index, dp)
             per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, dp_type, dp_groups)
@@ -302,12 +312,19 @@ class ProfiledModel(CostModel):
             share = self._vocab_state_share(plan, stage, dp)
             return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB * share,
                                    activations_bytes=table["activation"][vtp] * MIB * mbs)
-        params = self.profile.vocab.parameter_bytes / self.bytes_per_param / tp
-        params *= 0.5 if plan.pp > 1 else 1.0  # embedding on the first stage, head on the last
-        dp_type = plan.layers[0 if stage == 0 else -1].dp_type if dp > 1 else DPType.DDP
-        states = mem.model_state_bytes(params, dp_type, dp)
-        kept = mbs * model.head.seq_len * model.head.output_size / tp * LOGIT_KEPT_BYTES if stage == last else 0.0
-        return states + MemoryBreakdown(activations_bytes=kept)
+        # parameters from the spec: the profile times an untied head, the executor keeps it tied
+        w, states = self.bytes_per_param, MemoryBreakdown()
+        for index, count in vocab_ends(model, plan, stage):
+            dp_type = vocab_dp_type(plan, index, dp)
+            states = states + mem.model_state_bytes(count / tp, dp_type, dp, w) + MemoryBreakdown(
+                temporary_bytes=mem.gradient_sync_transient_bytes(count / tp, dp_type, dp, w))
+        if stage != last:
+            return states
+        logits = mbs * model.head.seq_len * model.head.output_size / tp
+        # the loss keeps its fp32 softmax; its backward starts with the logits (working dtype) and
+        # the gradients of the softmax and of the fp32 logits alive beside it
+        return states + MemoryBreakdown(activations_bytes=logits * LOGIT_KEPT_BYTES,
+                                        temporary_bytes=logits * (w + LOSS_GRADIENT_BYTES))
 
 
 def _state_share(dp_type: str, dp: int) -> float:

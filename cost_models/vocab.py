@@ -125,6 +125,13 @@ def _vocab_tp_comm(model_: "AnalyticalModel", nbytes: float, groups: list, plan:
     return model_.collective_time(kind, nbytes, groups)
 
 
+def vocab_ends(model: ModelSpec, plan: Plan, stage: int) -> list[tuple[int, float]]:
+    """(index of the layer whose dp type it follows, parameters) of the embedding on the first
+    stage and of the head on the last: the ends ``stage`` holds."""
+    return (([(0, float(model.embedding.param_count()))] if stage == 0 else [])
+            + ([(len(plan.layers) - 1, head_params(model, plan))] if stage == plan.pp - 1 else []))
+
+
 def head_params(model: ModelSpec, plan: Plan) -> float:
     """The head's parameters on the last stage; a tied head on its own stage keeps a copy of
     the embedding matrix (Megatron), on the first stage it shares it."""

@@ -88,7 +88,7 @@ class FlatBucket:
 
     def _flat_grads(self, take: bool) -> torch.Tensor:
         """The gradients as one padded flat vector (zeros where a parameter got none); ``take``
-        frees them from the parameters (ZeRO-2 keeps only the sharded sum)."""
+        frees them from the parameters (DDP keeps only the flat sum, ZeRO-2 its sharded sum)."""
         parts = []
         for p in self.params:
             g = _settled(p) if p.grad is not None else torch.zeros_like(local(p))
@@ -107,7 +107,7 @@ class FlatBucket:
                 bucket._drain()
             self.in_flight.clear()
         self._drain()
-        flat = self._flat_grads(take=self.dp_type == DPType.ZERO2)
+        flat = self._flat_grads(take=self.dp_type in (DPType.DDP, DPType.ZERO2))
         self.pending.append(self.launch(flat))
         if self.dp_type == DPType.ZERO2:
             self.in_flight.append(self)
@@ -145,8 +145,6 @@ class FlatBucket:
         self._drain()
         if self.dp_type == DPType.ZERO2:
             self.reduced = self.grad_shard
-        elif self.shards == 1:  # DDP: the parameters' gradients are the sums
-            self._grads_from(self.reduced)
         self.calls = 0
 
     # -- optimizer -----------------------------------------------------------------------------
@@ -194,8 +192,9 @@ class FlatBucket:
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """What this bucket keeps per category (for the byte accounting of --check)."""
         grads = [local(p.grad) for p in self.params if p.grad is not None]
-        if self.grad_shard is not None:
-            grads.append(self.grad_shard)
+        flat = self.grad_shard if self.dp_type == DPType.ZERO2 else self.reduced if self.dp_type == DPType.DDP else None
+        if flat is not None:  # the sharded (ZeRO-2) or summed (DDP) gradients, flat
+            grads.append(flat)
         return {"params": [local(p) for p in self.params], "grads": grads, "master": [self.master]}
 
 

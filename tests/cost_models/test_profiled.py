@@ -140,5 +140,54 @@ def test_parameter_count_follows_the_profiled_dtype():
     raw["hardware"]["dtype"] = "float32"  # what the executor writes for a CPU profile
     raw["layers"][0]["parameter_bytes"] = 4 * layer.param_count()
     model = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
-    states = model.layer_memory(layer, LayerStrategy(dp=2), 1, 1)
-    assert states.states_bytes == pytest.approx(16 * layer.param_count())
+    n = layer.param_count()
+    # fp32 working weights and gradients (4 + 4) beside the fp32 master and Adam states (12);
+    # a ZeRO-3 shard is its own master: 16 / dp
+    expected = {"ddp": 20 * n, "zero1": 8 * n + 12 * n / 2, "zero2": 4 * n + 16 * n / 2, "zero3": 16 * n / 2}
+    for dp_type, nbytes in expected.items():
+        states = model.layer_memory(layer, LayerStrategy(dp=2, dp_type=dp_type), 1, 1)
+        assert states.states_bytes == pytest.approx(nbytes), dp_type
+
+
+def test_vocab_memory_counts_a_tied_head_once_and_the_loss_backward():
+    """tiny-gpt ties its head: on one stage the embedding matrix is held once; over two stages
+    the last keeps a copy. The last stage also holds, at the loss's backward, the logits (4 B
+    in fp32) and two fp32 gradients (8 B) beside the kept softmax (4 B)."""
+    model = load_model("tiny-gpt")
+    raw = _profile_for(model.layers[0]).to_dict()
+    raw["hardware"]["dtype"] = "float32"
+    cost = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    emb, h, vocab = model.embedding.param_count(), model.head.hidden_size, model.head.output_size
+    one = uniform_plan(4, dp=2, global_batch=4, micro_batches=1)
+    _, mem = cost.vocab_cost(model, one, 0, 2)
+    assert mem.states_bytes == pytest.approx(20 * (emb + model.head.param_count()))
+    logits = 2 * model.head.seq_len * vocab  # 2 samples per rank
+    assert mem.activations_bytes == pytest.approx(4 * logits)
+    assert mem.temporary_bytes == pytest.approx(12 * logits)
+    two = uniform_plan(4, pp=2, global_batch=4, micro_batches=2)
+    first, last = cost.vocab_cost(model, two, 0, 2)[1], cost.vocab_cost(model, two, 1, 2)[1]
+    assert first.states_bytes == pytest.approx(20 * emb)
+    assert last.states_bytes == pytest.approx(20 * (model.head.param_count() + h * vocab))
+
+
+def test_zero2_and_zero3_layers_hold_a_transient_for_their_gradient_sync():
+    """ZeRO-2: the layer's full gradients and their flat copy (2 x 2 B/param in bf16); ZeRO-3:
+    its gathered weights (2 B/param); DDP and ZeRO-1 nothing; nothing at dp 1."""
+    from cost_models.memory import gradient_sync_transient_bytes as transient
+    assert transient(1000, "zero2", 4) == 4000
+    assert transient(1000, "zero3", 4) == 2000
+    assert transient(1000, "zero2", 4, weight_bytes=4) == 8000
+    assert transient(1000, "ddp", 4) == transient(1000, "zero1", 4) == transient(1000, "zero2", 1) == 0
+
+
+def test_an_fp32_profile_moves_four_bytes_per_element():
+    """The formulas count 16-bit messages; an fp32 run's all-reduces and sends move twice the
+    bytes: same latency, twice the bandwidth term."""
+    layer = load_model("tiny-gpt").layers[0]
+    raw = _profile_for(layer).to_dict()
+    half = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    raw["hardware"]["dtype"] = "float32"
+    full = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    latency = half.profile.allreduce_latency_us * 1e-6
+    for f in (lambda m: m.collective_time("all_reduce", 1e8, [[0, 1]]), lambda m: m.p2p_time(1e8, 0, 1)):
+        assert f(full) - latency == pytest.approx(2 * (f(half) - latency))
