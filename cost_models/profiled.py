@@ -164,6 +164,9 @@ class ProfiledModel(CostModel):
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups, params)
         traffic = [self._dp_traffic_s(p.params, p.dp_type, p.groups) for p in parts]
         per_mb_fwd, per_mb_bwd, once = (sum(t[i] for t in traffic) for i in range(3))
+        fsdp_fwd, fsdp_bwd = self._fsdp_overhead_s(layer, strategy, mbs, per_mb_fwd, per_mb_bwd)
+        forward_s += fsdp_fwd
+        backward_s += fsdp_bwd + fsdp_fwd * recompute_share(layer, strategy, mbs)
         a2a = lambda nbytes, groups: self.collective_time("all_to_all", nbytes, groups)  # noqa: E731
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
                          update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts),
@@ -173,6 +176,23 @@ class ProfiledModel(CostModel):
                          + self.exposed_time(per_mb_fwd, forward_s),
                          ep_comm_s=experts.dispatch_time_s(a2a, layer, strategy, mbs, first_rank,
                                                            self.expert_imbalance))
+
+    def _fsdp_overhead_s(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, gather_s: float,
+                         gather_reduce_s: float) -> tuple[float, float]:
+        """(forward, backward) of a ZeRO-3 layer beyond its compute and the collectives charged
+        for it (FSDP2's per-pass bookkeeping: copies into and out of the flat buffers, hooks),
+        when the profile timed the layer as the executor runs it at this dp (tp 1, no experts):
+        the ZeRO-3 table less the plain layer less those collectives, never below 0."""
+        entry = self.profile.layer(layer)
+        dp = strategy.dp
+        if (strategy.dp_type != DPType.ZERO3 or strategy.tp > 1 or layer.moe is not None
+                or dp not in entry.zero3_forward_ms or dp not in entry.zero3_backward_ms):
+            return 0.0, 0.0
+        (fa, fb), (ba, bb) = self._fits(layer)
+        (za, zb), (wa, wb) = linear_fit(entry.zero3_forward_ms[dp]), linear_fit(entry.zero3_backward_ms[dp])
+        forward = ((za - fa) * mbs + zb - fb) * 1e-3 - gather_s
+        backward = ((wa - ba) * mbs + wb - bb) * 1e-3 - gather_reduce_s
+        return max(0.0, forward), max(0.0, backward)
 
     def update_time(self, local_params: float, dp_type: str, dp: int) -> float:
         """The measured optimizer step (Profile.optimizer_ms_per_mparam) over the parameters this

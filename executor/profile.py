@@ -142,19 +142,27 @@ def layer_memory_entry(layer: LayerSpec, tps: list[int], batch: int, device: str
 
 
 def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype,
-               tp: int = 1) -> None:
+               tp: int = 1, zero3: bool = False) -> None:
     """The layer's forward and backward per batch size, as ``layer{index}/{b}``; at ``tp`` > 1 as
     the executor runs it tensor parallel (executor.parallel.tensor: DTensor column/row splits and
     their all-reduces) on consecutive groups of tp ranks, every group at once, as
-    ``layer{index}/tp{tp}/{b}``."""
-    block = Block(layer).to(device=timings.device, dtype=dtype)
+    ``layer{index}/tp{tp}/{b}``; with ``zero3`` as the executor runs a ZeRO-3 layer over every
+    rank (executor.parallel.data.apply_fsdp: FSDP2, gathered per pass, gradients reduce-scattered),
+    as ``layer{index}/zero3/{b}``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    # a ZeRO-3 layer keeps fp32 shards and computes in the run's dtype (MixedPrecisionPolicy)
+    block = Block(layer).to(device=timings.device, dtype=torch.float32 if zero3 else dtype)
     key = f"layer{index}"
+    kind = timings.device.split(":")[0]
+    world = dist.get_world_size() if dist.is_initialized() else 1
     if tp > 1:
-        from torch.distributed.device_mesh import init_device_mesh
         from executor.parallel.tensor import apply_tp
-        world = dist.get_world_size()
-        mesh = init_device_mesh(timings.device.split(":")[0], (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
+        mesh = init_device_mesh(kind, (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
         block, key = apply_tp(block, mesh), f"{key}/tp{tp}"
+    elif zero3:
+        from executor.parallel.data import DataParallel, apply_fsdp
+        apply_fsdp(block, init_device_mesh(kind, (world,)), DataParallel(1), dtype == torch.bfloat16, set())
+        key = f"{key}/zero3"
     shape = (layer.seq_len, layer.hidden_size)
     for b in batch_sizes:
         make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
@@ -228,6 +236,8 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
     for i, layer in enumerate(kinds):
         for tp in [1, *tp_degrees(tps, world_size, layer)]:
             time_layer(layer, i, batch_sizes, timings, dtype, tp)
+        if world_size > 1:
+            time_layer(layer, i, batch_sizes, timings, dtype, zero3=True)
     vocab_bytes = time_vocab(model, batch_sizes, timings, dtype)
     time_optimizer(timings, dtype)
     stats = timings.reduce()
@@ -272,6 +282,9 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
         if sharded:
             entry["tp_forward_ms"] = {str(tp): f for tp, (f, _) in sharded.items()}
             entry["tp_backward_ms"] = {str(tp): b for tp, (_, b) in sharded.items()}
+        if world_size > 1:
+            fwd, bwd = _tables(stats, f"layer{i}/zero3", batch_sizes)
+            entry["zero3_forward_ms"], entry["zero3_backward_ms"] = {str(world_size): fwd}, {str(world_size): bwd}
         layers.append(entry)
     fwd, bwd = _tables(stats, "vocab", batch_sizes)
     cvs = [cv for _, cv in stats.values()]

@@ -55,14 +55,14 @@ def _batch_table(raw: Any, where: str) -> dict[int, float]:
 
 
 def _tp_tables(raw: Any, where: str) -> dict[int, dict[int, float]]:
-    """{tp degree > 1: {batch size: ms}}."""
+    """{degree > 1 (tp, or dp of a ZeRO-3 table): {batch size: ms}}."""
     if not isinstance(raw, Mapping):
         raise ProfileError(where, f"must be an object, got {raw!r}")
     out = {}
     for key, table in raw.items():
         tp = _positive_key(key, where)
         if tp < 2:
-            raise ProfileError(where, f"tp degree keys must be >= 2 (tp 1 is forward_ms/backward_ms), got {key!r}")
+            raise ProfileError(where, f"degree keys must be >= 2 (degree 1 is forward_ms/backward_ms), got {key!r}")
         out[tp] = _batch_table(table, f"{where}.{key}")
     return dict(sorted(out.items()))
 
@@ -130,6 +130,11 @@ class LayerProfile:
     collectives included), ms, keyed by tp degree (> 1), then by micro-batch size."""
     tp_backward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
     """The same for the backward (without recomputation)."""
+    zero3_forward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    """Optional: forward of the layer run ZeRO-3 as the executor runs it (FSDP2, its parameter
+    all-gather included), ms, keyed by dp degree (> 1), then by micro-batch size per rank."""
+    zero3_backward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    """The same for the backward (its all-gather and gradient reduce-scatter included)."""
 
     @classmethod
     def from_dict(cls, raw: Any, where: str) -> "LayerProfile":
@@ -148,7 +153,9 @@ class LayerProfile:
                                            strict=False),
                    activation_bytes_per_sample=act,
                    tp_forward_ms=_tp_tables(raw.get("tp_forward_ms", {}), f"{where}.tp_forward_ms"),
-                   tp_backward_ms=_tp_tables(raw.get("tp_backward_ms", {}), f"{where}.tp_backward_ms"))
+                   tp_backward_ms=_tp_tables(raw.get("tp_backward_ms", {}), f"{where}.tp_backward_ms"),
+                   zero3_forward_ms=_tp_tables(raw.get("zero3_forward_ms", {}), f"{where}.zero3_forward_ms"),
+                   zero3_backward_ms=_tp_tables(raw.get("zero3_backward_ms", {}), f"{where}.zero3_backward_ms"))
 
     def to_dict(self) -> dict[str, Any]:
         out = {"signature": self.signature.to_dict(),
@@ -156,7 +163,7 @@ class LayerProfile:
                "backward_ms": {str(k): v for k, v in self.backward_ms.items()},
                "parameter_bytes": self.parameter_bytes,
                "activation_bytes_per_sample": dict(self.activation_bytes_per_sample)}
-        for name in ("tp_forward_ms", "tp_backward_ms"):
+        for name in ("tp_forward_ms", "tp_backward_ms", "zero3_forward_ms", "zero3_backward_ms"):
             if getattr(self, name):
                 out[name] = {str(tp): {str(b): ms for b, ms in t.items()} for tp, t in getattr(self, name).items()}
         return out

@@ -275,6 +275,8 @@ class LayerProfileFile(BaseModel):
     activation_bytes_per_sample: dict[Annotated[str, Field(pattern=r"^([0-9]{1,9}|ckpt)$")], NonNegative]
     tp_forward_ms: dict[BatchKey, BatchTable] = {}
     tp_backward_ms: dict[BatchKey, BatchTable] = {}
+    zero3_forward_ms: dict[BatchKey, BatchTable] = {}
+    zero3_backward_ms: dict[BatchKey, BatchTable] = {}
 
 
 class VocabProfileFile(BaseModel):

@@ -191,3 +191,24 @@ def test_an_fp32_profile_moves_four_bytes_per_element():
     latency = half.profile.allreduce_latency_us * 1e-6
     for f in (lambda m: m.collective_time("all_reduce", 1e8, [[0, 1]]), lambda m: m.p2p_time(1e8, 0, 1)):
         assert f(full) - latency == pytest.approx(2 * (f(half) - latency))
+
+
+def test_zero3_layer_pays_what_its_profiled_table_adds_beyond_compute_and_collectives():
+    """A ZeRO-3 table 5 ms (forward) and 8 ms (backward) above the plain layer at every batch
+    size: the layer's forward grows by 5 ms less the all-gather charged for it, its backward by
+    8 ms less the all-gather and reduce-scatter; as DDP nothing changes."""
+    layer = load_model("tiny-gpt").layers[0]
+    raw = _profile_for(layer).to_dict()
+    plain = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    entry = raw["layers"][0]
+    entry["zero3_forward_ms"] = {"2": {b: ms + 5.0 for b, ms in entry["forward_ms"].items()}}
+    entry["zero3_backward_ms"] = {"2": {b: ms + 8.0 for b, ms in entry["backward_ms"].items()}}
+    timed = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    zero3 = LayerStrategy(dp=2, dp_type="zero3")
+    nbytes = entry["parameter_bytes"] / plain.bytes_per_param * 2  # 16-bit messages
+    ag = plain.collective_time("all_gather", nbytes, [[0, 1]])
+    rs = plain.collective_time("reduce_scatter", nbytes, [[0, 1]])
+    a, b = plain.layer_time(layer, zero3, 2, 1), timed.layer_time(layer, zero3, 2, 1)
+    assert b.forward_s - a.forward_s == pytest.approx(5e-3 - ag)
+    assert b.backward_s - a.backward_s == pytest.approx(8e-3 - ag - rs)
+    assert timed.layer_time(layer, LayerStrategy(dp=2), 2, 1) == plain.layer_time(layer, LayerStrategy(dp=2), 2, 1)
