@@ -5,6 +5,7 @@ coefficient, read from our profile file or from Galvatron's own profile folder.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -102,7 +103,7 @@ class ProfiledModel(CostModel):
         self._fits = Memo(self._compute_fits)
 
     # -- tables -------------------------------------------------------------------------------
-    @property
+    @cached_property
     def bytes_per_param(self) -> int:
         """Bytes of one parameter in the profiled dtype (hardware.dtype; 16-bit if unnamed)."""
         dtype = str(self.profile.hardware.get("dtype", "bf16")).lower()
@@ -257,7 +258,7 @@ class ProfiledModel(CostModel):
         return relayout_time(self, layer, prev, nxt, mbs, first_rank)
 
     # -- communication --------------------------------------------------------------------------
-    @property
+    @cached_property
     def wire_scale(self) -> float:
         """Bytes a message of the profiled run moves per byte the formulas count: they count
         16-bit activations and gradients, an fp32 run sends 4-byte ones."""

@@ -54,16 +54,16 @@ def _batch_table(raw: Any, where: str) -> dict[int, float]:
                                                           if kv[0].isdigit() else -1)}
 
 
-def _tp_tables(raw: Any, where: str) -> dict[int, dict[int, float]]:
+def _degree_tables(raw: Any, where: str) -> dict[int, dict[int, float]]:
     """{degree > 1 (tp, or dp of a ZeRO-3 table): {batch size: ms}}."""
     if not isinstance(raw, Mapping):
         raise ProfileError(where, f"must be an object, got {raw!r}")
     out = {}
     for key, table in raw.items():
-        tp = _positive_key(key, where)
-        if tp < 2:
+        degree = _positive_key(key, where)
+        if degree < 2:
             raise ProfileError(where, f"degree keys must be >= 2 (degree 1 is forward_ms/backward_ms), got {key!r}")
-        out[tp] = _batch_table(table, f"{where}.{key}")
+        out[degree] = _batch_table(table, f"{where}.{key}")
     return dict(sorted(out.items()))
 
 
@@ -152,10 +152,10 @@ class LayerProfile:
                    parameter_bytes=_number(raw.get("parameter_bytes"), f"{where}.parameter_bytes",
                                            strict=False),
                    activation_bytes_per_sample=act,
-                   tp_forward_ms=_tp_tables(raw.get("tp_forward_ms", {}), f"{where}.tp_forward_ms"),
-                   tp_backward_ms=_tp_tables(raw.get("tp_backward_ms", {}), f"{where}.tp_backward_ms"),
-                   zero3_forward_ms=_tp_tables(raw.get("zero3_forward_ms", {}), f"{where}.zero3_forward_ms"),
-                   zero3_backward_ms=_tp_tables(raw.get("zero3_backward_ms", {}), f"{where}.zero3_backward_ms"))
+                   tp_forward_ms=_degree_tables(raw.get("tp_forward_ms", {}), f"{where}.tp_forward_ms"),
+                   tp_backward_ms=_degree_tables(raw.get("tp_backward_ms", {}), f"{where}.tp_backward_ms"),
+                   zero3_forward_ms=_degree_tables(raw.get("zero3_forward_ms", {}), f"{where}.zero3_forward_ms"),
+                   zero3_backward_ms=_degree_tables(raw.get("zero3_backward_ms", {}), f"{where}.zero3_backward_ms"))
 
     def to_dict(self) -> dict[str, Any]:
         out = {"signature": self.signature.to_dict(),

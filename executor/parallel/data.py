@@ -192,7 +192,7 @@ class FlatBucket:
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """What this bucket keeps per category (for the byte accounting of --check)."""
         grads = [local(p.grad) for p in self.params if p.grad is not None]
-        flat = self.grad_shard if self.dp_type == DPType.ZERO2 else self.reduced if self.dp_type == DPType.DDP else None
+        flat = {DPType.ZERO2: self.grad_shard, DPType.DDP: self.reduced}.get(self.dp_type)
         if flat is not None:  # the sharded (ZeRO-2) or summed (DDP) gradients, flat
             grads.append(flat)
         return {"params": [local(p) for p in self.params], "grads": grads, "master": [self.master]}
