@@ -63,6 +63,7 @@ class AnalyticalModel(CostModel):
 
     name = "analytical"
     rank_symmetric = True
+    linear_in_flight = True  # memory.layer_memory: kept activations x in_flight
 
     def __init__(self, cluster: ClusterSpec, calibration: str | Path | Mapping[str, float] | None = None,
                  constants: AnalyticalConstants | None = None, **overrides: float) -> None:

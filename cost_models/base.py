@@ -168,7 +168,11 @@ class CostModel(ABC):
     name: ClassVar[str] = ""
     rank_symmetric: ClassVar[bool] = False
     """True when answers depend on ranks only through the cluster's topology (which node, which
-    PCIe switch): planners may then ask a stage's layer questions at an equivalent first rank."""
+    PCIe switch): planners may then ask a stage's layer questions at an equivalent first rank,
+    and ``vocab_cost`` is the same on every stage that holds neither the embedding nor the head."""
+    linear_in_flight: ClassVar[bool] = False
+    """True when ``layer_memory_in`` is states and temporaries that do not depend on ``in_flight``
+    plus ``in_flight`` times one micro-batch's activations: planners then ask once per group."""
     runtime_overhead_bytes: float = 1.0 * GIB
     """Per-GPU memory outside the model (CUDA context, allocator slack); set per instance."""
 

@@ -72,6 +72,7 @@ class ProfiledModel(CostModel):
 
     name = "profiled"
     rank_symmetric = True
+    linear_in_flight = True  # memory.layer_memory: kept activations x in_flight
 
     def __init__(self, cluster: ClusterSpec, profile_path: str | Path | None = None,
                  profile: Profile | None = None, galvatron_dir: str | Path | None = None,

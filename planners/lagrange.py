@@ -85,7 +85,8 @@ def _priced_stage(st: StageTables, c: float, w: float, mu: float) -> StageTables
     mem = np.where(ok, st.memory_bytes, 0.0)
     time_s = np.where(ok, c * st.time_s + w * np.where(ok, st.tail_s, 0.0) + mu * mem, np.inf)
     return replace(st, time_s=time_s, tail_s=np.zeros_like(st.tail_s), trans_s=c * st.trans_s,
-                   send_next_s=c * st.send_next_s, send_prev_s=c * st.send_prev_s)
+                   send_next_s=c * st.send_next_s, send_prev_s=c * st.send_prev_s,
+                   classes_from=st.classes_from or st)  # c > 0: equal relayout rows stay equal
 
 
 def _priced_vocab(vc: VocabCost, c: float, w: float, mu: float) -> VocabCost:

@@ -202,31 +202,56 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
                  space: SearchSpace, top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
     """Interleaved 1F1B with v chunks per rank over uniform plans (one strategy for every layer,
     the vocabulary sharded like the layers, an even partition: how Megatron runs it), scored by
-    plan_cost. Strategies go in order of a lower bound (m * layers * layer time / pp, no bubble)
-    and stop once the bound cannot reach the top_k plans found so far."""
+    plan_cost. Strategies go in order of a lower bound from the tables and stop once it cannot
+    reach the top_k plans found so far; plans the tables show cannot fit are not scored."""
     c, n = t.combo, len(t.layer_type)
     if c.pp == 1 or n % (c.pp * v) or c.micro_batches % c.pp or c.schedule != "1f1b":
         return
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    fastest = np.min([st.time_s for st in t.stages], axis=0)  # any stage's layer time bounds every stage's
-    per_layer = fastest[t.layer_type][:, uniform].sum(axis=0)
-    order = np.argsort(per_layer)
+    floor, fits = _interleaved_floor(t, uniform, v, cost_model.linear_in_flight)
+    order = np.argsort(floor)
     for pos, i in enumerate(order):
         ranked = sorted((x[0] for x in state.solutions), reverse=True)
         threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
-        floor_s = c.micro_batches * per_layer[i] / c.pp
-        if c.global_batch / floor_s <= threshold:
+        if c.global_batch / floor[i] <= threshold:
             state.pruned += len(order) - pos
             return
+        if not fits[i]:
+            state.pruned += 1
+            continue
         if state.solutions and passed(deadline):  # the rest, bounded by the best of them
             state.timed_out = True
-            state.bound(c.global_batch, floor_s)
+            state.bound(c.global_batch, floor[i])
             return
         s = t.strategies[uniform[i]]
         vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
         state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
                                               virtual_stages=v), budget_bytes)
+
+
+def _interleaved_floor(t: ComboTables, uniform: np.ndarray, v: int, linear_in_flight: bool
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Per uniform strategy: a lower bound on its interleaved plan's time, and whether it can fit.
+
+    A stage's time is at least its layers' (sends and the embedding/head left out) and
+    m max T + (sum T - max T) / v + max D grows with every T_k. Each stage holds at least as many
+    micro-batches under interleaving as under 1F1B ((2 (pp-k-1) + (v-1) pp + 1) / v >= pp - k),
+    so where memory is linear in them a uniform plan whose layers overflow a stage under 1F1B
+    (the tables) overflows it interleaved too."""
+    c, lt = t.combo, t.layer_type
+    per = len(lt) // c.pp
+    T, D, fits = [], [], np.ones(len(uniform), dtype=bool)
+    for k, st in enumerate(t.stages):
+        types = lt[k * per:(k + 1) * per]
+        T.append(st.time_s[types][:, uniform].sum(axis=0))
+        D.append(st.tail_s[types][:, uniform].sum(axis=0))
+        mem = st.memory_bytes[types][:, uniform].sum(axis=0) + st.temp_bytes[types][:, uniform].max(axis=0)
+        if linear_in_flight:
+            fits &= mem <= t.budget_bytes
+    T, D = np.array(T), np.array(D)
+    slowest = T.max(axis=0)
+    return c.micro_batches * slowest + (T.sum(axis=0) - slowest) / v + D.max(axis=0), fits
 
 
 def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],

@@ -137,6 +137,61 @@ def prune_exact(level: np.ndarray, mem: np.ndarray, T: np.ndarray, D: np.ndarray
     return first[~dominated]
 
 
+@dataclass(frozen=True)
+class Completion:
+    """The least a stage's layers after layer j still add, for a pass read only at the stage's
+    last layer: memory, and m t + d given the memory left. The latter is the LP relaxation of
+    that knapsack (one strategy per later layer, their memory within what is left; relayouts,
+    >= 0, left out) through its dual: for every price mu >= 0, sum over later layers of
+    min_s (c + mu mem) - mu x left is a lower bound (weak duality); at the slopes of each layer
+    type's lower convex hull of (mem, c), the max over prices is the LP optimum."""
+
+    prices: np.ndarray
+    """[K] mu in seconds per byte, 0 first."""
+    cost_after: np.ndarray
+    """[K, layer j] sum over the layers after j of min_s (m t + d + mu mem)."""
+    memory_after: np.ndarray
+    """[layer j] sum over the layers after j of their least memory."""
+
+    @staticmethod
+    def of(cost: np.ndarray, memory: np.ndarray, layer_type: np.ndarray) -> "Completion":
+        """From [type, strategy] m t + d and memory (inf where not allowed)."""
+        prices = np.unique(np.concatenate([[0.0]] + [_hull_prices(memory[t], cost[t]) for t in range(len(cost))]))
+        ok = np.isfinite(cost) & np.isfinite(memory)
+        priced = np.where(ok[None], cost[None] + prices[:, None, None] * np.where(ok, memory, 0.0)[None], np.inf)
+        least = priced.min(axis=2)[:, layer_type]  # [K, layer]
+        return Completion(prices, _after(least), _after(np.where(ok, memory, np.inf).min(axis=1)[layer_type]))
+
+    def least(self, j: int, left: np.ndarray) -> np.ndarray:
+        """Per point with ``left`` bytes still free: the least m t + d the later layers add."""
+        left = np.minimum(left, np.finfo(float).max / 4)  # 0 x inf would be nan
+        return np.max(self.cost_after[:, j][:, None] - self.prices[:, None] * left[None, :], axis=0)
+
+
+def _after(per_layer: np.ndarray) -> np.ndarray:
+    """[..., j] the sum of ``per_layer`` over the layers after j (last axis)."""
+    rev = np.cumsum(per_layer[..., ::-1], axis=-1)[..., ::-1]
+    return np.concatenate((rev[..., 1:], np.zeros(per_layer.shape[:-1] + (1,))), axis=-1)
+
+
+def _hull_prices(memory: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """-slopes of the lower convex hull of the finite (memory, cost) points where cost falls
+    as memory grows: the prices at which the cheapest strategy changes."""
+    ok = np.isfinite(memory) & np.isfinite(cost)
+    x, y = memory[ok], cost[ok]
+    order = np.lexsort((y, x))
+    x, y = x[order], y[order]
+    stair = y < _running_min_before(y)
+    x, y = x[stair], y[stair]
+    hull: list[int] = []
+    for i in range(len(x)):
+        while len(hull) >= 2 and ((x[hull[-1]] - x[hull[-2]]) * (y[i] - y[hull[-2]])
+                                  - (y[hull[-1]] - y[hull[-2]]) * (x[i] - x[hull[-2]])) <= 0:
+            hull.pop()
+        hull.append(i)
+    return -np.diff(y[hull]) / np.diff(x[hull])
+
+
 @dataclass
 class SegmentPass:
     """One DP pass of a stage starting at layer ``start``: frontiers after each layer."""
@@ -177,10 +232,17 @@ class PassRunner:
         self.cut: tuple[float, np.ndarray, float] | None = None
         """(m, offset by layer, incumbent): a point with m T + D + offset[j] >= incumbent after
         layer j cannot lead to a better plan (plan_cost's time >= m T_k + D_k on any stage k)."""
+        self.completion: Completion | None = None
+        """What the stage's layers after j add at least (when its segment ends at the stage's end)."""
 
-    def cut_above(self, m: int, offset_by_layer: np.ndarray, incumbent_s: float) -> None:
-        """Drop Pareto points that cannot beat ``incumbent_s`` (see ``cut``); inf: keep all."""
+    def cut_above(self, m: int, offset_by_layer: np.ndarray, incumbent_s: float,
+                  completion: "Completion | None" = None) -> None:
+        """Drop Pareto points that cannot beat ``incumbent_s`` (see ``cut``; inf: keep all), and
+        with a ``completion`` (the layers after j still to come on this stage) the points whose
+        later layers cannot fit or cannot beat it in the memory left (a later temporary only
+        lowers the cap)."""
         self.cut = (float(m), offset_by_layer, incumbent_s) if np.isfinite(incumbent_s) else None
+        self.completion = completion
 
     def run(self, stage: int, start: int, stop: int) -> SegmentPass:
         """Frontiers for layers start..stop-1."""
@@ -246,10 +308,12 @@ class PassRunner:
         return self._finish(f, j)
 
     def _finish(self, f: Frontier, j: int) -> Frontier:
-        ok = f.mem <= self.cap_by_level[f.level]
+        left = self.cap_by_level[f.level] - f.mem
+        ok = left >= (0.0 if self.completion is None else self.completion.memory_after[j])
         if self.cut is not None:
             m, offset, incumbent = self.cut
-            ok &= m * f.T + f.D + offset[j] < incumbent
+            owed = offset[j] + (0.0 if self.completion is None else self.completion.least(j, left))
+            ok &= m * f.T + f.D + owed < incumbent
         f = f.take(np.flatnonzero(ok))
         self.points += len(f)
         return f
@@ -258,10 +322,7 @@ class PassRunner:
         """Strategies with identical relayout rows (sources) / columns (targets) share a class."""
         if ty not in self._classes:
             R = self.st.trans_s[ty]
-            R = np.where(np.isfinite(R), R, 0.0)
-            _, src = np.unique(R, axis=0, return_inverse=True)
-            _, dst = np.unique(R, axis=1, return_inverse=True)
-            self._classes[ty] = (src.ravel(), dst.ravel(), R)
+            self._classes[ty] = (*self.st.relayout_classes(ty), np.where(np.isfinite(R), R, 0.0))
         return self._classes[ty]
 
     def _step(self, prev: Frontier, j: int) -> Frontier:
@@ -276,11 +337,11 @@ class PassRunner:
         for h in np.unique(dst_cls[targets]):
             members = targets[dst_cls[targets] == h]
             cand = self._shifted(prev, by_source, R[:, members[0]])
-            for t in members:
-                pieces.append(Frontier(cand.mem + st.memory_bytes[ty, t],
-                                       np.maximum(cand.level, self.strat_level[ty, t]),
-                                       cand.T + st.time_s[ty, t], cand.D + st.tail_s[ty, t],
-                                       np.full(len(cand), t), cand.parent))
+            col = members[:, None]  # every member after every candidate, member by member
+            pieces.append(Frontier((cand.mem + st.memory_bytes[ty, col]).ravel(),
+                                   np.maximum(cand.level, self.strat_level[ty, col]).ravel(),
+                                   (cand.T + st.time_s[ty, col]).ravel(), (cand.D + st.tail_s[ty, col]).ravel(),
+                                   np.repeat(members, len(cand)), np.tile(cand.parent, len(members))))
         if not pieces:
             return Frontier(*(np.empty(0),) * 4, np.empty(0, dtype=int), np.empty(0, dtype=int))
         f = Frontier(*(np.concatenate([getattr(p, a) for p in pieces])

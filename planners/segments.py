@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planners.lagrange import lagrangian_bound
-from planners.pareto import PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
+from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.seed import uniform_seed
 from planners.tables import ComboTables, StageTables
@@ -116,10 +116,13 @@ class GroupDP:
         runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
                             self.weight if scalar is None else scalar, self.exact, first_extra,
                             check=self.check_deadline if self.deadline is not None else None)
-        runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut)
         stop_of: dict[int, int] = {}
         for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
             stop_of[a] = max(stop_of.get(a, 0), b)
+        # one start: its pass is read only at the stage's last layer (a pass reused for a later
+        # start is read before its end, where what later layers add is not owed)
+        runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut,
+                         self._completion(k) if len(stop_of) == 1 and k == self.t.combo.pp - 1 else None)
         done: list[SegmentPass] = []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
         for a in sorted(stop_of):
@@ -141,20 +144,22 @@ class GroupDP:
 
     def _cut_offset(self, k: int, vocab_tps) -> np.ndarray:
         """[layer j] what a stage-k point after layer j must still add to m T + D at least: the
-        embedding/head on the stage and, on the last stage, the fastest time of every later layer."""
-        n, m, last = self.n, self.m, k == self.t.combo.pp - 1
+        embedding/head on the stage (the layers after j: ``_completion``)."""
+        m = self.m
         vocab = []
         for v in vocab_tps:
             vc = self.t.vocab[v][k]
             d = vc.last_delta
             vocab.append(m * vc.time_s + vc.tail_s + (float(np.min(m * d[:, 0] + d[:, 1])) if d is not None else 0.0))
-        offset = np.full(n, min(vocab))
-        if last:
-            st = self.stages[k]
-            fastest = np.where(self.t.allowed, st.time_s, np.inf).min(axis=1)[self.t.layer_type]
-            later = np.concatenate((np.cumsum(fastest[::-1])[::-1][1:], [0.0]))
-            offset += m * later
-        return offset
+        return np.full(self.n, min(vocab))
+
+    def _completion(self, k: int) -> Completion:
+        """What the layers after j add on stage k, for a pass read only at its last layer (one
+        start on the last stage: a pass reused for a later start is read before its end)."""
+        st = self.stages[k]
+        ok = self.t.allowed
+        cost = np.where(ok, self.m * st.time_s + st.tail_s, np.inf)
+        return Completion.of(cost, np.where(ok, st.memory_bytes, np.inf), self.t.layer_type)
 
     # -- options ----------------------------------------------------------------------------
     def _options(self, k: int, v: int, cache: dict, lam: float | None, relaxed: bool = False

@@ -47,6 +47,23 @@ class StageTables:
     send_prev_s: np.ndarray
     """[type, strategy]: the gradient of this layer's output sent back to it from the next stage
     (a term of the NEXT stage's time)."""
+    classes: dict = field(default_factory=dict, compare=False, repr=False)
+    """[type] -> (source, target) relayout classes (``relayout_classes``), computed once."""
+    classes_from: "StageTables | None" = field(default=None, compare=False, repr=False)
+    """Tables whose relayouts these scale by a positive factor (the Lagrangian's priced tables):
+    their classes serve (equal rows stay equal when scaled)."""
+
+    def relayout_classes(self, ty: int) -> tuple[np.ndarray, np.ndarray]:
+        """Class of each strategy by its relayout row (as a source) and column (as a target) for
+        layer type ``ty``: strategies of one class move activations alike."""
+        base = self.classes_from or self
+        if ty not in base.classes:
+            R = base.trans_s[ty]
+            R = np.where(np.isfinite(R), R, 0.0)
+            _, src = np.unique(R, axis=0, return_inverse=True)
+            _, dst = np.unique(R, axis=1, return_inverse=True)
+            base.classes[ty] = (src.ravel(), dst.ravel())
+        return base.classes[ty]
 
 
 @dataclass
@@ -130,9 +147,9 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    stages = [_stage(cost_model, combo, types, strategies, allowed, k, gpus) for k in range(combo.pp)]
-    vocab = {v: [_vocab(cost_model, model, replace(combo, vocab=v), k, strategies) for k in range(combo.pp)]
-             for v in vocab_tps}
+    shared: dict = {}
+    stages = [_stage(cost_model, combo, types, strategies, allowed, k, gpus, shared) for k in range(combo.pp)]
+    vocab = {v: _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies) for v in vocab_tps}
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
@@ -173,44 +190,80 @@ def layout_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[in
     return cls, reps
 
 
-def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy],
-           allowed: np.ndarray, k: int, gpus: int) -> StageTables:
-    cache = _cache(cm)
-    nt, ns = len(types), len(strategies)
+def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
+           k: int, gpus: int, shared: dict) -> StageTables:
+    """Stage k's tables. Its layer times and relayouts depend on the stage only through its
+    (canonical) first rank, its memory only through its in-flight count: ``shared`` (one dict per
+    group) keeps both parts for the group's other stages."""
     first = k * gpus
     local = canonical_first_rank(cm, first, gpus)  # stage-local questions; sends keep the true ranks
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
-    arrays = {name: np.full((nt, ns), np.inf) for name in ("t", "d", "mem", "temp")}
-    trans = np.full((nt, ns, ns), np.inf)
-    send_next, send_prev = np.zeros((nt, ns)), np.zeros((nt, ns))
+    mbs = np.array([_mbs(combo, s) for s in strategies])
+    if ("local", local) not in shared:
+        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, local)
+    if ("memory", held) not in shared:
+        shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
+    (time_s, tail_s, trans), (memory, temp) = shared["local", local], shared["memory", held]
+    send_next, send_prev = np.zeros(time_s.shape), np.zeros(time_s.shape)
+    if k < combo.pp - 1:
+        cache = _cache(cm)
+        for ti, layer in enumerate(types):
+            for b in np.unique(mbs[allowed[ti]]):
+                cols = allowed[ti] & (mbs == b)
+                nbytes = layer.output_elements(int(b)) * BYTES_PER_ACTIVATION
+                send_next[ti, cols] = _p2p(cm, cache, nbytes, first, first + gpus, gpus)
+                send_prev[ti, cols] = _p2p(cm, cache, nbytes, first + gpus, first, gpus)
+    return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
+                       temp_bytes=temp, trans_s=trans, send_next_s=send_next, send_prev_s=send_prev)
+
+
+def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
+                 mbs: np.ndarray, local: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts, asked at ``local``."""
+    cache = _cache(cm)
+    nt, ns = len(types), len(strategies)
+    time_s, tail_s, trans = np.full((nt, ns), np.inf), np.full((nt, ns), np.inf), np.full((nt, ns, ns), np.inf)
     cls, reps = layout_classes(strategies)
     for ti, layer in enumerate(types):
-        for si, s in enumerate(strategies):
-            if not allowed[ti, si]:
-                continue
-            mbs = _mbs(combo, s)
-            key = ("lt", layer, s, mbs, combo.micro_batches, local)
+        for si in np.flatnonzero(allowed[ti]):
+            key = ("lt", layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
             if key not in cache:
-                cache[key] = cm.layer_time(layer, s, mbs, combo.micro_batches, local)
-            lt = cache[key]
-            key = ("lm", layer, s, mbs, held, combo.micro_batches)
-            if key not in cache:
-                cache[key] = cm.layer_memory_in(layer, s, mbs, held, combo.micro_batches)
-            lm = cache[key]
-            arrays["t"][ti, si], arrays["d"][ti, si] = lt.micro_batch_s, lt.tail_s
-            arrays["mem"][ti, si] = lm.states_bytes + lm.activations_bytes
-            arrays["temp"][ti, si] = lm.temporary_bytes
-            if k < combo.pp - 1:
-                nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-                send_next[ti, si] = _p2p(cm, cache, nbytes, first, first + gpus, gpus)
-                send_prev[ti, si] = _p2p(cm, cache, nbytes, first + gpus, first, gpus)
+                cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
+            time_s[ti, si], tail_s[ti, si] = cache[key].micro_batch_s, cache[key].tail_s
         rows = allowed[ti]
         if rows.any():
             small = _trans_classes(cm, cache, layer, combo, strategies, reps, local)
             trans[ti][rows] = small[cls[rows]][:, cls]
-    return StageTables(first_rank=first, in_flight=held, time_s=arrays["t"], tail_s=arrays["d"],
-                       memory_bytes=arrays["mem"], temp_bytes=arrays["temp"], trans_s=trans,
-                       send_next_s=send_next, send_prev_s=send_prev)
+    return time_s, tail_s, trans
+
+
+def _stage_memory(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
+                  mbs: np.ndarray, held: float, shared: dict) -> tuple[np.ndarray, np.ndarray]:
+    """[type, strategy] states + ``held`` micro-batches' activations, and temporaries. A cost model
+    whose memory is linear in the in-flight count (``CostModel.linear_in_flight``) is asked once
+    per group, at one micro-batch in flight."""
+    if cm.linear_in_flight:
+        if "per_micro_batch" not in shared:
+            shared["per_micro_batch"] = _memory_parts(cm, combo, types, strategies, allowed, mbs, 1)
+        states, activations, temp = shared["per_micro_batch"]
+        return states + held * activations, temp
+    states, activations, temp = _memory_parts(cm, combo, types, strategies, allowed, mbs, held)
+    return states + activations, temp
+
+
+def _memory_parts(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
+                  mbs: np.ndarray, held: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[type, strategy] states, activations of ``held`` micro-batches, temporaries (inf where not allowed)."""
+    cache = _cache(cm)
+    parts = [np.full((len(types), len(strategies)), np.inf) for _ in range(3)]
+    for ti, layer in enumerate(types):
+        for si in np.flatnonzero(allowed[ti]):
+            key = ("lm", layer, strategies[si], int(mbs[si]), held, combo.micro_batches)
+            if key not in cache:
+                cache[key] = cm.layer_memory_in(layer, strategies[si], int(mbs[si]), held, combo.micro_batches)
+            lm = cache[key]
+            parts[0][ti, si], parts[1][ti, si], parts[2][ti, si] = lm.states_bytes, lm.activations_bytes, lm.temporary_bytes
+    return parts[0], parts[1], parts[2]
 
 
 def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: list[LayerStrategy],
@@ -240,6 +293,20 @@ def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int, senders:
     if key not in cache:
         cache[key] = cm.p2p_time(nbytes, src, dst, senders)
     return cache[key]
+
+
+def _vocab_stages(cm: CostModel, model: ModelSpec, combo: Combo, strategies: list[LayerStrategy]
+                  ) -> list[VocabCost]:
+    """One VocabCost per stage; for a rank-symmetric cost model the stages that hold neither the
+    embedding nor the head are alike (its contract), so they share one answer."""
+    out, middle = [], None
+    for k in range(combo.pp):
+        if 0 < k < combo.pp - 1 and cm.rank_symmetric:
+            middle = middle or _vocab(cm, model, combo, k, strategies)
+            out.append(middle)
+        else:
+            out.append(_vocab(cm, model, combo, k, strategies))
+    return out
 
 
 def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,

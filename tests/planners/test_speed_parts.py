@@ -48,8 +48,35 @@ def test_tables_equal_the_cost_models_answers_at_the_true_ranks(model, cluster):
                     mbs = _mbs(t.combo, s)
                     lt = cm.layer_time(layer, s, mbs, t.combo.micro_batches, st.first_rank)
                     assert st.time_s[ti, si] == lt.micro_batch_s and st.tail_s[ti, si] == lt.tail_s
+                    lm = cm.layer_memory_in(layer, s, mbs, st.in_flight, t.combo.micro_batches)
+                    assert st.memory_bytes[ti, si] == lm.states_bytes + lm.activations_bytes  # linear_in_flight
+                    assert st.temp_bytes[ti, si] == lm.temporary_bytes
                     for ui in range(0, len(t.strategies), 5):
                         u = t.strategies[ui]
                         assert st.trans_s[ti, si, ui] == cm.transition_time(layer, s, u, mbs, st.first_rank)
                         checked += 1
     assert checked > 1000
+
+
+@pytest.mark.parametrize("name", ["analytical", "galvatron"])
+def test_stages_holding_neither_vocab_end_cost_alike(name):
+    """The rank_symmetric contract the tables lean on: vocab_cost is the same on every middle stage."""
+    from specs import LayerStrategy, Plan
+    model, cluster = load_model("bert-huge-32").scaled(num_layers=8), load_cluster("titan-8")
+    cm = cost_models.get(name, cluster)
+    assert cm.rank_symmetric
+    plan = Plan(pp=4, stage_layers=(2, 2, 2, 2), layers=(LayerStrategy(tp=2, dp=1, dp_type="zero3"),) * 8,
+                global_batch=8, micro_batches=4, vocab_tp=2)
+    first, *middle, last = [cm.vocab_cost(model, plan, k, cluster.world_size) for k in range(4)]
+    assert middle[0] == middle[1] and middle[0] != first
+
+
+def test_completion_bound_is_the_knapsack_lp_worked_by_hand():
+    """Three strategies (memory, m t + d) = (1, 10), (2, 6), (4, 5); hull slopes -4 and -1/2. Two
+    later layers in 4 bytes: both at (2, 6), 12; in 3 bytes: the LP mixes (1, 10) and (2, 6),
+    8 a layer, 16 (also the integer optimum 10 + 6); in 10 bytes: memory is free, 2 x 5."""
+    c = pareto.Completion.of(np.array([[10.0, 6.0, 5.0]]), np.array([[1.0, 2.0, 4.0]]), np.zeros(3, dtype=int))
+    assert np.allclose(c.prices, [0.0, 0.5, 4.0])
+    assert np.allclose(c.least(0, np.array([4.0, 3.0, 10.0])), [12.0, 16.0, 10.0])
+    assert np.allclose(c.least(1, np.array([1.0, 2.0])), [10.0, 6.0]) and c.least(2, np.array([0.0]))[0] == 0
+    assert list(c.memory_after) == [2.0, 1.0, 0.0]
