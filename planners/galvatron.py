@@ -73,6 +73,16 @@ class GalvatronPlanner(Planner):
                          max_temp_levels=None if exact else opts["max_temp_levels"],
                          deadline=deadline if state.solutions else None)  # a call goes on until it has a plan
             found = []
+            try:
+                floor = dp.any_vocab_floor()
+            except DeadlinePassed:
+                state.timed_out = True
+                state.bound(tables.combo.global_batch, lower_bound_s(tables))
+                return found
+            if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent
+                state.bound(tables.combo.global_batch, floor)
+                state.pruned += len(tables.vocab)
+                return found
             for v in tables.vocab:
                 if (found or state.solutions) and passed(deadline):
                     state.timed_out = True

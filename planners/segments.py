@@ -12,7 +12,7 @@ from planners.lagrange import lagrangian_bound
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.seed import uniform_seed
-from planners.tables import ComboTables, StageTables
+from planners.tables import ComboTables, StageTables, VocabCost
 from specs import even_stage_layers
 
 
@@ -283,6 +283,18 @@ class GroupDP:
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
+    def any_vocab_floor(self) -> float:
+        """A memory-blind lower bound for every vocab choice at once: ``relaxed_objective`` with
+        each stage's embedding/head at its least over the choices (the bound only grows with
+        them). One computation can then rule the whole group out."""
+        key = ("any_vocab_floor", self.even)
+        if key not in self.t.shared:
+            least = [_least_vocab([costs[k] for costs in self.t.vocab.values()]) for k in range(self.t.combo.pp)]
+            merged = GroupDP(replace(self.t, vocab={ANY_VOCAB: least}), exact=False, even=self.even,
+                             deadline=self.deadline)
+            self.t.shared[key] = merged.relaxed_objective(ANY_VOCAB)
+        return self.t.shared[key]
+
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
         """The larger of the memory-blind bound and the Lagrangian memory bound (computed only
         when the first cannot already rule the group out)."""
@@ -338,6 +350,19 @@ class GroupDP:
             layers.extend(p.strategies(last, point))
             sizes.append(int(opts[k].b[o] - opts[k].a[o]))
         return GroupSolution(v, layers, sizes, choice.objective_s)
+
+
+ANY_VOCAB = "any"
+"""Key of the merged vocab costs in ``any_vocab_floor``'s tables."""
+
+
+def _least_vocab(costs: list[VocabCost]) -> VocabCost:
+    """Per field, the least over one stage's VocabCosts (the deltas entry by entry)."""
+    def least(arrays):
+        return None if arrays[0] is None else np.min(np.stack(arrays), axis=0)
+    return replace(costs[0], time_s=min(c.time_s for c in costs), tail_s=min(c.tail_s for c in costs),
+                   memory_bytes=min(c.memory_bytes for c in costs), temp_bytes=min(c.temp_bytes for c in costs),
+                   first_delta=least([c.first_delta for c in costs]), last_delta=least([c.last_delta for c in costs]))
 
 
 def _merge(runs: list) -> tuple[list[StageOptions], list[list]]:

@@ -45,6 +45,19 @@ def test_skip_bound_never_exceeds_the_group_optimum(seed):
     assert checked
 
 
+@pytest.mark.parametrize("seed", [2, 13, 14])
+def test_one_bound_for_every_vocab_choice_is_below_each_of_theirs(seed):
+    """any_vocab_floor (each stage's embedding/head at its least over the choices) never exceeds
+    any vocab choice's memory-blind bound, nor so the group optimum; with one choice it equals it."""
+    model, _, cm, budget = _pipe_instance(seed)
+    for t in grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (8,)):
+        floor = GroupDP(t, exact=False, even=False).any_vocab_floor()
+        each = [GroupDP(t, exact=False, even=False).relaxed_objective(v) for v in t.vocab]
+        assert 0 < floor <= min(each) * (1 + 1e-12), (t.combo, floor, each)
+        one = replace(t, vocab=dict([next(iter(t.vocab.items()))]), shared={})
+        assert GroupDP(one, exact=False, even=False).any_vocab_floor() == pytest.approx(each[0], rel=1e-12)
+
+
 class ZeroOneTies(RandomCostModel):
     """ZeRO-1 answers exactly as DDP does (time, memory, relayouts, embedding/head) except that
     its optimizer update, part of the tail, takes half as long."""
