@@ -73,29 +73,29 @@ class GalvatronPlanner(Planner):
                          max_temp_levels=None if exact else opts["max_temp_levels"],
                          deadline=deadline if state.solutions else None)  # a call goes on until it has a plan
             found = []
-            try:
-                floor = dp.any_vocab_floor()
-            except DeadlinePassed:
+
+            def stopped():  # by the deadline, part-way or between vocab choices: the cheap bound
                 state.timed_out = True
                 state.bound(tables.combo.global_batch, lower_bound_s(tables))
                 return found
+
+            try:
+                floor = dp.any_vocab_floor()
+            except DeadlinePassed:
+                return stopped()
             if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent
                 state.bound(tables.combo.global_batch, floor)
                 state.pruned += len(tables.vocab)
                 return found
             for v in tables.vocab:
                 if (found or state.solutions) and passed(deadline):
-                    state.timed_out = True
-                    state.bound(tables.combo.global_batch, lower_bound_s(tables))
-                    break
+                    return stopped()
                 if vocab_min_memory_bytes(tables, v) > tables.budget_bytes:
                     continue  # no plan of this vocab choice fits: its bound is inf
                 try:
                     sol = dp.solve(v, min([incumbent_s] + [f.objective_s for f in found]))
-                except DeadlinePassed:  # stopped part-way: the group keeps its cheap bound
-                    state.timed_out = True
-                    state.bound(tables.combo.global_batch, lower_bound_s(tables))
-                    break
+                except DeadlinePassed:
+                    return stopped()
                 state.bound(tables.combo.global_batch, dp.bounds[v])
                 if sol is not None:
                     found.append(sol)

@@ -17,7 +17,7 @@ from planners.base import (
     infeasible_result,
     scored_result,
 )
-from planners.seed import uniform_seed
+from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution, temp_levels
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables
@@ -239,19 +239,10 @@ def _interleaved_floor(t: ComboTables, uniform: np.ndarray, v: int, linear_in_fl
     micro-batches under interleaving as under 1F1B ((2 (pp-k-1) + (v-1) pp + 1) / v >= pp - k),
     so where memory is linear in them a uniform plan whose layers overflow a stage under 1F1B
     (the tables) overflows it interleaved too."""
-    c, lt = t.combo, t.layer_type
-    per = len(lt) // c.pp
-    T, D, fits = [], [], np.ones(len(uniform), dtype=bool)
-    for k, st in enumerate(t.stages):
-        types = lt[k * per:(k + 1) * per]
-        T.append(st.time_s[types][:, uniform].sum(axis=0))
-        D.append(st.tail_s[types][:, uniform].sum(axis=0))
-        mem = st.memory_bytes[types][:, uniform].sum(axis=0) + st.temp_bytes[types][:, uniform].max(axis=0)
-        if linear_in_flight:
-            fits &= mem <= t.budget_bytes
-    T, D = np.array(T), np.array(D)
+    T, D, mem, temp = uniform_layer_sums(t, uniform)
+    fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear_in_flight else np.ones(len(uniform), dtype=bool)
     slowest = T.max(axis=0)
-    return c.micro_batches * slowest + (T.sum(axis=0) - slowest) / v + D.max(axis=0), fits
+    return t.combo.micro_batches * slowest + (T.sum(axis=0) - slowest) / v + D.max(axis=0), fits
 
 
 def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],

@@ -8,6 +8,18 @@ from planners.tables import ComboTables
 from specs import even_stage_layers
 
 
+def uniform_layer_sums(t: ComboTables, S: np.ndarray) -> tuple[np.ndarray, ...]:
+    """[stage, strategy in S] of a uniform plan on even stages, its layers only: summed
+    per-micro-batch time, tail and memory, and the largest temporary."""
+    bounds = np.concatenate(([0], np.cumsum(even_stage_layers(len(t.layer_type), t.combo.pp))))
+    sums = []
+    for k, st in enumerate(t.stages):
+        types = t.layer_type[bounds[k]:bounds[k + 1]]
+        sums.append([st.time_s[types][:, S].sum(axis=0), st.tail_s[types][:, S].sum(axis=0),
+                     st.memory_bytes[types][:, S].sum(axis=0), st.temp_bytes[types][:, S].max(axis=0)])
+    return tuple(np.array(x) for x in zip(*sums))
+
+
 def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
     """(objective, strategy index) of the best uniform plan that fits under vocab choice ``v``,
     or None when none does."""
@@ -15,18 +27,18 @@ def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
     ok = t.allowed.all(axis=0)
     if not ok.any():
         return None
-    sizes = even_stage_layers(n, pp)
-    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    bounds = np.concatenate(([0], np.cumsum(even_stage_layers(n, pp))))
     lt, S = t.layer_type, np.flatnonzero(ok)
+    layer_T, layer_D, layer_mem, layer_temp = uniform_layer_sums(t, S)
     Ts, Ds, fits = [], [], np.ones(len(S), dtype=bool)
     for k, st in enumerate(t.stages):
         vc = t.vocab[v][k]
         types = lt[bounds[k]:bounds[k + 1]]
-        T = st.time_s[types][:, S].sum(axis=0) + vc.time_s
+        T = layer_T[k] + vc.time_s
         T += sum(st.trans_s[a, S, S] for a in types[:-1])
-        D = st.tail_s[types][:, S].sum(axis=0) + vc.tail_s
-        mem = st.memory_bytes[types][:, S].sum(axis=0) + vc.memory_bytes
-        mem += np.maximum(st.temp_bytes[types][:, S].max(axis=0), vc.temp_bytes)
+        D = layer_D[k] + vc.tail_s
+        mem = layer_mem[k] + vc.memory_bytes
+        mem += np.maximum(layer_temp[k], vc.temp_bytes)
         for d in (vc.first_delta, vc.last_delta):
             if d is not None:
                 T, D, mem = T + d[S, 0], D + d[S, 1], mem + d[S, 2]

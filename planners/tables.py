@@ -147,7 +147,7 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    shared: dict = {}
+    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies])}
     stages = [_stage(cost_model, combo, types, strategies, allowed, k, gpus, shared) for k in range(combo.pp)]
     vocab = {v: _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies) for v in vocab_tps}
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
@@ -194,11 +194,11 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
            k: int, gpus: int, shared: dict) -> StageTables:
     """Stage k's tables. Its layer times and relayouts depend on the stage only through its
     (canonical) first rank, its memory only through its in-flight count: ``shared`` (one dict per
-    group) keeps both parts for the group's other stages."""
+    group, holding each strategy's micro-batch size) keeps both parts for the group's other stages."""
     first = k * gpus
     local = canonical_first_rank(cm, first, gpus)  # stage-local questions; sends keep the true ranks
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
-    mbs = np.array([_mbs(combo, s) for s in strategies])
+    mbs = shared["mbs"]
     if ("local", local) not in shared:
         shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, local)
     if ("memory", held) not in shared:
