@@ -1,8 +1,9 @@
 """The kernels of one Transformer block on one GPU: GEMMs (FLOPs and bytes) and memory-bound ops.
 
-A Megatron-style block: norm, QKV GEMM, attention (eager: score GEMM, fused scale-mask softmax,
-dropout, context GEMM; flash: one fused kernel), output projection, bias-dropout-add, norm, FC1,
-activation, FC2, bias-dropout-add. Widths split by the tensor-parallel degree tp.
+A Megatron-style block: norm, QKV GEMM, attention (eager: score GEMM, scale-mask softmax fused
+where Megatron's kernel applies, dropout, context GEMM; flash: one fused kernel), output
+projection, bias-dropout-add, norm, FC1, activation, FC2, bias-dropout-add. Widths split by the
+tensor-parallel degree tp.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class Op:
     backward_flops_factor: float = 2.0
     """FLOPs of its backward over its forward: 2 for a GEMM (input and weight gradients, two
     kernels), FLASH_BACKWARD_FLOPS_FACTOR for fused attention (one kernel)."""
+    backward_nbytes: float | None = None
+    """Bytes its backward kernel moves, where known; None: BACKWARD_ELEMENTWISE_FACTOR x nbytes."""
 
 
 def gemm(name: str, m: float, n: float, k: float, batch: float = 1) -> Op:
@@ -58,8 +61,48 @@ def flash_attention(name: str, batch_heads: float, s: float, span: float, d: flo
     return Op(name, flops, nbytes, backward_flops_factor=FLASH_BACKWARD_FLOPS_FACTOR)
 
 
+FUSED_SOFTMAX_MAX_KEYS = 4096
+"""Megatron's fused scale-mask-softmax kernels take 16 < keys <= 4096 (2048 before 2022)."""
+FUSED_SOFTMAX_THREADS_PER_BLOCK = 128
+"""Its CUDA kernels run 128 threads a block, a warp (32 threads, fewer for short rows) a row."""
+UNFUSED_SOFTMAX_BYTES = (("softmax_to_fp32", 2 + 4, 4 + 2), ("softmax_scale", 4 + 4, 4 + 4),
+                         ("softmax_mask", 4 + 4, 4 + 4), ("softmax", 4 + 4, 4 + 4 + 4),
+                         ("softmax_to_fp16", 4 + 2, 2 + 4))
+"""Megatron's fallback when the fused kernel does not apply (FusedScaleMaskSoftmax.
+forward_torch_softmax, softmax in fp32 as query-key layer scaling forces it): cast to fp32,
+scale, masked_fill_, softmax, cast back; five kernels each way. (name, forward bytes, backward
+bytes) per score: reads plus writes of fp16 (2) and fp32 (4) elements; softmax's backward reads
+its output and the gradient. The fused kernel moves 2 + 2 forward and 2 + 2 + 2 backward."""
+
+
+def _softmax_batches_per_block(keys: int) -> int:
+    """Rows one thread block of the fused softmax takes (Megatron's get_batch_per_block)."""
+    pow2 = 1 << max(keys - 1, 0).bit_length()
+    warp = min(pow2, 32)
+    return (FUSED_SOFTMAX_THREADS_PER_BLOCK // warp) * (2 if pow2 <= 128 else 1)
+
+
+def fused_softmax_available(attn_batches: int, queries: int, keys: int, causal: bool) -> bool:
+    """Megatron's FusedScaleMaskSoftmax.is_kernel_available: fp16 scores of ``attn_batches``
+    (micro-batch x heads per rank) matrices of queries x keys. Otherwise the unfused path runs."""
+    if not (16 < keys <= FUSED_SOFTMAX_MAX_KEYS and queries % 4 == 0 and keys % 4 == 0 and attn_batches % 4 == 0):
+        return False
+    per_block = _softmax_batches_per_block(keys)
+    return attn_batches % per_block == 0 if causal else queries % per_block == 0
+
+
+def softmax_ops(tag: str, attn_batches: float, queries: int, keys: int, causal: bool) -> list[Op]:
+    """The scale-mask-softmax over the scores: one fused kernel, or Megatron's five-kernel
+    fp32 fallback where the fused kernel does not apply."""
+    scores = attn_batches * queries * keys
+    if attn_batches != int(attn_batches) or not fused_softmax_available(int(attn_batches), queries, keys, causal):
+        return [Op(f"{tag}{name}", 0.0, fwd * scores, backward_nbytes=bwd * scores)
+                for name, fwd, bwd in UNFUSED_SOFTMAX_BYTES]
+    return [elementwise(f"{tag}softmax", scores, scores)]
+
+
 def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: int,
-                   tag: str, dropout: bool) -> list[Op]:
+                   tag: str, dropout: bool, causal: bool = True) -> list[Op]:
     h, d = layer.hidden_size, layer.head_size
     dv = layer.mla.v_head_dim if layer.mla is not None else d  # MLA: values narrower than keys
     heads = layer.num_heads / tp
@@ -70,7 +113,8 @@ def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: i
     if layer.attention == "flash":  # dropout is fused too (a seed, no mask)
         ops.append(flash_attention(f"{tag}flash_attn", batch * heads, s, span, d))
     else:
-        ops += [gemm(f"{tag}scores", s, span, d, batch * heads), elementwise(f"{tag}softmax", scores, scores)]
+        ops.append(gemm(f"{tag}scores", s, span, d, batch * heads))
+        ops += softmax_ops(tag, batch * heads, s, span, causal and layer.causal)
         if dropout:
             ops.append(elementwise(f"{tag}attn_dropout", scores, scores, masks=scores))
         ops.append(gemm(f"{tag}context", s, dv, span, batch * heads))
@@ -145,7 +189,7 @@ def forward_ops(layer: LayerSpec, tp: int, batch: int, experts: ExpertSplit | No
     ops += attention
     if layer.cross_attention_seq_len:
         ops.append(elementwise("norm_x", tokens * h, tokens * h))
-        ops += _attention_ops(layer, tp, tokens, batch, layer.cross_attention_seq_len, "x_", dropout)
+        ops += _attention_ops(layer, tp, tokens, batch, layer.cross_attention_seq_len, "x_", dropout, causal=False)
     ops.append(elementwise("norm2", tokens * h, tokens * h))
     if layer.moe is not None:
         ops += _moe_ops(layer, tp, tokens, experts)
@@ -176,7 +220,8 @@ def backward_ops(forward: list[Op]) -> list[Op]:
         elif op.flops:
             out += [Op(op.name + "_dgrad", op.flops, op.nbytes), Op(op.name + "_wgrad", op.flops, op.nbytes)]
         else:
-            out.append(Op(op.name + "_bwd", 0.0, op.nbytes * BACKWARD_ELEMENTWISE_FACTOR))
+            nbytes = op.nbytes * BACKWARD_ELEMENTWISE_FACTOR if op.backward_nbytes is None else op.backward_nbytes
+            out.append(Op(op.name + "_bwd", 0.0, nbytes))
     return out
 
 

@@ -11,7 +11,8 @@ from specs import LayerSpec, LayerStrategy, Recompute, layer_groups
 
 BYTES_PER_ACTIVATION = 2
 ATTENTION_CORE_OPS = ("scores", "softmax", "attn_dropout", "context")
-"""What Megatron's selective recomputation re-runs: QK^T, softmax, its dropout, attention over V."""
+"""What Megatron's selective recomputation re-runs: QK^T, softmax (its unfused steps are named
+softmax_*), its dropout, attention over V."""
 ULYSSES_ALL_TO_ALLS_PER_PASS = 2
 """DeepSpeed-Ulysses: one all-to-all of Q, K, V (sequence -> head split) before the attention
 core and one of its output (head -> sequence split) after, in forward and again in backward."""
@@ -21,7 +22,8 @@ CollectiveFn = Callable[[str, float, Sequence[Sequence[int]]], float]
 
 def attention_core_ops(ops: Sequence[Op]) -> list[Op]:
     """The forward kernels selective recomputation runs again (self- and cross-attention)."""
-    return [op for op in ops if op.name.removeprefix("x_") in ATTENTION_CORE_OPS]
+    names = [op.name.removeprefix("x_") for op in ops]
+    return [op for op, name in zip(ops, names) if name in ATTENTION_CORE_OPS or name.startswith("softmax_")]
 
 
 def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> list[Op]:

@@ -17,6 +17,8 @@ mixture of experts (LayerSpec.moe)."""
 
 DROPOUT_FREE_KINDS = ("llama", "moe")
 """Kinds trained without dropout (no one-byte masks kept)."""
+CAUSAL_KINDS = ("gpt", "llama", "t5_decoder", "moe")
+"""Kinds whose self-attention is masked causally (decoders); the rest use a padding mask."""
 
 NORMS = ("layernorm", "rmsnorm")
 ATTENTION_KINDS = ("eager", "flash")
@@ -117,6 +119,11 @@ class LayerSpec:
     @property
     def has_dropout(self) -> bool:
         return self.kind not in DROPOUT_FREE_KINDS
+
+    @property
+    def causal(self) -> bool:
+        """Self-attention masked causally (a decoder block)."""
+        return self.kind in CAUSAL_KINDS
 
     def _flag(self, value: bool | None) -> bool:
         return self.bias if value is None else value

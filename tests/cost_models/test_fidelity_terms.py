@@ -6,8 +6,9 @@ import pytest
 from cost_models.analytical import AnalyticalModel
 from cost_models.constants import AnalyticalConstants
 from cost_models.memory import activation_bytes
-from cost_models.ops import FLASH_BACKWARD_FLOPS_FACTOR, backward_ops, forward_ops
-from specs import LayerSpec, LayerStrategy, SpecError, load_cluster, load_model
+from cost_models.ops import FLASH_BACKWARD_FLOPS_FACTOR, backward_ops, forward_ops, fused_softmax_available
+from cost_models.sequence import attention_core_ops
+from specs import LayerSpec, LayerStrategy, Recompute, SpecError, load_cluster, load_model
 
 GPT = LayerSpec(kind="gpt", hidden_size=1024, num_heads=16, ffn_hidden_size=4096, seq_len=1024)
 
@@ -59,11 +60,11 @@ def test_tp_allreduce_hides_behind_host_launches_when_launch_bound():
     c = AnalyticalConstants(host_time_per_kernel_s=1e-3, collective_base_latency_s=1e-3,
                             step_latency_factor=0.0, bus_efficiency=1.0)
     cm = AnalyticalModel(load_cluster("dgx-a100-80g"), constants=c)
-    tiny = LayerSpec(kind="gpt", hidden_size=64, num_heads=2, ffn_hidden_size=256, seq_len=8)
+    tiny = LayerSpec(kind="gpt", hidden_size=64, num_heads=8, ffn_hidden_size=256, seq_len=256)  # fused softmax
     alone = cm.layer_time(tiny, LayerStrategy(tp=1, dp=2), 1, 1)
     split = cm.layer_time(tiny, LayerStrategy(tp=2), 1, 1)
     assert alone.forward_s == pytest.approx(13e-3)
-    comm = cm.collective_time("all_reduce", 8 * 64 * 2, [[0, 1]])
+    comm = cm.collective_time("all_reduce", 256 * 64 * 2, [[0, 1]])
     assert comm == pytest.approx(1e-3, rel=1e-3)
     assert split.forward_s == pytest.approx(13e-3 - 2 * comm)
     assert split.forward_s + split.tp_comm_s / 2 == pytest.approx(13e-3)  # forward + its 2 all-reduces
@@ -87,3 +88,51 @@ def test_pipeline_send_shares_the_links_with_the_stages_other_senders():
     assert model.p2p_time(nbytes, 0, 4) == pytest.approx(alpha + nbytes / (5e9 * c.p2p_efficiency))
     assert model.p2p_time(nbytes, 0, 4, senders=4) == pytest.approx(alpha + nbytes / (1.25e9 * c.p2p_efficiency))
     assert model.p2p_time(nbytes, 0, 1, senders=1) == pytest.approx(alpha + nbytes / (12e9 * c.p2p_efficiency))
+
+
+@pytest.mark.parametrize("attn_batches, queries, keys, causal, fused", [
+    (4, 1024, 1024, True, True),      # 16 heads / tp 4, micro-batch 1
+    (2, 1024, 1024, True, False),     # 16 heads / tp 8, micro-batch 1: b x np = 2 is not a multiple of 4
+    (12, 2048, 2048, True, True),
+    (6, 2048, 2048, True, False),     # 48 heads / tp 16 (18.4B), micro-batch 2
+    (4, 64, 64, True, False),         # rows of <= 128 keys: 8 a block, so causal needs b x np % 8
+    (8, 64, 64, True, True),
+    (4, 64, 64, False, True),         # padding mask: queries % 8 instead
+    (4, 16, 16, True, False),         # 16 < keys
+    (4, 8192, 8192, True, False),     # keys <= 4096
+    (4, 196, 49, False, False),       # a Swin window: keys % 4
+])
+def test_megatron_fused_softmax_availability(attn_batches, queries, keys, causal, fused):
+    """Megatron's FusedScaleMaskSoftmax.is_kernel_available, case by case."""
+    assert fused_softmax_available(attn_batches, queries, keys, causal) is fused
+
+
+def test_unfused_softmax_is_five_fp32_kernels_each_way_worked_by_hand():
+    """h 1024, 16 heads, s 1024. tp 8, micro-batch 1: 2 score matrices per rank, not fused:
+    cast (2 + 4), scale (4 + 4), masked_fill (4 + 4), softmax (4 + 4), cast back (4 + 2) = 36 bytes
+    per score forward, 40 backward (6 + 8 + 8 + 12 + 6), in 5 kernels each. Micro-batch 2 gives 4
+    matrices: one fused kernel, 2 + 2 bytes forward and 6 backward."""
+    scores = 1024 * 1024
+    unfused = [o for o in forward_ops(GPT, 8, 1) if o.name.startswith("softmax")]
+    assert len(unfused) == 5 and sum(o.nbytes for o in unfused) == 36 * 2 * scores
+    unfused_bwd = [o for o in backward_ops(unfused)]
+    assert len(unfused_bwd) == 5 and sum(o.nbytes for o in unfused_bwd) == 40 * 2 * scores
+    fused = [o for o in forward_ops(GPT, 8, 2) if o.name.startswith("softmax")]
+    assert len(fused) == 1 and fused[0].nbytes == 4 * 4 * scores
+    assert backward_ops(fused)[0].nbytes == 6 * 4 * scores
+    # selective recomputation re-runs every step of the softmax, fused or not
+    core = attention_core_ops(forward_ops(GPT, 8, 1))
+    assert [o.name for o in core] == ["scores", *(o.name for o in unfused), "attn_dropout", "context"]
+
+
+def test_unfused_softmax_makes_the_launch_bound_layer_slower():
+    """tp 8, micro-batch 1 (the vTrain runs whose time the fused-kernel model missed): 4 more
+    kernels per pass (five in place of one) cost a host launch each where the layer is launch-bound."""
+    c = AnalyticalConstants(host_time_per_kernel_s=1e-4)
+    cm = AnalyticalModel(load_cluster("dgx-a100-80g"), constants=c)
+    fused_heads = replace(GPT, num_heads=32)  # 4 score matrices per rank at tp 8: fused
+    slow = cm.layer_time(GPT, LayerStrategy(tp=8, recompute=Recompute.FULL), 1, 1)
+    fast = cm.layer_time(fused_heads, LayerStrategy(tp=8, recompute=Recompute.FULL), 1, 1)
+    assert len(forward_ops(GPT, 8, 1)) - len(forward_ops(fused_heads, 8, 1)) == 4
+    assert slow.forward_s - fast.forward_s == pytest.approx(4 * 1e-4, rel=1e-6)
+    assert slow.backward_s - fast.backward_s == pytest.approx(2 * 4 * 1e-4, rel=1e-6)  # backward + recompute
