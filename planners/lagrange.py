@@ -145,7 +145,7 @@ def relaxation(t: ComboTables, v, prices: Prices, caps: np.ndarray, even: bool, 
     priced = _priced(t, v, prices)
     dp = GroupDP(priced, exact=False, even=even, deadline=deadline)
     pp, n, G = t.combo.pp, len(t.layer_type), len(t.dp_values)
-    built = [dp._options(k, v, {}, 0.0, relaxed=True) for k in range(pp)]
+    built = [dp.relaxed_options(k, v, 0.0) for k in range(pp)]
     recv = [None] + [dp._recv(k) for k in range(1, pp)]
     cells = [_cells(o, n, G, np.inf) for o, _ in built]
     res = _min_sum([c[0] for c in cells], recv, np.inf, n, path=path)

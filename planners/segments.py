@@ -162,28 +162,44 @@ class GroupDP:
         return Completion.of(cost, np.where(ok, st.memory_bytes, np.inf), self.t.layer_type)
 
     # -- options ----------------------------------------------------------------------------
-    def _options(self, k: int, v: int, cache: dict, lam: float | None, relaxed: bool = False
-                 ) -> tuple[StageOptions, list]:
+    def _options(self, k: int, v: int, cache: dict, lam: float | None) -> tuple[StageOptions, list]:
         vc = self.t.vocab[v][k]
         st = self.stages[k]
         B = self.t.budget_bytes
         cols = {name: [] for name in ("a", "b", "g", "T", "D")}
         refs: list = []
-        for a, b in (self.bound_windows if relaxed else self.windows)[k]:
-            if relaxed:
-                p, pid = self._stage_passes(k, v, scalar=lam)[a]
-                key = ("relaxed", pid, b - a, lam)
-                if key not in cache:
-                    cache[key] = self._segment(p, b - a - 1, st, vc, np.inf, k, lam)
-                found = cache[key]
-            else:
-                found, p = self._lookup(k, v, a, b, lam, st, vc, B, cache)
+        for a, b in self.windows[k]:
+            found, p = self._lookup(k, v, a, b, lam, st, vc, B, cache)
             for g, T, D, point in found:
                 for name, val in zip(("a", "b", "g", "T", "D"), (a, b, g, T, D)):
                     cols[name].append(val)
                 refs.append((p, b - a - 1, point))
         arr = {n: np.array(v_, dtype=float if n in "TD" else int) for n, v_ in cols.items()}
         return StageOptions(arr["a"], arr["b"], arr["g"], arr["T"], arr["D"]), refs
+
+    def relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
+        """Stage k's options over every partition's segments (``bound_windows``), memory ignored:
+        per segment the memory-blind pass's best T + lam D per dp of its last layer. Segments
+        that share a pass and a length share one answer, so this is built per (pass, length)
+        and spread over the segments with numpy."""
+        vc, st = self.t.vocab[v][k], self.stages[k]
+        passes = self._stage_passes(k, v, scalar=lam)
+        a, b = (np.array(x, dtype=int) for x in zip(*self.bound_windows[k]))
+        unique = list({id(p): p for p, _ in passes.values()}.values())
+        index = {id(p): i for i, p in enumerate(unique)}
+        starts = np.unique(a)
+        pass_of = np.array([index[id(passes[int(s)][0])] for s in starts])[np.searchsorted(starts, a)]
+        keys, inv = np.unique(pass_of * (self.n + 1) + (b - a), return_inverse=True)
+        rows = [self._segment(unique[i], length - 1, st, vc, np.inf, k, lam)
+                for i, length in (divmod(int(key), self.n + 1) for key in keys)]
+        counts = np.array([len(r) for r in rows])
+        found = np.array([x for r in rows for x in r], dtype=float).reshape(-1, 4)  # g, T, D, point
+        reps = counts[inv.ravel()]
+        first = np.repeat(np.concatenate(([0], np.cumsum(counts)[:-1]))[inv.ravel()], reps)
+        pos = first + np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+        seg = np.repeat(np.arange(len(a)), reps)
+        opts = StageOptions(a[seg], b[seg], found[pos, 0].astype(int), found[pos, 1], found[pos, 2])
+        return opts, OptionRefs(unique, pass_of[seg], (b - a - 1)[seg], found[pos, 3].astype(int))
 
     def _lookup(self, k, v, a, b, lam, st, vc, B, cache) -> tuple[list, SegmentPass]:
         """Options of segment (a, b) under weight lam: from the memory-blind pass where its best
@@ -269,11 +285,10 @@ class GroupDP:
         return self.t.shared[key]
 
     def _relaxed_objective(self, v: int) -> float:
-        caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
 
         def options(lam: float) -> list[StageOptions]:
-            return [self._options(k, v, caches[k], lam, relaxed=True)[0] for k in range(len(self.windows))]
+            return [self.relaxed_options(k, v, lam)[0] for k in range(len(self.windows))]
 
         G = len(self.t.dp_values)
         if len(self.windows) == 1:
@@ -283,17 +298,15 @@ class GroupDP:
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
-    def any_vocab_floor(self) -> float:
-        """A memory-blind lower bound for every vocab choice at once: ``relaxed_objective`` with
-        each stage's embedding/head at its least over the choices (the bound only grows with
-        them). One computation can then rule the whole group out."""
-        key = ("any_vocab_floor", self.even)
-        if key not in self.t.shared:
-            least = [_least_vocab([costs[k] for costs in self.t.vocab.values()]) for k in range(self.t.combo.pp)]
-            merged = GroupDP(replace(self.t, vocab={ANY_VOCAB: least}), exact=False, even=self.even,
-                             deadline=self.deadline)
-            self.t.shared[key] = merged.relaxed_objective(ANY_VOCAB)
-        return self.t.shared[key]
+    def any_vocab_floor(self, incumbent_s: float = np.inf) -> float:
+        """A lower bound for every vocab choice at once: ``lower_bound`` with each stage's
+        embedding/head at its least over the choices (the bound only grows with them: times,
+        tails and memory fall, the memory caps rise). One computation can then rule the whole
+        group out; its memory-blind part is kept for every budget (ComboTables.shared)."""
+        least = [_least_vocab([costs[k] for costs in self.t.vocab.values()]) for k in range(self.t.combo.pp)]
+        merged = GroupDP(replace(self.t, vocab={ANY_VOCAB: least}), exact=False, even=self.even,
+                         deadline=self.deadline)
+        return merged.lower_bound(ANY_VOCAB, incumbent_s)
 
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
         """The larger of the memory-blind bound and the Lagrangian memory bound (computed only
@@ -350,6 +363,20 @@ class GroupDP:
             layers.extend(p.strategies(last, point))
             sizes.append(int(opts[k].b[o] - opts[k].a[o]))
         return GroupSolution(v, layers, sizes, choice.objective_s)
+
+
+@dataclass(frozen=True)
+class OptionRefs:
+    """Where each option of a stage comes from: its pass, its last layer within the pass, its
+    point there (``refs[o]`` as for a list of (pass, last, point))."""
+
+    passes: list[SegmentPass]
+    pass_index: np.ndarray
+    last: np.ndarray
+    point: np.ndarray
+
+    def __getitem__(self, o: int) -> tuple[SegmentPass, int, int]:
+        return self.passes[self.pass_index[o]], int(self.last[o]), int(self.point[o])
 
 
 ANY_VOCAB = "any"

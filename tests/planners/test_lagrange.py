@@ -72,3 +72,21 @@ def test_projection_onto_the_simplex():
     assert lagrange._onto_simplex(np.array([2.0, 0.0, -1.0])) == pytest.approx([1.0, 0.0, 0.0])
     assert lagrange._onto_simplex(np.array([0.5, 0.5, 0.5])) == pytest.approx([1 / 3] * 3)
     assert lagrange._onto_simplex(np.array([1.0, 0.6, -3.0])) == pytest.approx([0.7, 0.3, 0.0])
+
+
+@pytest.mark.parametrize("seed", [2, 13, 14])
+def test_one_priced_bound_for_every_vocab_choice_stays_below_each_optimum(seed):
+    """any_vocab_floor with an incumbent adds the Lagrangian (per-stage prices) on the least
+    embedding/head of every choice: never above any choice's exact optimum, never below the
+    memory-blind floor."""
+    checked = 0
+    for t in _pipeline_groups(seed):
+        optima = [GroupDP(t, exact=True, even=False).solve(v) for v in t.vocab]
+        optima = [o.objective_s for o in optima if o is not None]
+        if not optima:
+            continue
+        floor = GroupDP(t, exact=False, even=False).any_vocab_floor()
+        priced = GroupDP(t, exact=False, even=False).any_vocab_floor(2 * max(optima))
+        assert floor <= priced <= min(optima) * (1 + 1e-9), (t.combo, floor, priced, optima)
+        checked += 1
+    assert checked
