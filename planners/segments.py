@@ -179,27 +179,47 @@ class GroupDP:
 
     def relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         """Stage k's options over every partition's segments (``bound_windows``), memory ignored:
-        per segment the memory-blind pass's best T + lam D per dp of its last layer. Segments
-        that share a pass and a length share one answer, so this is built per (pass, length)
-        and spread over the segments with numpy."""
-        vc, st = self.t.vocab[v][k], self.stages[k]
+        per segment the memory-blind pass's best T + lam D per dp of its last layer (what
+        ``_segment`` gives with no budget), for every pass and length at once."""
         passes = self._stage_passes(k, v, scalar=lam)
         a, b = (np.array(x, dtype=int) for x in zip(*self.bound_windows[k]))
         unique = list({id(p): p for p, _ in passes.values()}.values())
         index = {id(p): i for i, p in enumerate(unique)}
         starts = np.unique(a)
         pass_of = np.array([index[id(passes[int(s)][0])] for s in starts])[np.searchsorted(starts, a)]
-        keys, inv = np.unique(pass_of * (self.n + 1) + (b - a), return_inverse=True)
-        rows = [self._segment(unique[i], length - 1, st, vc, np.inf, k, lam)
-                for i, length in (divmod(int(key), self.n + 1) for key in keys)]
-        counts = np.array([len(r) for r in rows])
-        found = np.array([x for r in rows for x in r], dtype=float).reshape(-1, 4)  # g, T, D, point
-        reps = counts[inv.ravel()]
-        first = np.repeat(np.concatenate(([0], np.cumsum(counts)[:-1]))[inv.ravel()], reps)
-        pos = first + np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
-        seg = np.repeat(np.arange(len(a)), reps)
-        opts = StageOptions(a[seg], b[seg], found[pos, 0].astype(int), found[pos, 1], found[pos, 2])
-        return opts, OptionRefs(unique, pass_of[seg], (b - a - 1)[seg], found[pos, 3].astype(int))
+        best = [self._scalar_segments(p, k, v, lam) for p in unique]
+        T, D, point = (np.stack([_padded(x[i], self.n) for x in best]) for i in range(3))  # [pass, last, dp]
+        last = b - a - 1
+        seg, g = np.nonzero(np.isfinite(T[pass_of, last]))  # segment by segment, dp by dp
+        where = (pass_of[seg], last[seg], g)
+        opts = StageOptions(a[seg], b[seg], g, T[where], D[where])
+        return opts, OptionRefs(unique, pass_of[seg], last[seg], point[where].astype(int))
+
+    def _scalar_segments(self, p: SegmentPass, k: int, v, lam: float) -> tuple[np.ndarray, ...]:
+        """[last layer, dp] T, D and point index of the memory-blind pass ``p``'s best T + lam D
+        among the points whose strategy has that dp (inf / -1 where none), with the
+        embedding/head and the send to the next stage; ties go to the smaller tail."""
+        vc, st, n_strat = self.t.vocab[v][k], self.stages[k], len(self.t.strategies)
+        G, L = len(self.t.dp_values), len(p.frontiers)
+        T, D = np.full((L, n_strat), np.inf), np.zeros((L, n_strat))  # T inf: no point
+        for j, f in enumerate(p.frontiers):  # one point per strategy, in strategy order
+            extra = vc.last_delta[f.strat] if vc.last_delta is not None else np.zeros((len(f), 3))
+            send = st.send_next_s[self.t.layer_type[p.start + j], f.strat] if k < self.t.combo.pp - 1 else 0.0
+            T[j, f.strat] = f.T + vc.time_s + send + extra[:, 0]
+            D[j, f.strat] = f.D + vc.tail_s + extra[:, 1]
+        out_T, out_D, out_p = np.full((L, G), np.inf), np.full((L, G), np.inf), np.full((L, G), -1.0)
+        position = np.cumsum(np.isfinite(T), axis=1) - 1  # a strategy's index in its frontier
+        rows = np.arange(L)
+        for g in range(G):
+            cols = np.flatnonzero(self.strat_g == g)
+            if not len(cols):
+                continue
+            cost, tail = T[:, cols] + lam * D[:, cols], D[:, cols]
+            pick = cols[argmin_low_tail(cost.T, tail.T)]
+            found = np.isfinite(T[rows, pick])
+            out_T[found, g], out_D[found, g] = T[rows, pick][found], D[rows, pick][found]
+            out_p[found, g] = position[rows, pick][found]
+        return out_T, out_D, out_p
 
     def _lookup(self, k, v, a, b, lam, st, vc, B, cache) -> tuple[list, SegmentPass]:
         """Options of segment (a, b) under weight lam: from the memory-blind pass where its best
@@ -390,6 +410,11 @@ def _least_vocab(costs: list[VocabCost]) -> VocabCost:
     return replace(costs[0], time_s=min(c.time_s for c in costs), tail_s=min(c.tail_s for c in costs),
                    memory_bytes=min(c.memory_bytes for c in costs), temp_bytes=min(c.temp_bytes for c in costs),
                    first_delta=least([c.first_delta for c in costs]), last_delta=least([c.last_delta for c in costs]))
+
+
+def _padded(x: np.ndarray, rows: int) -> np.ndarray:
+    """``x`` [r, ...] with rows r..rows-1 added as inf."""
+    return np.concatenate((x, np.full((rows - len(x),) + x.shape[1:], np.inf)))
 
 
 def _merge(runs: list) -> tuple[list[StageOptions], list[list]]:
