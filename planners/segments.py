@@ -318,14 +318,17 @@ class GroupDP:
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
-    def any_vocab_floor(self, incumbent_s: float = np.inf) -> float:
-        """A lower bound for every vocab choice at once: ``lower_bound`` with each stage's
+    def any_vocab_floor(self, incumbent_s: float | None = None) -> float:
+        """A lower bound for every vocab choice at once: ``relaxed_objective`` with each stage's
         embedding/head at its least over the choices (the bound only grows with them: times,
-        tails and memory fall, the memory caps rise). One computation can then rule the whole
-        group out; its memory-blind part is kept for every budget (ComboTables.shared)."""
+        tails and memory fall, the memory caps rise), kept for every budget (ComboTables.shared);
+        with ``incumbent_s``, ``lower_bound`` (the Lagrangian too). One computation can then rule
+        the whole group out."""
         least = [_least_vocab([costs[k] for costs in self.t.vocab.values()]) for k in range(self.t.combo.pp)]
         merged = GroupDP(replace(self.t, vocab={ANY_VOCAB: least}), exact=False, even=self.even,
                          deadline=self.deadline)
+        if incumbent_s is None:
+            return merged.relaxed_objective(ANY_VOCAB)
         return merged.lower_bound(ANY_VOCAB, incumbent_s)
 
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
