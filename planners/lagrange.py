@@ -23,7 +23,10 @@ GOLDEN = (np.sqrt(5.0) - 1) / 2
 SCALES = (0.0, 0.0625, 0.25, 1.0, 4.0)
 """mu as multiples of the objective per byte of capacity, tried before the golden-section refinement."""
 STAGE_STEPS = 24
-"""Subgradient steps on the per-stage prices (pp > 1) after the common-mu search, at most."""
+STEPS_PER_COMMON = 1
+"""Subgradient steps on the per-stage prices (pp > 1) after the common-mu search: at most
+STAGE_STEPS, and at most STEPS_PER_COMMON per relaxation the common search evaluated (the steps
+then at most double the bound's cost; on t5-large-48 / titan-16 at pp 8 one relaxation takes 0.5 s)."""
 STALL_STEPS, STALL_SHARE = 4, 0.1
 """The steps stop once the last STALL_STEPS of them gained less than STALL_SHARE of the distance
 still to the incumbent (the bound converges below it: the group has to be searched)."""
@@ -95,18 +98,21 @@ def lagrangian_bound(t: ComboTables, v, incumbent_s: float = np.inf, refine: int
     mu, best = max(seen.items(), key=lambda kv: kv[1])
     if pp == 1 or best >= incumbent_s or best < (1 - STAGE_WITHIN) * incumbent_s:
         return best
-    return _stage_prices(t, v, caps, Prices.common(pp, mu), best, incumbent_s, base / caps.sum(), even, deadline)
+    steps = min(STAGE_STEPS, STEPS_PER_COMMON * len(seen))
+    return _stage_prices(t, v, caps, Prices.common(pp, mu), best, incumbent_s, base / caps.sum(), steps, even,
+                         deadline)
 
 
 def _stage_prices(t: ComboTables, v, caps: np.ndarray, start: Prices, best: float, target: float,
-                  mu_scale: float, even: bool, deadline: float | None) -> float:
-    """Projected subgradient ascent on per-stage prices from ``start``, Polyak's step towards
-    ``target`` (halved after a step that does not rise): the best value seen. Prices are
-    compared in seconds: mu in units of ``mu_scale`` (objective per byte of capacity)."""
+                  mu_scale: float, steps: int, even: bool, deadline: float | None) -> float:
+    """Projected subgradient ascent on per-stage prices from ``start``, at most ``steps``
+    relaxations, Polyak's step towards ``target`` (halved after a step that does not rise): the
+    best value seen. Prices are compared in seconds: mu in units of ``mu_scale`` (objective per
+    byte of capacity)."""
     m = t.combo.micro_batches
     x, factor, last, history = start, 1.0, -np.inf, [best]
     aim = target * (1 + AIM_ABOVE)  # a step that keeps the same minimiser lands on the aim, not just short of it
-    for _ in range(STAGE_STEPS):
+    for _ in range(steps):
         value, sums = relaxation(t, v, x, caps, even, deadline, path=True)
         best = max(best, value)
         history.append(best)

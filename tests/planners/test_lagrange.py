@@ -48,7 +48,8 @@ def test_the_minimiser_stage_sums_give_the_relaxation_value(seed):
 def test_stage_prices_never_exceed_the_group_optimum(seed, monkeypatch):
     """Aimed at an incumbent far above the optimum, the per-stage steps keep climbing but stay
     below the exact group optimum; on some group they lift the bound above the common-mu one."""
-    monkeypatch.setattr(lagrange, "STAGE_WITHIN", 1.0)  # search them however far the incumbent is
+    monkeypatch.setattr(lagrange, "STAGE_WITHIN", 1.0)  # search them however far the incumbent is,
+    monkeypatch.setattr(lagrange, "STEPS_PER_COMMON", lagrange.STAGE_STEPS)  # with every step
     lifted = checked = 0
     for t in _pipeline_groups(seed):
         for v in t.vocab:
