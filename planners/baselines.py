@@ -13,6 +13,7 @@ from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats,
                            pop_options, scored_result)
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
+from planners.tables import memo
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.units import GIB
 
@@ -35,16 +36,11 @@ class GridPlanner(Planner):
         opts = pop_options(options, DEFAULTS, self.name)
         scored, smallest, tried = [], None, 0
         for batch in budget.global_batches():
-            for kw in self.candidates(model, cluster, batch):
-                plan = self.build(model, cluster, batch, kw)
-                if plan is None:
-                    continue
+            for thr, time_s, peak, plan in self._grid(model, cluster, batch, cost_model):
                 tried += 1
-                cost = cost_model.plan_cost(model, plan)
-                peak = cost.peak_memory_bytes
                 smallest = peak if smallest is None else min(smallest, peak)
                 if peak <= budget.memory_bytes:
-                    scored.append((cost.throughput_samples_per_s, cost.iteration_time_s, peak, plan))
+                    scored.append((thr, time_s, peak, plan))
         stats = SearchStats(states_explored=tried, candidates=tried, solver_status="exhaustive")
         if not scored:
             return infeasible_result(self.name, smallest, stats)
@@ -52,6 +48,22 @@ class GridPlanner(Planner):
         top = tuple(RankedPlan(plan=p, iteration_time_s=t, throughput_samples_per_s=thr, peak_memory_gib=pk / GIB)
                     for thr, t, pk, p in scored[:int(opts["top_k"])])
         return scored_result(self.name, cost_model, model, scored[0][3], stats, top)
+
+
+    def _grid(self, model: ModelSpec, cluster: ClusterSpec, batch: int, cost_model: CostModel) -> list[tuple]:
+        """(throughput, time, peak memory, plan) of every candidate that can run at ``batch``: the
+        same for every budget, so kept per cost model (the budgets of a compare share them)."""
+        key = ("grid", self.name, model, cluster, batch)
+        cache = memo(cost_model)
+        if key not in cache:
+            rows = []
+            for kw in self.candidates(model, cluster, batch):
+                plan = self.build(model, cluster, batch, kw)
+                if plan is not None:
+                    cost = cost_model.plan_cost(model, plan)
+                    rows.append((cost.throughput_samples_per_s, cost.iteration_time_s, cost.peak_memory_bytes, plan))
+            cache[key] = rows
+        return cache[key]
 
 
 def _plan_or_none(model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) -> Plan | None:

@@ -80,7 +80,7 @@ class GalvatronPlanner(Planner):
                 return found
 
             try:
-                floor = dp.any_vocab_floor()
+                floor = dp.any_vocab_floor(incumbent_s if len(tables.vocab) > 1 else None)  # one: its own bound
             except DeadlinePassed:
                 return stopped()
             if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent

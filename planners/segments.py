@@ -162,28 +162,64 @@ class GroupDP:
         return Completion.of(cost, np.where(ok, st.memory_bytes, np.inf), self.t.layer_type)
 
     # -- options ----------------------------------------------------------------------------
-    def _options(self, k: int, v: int, cache: dict, lam: float | None, relaxed: bool = False
-                 ) -> tuple[StageOptions, list]:
+    def _options(self, k: int, v: int, cache: dict, lam: float | None) -> tuple[StageOptions, list]:
         vc = self.t.vocab[v][k]
         st = self.stages[k]
         B = self.t.budget_bytes
         cols = {name: [] for name in ("a", "b", "g", "T", "D")}
         refs: list = []
-        for a, b in (self.bound_windows if relaxed else self.windows)[k]:
-            if relaxed:
-                p, pid = self._stage_passes(k, v, scalar=lam)[a]
-                key = ("relaxed", pid, b - a, lam)
-                if key not in cache:
-                    cache[key] = self._segment(p, b - a - 1, st, vc, np.inf, k, lam)
-                found = cache[key]
-            else:
-                found, p = self._lookup(k, v, a, b, lam, st, vc, B, cache)
+        for a, b in self.windows[k]:
+            found, p = self._lookup(k, v, a, b, lam, st, vc, B, cache)
             for g, T, D, point in found:
                 for name, val in zip(("a", "b", "g", "T", "D"), (a, b, g, T, D)):
                     cols[name].append(val)
                 refs.append((p, b - a - 1, point))
         arr = {n: np.array(v_, dtype=float if n in "TD" else int) for n, v_ in cols.items()}
         return StageOptions(arr["a"], arr["b"], arr["g"], arr["T"], arr["D"]), refs
+
+    def relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
+        """Stage k's options over every partition's segments (``bound_windows``), memory ignored:
+        per segment the memory-blind pass's best T + lam D per dp of its last layer (what
+        ``_segment`` gives with no budget), for every pass and length at once."""
+        passes = self._stage_passes(k, v, scalar=lam)
+        a, b = (np.array(x, dtype=int) for x in zip(*self.bound_windows[k]))
+        unique = list({id(p): p for p, _ in passes.values()}.values())
+        index = {id(p): i for i, p in enumerate(unique)}
+        starts = np.unique(a)
+        pass_of = np.array([index[id(passes[int(s)][0])] for s in starts])[np.searchsorted(starts, a)]
+        best = [self._scalar_segments(p, k, v, lam) for p in unique]
+        T, D, point = (np.stack([_padded(x[i], self.n) for x in best]) for i in range(3))  # [pass, last, dp]
+        last = b - a - 1
+        seg, g = np.nonzero(np.isfinite(T[pass_of, last]))  # segment by segment, dp by dp
+        where = (pass_of[seg], last[seg], g)
+        opts = StageOptions(a[seg], b[seg], g, T[where], D[where])
+        return opts, OptionRefs(unique, pass_of[seg], last[seg], point[where].astype(int))
+
+    def _scalar_segments(self, p: SegmentPass, k: int, v, lam: float) -> tuple[np.ndarray, ...]:
+        """[last layer, dp] T, D and point index of the memory-blind pass ``p``'s best T + lam D
+        among the points whose strategy has that dp (inf / -1 where none), with the
+        embedding/head and the send to the next stage; ties go to the smaller tail."""
+        vc, st, n_strat = self.t.vocab[v][k], self.stages[k], len(self.t.strategies)
+        G, L = len(self.t.dp_values), len(p.frontiers)
+        T, D = np.full((L, n_strat), np.inf), np.zeros((L, n_strat))  # T inf: no point
+        for j, f in enumerate(p.frontiers):  # one point per strategy, in strategy order
+            extra = vc.last_delta[f.strat] if vc.last_delta is not None else np.zeros((len(f), 3))
+            send = st.send_next_s[self.t.layer_type[p.start + j], f.strat] if k < self.t.combo.pp - 1 else 0.0
+            T[j, f.strat] = f.T + vc.time_s + send + extra[:, 0]
+            D[j, f.strat] = f.D + vc.tail_s + extra[:, 1]
+        out_T, out_D, out_p = np.full((L, G), np.inf), np.full((L, G), np.inf), np.full((L, G), -1.0)
+        position = np.cumsum(np.isfinite(T), axis=1) - 1  # a strategy's index in its frontier
+        rows = np.arange(L)
+        for g in range(G):
+            cols = np.flatnonzero(self.strat_g == g)
+            if not len(cols):
+                continue
+            cost, tail = T[:, cols] + lam * D[:, cols], D[:, cols]
+            pick = cols[argmin_low_tail(cost.T, tail.T)]
+            found = np.isfinite(T[rows, pick])
+            out_T[found, g], out_D[found, g] = T[rows, pick][found], D[rows, pick][found]
+            out_p[found, g] = position[rows, pick][found]
+        return out_T, out_D, out_p
 
     def _lookup(self, k, v, a, b, lam, st, vc, B, cache) -> tuple[list, SegmentPass]:
         """Options of segment (a, b) under weight lam: from the memory-blind pass where its best
@@ -269,11 +305,10 @@ class GroupDP:
         return self.t.shared[key]
 
     def _relaxed_objective(self, v: int) -> float:
-        caches: list[dict] = [{} for _ in self.windows]
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
 
         def options(lam: float) -> list[StageOptions]:
-            return [self._options(k, v, caches[k], lam, relaxed=True)[0] for k in range(len(self.windows))]
+            return [self.relaxed_options(k, v, lam)[0] for k in range(len(self.windows))]
 
         G = len(self.t.dp_values)
         if len(self.windows) == 1:
@@ -283,17 +318,18 @@ class GroupDP:
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
-    def any_vocab_floor(self) -> float:
-        """A memory-blind lower bound for every vocab choice at once: ``relaxed_objective`` with
-        each stage's embedding/head at its least over the choices (the bound only grows with
-        them). One computation can then rule the whole group out."""
-        key = ("any_vocab_floor", self.even)
-        if key not in self.t.shared:
-            least = [_least_vocab([costs[k] for costs in self.t.vocab.values()]) for k in range(self.t.combo.pp)]
-            merged = GroupDP(replace(self.t, vocab={ANY_VOCAB: least}), exact=False, even=self.even,
-                             deadline=self.deadline)
-            self.t.shared[key] = merged.relaxed_objective(ANY_VOCAB)
-        return self.t.shared[key]
+    def any_vocab_floor(self, incumbent_s: float | None = None) -> float:
+        """A lower bound for every vocab choice at once: ``relaxed_objective`` with each stage's
+        embedding/head at its least over the choices (the bound only grows with them: times,
+        tails and memory fall, the memory caps rise), kept for every budget (ComboTables.shared);
+        with ``incumbent_s``, ``lower_bound`` (the Lagrangian too). One computation can then rule
+        the whole group out."""
+        least = [_least_vocab([costs[k] for costs in self.t.vocab.values()]) for k in range(self.t.combo.pp)]
+        merged = GroupDP(replace(self.t, vocab={ANY_VOCAB: least}), exact=False, even=self.even,
+                         deadline=self.deadline)
+        if incumbent_s is None:
+            return merged.relaxed_objective(ANY_VOCAB)
+        return merged.lower_bound(ANY_VOCAB, incumbent_s)
 
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
         """The larger of the memory-blind bound and the Lagrangian memory bound (computed only
@@ -352,6 +388,20 @@ class GroupDP:
         return GroupSolution(v, layers, sizes, choice.objective_s)
 
 
+@dataclass(frozen=True)
+class OptionRefs:
+    """Where each option of a stage comes from: its pass, its last layer within the pass, its
+    point there (``refs[o]`` as for a list of (pass, last, point))."""
+
+    passes: list[SegmentPass]
+    pass_index: np.ndarray
+    last: np.ndarray
+    point: np.ndarray
+
+    def __getitem__(self, o: int) -> tuple[SegmentPass, int, int]:
+        return self.passes[self.pass_index[o]], int(self.last[o]), int(self.point[o])
+
+
 ANY_VOCAB = "any"
 """Key of the merged vocab costs in ``any_vocab_floor``'s tables."""
 
@@ -363,6 +413,11 @@ def _least_vocab(costs: list[VocabCost]) -> VocabCost:
     return replace(costs[0], time_s=min(c.time_s for c in costs), tail_s=min(c.tail_s for c in costs),
                    memory_bytes=min(c.memory_bytes for c in costs), temp_bytes=min(c.temp_bytes for c in costs),
                    first_delta=least([c.first_delta for c in costs]), last_delta=least([c.last_delta for c in costs]))
+
+
+def _padded(x: np.ndarray, rows: int) -> np.ndarray:
+    """``x`` [r, ...] with rows r..rows-1 added as inf."""
+    return np.concatenate((x, np.full((rows - len(x),) + x.shape[1:], np.inf)))
 
 
 def _merge(runs: list) -> tuple[list[StageOptions], list[list]]:

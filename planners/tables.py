@@ -19,7 +19,7 @@ from specs import DPType, LayerStrategy, ModelSpec, Plan, even_stage_layers
 _CACHES: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
 
 
-def _cache(cost_model: CostModel) -> dict:
+def memo(cost_model: CostModel) -> dict:
     """Memo of cost-model calls, kept as long as the cost model lives (shared across budgets)."""
     if cost_model not in _CACHES:
         _CACHES[cost_model] = {}
@@ -131,7 +131,7 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     tables do not depend on the budget: built once per cost model and shared by every budget
     and planner of a run (planners read them, never write them)."""
     key = ("tables", model, combo, tuple(vocab_tps), space)
-    cache = _cache(cost_model)
+    cache = memo(cost_model)
     if key not in cache:
         cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space)
     return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes)
@@ -206,7 +206,7 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     (time_s, tail_s, trans), (memory, temp) = shared["local", local], shared["memory", held]
     send_next, send_prev = np.zeros(time_s.shape), np.zeros(time_s.shape)
     if k < combo.pp - 1:
-        cache = _cache(cm)
+        cache = memo(cm)
         for ti, layer in enumerate(types):
             for b in np.unique(mbs[allowed[ti]]):
                 cols = allowed[ti] & (mbs == b)
@@ -220,7 +220,7 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
 def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
                  mbs: np.ndarray, local: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts, asked at ``local``."""
-    cache = _cache(cm)
+    cache = memo(cm)
     nt, ns = len(types), len(strategies)
     time_s, tail_s, trans = np.full((nt, ns), np.inf), np.full((nt, ns), np.inf), np.full((nt, ns, ns), np.inf)
     cls, reps = layout_classes(strategies)
@@ -254,7 +254,7 @@ def _stage_memory(cm: CostModel, combo: Combo, types: list, strategies: list[Lay
 def _memory_parts(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
                   mbs: np.ndarray, held: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[type, strategy] states, activations of ``held`` micro-batches, temporaries (inf where not allowed)."""
-    cache = _cache(cm)
+    cache = memo(cm)
     parts = [np.full((len(types), len(strategies)), np.inf) for _ in range(3)]
     for ti, layer in enumerate(types):
         for si in np.flatnonzero(allowed[ti]):
@@ -327,7 +327,7 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
 
 def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, first: str, last: str
                  ) -> np.ndarray:
-    cache = _cache(cm)
+    cache = memo(cm)
     key = ("vocab", _HashOnce(model), combo, stage, first, last)
     if key not in cache:
         world = cm.cluster.world_size

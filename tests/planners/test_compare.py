@@ -122,3 +122,21 @@ def test_plans_within_the_model_error_of_the_best_are_marked_ties():
     assert [r["tie"] for r in rows] == [False, True, False, False, False]
     mark_ties(rows, (0.0, 0.0))  # no error band known: nothing is a tie
     assert not any(r["tie"] for r in rows)
+
+
+@pytest.mark.parametrize("name", ["megatron_3d", "gpipe", "zero2"])
+def test_a_baseline_answers_each_budget_as_a_fresh_cost_model_does(name):
+    """The grid a baseline scores is kept per cost model and shared by budgets: after a tight
+    budget, a loose one (and back) gives what a fresh cost model gives, top plans included."""
+    import cost_models
+    import planners
+    from specs import load_cluster, load_model
+    model, cluster = load_model("bert-huge-32"), load_cluster("titan-8")
+    shared = cost_models.get("analytical", cluster)
+    for gib in (8, 20, 12):
+        budget = planners.Budget(memory_gib=gib, global_batch_range=(8, 64))
+        again = planners.get(name).plan(model, cluster, budget, shared)
+        fresh = planners.get(name).plan(model, cluster, budget, cost_models.get("analytical", cluster))
+        assert again.feasible == fresh.feasible and again.min_memory_gib == fresh.min_memory_gib, gib
+        assert [r.plan for r in again.top_k] == [r.plan for r in fresh.top_k], gib
+        assert again.stats.candidates == fresh.stats.candidates

@@ -2,8 +2,10 @@
 per-micro-batch times go to the smaller tail, and only proven results say "optimal"."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import planners
@@ -112,3 +114,22 @@ def test_status_is_optimal_only_where_proven():
         assert res.stats.bound_s <= best * (1 + 1e-9) and res.iteration_time_s >= best * (1 - 1e-9), opts
         assert res.stats.gap == pytest.approx(1 - res.stats.bound_s / res.iteration_time_s, abs=1e-9)
         assert (res.stats.solver_status == "optimal") == (res.stats.gap == 0.0), opts
+
+
+@pytest.mark.parametrize("seed", [0, 3, 14])
+def test_memory_blind_options_are_each_segments_best_per_dp(seed):
+    """relaxed_options (all lengths of a pass at once) gives, segment by segment and dp by dp,
+    what ``_segment`` gives with no budget, and its refs rebuild each option's strategies."""
+    model, _, cm, budget = _pipe_instance(seed)
+    for t in grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (8,)):
+        dp = GroupDP(t, exact=False, even=False)
+        for v, k, lam in itertools.product(t.vocab, range(t.combo.pp), (0.0, 1.0 / t.combo.pp)):
+            opts, refs = dp.relaxed_options(k, v, lam)
+            rows = []
+            for a, b in dp.bound_windows[k]:
+                p, _ = dp._stage_passes(k, v, scalar=lam)[a]
+                for g, T, D, point in dp._segment(p, b - a - 1, dp.stages[k], t.vocab[v][k], np.inf, k, lam):
+                    rows.append((a, b, g, T, D, p.strategies(b - a - 1, point)))
+            built = [(a, b, g, T, D, refs[o][0].strategies(refs[o][1], refs[o][2]))
+                     for o, (a, b, g, T, D) in enumerate(zip(opts.a, opts.b, opts.g, opts.T, opts.D))]
+            assert built == rows, (t.combo, v, k, lam)
