@@ -295,12 +295,19 @@ def _where(stack: traceback.StackSummary) -> str:
     return f"waiting in torch.distributed.{dist[-1].name} ({text})" if dist else f"at {text}"
 
 
+def _main_thread_where(main_id: int) -> str:
+    """Where the main thread is now. The frame is not kept past this call: a frame object
+    that outlives its function keeps the function's locals (tensors) alive, which would make
+    the rank's memory depend on when the beat came."""
+    frame = sys._current_frames().get(main_id)
+    return _where(traceback.extract_stack(frame)) if frame else "exiting"
+
+
 def _heartbeat(channel: _Channel, stop: threading.Event) -> None:
     main_id = threading.main_thread().ident
     while not stop.is_set():  # the first beat at once: a rank may be stopped within BEAT_S
-        frame = sys._current_frames().get(main_id)
         try:
-            channel.send(("beat", _where(traceback.extract_stack(frame)) if frame else "exiting"))
+            channel.send(("beat", _main_thread_where(main_id)))
         except OSError:
             return
         stop.wait(BEAT_S)

@@ -190,3 +190,37 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_heartbeat_keeps_no_local_of_the_main_thread_alive():
+    """A beat reads where the main thread is; a frame it kept would keep that function's
+    locals (tensors) alive after the function returned, and a rank's peak memory would depend
+    on when the beat came."""
+    import threading
+    import weakref
+
+    from executor import launch as launch_module
+
+    class Beats:
+        def __init__(self) -> None:
+            self.where: list[str] = []
+
+        def send(self, message: tuple) -> None:
+            self.where.append(message[1])
+
+    beats, stop = Beats(), threading.Event()
+    held: list[weakref.ref] = []
+
+    def holds_a_tensor() -> None:
+        t = torch.ones(4)
+        held.append(weakref.ref(t))
+        while not any("holds_a_tensor" in w for w in beats.where):  # until a beat has looked here
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=launch_module._heartbeat, args=(beats, stop), daemon=True)
+    thread.start()
+    holds_a_tensor()
+    alive = held[0]() is not None  # the heartbeat now waits BEAT_S before its next look
+    stop.set()
+    thread.join()
+    assert not alive
