@@ -29,6 +29,10 @@ TP_ALLREDUCES_PER_PASS = 2
 VOCAB_HEAD_SHARE = 0.9
 """Share of the measured embedding+head time that belongs to the head (logits GEMM and
 loss); the lookup on the first stage is small and memory-bound."""
+ADAM_TEMPORARY_BYTES = 8
+"""Per element of one master tensor during the executor's Adam step (foreach off): sqrt of the
+second moment and its quotient by the bias correction, two fp32 temporaries, one tensor at a
+time (the largest is a module's flat master, or its shard under ZeRO-1/2)."""
 LOGIT_KEPT_BYTES = 4
 """Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
 LOSS_GRADIENT_BYTES = 8
@@ -102,6 +106,9 @@ class ProfiledModel(CostModel):
         if sum(x is not None for x in (profile_path, profile, galvatron_dir)) != 1:
             raise SpecError("profiled", "give exactly one of profile_path, profile, galvatron_dir")
         self.vocab_memory_mib: dict = {}
+        self.executor_adam = galvatron_dir is None
+        """The profile is our executor's: charge its Adam step's temporaries (Galvatron's
+        folders describe Megatron's fused optimizer, which has none)."""
         self.model_spec: ModelSpec | None = None
         if galvatron_dir is not None:
             if model is None:
@@ -246,6 +253,11 @@ class ProfiledModel(CostModel):
                      in_flight: int) -> MemoryBreakdown:
         return self._layer_memory(layer, strategy, micro_batch_size, in_flight)
 
+    def adam_temporary_bytes(self, params: float, dp_type: str, dp: int) -> float:
+        """The executor's Adam step over ``params`` parameters' master (ADAM_TEMPORARY_BYTES),
+        sharded under ZeRO; nothing for a Galvatron profile."""
+        return ADAM_TEMPORARY_BYTES * params / mem.optimizer_shard(dp_type, dp) if self.executor_adam else 0.0
+
     def layer_memory_in(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
                         in_flight: int, micro_batches: int) -> MemoryBreakdown:
         """layer_memory at the stage's peak: less what the first backward's gradients replace."""
@@ -268,9 +280,11 @@ class ProfiledModel(CostModel):
         kept = mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint)
         if not strategy.checkpoint:  # the measured table is tp-only: scale by the formula's ratio
             kept *= activation_ratio(layer, strategy, mbs)
-        return mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
-                                recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False),
-                                weight_bytes=self.bytes_per_param)
+        memory = mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
+                                  recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False),
+                                  weight_bytes=self.bytes_per_param)
+        adam = self.adam_temporary_bytes(params / strategy.tp, strategy.dp_type, strategy.dp)
+        return replace(memory, temporary_bytes=max(memory.temporary_bytes, adam))
 
     def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
                         micro_batch_size: int, first_rank: int = 0) -> float:
@@ -378,9 +392,11 @@ class ProfiledModel(CostModel):
             own, tied = min(tied, count), 0
             dp_type = vocab_dp_type(plan, index, dp)
             rest = (count - own) / tp
+            transient = max(mem.gradient_sync_transient_bytes(rest, dp_type, dp, w),
+                            self.adam_temporary_bytes(own / tp, DPType.DDP, dp),
+                            self.adam_temporary_bytes(rest, dp_type, dp))
             states = (states + mem.model_state_bytes(own / tp, DPType.DDP, dp, w)
-                      + mem.model_state_bytes(rest, dp_type, dp, w)
-                      + MemoryBreakdown(temporary_bytes=mem.gradient_sync_transient_bytes(rest, dp_type, dp, w)))
+                      + mem.model_state_bytes(rest, dp_type, dp, w) + MemoryBreakdown(temporary_bytes=transient))
         return states
 
 

@@ -263,3 +263,15 @@ def test_zero3_layer_pays_what_its_profiled_table_adds_beyond_compute_and_collec
     assert b.forward_s - a.forward_s == pytest.approx(5e-3 - ag)
     assert b.backward_s - a.backward_s == pytest.approx(8e-3 - ag - rs)
     assert timed.layer_time(layer, LayerStrategy(dp=2), 2, 1) == plain.layer_time(layer, LayerStrategy(dp=2), 2, 1)
+
+
+def test_our_profiles_charge_the_executors_adam_temporaries(galvatron_dir):
+    """The executor's Adam (foreach off) holds two fp32 temporaries of one master tensor: 8 B
+    per element of a module's master, its 1/dp shard under ZeRO. A DDP layer has no other
+    temporary; Galvatron's folders describe Megatron's fused optimizer: nothing."""
+    layer = load_model("tiny-gpt").layers[0]
+    cost, n = _fp32_model(layer), layer.param_count()
+    assert cost.adam_temporary_bytes(n, "ddp", 2) == 8 * n
+    assert cost.adam_temporary_bytes(n, "zero2", 2) == 4 * n
+    assert cost.layer_memory(layer, LayerStrategy(dp=2), 1, 1).temporary_bytes == pytest.approx(8 * n)
+    assert from_galvatron_dir(galvatron_dir, load_cluster("dgx-a100-80g:8")).adam_temporary_bytes(n, "ddp", 2) == 0

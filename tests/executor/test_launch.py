@@ -224,3 +224,18 @@ def test_the_heartbeat_keeps_no_local_of_the_main_thread_alive():
     stop.set()
     thread.join()
     assert not alive
+
+
+def _affinity(rank: int, world_size: int) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_cpu_ranks_get_a_core_each_when_there_are_enough():
+    cores = launch(_affinity, 2, timeout_s=300)
+    assert [len(c) for c in cores] == [1, 1] and cores[0] != cores[1]
+
+
+def test_oversubscribed_cpu_ranks_are_left_to_the_scheduler():
+    world = len(os.sched_getaffinity(0)) + 1
+    assert all(len(c) == world - 1 for c in launch(_affinity, world, timeout_s=300))
