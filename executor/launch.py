@@ -357,11 +357,12 @@ def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: An
 
 
 def _pin_to_core(rank: int, world: int) -> None:
-    """A CPU rank on a core of its own when there is one per rank (threads it starts later,
-    gloo's included, inherit it): no migrations, and no two ranks sharing a core while another
-    idles, so a step's time does not depend on where the scheduler put the ranks."""
+    """Ranks of a CPU job on a core each when there is one per rank (threads a rank starts
+    later, gloo's included, inherit it): no migrations, and no two ranks sharing a core while
+    another idles, so a step's time does not depend on where the scheduler put the ranks. A
+    single rank is left to the scheduler (several one-rank jobs would all land on one core)."""
     cores = sorted(os.sched_getaffinity(0))
-    if world <= len(cores):
+    if 1 < world <= len(cores):
         os.sched_setaffinity(0, {cores[rank]})
 
 

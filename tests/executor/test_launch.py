@@ -236,6 +236,7 @@ def test_cpu_ranks_get_a_core_each_when_there_are_enough():
     assert [len(c) for c in cores] == [1, 1] and cores[0] != cores[1]
 
 
-def test_oversubscribed_cpu_ranks_are_left_to_the_scheduler():
-    world = len(os.sched_getaffinity(0)) + 1
-    assert all(len(c) == world - 1 for c in launch(_affinity, world, timeout_s=300))
+def test_one_rank_and_oversubscribed_ranks_are_left_to_the_scheduler():
+    cores = len(os.sched_getaffinity(0))
+    for world in (1, cores + 1):
+        assert all(len(c) == cores for c in launch(_affinity, world, timeout_s=300))
