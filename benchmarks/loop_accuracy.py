@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from executor.run import run_plan
     model, cluster = _model(), load_cluster(CLUSTER)
     start = time.time()
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} (the times mean something only near 0)")
     profile = build_profile(model, batch_sizes=[1, 2, 4], tps=[1, 2], world_size=2, repeats=args.repeats,
                             max_cv=args.max_cv, timeout_s=1200)
     hw = profile.hardware
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, m, cost, sim))
         _print_row(name, m, cost, sim)
     _summary(rows)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     return 0
 
 
