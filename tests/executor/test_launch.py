@@ -99,6 +99,7 @@ def _die_on_one(rank, world):
 def _steps_then_fail(rank, world):
     for step in range(3):
         progress({"step": step, "loss": 1.0 / (step + 1)})
+    dist.barrier()  # every rank has sent its steps before rank 0 fails (else a slow rank 1 may not have)
     if rank == 0:
         raise RuntimeError("step 3 failed")
     dist.barrier()
