@@ -16,20 +16,22 @@ of its repeats too, so prediction and measurement are the same statistic. Peak m
 measured in the first round (MemTracker; deterministic since the launcher's heartbeat stopped
 keeping frames alive).
 
-The plans: each kind a planner mixes, in a ladder whose steps are larger than the run-to-run
-noise, since tau counts every swapped pair (the first five measured 835-1475 ms on the quiet
-run of 2026-12-02 00:15; the last three are heavier by construction):
-  dp2                 DDP, one micro-batch: the least work, the all-reduce under backward.
-  dp2 zero2 m2        ZeRO-2: a reduce-scatter per micro-batch, the step on a shard (~+15 %).
-  pp2 m4 gpipe        GPipe: (m + pp - 1) / m = 1.25 of a stage's work, p2p sends (~+30 %).
+The plans: each kind a planner mixes, in a ladder of work whose steps are mostly larger than
+the run-to-run noise (a plan's time moved 2-10 % between two quiet runs), since tau counts every
+swapped pair; measured on the quiet run of 2026-12-02 06:22 (docs/executor.md):
+  dp2                 DDP, one micro-batch: the least work, the all-reduce under backward (490 ms).
+  dp2 zero2 m2        ZeRO-2: a reduce-scatter per micro-batch, the step on a shard (595 ms).
+  pp2 m4 gpipe        GPipe: (m + pp - 1) / m = 1.25 of a stage's work, p2p sends (720 ms).
   tp2+zero3 mixed m2  per-layer mix: two tensor-parallel layers, two ZeRO-3 layers, the
-                      relayouts between them (~+45 %).
-  tp2 ckpt m2         tensor parallel (DTensor dispatch, all-reduces) with full recomputation:
-                      one more forward per layer (~+75 %).
-  dp2 zero3 m4        ZeRO-3: FSDP2 gathers and bookkeeping on every pass of four micro-batches.
-  tp2 ckpt m4         the tp2 ckpt plan with twice the per-micro-batch fixed costs and collectives.
+                      relayouts between them (768 ms).
   pp2 ckpt m8         1F1B with recomputation on micro-batches of one sample: 9/8 bubble, the
-                      per-micro-batch fixed costs eight times, one more forward.
+                      per-micro-batch fixed costs eight times, one more forward (843 ms).
+  tp2 ckpt m2         tensor parallel (DTensor dispatch, all-reduces) with full recomputation:
+                      one more forward per layer (872 ms).
+  dp2 zero3 m4        ZeRO-3: FSDP2 gathers and bookkeeping on every pass of four micro-batches
+                      (1067 ms).
+  tp2 ckpt m4         the tp2 ckpt plan with twice the per-micro-batch fixed costs and
+                      collectives (1184 ms).
 """
 from __future__ import annotations
 
