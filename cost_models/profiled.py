@@ -13,7 +13,7 @@ from cost_models import collectives as coll
 from cost_models import experts
 from cost_models import memory as mem
 from cost_models.analytical import relayout_time
-from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
+from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
 from cost_models.ops import forward_ops
 from cost_models.vocab import vocab_dp_type, vocab_ends, vocab_layout
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
@@ -29,11 +29,29 @@ TP_ALLREDUCES_PER_PASS = 2
 VOCAB_HEAD_SHARE = 0.9
 """Share of the measured embedding+head time that belongs to the head (logits GEMM and
 loss); the lookup on the first stage is small and memory-bound."""
+ADAM_TEMPORARY_BYTES = 8
+"""Per element of one master tensor during the executor's Adam step (foreach off): sqrt of the
+second moment and its quotient by the bias correction, two fp32 temporaries, one tensor at a
+time (the largest is a module's flat master, or its shard under ZeRO-1/2)."""
 LOGIT_KEPT_BYTES = 4
 """Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
 LOSS_GRADIENT_BYTES = 8
 """Per logit at the start of the loss's backward (executor, torch cross-entropy): the fp32
-gradients of the log-softmax output and of the fp32 logits."""
+gradients of the log-softmax output and of the fp32 logits (the logits themselves are not
+kept: the log-softmax keeps its output)."""
+
+
+def first_backward_overlap(memory: MemoryBreakdown, held: float, micro_batches: int,
+                           gradients_bytes: float) -> MemoryBreakdown:
+    """``memory`` (``held`` micro-batches' activations) at the stage's peak. When every
+    micro-batch is in flight at once (one micro-batch, GPipe, 1F1B with m <= pp - k), the peak
+    comes before the first backward has made any gradient, or after it, when the gradients
+    have taken the place of one micro-batch's activations: (n - 1) A + max(A, G), not n A + G.
+    The overlap min(A, G) comes off the activations."""
+    if held < micro_batches or held <= 0:
+        return memory
+    overlap = min(memory.activations_bytes / held, gradients_bytes)
+    return replace(memory, activations_bytes=memory.activations_bytes - overlap)
 
 
 def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
@@ -72,7 +90,8 @@ class ProfiledModel(CostModel):
 
     name = "profiled"
     rank_symmetric = True
-    linear_in_flight = True  # memory.layer_memory: kept activations x in_flight
+    # not linear_in_flight: with every micro-batch in flight the gradients take the place of
+    # one micro-batch's activations (first_backward_overlap)
 
     def __init__(self, cluster: ClusterSpec, profile_path: str | Path | None = None,
                  profile: Profile | None = None, galvatron_dir: str | Path | None = None,
@@ -87,6 +106,9 @@ class ProfiledModel(CostModel):
         if sum(x is not None for x in (profile_path, profile, galvatron_dir)) != 1:
             raise SpecError("profiled", "give exactly one of profile_path, profile, galvatron_dir")
         self.vocab_memory_mib: dict = {}
+        self.executor_adam = galvatron_dir is None
+        """The profile is our executor's: charge its Adam step's temporaries (Galvatron's
+        folders describe Megatron's fused optimizer, which has none)."""
         self.model_spec: ModelSpec | None = None
         if galvatron_dir is not None:
             if model is None:
@@ -231,6 +253,17 @@ class ProfiledModel(CostModel):
                      in_flight: int) -> MemoryBreakdown:
         return self._layer_memory(layer, strategy, micro_batch_size, in_flight)
 
+    def adam_temporary_bytes(self, params: float, dp_type: str, dp: int) -> float:
+        """The executor's Adam step over ``params`` parameters' master (ADAM_TEMPORARY_BYTES),
+        sharded under ZeRO; nothing for a Galvatron profile."""
+        return ADAM_TEMPORARY_BYTES * params / mem.optimizer_shard(dp_type, dp) if self.executor_adam else 0.0
+
+    def layer_memory_in(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                        in_flight: int, micro_batches: int) -> MemoryBreakdown:
+        """layer_memory at the stage's peak: less what the first backward's gradients replace."""
+        memory = self.layer_memory(layer, strategy, micro_batch_size, in_flight)
+        return first_backward_overlap(memory, in_flight, micro_batches, memory.gradients_bytes)
+
     def _activation_per_sample(self, layer: LayerSpec, tp: int, checkpoint: bool) -> float:
         table = self.profile.layer(layer).activation_bytes_per_sample
         if checkpoint and "ckpt" in table:
@@ -247,9 +280,11 @@ class ProfiledModel(CostModel):
         kept = mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint)
         if not strategy.checkpoint:  # the measured table is tp-only: scale by the formula's ratio
             kept *= activation_ratio(layer, strategy, mbs)
-        return mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
-                                recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False),
-                                weight_bytes=self.bytes_per_param)
+        memory = mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
+                                  recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False),
+                                  weight_bytes=self.bytes_per_param)
+        adam = self.adam_temporary_bytes(params / strategy.tp, strategy.dp_type, strategy.dp)
+        return replace(memory, temporary_bytes=max(memory.temporary_bytes, adam))
 
     def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
                         micro_batch_size: int, first_rank: int = 0) -> float:
@@ -334,19 +369,40 @@ class ProfiledModel(CostModel):
             share = self._vocab_state_share(plan, stage, dp)
             return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB * share,
                                    activations_bytes=table["activation"][vtp] * MIB * mbs)
-        # parameters from the spec: the profile times an untied head, the executor keeps it tied
-        w, states = self.bytes_per_param, MemoryBreakdown()
-        for index, count in vocab_ends(model, plan, stage):
-            dp_type = vocab_dp_type(plan, index, dp)
-            states = states + mem.model_state_bytes(count / tp, dp_type, dp, w) + MemoryBreakdown(
-                temporary_bytes=mem.gradient_sync_transient_bytes(count / tp, dp_type, dp, w))
+        states = self._vocab_states(model, plan, stage, tp, dp)
         if stage != last:
             return states
+        held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
         logits = mbs * model.head.seq_len * model.head.output_size / tp
-        # the loss keeps its fp32 softmax; its backward starts with the logits (working dtype) and
-        # the gradients of the softmax and of the fp32 logits alive beside it
-        return states + MemoryBreakdown(activations_bytes=logits * LOGIT_KEPT_BYTES,
-                                        temporary_bytes=logits * (w + LOSS_GRADIENT_BYTES))
+        # each micro-batch in flight keeps its fp32 softmax for the loss, and under pp the
+        # pipeline stage its output (the logits) until its backward; the loss's backward
+        # starts with the gradients of the softmax and of the logits
+        kept = logits * (LOGIT_KEPT_BYTES + (self.bytes_per_param if plan.pp > 1 else 0))
+        memory = states + MemoryBreakdown(activations_bytes=held * kept,
+                                          temporary_bytes=logits * LOSS_GRADIENT_BYTES)
+        return first_backward_overlap(memory, held, plan.micro_batches, states.gradients_bytes)
+
+    def _vocab_states(self, model: ModelSpec, plan: Plan, stage: int, tp: int, dp: int) -> MemoryBreakdown:
+        """Embedding/head states from the spec (the profile times an untied head), sharded like
+        the neighbouring layer, except a tied matrix: the executor keeps it replicated with its
+        own full Adam state (docs/executor.md, tied embeddings); it is in the stage's first end."""
+        w, states = self.bytes_per_param, MemoryBreakdown()
+        tied = model.head.hidden_size * model.head.output_size if is_tied_lm(model) else 0
+        for index, count in vocab_ends(model, plan, stage):
+            own, tied = min(tied, count), 0
+            dp_type = vocab_dp_type(plan, index, dp)
+            rest = (count - own) / tp
+            transient = max(mem.gradient_sync_transient_bytes(rest, dp_type, dp, w),
+                            self.adam_temporary_bytes(own / tp, DPType.DDP, dp),
+                            self.adam_temporary_bytes(rest, dp_type, dp))
+            states = (states + mem.model_state_bytes(own / tp, DPType.DDP, dp, w)
+                      + mem.model_state_bytes(rest, dp_type, dp, w) + MemoryBreakdown(temporary_bytes=transient))
+        return states
+
+
+def is_tied_lm(model: ModelSpec) -> bool:
+    """The LM head shares the token embedding's matrix."""
+    return model.head.tied and model.head.kind == "lm"
 
 
 def _state_share(dp_type: str, dp: int) -> float:

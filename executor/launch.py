@@ -295,12 +295,19 @@ def _where(stack: traceback.StackSummary) -> str:
     return f"waiting in torch.distributed.{dist[-1].name} ({text})" if dist else f"at {text}"
 
 
+def _main_thread_where(main_id: int) -> str:
+    """Where the main thread is now. The frame is not kept past this call: a frame object
+    that outlives its function keeps the function's locals (tensors) alive, which would make
+    the rank's memory depend on when the beat came."""
+    frame = sys._current_frames().get(main_id)
+    return _where(traceback.extract_stack(frame)) if frame else "exiting"
+
+
 def _heartbeat(channel: _Channel, stop: threading.Event) -> None:
     main_id = threading.main_thread().ident
     while not stop.is_set():  # the first beat at once: a rank may be stopped within BEAT_S
-        frame = sys._current_frames().get(main_id)
         try:
-            channel.send(("beat", _where(traceback.extract_stack(frame)) if frame else "exiting"))
+            channel.send(("beat", _main_thread_where(main_id)))
         except OSError:
             return
         stop.wait(BEAT_S)
@@ -315,6 +322,8 @@ def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: An
     channel = _CHANNEL = _Channel(conn)
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(channel, stop), daemon=True, name="heartbeat").start()
+    if setup.backend == "gloo":
+        _pin_to_core(setup.rank, setup.world_size)
     import torch
     import torch.distributed as dist
     torch.set_num_threads(setup.threads)
@@ -345,6 +354,16 @@ def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: An
         conn.close()
         # skip atexit handlers and gloo teardown, which can block
         os._exit(0)
+
+
+def _pin_to_core(rank: int, world: int) -> None:
+    """Ranks of a CPU job on a core each when there is one per rank (threads a rank starts
+    later, gloo's included, inherit it): no migrations, and no two ranks sharing a core while
+    another idles, so a step's time does not depend on where the scheduler put the ranks. A
+    single rank is left to the scheduler (several one-rank jobs would all land on one core)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if 1 < world <= len(cores):
+        os.sched_setaffinity(0, {cores[rank]})
 
 
 def _leave_together(store: Any, rank: int, world: int, timeout_s: float) -> None:

@@ -278,6 +278,7 @@ def _apply_data_parallel(chunks: list[StageModule], plan: Plan, meshes: dict, sm
     for i, e in experts.items():
         units.append(Unit(name=f"layer {i} experts", dp_type=e.dp_type, dp=e.dp, numel=e.numel,
                           bucket=dp.add_bucket(e.params, e.group, e.dp_type, dtype)))
+    dp.share_fsdp_comms()
     if tied:
         weight, group = tied
         units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=local(weight).numel(),

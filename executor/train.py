@@ -2,9 +2,11 @@
 time them, measure peak memory, and (for --check) hand back full gradients and parameters."""
 from __future__ import annotations
 
+import gc
 import re
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -124,6 +126,19 @@ class StepTimer:
         return self.t1 - self.t0
 
 
+@contextmanager
+def collected_first():
+    """Collect Python's garbage now and not inside the block: a collection's pause (the
+    autograd graph of a step is thousands of objects) would otherwise land in whichever timed
+    step crosses the allocation threshold."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def rank_device(cfg: TrainConfig, local_rank: int) -> str:
     """The device of this rank: "cuda" means GPU ``local_rank`` (one GPU per local process)."""
     return f"cuda:{local_rank}" if cfg.device == "cuda" else cfg.device
@@ -146,17 +161,18 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
     timer, losses = StepTimer(cfg.device), []
     for step in range(total_steps):
         inputs, targets = _rank_batch(model, plan, pm, cfg, step)
-        dist.barrier()
-        _sync(cfg.device)
-        timer.start()
-        local = train_step(pm, plan, inputs, targets, loss_fn)
-        held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
-        opt.step()
-        if held is not None:
-            result["state_bytes"] = _merge_grads(state_bytes(pm), held)
-            _check_state(result, pm, model)
-        opt.zero_grad()
-        timer.stop()
+        with collected_first():
+            dist.barrier()
+            _sync(cfg.device)
+            timer.start()
+            local = train_step(pm, plan, inputs, targets, loss_fn)
+            held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
+            opt.step()
+            if held is not None:
+                result["state_bytes"] = _merge_grads(state_bytes(pm), held)
+                _check_state(result, pm, model)
+            opt.zero_grad()
+            timer.stop()
         result["step_times_s"].append(timer.seconds())
         losses.append(local)  # on the device: reading it here would sync the host every step
         progress({"step": step, "step_time_s": result["step_times_s"][-1]})

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, share_comm_ctx
 from torch.distributed.tensor import DTensor
 
 from specs import DPType
@@ -206,6 +206,7 @@ class DataParallel:
         self.micro_batches = micro_batches
         self.buckets: list[FlatBucket] = []
         self.fsdp_params: list[nn.Parameter] = []
+        self.fsdp_modules: list[nn.Module] = []
         self.adam: torch.optim.Adam | None = None
         self.in_flight: list[FlatBucket] = []
         """ZeRO-2 buckets whose reduce-scatter is under way (FlatBucket._reduce_now)."""
@@ -224,6 +225,15 @@ class DataParallel:
         bucket = FlatBucket(params, group, dp_type, self.micro_batches, init, eager, self.in_flight)
         self.buckets.append(bucket)
         return bucket
+
+    def share_fsdp_comms(self) -> None:
+        """One reduce-scatter in flight over all the stage's ZeRO-3 modules, as the cost model
+        charges it. Each module is its own FSDP root (no stage root: see apply_fsdp), and a
+        root keeps its reduce-scatter buffers until its end-of-backward callback, so every
+        ZeRO-3 module's would otherwise stay alive until the micro-batch's backward ends;
+        sharing their comm context lets each module's reduce-scatter free the previous one's."""
+        if len(self.fsdp_modules) > 1:
+            share_comm_ctx(self.fsdp_modules)
 
     def build_optimizer(self, lr: float, eps: float) -> None:
         tensors = [b.master for b in self.buckets] + self.fsdp_params
@@ -263,3 +273,4 @@ def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: b
     # gloo has no PREMUL_SUM: a custom divide factor must go through a plain SUM
     module.set_force_sum_reduction_for_comms(True)
     dp.fsdp_params.extend(p for p in module.parameters() if p not in ignored)
+    dp.fsdp_modules.append(module)

@@ -36,10 +36,12 @@ def run_schedule(schedule, stage: int, pp: int, inputs: torch.Tensor, targets: t
     """One iteration; returns the per-micro-batch losses on the last rank (else []). Rank 0
     feeds the inputs (it holds the first chunk), rank pp - 1 scores (it holds the last)."""
     losses: list[torch.Tensor] = []
+    # the last stage's outputs (the logits) are not kept for the caller: training reads only
+    # the losses, and keeping them would hold every micro-batch's logits until the step ends
     if stage == 0:
-        schedule.step(inputs)
+        schedule.step(inputs, return_outputs=False)
     elif stage == pp - 1:
-        schedule.step(target=targets, losses=losses)
+        schedule.step(target=targets, losses=losses, return_outputs=False)
     else:
-        schedule.step()
+        schedule.step(return_outputs=False)
     return losses

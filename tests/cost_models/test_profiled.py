@@ -149,25 +149,76 @@ def test_parameter_count_follows_the_profiled_dtype():
         assert states.states_bytes == pytest.approx(nbytes), dp_type
 
 
-def test_vocab_memory_counts_a_tied_head_once_and_the_loss_backward():
+def _fp32_model(layer) -> ProfiledModel:
+    raw = _profile_for(layer).to_dict()
+    raw["hardware"]["dtype"] = "float32"  # what the executor writes for a CPU profile
+    raw["layers"][0]["parameter_bytes"] = 4 * layer.param_count()
+    return ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+
+
+def test_vocab_memory_counts_a_tied_head_once_and_keeps_it_replicated():
     """tiny-gpt ties its head: on one stage the embedding matrix is held once; over two stages
-    the last keeps a copy. The last stage also holds, at the loss's backward, the logits (4 B
-    in fp32) and two fp32 gradients (8 B) beside the kept softmax (4 B)."""
+    the last keeps a copy. The executor keeps the tied matrix replicated with a full Adam state
+    (20 B/param in fp32) whatever the layers' ZeRO stage; the rest of the embedding (positions)
+    follows layer 0: ZeRO-2 at dp 2 is 4 + (4 + 12) / 2 = 12 B/param."""
     model = load_model("tiny-gpt")
-    raw = _profile_for(model.layers[0]).to_dict()
-    raw["hardware"]["dtype"] = "float32"
-    cost = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    cost = _fp32_model(model.layers[0])
     emb, h, vocab = model.embedding.param_count(), model.head.hidden_size, model.head.output_size
+    tied = h * vocab
     one = uniform_plan(4, dp=2, global_batch=4, micro_batches=1)
-    _, mem = cost.vocab_cost(model, one, 0, 2)
-    assert mem.states_bytes == pytest.approx(20 * (emb + model.head.param_count()))
-    logits = 2 * model.head.seq_len * vocab  # 2 samples per rank
-    assert mem.activations_bytes == pytest.approx(4 * logits)
-    assert mem.temporary_bytes == pytest.approx(12 * logits)
+    assert cost.vocab_cost(model, one, 0, 2)[1].states_bytes == pytest.approx(20 * (emb + model.head.param_count()))
+    zero2 = uniform_plan(4, dp=2, dp_type="zero2", global_batch=4, micro_batches=1)
+    states = cost.vocab_cost(model, zero2, 0, 2)[1].states_bytes
+    assert states == pytest.approx(20 * tied + 12 * (emb - tied + model.head.param_count()))
     two = uniform_plan(4, pp=2, global_batch=4, micro_batches=2)
     first, last = cost.vocab_cost(model, two, 0, 2)[1], cost.vocab_cost(model, two, 1, 2)[1]
     assert first.states_bytes == pytest.approx(20 * emb)
-    assert last.states_bytes == pytest.approx(20 * (model.head.param_count() + h * vocab))
+    assert last.states_bytes == pytest.approx(20 * (model.head.param_count() + tied))
+
+
+def test_the_loss_keeps_a_softmax_per_micro_batch_in_flight_and_two_gradients_at_its_backward():
+    """Per logit (fp32): each micro-batch in flight keeps its softmax (4 B), and under pp the
+    pipeline stage also its output, the logits (4 B); the loss's backward adds the gradients of
+    the softmax and of the logits (8 B). GPipe over 2 stages with 2 micro-batches of 2 samples
+    (4 096 logits per sample): 2 in flight on the last stage; the second micro-batch has all
+    of them, so the head's gradients (4 B/param) take the place of one micro-batch's kept
+    tensors (first_backward_overlap)."""
+    model = load_model("tiny-gpt")
+    cost = _fp32_model(model.layers[0])
+    logits = 2 * model.head.seq_len * model.head.output_size
+    gpipe = uniform_plan(4, pp=2, global_batch=4, micro_batches=2, schedule="gpipe")
+    mem = cost.vocab_cost(model, gpipe, 1, 2)[1]
+    grads = 4 * (model.head.param_count() + model.head.hidden_size * model.head.output_size)
+    assert mem.gradients_bytes == pytest.approx(grads)
+    assert mem.activations_bytes == pytest.approx(2 * 8 * logits - min(8 * logits, grads))
+    assert mem.temporary_bytes == pytest.approx(8 * logits)
+    # 1F1B: the last stage holds one of the two micro-batches, after the first one's gradients
+    one_f_one_b = cost.vocab_cost(model, uniform_plan(4, pp=2, global_batch=4, micro_batches=2), 1, 2)[1]
+    assert one_f_one_b.activations_bytes == pytest.approx(8 * logits)
+
+
+def test_gradients_take_the_place_of_activations_when_every_micro_batch_is_in_flight():
+    """A layer with A bytes of activations per micro-batch and G of gradients holds n A + G at
+    the peak while later micro-batches' backward follows the first's gradients (n < m), but
+    (n - 1) A + max(A, G) when all m are in flight at once: the first backward frees one
+    micro-batch's activations as it makes the gradients."""
+    layer = load_model("tiny-gpt").layers[0]
+    cost = _fp32_model(layer)
+    s = LayerStrategy(dp=2)
+    one = cost.layer_memory(layer, s, 4, 1)
+    a, g = one.activations_bytes, one.gradients_bytes
+    assert a > g > 0  # tiny-gpt at 4 samples: the min is G
+    assert cost.layer_memory_in(layer, s, 4, 1, 1).activations_bytes == pytest.approx(a - g)
+    assert cost.layer_memory_in(layer, s, 4, 1, 2).activations_bytes == pytest.approx(a)
+    assert cost.layer_memory_in(layer, s, 4, 3, 3).activations_bytes == pytest.approx(3 * a - g)
+    assert cost.layer_memory_in(layer, s, 4, 1, 1).gradients_bytes == g  # the states stay as they are
+    # checkpointed, one sample: 1 kB kept, less than the gradients: (n - 1) A + max(A, G) = n A - A
+    raw = cost.profile.to_dict()
+    raw["layers"][0]["activation_bytes_per_sample"]["ckpt"] = 1000
+    ckpt = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    s = LayerStrategy(dp=2, recompute="full")
+    assert ckpt.layer_memory(layer, s, 1, 2).activations_bytes == 2000
+    assert ckpt.layer_memory_in(layer, s, 1, 2, 2).activations_bytes == pytest.approx(1000)
 
 
 def test_zero2_and_zero3_layers_hold_a_transient_for_their_gradient_sync():
@@ -212,3 +263,15 @@ def test_zero3_layer_pays_what_its_profiled_table_adds_beyond_compute_and_collec
     assert b.forward_s - a.forward_s == pytest.approx(5e-3 - ag)
     assert b.backward_s - a.backward_s == pytest.approx(8e-3 - ag - rs)
     assert timed.layer_time(layer, LayerStrategy(dp=2), 2, 1) == plain.layer_time(layer, LayerStrategy(dp=2), 2, 1)
+
+
+def test_our_profiles_charge_the_executors_adam_temporaries(galvatron_dir):
+    """The executor's Adam (foreach off) holds two fp32 temporaries of one master tensor: 8 B
+    per element of a module's master, its 1/dp shard under ZeRO. A DDP layer has no other
+    temporary; Galvatron's folders describe Megatron's fused optimizer: nothing."""
+    layer = load_model("tiny-gpt").layers[0]
+    cost, n = _fp32_model(layer), layer.param_count()
+    assert cost.adam_temporary_bytes(n, "ddp", 2) == 8 * n
+    assert cost.adam_temporary_bytes(n, "zero2", 2) == 4 * n
+    assert cost.layer_memory(layer, LayerStrategy(dp=2), 1, 1).temporary_bytes == pytest.approx(8 * n)
+    assert from_galvatron_dir(galvatron_dir, load_cluster("dgx-a100-80g:8")).adam_temporary_bytes(n, "ddp", 2) == 0

@@ -99,6 +99,7 @@ def _die_on_one(rank, world):
 def _steps_then_fail(rank, world):
     for step in range(3):
         progress({"step": step, "loss": 1.0 / (step + 1)})
+    dist.barrier()  # every rank has sent its steps before rank 0 fails (else a slow rank 1 may not have)
     if rank == 0:
         raise RuntimeError("step 3 failed")
     dist.barrier()
@@ -190,3 +191,53 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_heartbeat_keeps_no_local_of_the_main_thread_alive():
+    """A beat reads where the main thread is; a frame it kept would keep that function's
+    locals (tensors) alive after the function returned, and a rank's peak memory would depend
+    on when the beat came."""
+    import threading
+    import weakref
+
+    from executor import launch as launch_module
+
+    class Beats:
+        def __init__(self) -> None:
+            self.where: list[str] = []
+
+        def send(self, message: tuple) -> None:
+            self.where.append(message[1])
+
+    beats, stop = Beats(), threading.Event()
+    held: list[weakref.ref] = []
+
+    def holds_a_tensor() -> None:
+        t = torch.ones(4)
+        held.append(weakref.ref(t))
+        while not any("holds_a_tensor" in w for w in beats.where):  # until a beat has looked here
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=launch_module._heartbeat, args=(beats, stop), daemon=True)
+    thread.start()
+    holds_a_tensor()
+    alive = held[0]() is not None  # the heartbeat now waits BEAT_S before its next look
+    stop.set()
+    thread.join()
+    assert not alive
+
+
+def _affinity(rank: int, world_size: int) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_cpu_ranks_get_a_core_each_when_there_are_enough():
+    cores = launch(_affinity, 2, timeout_s=300)
+    assert [len(c) for c in cores] == [1, 1] and cores[0] != cores[1]
+
+
+def test_one_rank_and_oversubscribed_ranks_are_left_to_the_scheduler():
+    cores = len(os.sched_getaffinity(0))
+    for world in (1, cores + 1):
+        assert all(len(c) == cores for c in launch(_affinity, world, timeout_s=300))

@@ -165,3 +165,38 @@ def test_measurement_reports_memory_per_rank_and_stage_imbalance(tiny_gpt):
     assert len(m.step_times_s) == 2 and m.step_time_s > 0 and m.loss > 0
     full = run_plan(uniform_plan(4, global_batch=4, micro_batches=2), tiny_gpt, world_size=1, steps=1, warmup=0)
     assert max(m.peak_memory_bytes) < full.peak_memory_bytes[0]
+
+
+def _comm_contexts(rank, world_size, model, plan):
+    """Rank function: how many distinct FSDP comm contexts the stage's ZeRO-3 modules use."""
+    from executor.parallelize import parallelize
+    pm = parallelize(model, plan, rank, world_size)
+    modules = pm.data_parallel.fsdp_modules
+    return len(modules), len({id(m._get_fsdp_state()._comm_ctx) for m in modules})
+
+
+def test_zero3_modules_of_a_stage_share_one_reduce_scatter_in_flight(tiny_gpt):
+    """Each ZeRO-3 module is its own FSDP root; with a comm context each, every module's
+    reduce-scatter buffers lived until the micro-batch's backward ended (the loop benchmark's
+    dp2 zero3 m4 peak: 189.2 MiB, 168.9 MiB shared). One context over the stage: one in flight."""
+    plan = uniform_plan(4, dp=2, dp_type="zero3", global_batch=8, micro_batches=4)
+    for modules, contexts in launch(_comm_contexts, 2, tiny_gpt, plan, timeout_s=300):
+        assert modules >= 4 and contexts == 1
+
+
+def test_the_pipeline_keeps_no_stage_output_for_the_caller():
+    """The schedules are asked not to keep the last stage's outputs (every micro-batch's logits
+    until the step ends): training reads only the losses."""
+    from executor.parallel.pipeline import run_schedule
+
+    class Schedule:
+        def __init__(self) -> None:
+            self.calls: list[dict] = []
+
+        def step(self, *args, **kwargs) -> None:
+            self.calls.append(kwargs)
+
+    schedule = Schedule()
+    for stage in range(3):
+        run_schedule(schedule, stage, 3, inputs=None, targets=None)
+    assert [c["return_outputs"] for c in schedule.calls] == [False, False, False]

@@ -1,0 +1,46 @@
+"""How the executor and the profiler time: garbage collected outside the timed region, the
+profiler's repeats in rounds over every quantity, the fastest repeat of the slowest rank."""
+import gc
+import weakref
+
+import pytest
+
+from executor.profile import Timings
+from executor.train import collected_first
+
+
+def test_garbage_is_collected_before_a_timed_block_and_not_inside_it():
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the collector frees it
+    ref = weakref.ref(a)
+    del a, b
+    with collected_first():
+        assert ref() is None
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_profile_repeats_run_in_rounds_over_every_quantity_and_keep_the_fastest(monkeypatch):
+    from executor import profile
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: 100.0)  # a clock that stands still
+    order: list[str] = []
+    times = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
+    timings = Timings("cpu", repeats=2, warmup=1)
+
+    def timed(key):
+        def fn():
+            order.append(key)
+            return 100.0 - next(times[key]) / 1e3  # a start that many ms ago
+        return fn
+
+    timings.time("a", timed("a"))
+    timings.time("b", timed("b"))
+    assert order == ["a", "b"]  # warm-up at once
+    timings.run()
+    assert order == ["a", "b", "a", "b", "a", "b"]  # rounds, not one quantity's repeats together
+    stats = timings.reduce()
+    assert stats["a"][0] == pytest.approx(1.0)  # of 1 and 2 ms (3 was the warm-up)
+    assert stats["b"][0] == pytest.approx(4.0)  # of 6 and 4 ms
