@@ -3,6 +3,7 @@ device (gloo on CPU tensors, NCCL on GPU tensors): all-reduce bus bandwidth per 
 and layout, p2p bandwidth per pipeline degree, compute/communication overlap."""
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -32,8 +33,8 @@ def _timed(fn, repeats: int) -> float:
         fn()
         _sync()
         times.append(time.perf_counter() - start)
-    # the fastest repeat, as for compute (profile.Timings.reduce); the slowest rank sets the pace
-    t = torch.tensor([min(times)], dtype=torch.float64, device=DEVICE["name"])
+    # the median repeat, as for compute (profile.Timings.reduce); the slowest rank sets the pace
+    t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=DEVICE["name"])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 

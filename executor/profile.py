@@ -74,10 +74,8 @@ class Timings:
             return (time.perf_counter() - (begin or start)) * 1e3
 
     def reduce(self) -> dict[str, tuple[float, float]]:
-        """key -> (fastest ms, coefficient of variation about the median) of the slowest rank
-        per repeat (one collective, after all timing). Load from other processes only adds
-        time, so the fastest repeat is the time without it (the rule of Python's timeit);
-        benchmarks.loop_accuracy measures steps the same way."""
+        """key -> (median ms, coefficient of variation) of the slowest rank per repeat (one
+        collective, after all timing); benchmarks.loop_accuracy measures steps the same way."""
         keys = list(self.samples)
         t = torch.tensor([self.samples[k] for k in keys], dtype=torch.float64)
         if dist.is_initialized():
@@ -85,7 +83,7 @@ class Timings:
         out = {}
         for k, row in zip(keys, t.tolist()):
             med = statistics.median(row)
-            out[k] = (min(row), statistics.pstdev(row) / med if med > 0 else 0.0)
+            out[k] = (med, statistics.pstdev(row) / med if med > 0 else 0.0)
         return out
 
 
@@ -306,7 +304,7 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
     raw = {"format": "hybridpar-profile", "version": 1,
            "hardware": {"device": result["device_name"], "world_size": world_size,
                         "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-                        "model": model.name, "threads_per_rank": 1, "statistic": "fastest repeat of the slowest rank",
+                        "model": model.name, "threads_per_rank": 1, "statistic": "median of the slowest rank",
                         "repeats": repeats, "warmup": warmup, "max_cv": round(max(cvs), 4),
                         "median_cv": round(statistics.median(cvs), 4)},
            "layers": layers, "vocab": {"forward_ms": fwd, "backward_ms": bwd, "parameter_bytes": result["vocab_bytes"]}}
