@@ -387,7 +387,7 @@ class ProfiledModel(CostModel):
         the neighbouring layer, except a tied matrix: the executor keeps it replicated with its
         own full Adam state (docs/executor.md, tied embeddings); it is in the stage's first end."""
         w, states = self.bytes_per_param, MemoryBreakdown()
-        tied = model.head.hidden_size * model.head.output_size if is_tied_lm(model) else 0
+        tied = model.head.hidden_size * model.head.output_size if model.head.tied_lm else 0
         for index, count in vocab_ends(model, plan, stage):
             own, tied = min(tied, count), 0
             dp_type = vocab_dp_type(plan, index, dp)
@@ -398,11 +398,6 @@ class ProfiledModel(CostModel):
             states = (states + mem.model_state_bytes(own / tp, DPType.DDP, dp, w)
                       + mem.model_state_bytes(rest, dp_type, dp, w) + MemoryBreakdown(temporary_bytes=transient))
         return states
-
-
-def is_tied_lm(model: ModelSpec) -> bool:
-    """The LM head shares the token embedding's matrix."""
-    return model.head.tied and model.head.kind == "lm"
 
 
 def _state_share(dp_type: str, dp: int) -> float:

@@ -109,7 +109,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         kept = logits * LOGIT_KEPT_BYTES + head_input
         memory = memory + states + MemoryBreakdown(activations_bytes=kept,
                                                    temporary_bytes=logits * (BYTES_PER_ACTIVATION + 4))
-    if plan.pp > 1 and model.head.tied and stage in (0, last) and model.head.kind == "lm":
+    if plan.pp > 1 and model.head.tied_lm and stage in (0, last):
         sync = _tied_embedding_sync_s(model_, model, plan, world_size)
         dp_comm, exposed = dp_comm + sync, exposed + sync
     return (LayerTime(forward_s=fwd, backward_s=bwd, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
@@ -136,7 +136,7 @@ def head_params(model: ModelSpec, plan: Plan) -> float:
     """The head's parameters on the last stage; a tied head on its own stage keeps a copy of
     the embedding matrix (Megatron), on the first stage it shares it."""
     params = model.head.param_count()
-    if model.head.tied and plan.pp > 1 and model.head.kind == "lm":
+    if model.head.tied_lm and plan.pp > 1:
         params += model.head.hidden_size * model.head.output_size
     return float(params)
 

@@ -33,9 +33,8 @@ def _timed(fn, repeats: int) -> float:
         fn()
         _sync()
         times.append(time.perf_counter() - start)
-    # the median repeat, as for compute (profile.Timings.reduce); the slowest rank sets the pace
     t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=DEVICE["name"])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     return float(t)
 
 

@@ -180,7 +180,7 @@ class Head(nn.Module):
 
 def is_tied(model: ModelSpec) -> bool:
     """The head's output weight is the token embedding (same shape, spec says tied)."""
-    return (model.head.tied and model.head.kind == "lm" and model.embedding.kind == "token"
+    return (model.head.tied_lm and model.embedding.kind == "token"
             and model.embedding.vocab_size == model.head.output_size
             and model.embedding.hidden_size == model.head.hidden_size)
 

@@ -49,7 +49,6 @@ class GridPlanner(Planner):
                     for thr, t, pk, p in scored[:int(opts["top_k"])])
         return scored_result(self.name, cost_model, model, scored[0][3], stats, top)
 
-
     def _grid(self, model: ModelSpec, cluster: ClusterSpec, batch: int, cost_model: CostModel) -> list[tuple]:
         """(throughput, time, peak memory, plan) of every candidate that can run at ``batch``: the
         same for every budget, so kept per cost model (the budgets of a compare share them)."""

@@ -159,14 +159,14 @@ def _vocab_params(model: ModelSpec, plan: Plan, stage: int) -> float:
     params = model.embedding.param_count() if stage == 0 else 0
     if stage == plan.pp - 1 and model.head.kind != "none":
         params += model.head.param_count()
-        if model.head.tied and plan.pp > 1 and model.head.kind == "lm":
+        if model.head.tied_lm and plan.pp > 1:
             params += model.head.hidden_size * model.head.output_size
     return float(params)
 
 
 def _tied(model: ModelSpec, plan: Plan, stage: int, world: int) -> tuple[float, tuple]:
     """Bytes and rank pairs of the tied-embedding gradient all-reduce (first and last stage)."""
-    if plan.pp == 1 or not model.head.tied or model.head.kind != "lm" or stage not in (0, plan.pp - 1):
+    if plan.pp == 1 or not model.head.tied_lm or stage not in (0, plan.pp - 1):
         return 0.0, ()
     per_stage = world // plan.pp
     first, last = plan.stage_first_rank(0, world), plan.stage_first_rank(plan.pp - 1, world)

@@ -269,6 +269,11 @@ class HeadSpec:
         one_of(self.kind, ("lm", "classifier", "none"), "head.kind")
         positive_int(self.hidden_size, "head.hidden_size")
 
+    @property
+    def tied_lm(self) -> bool:
+        """An LM head whose weight is the token embedding's matrix."""
+        return self.tied and self.kind == "lm"
+
     def param_count(self) -> int:
         h = self.hidden_size
         total = {"": 0, "layernorm": 2 * h, "rmsnorm": h}[self.final_norm]
