@@ -33,6 +33,14 @@ ADAM_TEMPORARY_BYTES = 8
 """Per element of one master tensor during the executor's Adam step (foreach off): sqrt of the
 second moment and its quotient by the bias correction, two fp32 temporaries, one tensor at a
 time (the largest is a module's flat master, or its shard under ZeRO-1/2)."""
+LOOKUP_GRADIENT_COPIES = 1
+"""Transient copies of a token (or position) table its lookup's backward makes beyond the
+table's gradient state: torch's embedding backward returns a dense gradient of the whole
+table, then summed into ``.grad``."""
+TIED_LOOKUP_GRADIENT_COPIES = 3
+"""The same for a tied matrix whose head runs on the same stage: the head's gradient waits in
+autograd's input buffer for the lookup's, and the two are summed out of place (measured with
+MemTracker, torch 2.13, tests/executor/test_memory_terms.py)."""
 LOGIT_KEPT_BYTES = 4
 """Our profile has no head activation table: the loss keeps an fp32 softmax per logit."""
 LOSS_GRADIENT_BYTES = 8
@@ -341,9 +349,7 @@ class ProfiledModel(CostModel):
         fwd = share * (fa * mbs + fb) / tp * 1e-3
         bwd = share * (ba * mbs + bb) / tp * 1e-3
         sync_s = update_s = 0.0
-        for index, count in vocab_ends(model, plan, stage):
-            params = count / tp
-            dp_type = vocab_dp_type(plan, index, dp)
+        for params, dp_type in self._vocab_parts(model, plan, stage, tp, dp):
             per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, dp_type, dp_groups)
             sync_s += once + plan.micro_batches * (per_mb_fwd + per_mb_bwd)
             update_s += self.update_time(params, dp_type, dp)
@@ -370,34 +376,52 @@ class ProfiledModel(CostModel):
             return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB * share,
                                    activations_bytes=table["activation"][vtp] * MIB * mbs)
         states = self._vocab_states(model, plan, stage, tp, dp)
+        lookup = self.bytes_per_param * self._lookup_gradient_params(model, plan, tp) if stage == 0 else 0.0
         if stage != last:
-            return states
+            return states + MemoryBreakdown(temporary_bytes=lookup)
         held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
         logits = mbs * model.head.seq_len * model.head.output_size / tp
         # each micro-batch in flight keeps its fp32 softmax for the loss, and under pp the
         # pipeline stage its output (the logits) until its backward; the loss's backward
-        # starts with the gradients of the softmax and of the logits
+        # starts with the gradients of the softmax and of the logits; the lookup's backward
+        # (last of a micro-batch) comes after its softmax is freed
         kept = logits * (LOGIT_KEPT_BYTES + (self.bytes_per_param if plan.pp > 1 else 0))
         memory = states + MemoryBreakdown(activations_bytes=held * kept,
-                                          temporary_bytes=logits * LOSS_GRADIENT_BYTES)
+                                          temporary_bytes=max(logits * LOSS_GRADIENT_BYTES, lookup - kept))
         return first_backward_overlap(memory, held, plan.micro_batches, states.gradients_bytes)
 
-    def _vocab_states(self, model: ModelSpec, plan: Plan, stage: int, tp: int, dp: int) -> MemoryBreakdown:
-        """Embedding/head states from the spec (the profile times an untied head), sharded like
-        the neighbouring layer, except a tied matrix: the executor keeps it replicated with its
-        own full Adam state (docs/executor.md, tied embeddings); it is in the stage's first end."""
-        w, states = self.bytes_per_param, MemoryBreakdown()
+    @staticmethod
+    def _vocab_parts(model: ModelSpec, plan: Plan, stage: int, tp: int, dp: int) -> list[tuple[float, str]]:
+        """(local parameters, dp type) of the embedding/head on ``stage`` (from the spec: the
+        profile times an untied head), sharded like the neighbouring layer, except a tied
+        matrix: the executor keeps it replicated, synced once per iteration with its own full
+        Adam state (docs/executor.md, tied embeddings); it is in the stage's first end."""
+        parts = []
         tied = model.head.hidden_size * model.head.output_size if model.head.tied_lm else 0
         for index, count in vocab_ends(model, plan, stage):
             own, tied = min(tied, count), 0
-            dp_type = vocab_dp_type(plan, index, dp)
-            rest = (count - own) / tp
-            transient = max(mem.gradient_sync_transient_bytes(rest, dp_type, dp, w),
-                            self.adam_temporary_bytes(own / tp, DPType.DDP, dp),
-                            self.adam_temporary_bytes(rest, dp_type, dp))
-            states = (states + mem.model_state_bytes(own / tp, DPType.DDP, dp, w)
-                      + mem.model_state_bytes(rest, dp_type, dp, w) + MemoryBreakdown(temporary_bytes=transient))
+            parts += [(own / tp, DPType.DDP)] if own else []
+            parts.append(((count - own) / tp, vocab_dp_type(plan, index, dp)))
+        return parts
+
+    def _vocab_states(self, model: ModelSpec, plan: Plan, stage: int, tp: int, dp: int) -> MemoryBreakdown:
+        """States of _vocab_parts, with the largest transient of their gradient sync or Adam step."""
+        w, states = self.bytes_per_param, MemoryBreakdown()
+        for params, dp_type in self._vocab_parts(model, plan, stage, tp, dp):
+            transient = max(mem.gradient_sync_transient_bytes(params, dp_type, dp, w),
+                            self.adam_temporary_bytes(params, dp_type, dp))
+            states = states + mem.model_state_bytes(params, dp_type, dp, w) + MemoryBreakdown(temporary_bytes=transient)
         return states
+
+    def _lookup_gradient_params(self, model: ModelSpec, plan: Plan, tp: int) -> float:
+        """Elements of the dense gradients the first stage's lookups make in backward, beyond
+        the tables' gradient states (LOOKUP_GRADIENT_COPIES); none for a Galvatron profile."""
+        emb = model.embedding
+        if not self.executor_adam or emb.kind != "token":
+            return 0.0
+        copies = TIED_LOOKUP_GRADIENT_COPIES if model.head.tied_lm and plan.pp == 1 else LOOKUP_GRADIENT_COPIES
+        tokens = copies * plan.padded_vocab_size(emb.vocab_size) / tp
+        return (tokens + LOOKUP_GRADIENT_COPIES * emb.max_positions) * emb.hidden_size
 
 
 def _state_share(dp_type: str, dp: int) -> float:

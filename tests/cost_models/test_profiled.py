@@ -176,6 +176,24 @@ def test_vocab_memory_counts_a_tied_head_once_and_keeps_it_replicated():
     assert last.states_bytes == pytest.approx(20 * (model.head.param_count() + tied))
 
 
+def test_a_tied_matrix_syncs_once_per_iteration_under_zero3():
+    """The executor keeps the tied matrix replicated whatever the layers' ZeRO stage: its
+    gradient is all-reduced once per iteration and it updates in full; only the rest of the
+    embedding (the 64 x 128 positions) and of the head (its 256 norm weights) gather and
+    reduce-scatter every micro-batch."""
+    model = load_model("tiny-gpt")
+    cost = _fp32_model(model.layers[0])
+    tied, rest = 128 * 512, (64 * 128, 256)
+    groups = [[0, 1]]
+    _, _, all_reduce = cost._dp_traffic_s(tied, "ddp", groups)
+    per_micro_batch = sum(sum(cost._dp_traffic_s(n, "zero3", groups)[:2]) for n in rest)
+    for m in (2, 4):
+        plan = uniform_plan(4, dp=2, dp_type="zero3", global_batch=4, micro_batches=m)
+        time = cost.vocab_cost(model, plan, 0, 2)[0]
+        assert time.dp_comm_s == pytest.approx(all_reduce + m * per_micro_batch)
+        assert time.update_s == pytest.approx(cost.update_time(tied, "ddp", 2) + cost.update_time(sum(rest), "zero3", 2))
+
+
 def test_the_loss_keeps_a_softmax_per_micro_batch_in_flight_and_two_gradients_at_its_backward():
     """Per logit (fp32): each micro-batch in flight keeps its softmax (4 B), and under pp the
     pipeline stage also its output, the logits (4 B); the loss's backward adds the gradients of
@@ -195,6 +213,21 @@ def test_the_loss_keeps_a_softmax_per_micro_batch_in_flight_and_two_gradients_at
     # 1F1B: the last stage holds one of the two micro-batches, after the first one's gradients
     one_f_one_b = cost.vocab_cost(model, uniform_plan(4, pp=2, global_batch=4, micro_batches=2), 1, 2)[1]
     assert one_f_one_b.activations_bytes == pytest.approx(8 * logits)
+
+
+def test_the_first_stages_lookup_backward_makes_dense_copies_of_its_tables():
+    """tiny-gpt on one stage, micro-batches of one sample: the tied lookup's backward holds
+    three copies of the 512 x 128 token table and one of the 64 x 128 position table (fp32),
+    after the micro-batch's softmax (4 B per logit, 64 x 512 logits) is freed: 4 (3 x 65 536 +
+    8 192) - 4 x 32 768 = 688 128 B, above the Adam step's 8 B x 65 536 and the loss's
+    backward's 8 B x 32 768. Over two stages the first stage's copy of the matrix makes one."""
+    model = load_model("tiny-gpt")
+    cost = _fp32_model(model.layers[0])
+    one = uniform_plan(4, dp=2, global_batch=4, micro_batches=2)
+    assert cost.vocab_cost(model, one, 0, 2)[1].temporary_bytes == 4 * (3 * 65536 + 8192) - 4 * 32768
+    two = uniform_plan(4, pp=2, global_batch=2, micro_batches=2)
+    first = cost.vocab_cost(model, two, 0, 2)[1]
+    assert first.temporary_bytes == max(4 * (65536 + 8192), 8 * 65536)  # one copy; the Adam step's is larger
 
 
 def test_gradients_take_the_place_of_activations_when_every_micro_batch_is_in_flight():
