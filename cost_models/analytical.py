@@ -81,6 +81,12 @@ class AnalyticalModel(CostModel):
     def error_band(self) -> tuple[float, float]:
         return self.constants.cv_error_p10, self.constants.cv_error_p90
 
+    def link_calibration(self) -> dict[str, float]:
+        c = self.constants
+        return {"bus_efficiency": c.bus_efficiency, "network_efficiency": c.network_efficiency,
+                "p2p_efficiency": c.p2p_efficiency, "base_latency_s": c.collective_base_latency_s,
+                "step_latency_factor": c.step_latency_factor}
+
     # -- kernels --------------------------------------------------------------------------
     def op_time(self, op: Op) -> float:
         """Roofline of one kernel: FLOPs at a size-dependent efficiency, or bytes at the

@@ -250,6 +250,17 @@ class CostModel(ABC):
         p10, p90 = self.error_band()
         return predicted_s / (1 + p90), predicted_s / (1 + p10)
 
+    # -- links ----------------------------------------------------------------------------
+    def link_calibration(self) -> dict[str, float]:
+        """How this model's collectives and sends relate to the cluster's link figures, for a
+        simulator that plays them over the links (empty: at the data sheet): any of
+        ``bus_efficiency`` / ``network_efficiency`` / ``p2p_efficiency`` (achieved over
+        data-sheet bandwidth: collectives inside a node, across nodes, pipeline sends),
+        ``base_latency_s`` (per collective), ``step_latency_factor`` (times the cluster's
+        per-hop latency, per ring step) and ``collective_slowdown`` (per kind: the all-reduce's
+        bus bandwidth over that kind's, when the backend runs it slower than its ring)."""
+        return {}
+
     # -- whole plan -----------------------------------------------------------------------
     def plan_cost(self, model: ModelSpec, plan: Plan) -> PlanCost:
         """Iteration time and per-stage peak memory of ``plan`` (the formula in the module doc);

@@ -59,6 +59,9 @@ class FitsAll(CostModel):
     def p2p_time(self, nbytes, src, dst, senders=1) -> float:
         return self.primary.p2p_time(nbytes, src, dst, senders)
 
+    def link_calibration(self) -> dict[str, float]:
+        return self.primary.link_calibration()
+
     # -- memory: the largest ---------------------------------------------------------------------
     def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
                      in_flight: int) -> MemoryBreakdown:

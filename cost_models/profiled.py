@@ -164,10 +164,11 @@ class ProfiledModel(CostModel):
         (fa, fb), (ba, bb) = self._fits(layer)
         return (fa * mbs / strategy.tp + fb) * 1e-3, (ba * mbs / strategy.tp + bb) * 1e-3
 
-    def allreduce_bus_bytes_per_s(self, size: int, consecutive: bool) -> float:
-        """Profiled bus bandwidth of a group of ``size``; a missing layout falls back to the
-        other one, a missing size to the nearest profiled size."""
-        table = self.profile.allreduce_gbytes_per_s
+    def bus_bytes_per_s(self, kind: str, size: int, consecutive: bool) -> float:
+        """Profiled bus bandwidth of ``kind`` (its own table, else the all-reduce's) over a
+        group of ``size``; a missing layout falls back to the other one, a missing size to the
+        nearest profiled size."""
+        table = self.profile.collective_gbytes_per_s.get(kind) or self.profile.allreduce_gbytes_per_s
         if not table:
             raise ProfileError("allreduce_gbytes_per_s", "empty: the profile has no bandwidth table")
         wanted = [f"{size}_{'consec' if consecutive else 'strided'}", f"{size}_{'strided' if consecutive else 'consec'}"]
@@ -321,8 +322,28 @@ class ProfiledModel(CostModel):
         if measured is not None:
             return measured
         consecutive = all(b - a == 1 for a, b in zip(group, group[1:]))
-        busbw = self.allreduce_bus_bytes_per_s(p, consecutive)
+        busbw = self.bus_bytes_per_s(kind, p, consecutive)
         return self.profile.allreduce_latency_us * 1e-6 + coll.BUS_FACTOR[kind](p) * nbytes / busbw
+
+    def link_calibration(self) -> dict[str, float]:
+        """The measured tables over the cluster's link figures: all-reduce bus bandwidth of the
+        node-sized groups inside a node and of the larger ones across nodes, the pipeline
+        sends, the measured latency once per collective (none per ring step), and how much
+        slower than the all-reduce's bus bandwidth the other measured kinds run."""
+        cluster, table = self.cluster, self.profile.allreduce_gbytes_per_s
+        per_node = cluster.gpus_per_node
+        inside = [bw for key, bw in table.items() if int(key.split("_")[0]) <= per_node]
+        across = [bw for key, bw in table.items() if int(key.split("_")[0]) > per_node]
+        out = {"base_latency_s": self.profile.allreduce_latency_us * 1e-6, "step_latency_factor": 0.0,
+               "collective_slowdown": {kind: _slowdown(table, own)
+                                       for kind, own in self.profile.collective_gbytes_per_s.items() if own and table}}
+        if inside:
+            out["bus_efficiency"] = min(inside) / cluster.intra_node.bandwidth_gbytes_per_s
+        if across:
+            out["network_efficiency"] = min(across) / cluster.inter_node.nic_bandwidth_gbytes_per_s
+        if self.profile.p2p_gbytes_per_s:
+            out["p2p_efficiency"] = min(self.profile.p2p_gbytes_per_s.values()) / cluster.intra_node.bandwidth_gbytes_per_s
+        return out
 
     def p2p_time(self, nbytes: float, src: int, dst: int, senders: int = 1) -> float:
         """Bandwidth of the pipeline degree whose stages are |dst - src| ranks apart (measured
@@ -422,6 +443,13 @@ class ProfiledModel(CostModel):
         copies = TIED_LOOKUP_GRADIENT_COPIES if model.head.tied_lm and plan.pp == 1 else LOOKUP_GRADIENT_COPIES
         tokens = copies * plan.padded_vocab_size(emb.vocab_size) / tp
         return (tokens + LOOKUP_GRADIENT_COPIES * emb.max_positions) * emb.hidden_size
+
+
+def _slowdown(all_reduce: dict[str, float], kind: dict[str, float]) -> float:
+    """The all-reduce's bus bandwidth over a kind's: the largest ratio over the groups both
+    measured (the slowest of each table when they share none)."""
+    shared = [all_reduce[k] / kind[k] for k in kind if k in all_reduce]
+    return max(shared) if shared else min(all_reduce.values()) / min(kind.values())
 
 
 def _state_share(dp_type: str, dp: int) -> float:

@@ -1,6 +1,7 @@
 """Collective benchmarks for the profiler, run on every rank with the job's own backend and
-device (gloo on CPU tensors, NCCL on GPU tensors): all-reduce bus bandwidth per group size
-and layout, p2p bandwidth per pipeline degree, compute/communication overlap."""
+device (gloo on CPU tensors, NCCL on GPU tensors): all-reduce, all-gather and reduce-scatter
+bus bandwidth per group size and layout, p2p bandwidth per pipeline degree,
+compute/communication overlap."""
 from __future__ import annotations
 
 import statistics
@@ -45,8 +46,25 @@ def _groups(world: int, size: int, consecutive: bool) -> list[list[int]]:
     return [list(range(j, world, stride)) for j in range(stride)]
 
 
-def allreduce_table(nbytes: int, repeats: int) -> dict[str, float]:
-    """Bus bandwidth GB/s (2(g-1)/g * bytes / time) keyed '<g>_consec' / '<g>_strided'."""
+BUS_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
+              "reduce_scatter": lambda g: (g - 1) / g}
+"""Bytes each rank moves per byte of the full buffer, on a ring (nccl-tests' bus bandwidth)."""
+
+
+def _call(kind: str, nbytes: int, group, size: int):
+    """One ``kind`` over ``group`` on an ``nbytes`` buffer (the gathered / reduced whole)."""
+    whole = _buffer(nbytes // 4)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(whole, group=group)
+    part = _buffer(nbytes // 4 // size)
+    whole = whole[:part.numel() * size]
+    if kind == "all_gather":
+        return lambda: dist.all_gather_into_tensor(whole, part, group=group)
+    return lambda: dist.reduce_scatter_tensor(part, whole, group=group)
+
+
+def bus_table(kind: str, nbytes: int, repeats: int) -> dict[str, float]:
+    """Bus bandwidth GB/s of ``kind`` (BUS_FACTOR * bytes / time) keyed '<g>_consec' / '<g>_strided'."""
     world, rank = dist.get_world_size(), dist.get_rank()
     table = {}
     size = 2
@@ -59,10 +77,9 @@ def allreduce_table(nbytes: int, repeats: int) -> dict[str, float]:
                 group = dist.new_group(ranks)
                 if rank in ranks:
                     mine = group
-            buf = _buffer(nbytes // 4)
-            seconds = _timed(lambda: dist.all_reduce(buf, group=mine), repeats)
+            seconds = _timed(_call(kind, nbytes, mine, size), repeats)
             key = f"{size}_{'consec' if consecutive else 'strided'}"
-            table[key] = 2 * (size - 1) / size * nbytes / seconds / 1e9
+            table[key] = BUS_FACTOR[kind](size) * nbytes / seconds / 1e9
         size *= 2
     return table
 
@@ -111,7 +128,8 @@ def measure_collectives(rank: int, world_size: int, nbytes: int, repeats: int, d
     DEVICE["name"] = device
     small = _buffer(1)
     latency = _timed(lambda: dist.all_reduce(small), repeats)
-    return {"allreduce_gbytes_per_s": allreduce_table(nbytes, repeats),
+    return {"allreduce_gbytes_per_s": bus_table("all_reduce", nbytes, repeats),
+            "collective_gbytes_per_s": {kind: bus_table(kind, nbytes, repeats) for kind in ("all_gather", "reduce_scatter")},
             "allreduce_latency_us": latency * 1e6,
             "p2p_gbytes_per_s": p2p_table(nbytes, repeats),
             "overlap_coefficient": overlap_coefficient(nbytes, repeats)}

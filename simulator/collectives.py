@@ -7,8 +7,8 @@ same collective at once) are in flight together, so they share the resources the
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Hashable, Mapping, Sequence
 
 import simpy
 
@@ -41,8 +41,9 @@ def ring_edges(groups: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
 class LinkCalibration:
     """How close transfers get to the links' data-sheet bandwidth, and fixed costs.
 
-    Taken from the cost model's constants when it has them (the analytical model does), so
-    the simulator and the formulas agree on an uncontended link.
+    Taken from the cost model (CostModel.link_calibration: the analytical model's constants,
+    the profiled model's measured tables), so the simulator and the model agree on an
+    uncontended link.
     """
 
     bus_efficiency: float = 1.0
@@ -55,16 +56,15 @@ class LinkCalibration:
     """Fixed cost of launching one collective or send."""
     step_latency_factor: float = 1.0
     """Multiplier of the cluster's per-hop latency for each step."""
+    collective_slowdown: Mapping[str, float] = field(default_factory=dict)
+    """Per collective kind: how many times its ring's bytes the links carry (a backend that
+    runs it slower than its ring, e.g. gloo's reduce-scatter as an all-reduce); 1 if absent."""
 
     @classmethod
     def from_cost_model(cls, cost_model) -> "LinkCalibration":
-        c = getattr(cost_model, "constants", None)
-        if c is None:
-            return cls()
-        pick = lambda name, default: float(getattr(c, name, default))
-        return cls(bus_efficiency=pick("bus_efficiency", 1.0), network_efficiency=pick("network_efficiency", 1.0),
-                   p2p_efficiency=pick("p2p_efficiency", 1.0), base_latency_s=pick("collective_base_latency_s", 0.0),
-                   step_latency_factor=pick("step_latency_factor", 1.0))
+        """The cost model's own figures (CostModel.link_calibration), so the simulator and the
+        model agree on an uncontended link."""
+        return cls(**cost_model.link_calibration())
 
 
 Step = tuple[tuple[tuple[int, int], ...], float]
@@ -161,7 +161,8 @@ class Fabric:
             groups = tuple(tuple(g) for g in groups if len(g) > 1)
             steps = self._algorithm(kind, nbytes, groups) if groups and nbytes > 0 else []
             keep = None if focus is None else next((frozenset(g) for g in groups if focus in g), None)
-            self._schedules[key] = self._schedule(steps, per_edge, False, keep, repeat)
+            self._schedules[key] = self._schedule(steps, per_edge, False, keep, repeat,
+                                                  self.cal.collective_slowdown.get(kind, 1.0))
         yield from self._play(name, self._schedules[key], per_edge)
 
     def send(self, name: str, nbytes: float, pairs: Sequence[tuple[int, int]], per_edge: bool = False,
@@ -201,11 +202,11 @@ class Fabric:
         return self.cal.p2p_efficiency if p2p else self.cal.bus_efficiency
 
     def _schedule(self, steps: list[Step], per_edge: bool, p2p: bool, keep: frozenset | None,
-                  repeat: int) -> list[tuple]:
+                  repeat: int, slowdown: float = 1.0) -> list[tuple]:
         """(wait_s, edges, resource weights, wire bytes) of each flow to play, worked out once."""
         if not steps:
             return []
-        efficiency = self._efficiency(steps, p2p)
+        efficiency = self._efficiency(steps, p2p) / slowdown
         waits = [self.bundle(edges)[1] for edges, _ in steps]
         waits[0] += self.cal.base_latency_s  # the launch cost, paid once per collective
         steps, waits = steps * repeat, waits * repeat

@@ -17,7 +17,9 @@ from specs.schema import ProfileFile, check
 
 FORMAT = "hybridpar-profile"
 VERSION = 1
-_ALLREDUCE_KEY = re.compile(r"^(\d+)_(consec|strided)$")
+_GROUP_KEY = re.compile(r"^(\d+)_(consec|strided)$")
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter")
+"""Collectives a profile may measure beside the all-reduce (Profile.collective_gbytes_per_s)."""
 
 
 class ProfileError(SpecError):
@@ -30,6 +32,12 @@ def _number(value: Any, where: str, minimum: float = 0.0, strict: bool = True) -
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise ProfileError(where, f"must be a finite number {bound}, got {value!r}")
     return float(value)
+
+
+def _check_group_keys(table: Mapping[str, float], where: str) -> None:
+    for key in table:
+        if not _GROUP_KEY.match(key) or int(key.split("_")[0]) < 2:
+            raise ProfileError(where, f"key must look like '4_consec' or '4_strided' (group size >= 2), got {key!r}")
 
 
 def _positive_key(key: Any, where: str) -> int:
@@ -209,6 +217,11 @@ class Profile:
     """NCCL all-reduce bus bandwidth, GB/s, keyed '<group size>_consec' or '<size>_strided'."""
     allreduce_latency_us: float = 0.0
     """Fixed cost of one all-reduce, microseconds."""
+    collective_gbytes_per_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Bus bandwidth of the other collectives the job's backend runs, GB/s, per kind
+    (COLLECTIVE_KINDS), keyed as allreduce_gbytes_per_s: bytes x (g - 1) / g over the time. A
+    kind not here runs at the all-reduce's bus bandwidth (the ring formulas; NCCL does about
+    that, gloo runs reduce-scatter as an all-reduce)."""
     p2p_gbytes_per_s: dict[str, float] = field(default_factory=dict)
     """Pipeline send/recv bandwidth, GB/s, keyed by pipeline degree."""
     overlap_coefficient: float = 1.0
@@ -226,10 +239,12 @@ class Profile:
         if self.version != VERSION:
             raise ProfileError("version", f"unsupported version {self.version!r} (this code reads {VERSION})")
         object.__setattr__(self, "layers", tuple(self.layers))
-        for key in self.allreduce_gbytes_per_s:
-            if not _ALLREDUCE_KEY.match(key) or int(key.split("_")[0]) < 2:
-                raise ProfileError("allreduce_gbytes_per_s", f"key must look like '4_consec' or "
-                                   f"'4_strided' (group size >= 2), got {key!r}")
+        _check_group_keys(self.allreduce_gbytes_per_s, "allreduce_gbytes_per_s")
+        for kind, table in self.collective_gbytes_per_s.items():
+            if kind not in COLLECTIVE_KINDS:
+                raise ProfileError("collective_gbytes_per_s", f"kind must be one of {', '.join(COLLECTIVE_KINDS)}, "
+                                   f"got {kind!r}")
+            _check_group_keys(table, f"collective_gbytes_per_s.{kind}")
         for key in self.p2p_gbytes_per_s:
             _positive_key(key, "p2p_gbytes_per_s")
         _number(self.allreduce_latency_us, "allreduce_latency_us", strict=False)
@@ -269,6 +284,8 @@ class Profile:
                    allreduce_gbytes_per_s=_table(raw.get("allreduce_gbytes_per_s", {}),
                                                  "allreduce_gbytes_per_s", allow_empty=True),
                    allreduce_latency_us=raw.get("allreduce_latency_us", 0.0),
+                   collective_gbytes_per_s={kind: _table(table, f"collective_gbytes_per_s.{kind}", allow_empty=True)
+                                            for kind, table in raw.get("collective_gbytes_per_s", {}).items()},
                    p2p_gbytes_per_s=_table(raw.get("p2p_gbytes_per_s", {}), "p2p_gbytes_per_s",
                                            allow_empty=True),
                    overlap_coefficient=raw.get("overlap_coefficient", 1.0),
@@ -280,6 +297,8 @@ class Profile:
                                "layers": [layer.to_dict() for layer in self.layers]}
         if self.vocab is not None:
             out["vocab"] = self.vocab.to_dict()
+        if self.collective_gbytes_per_s:
+            out["collective_gbytes_per_s"] = {kind: dict(t) for kind, t in self.collective_gbytes_per_s.items()}
         out.update(allreduce_gbytes_per_s=dict(self.allreduce_gbytes_per_s),
                    allreduce_latency_us=self.allreduce_latency_us,
                    p2p_gbytes_per_s=dict(self.p2p_gbytes_per_s),

@@ -286,6 +286,10 @@ class VocabProfileFile(BaseModel):
     parameter_bytes: NonNegative
 
 
+GroupKey = Annotated[str, Field(pattern=r"^[0-9]{1,6}_(consec|strided)$")]
+"""A communication group: '<size>_consec' (consecutive ranks) or '<size>_strided'."""
+
+
 class ProfileFile(BaseModel):
     model_config = _STRICT
     format: Literal["hybridpar-profile"]
@@ -294,8 +298,9 @@ class ProfileFile(BaseModel):
     """Free-form notes on where it was measured (device, torch version...)."""
     layers: Annotated[list[LayerProfileFile], Field(max_length=MAX_LAYERS)] = []
     vocab: VocabProfileFile | None = None
-    allreduce_gbytes_per_s: dict[Annotated[str, Field(pattern=r"^[0-9]{1,6}_(consec|strided)$")], Positive] = {}
+    allreduce_gbytes_per_s: dict[GroupKey, Positive] = {}
     allreduce_latency_us: NonNegative = 0.0
+    collective_gbytes_per_s: dict[Literal["all_gather", "reduce_scatter"], dict[GroupKey, Positive]] = {}
     p2p_gbytes_per_s: dict[BatchKey, Positive] = {}
     overlap_coefficient: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 1.0
     optimizer_ms_per_mparam: NonNegative = 0.0

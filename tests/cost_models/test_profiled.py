@@ -34,6 +34,8 @@ def test_the_documented_example_round_trips(tmp_path):
     (("format",), "other", "format"),
     (("version",), 2, "version"),
     (("allreduce_gbytes_per_s",), {"4_diagonal": 1.0}, "allreduce_gbytes_per_s"),
+    (("collective_gbytes_per_s",), {"broadcast": {"2_consec": 1.0}}, "collective_gbytes_per_s"),
+    (("collective_gbytes_per_s",), {"all_gather": {"2": 1.0}}, "collective_gbytes_per_s.all_gather"),
     (("layers", 0, "forward_ms"), {"0": 1.0}, "layers[0].forward_ms"),
     (("layers", 0, "forward_ms"), {"1": -1.0}, "layers[0].forward_ms"),
     (("layers", 0, "signature", "hidden_size"), "big", "layers[0].signature.hidden_size"),
@@ -100,6 +102,24 @@ def test_the_measured_optimizer_step_is_charged_per_local_parameter():
     assert unmeasured.layer_time(layer, LayerStrategy(dp=4), 1, 1).update_s == 0.0
 
 
+def test_each_collective_runs_at_its_own_measured_bus_bandwidth():
+    """The documented example: all-reduce 180 GB/s bus bandwidth at 2 ranks, reduce-scatter
+    160, all-gather 170, 20 us latency. 1 GB over 2 ranks (16-bit profile: wire bytes as
+    counted): all-reduce 20 us + 1 x 1e9 / 180e9; reduce-scatter 20 us + 0.5 x 1e9 / 160e9.
+    The simulator is told the slowest group's bandwidth over NVLink's and, on the group both
+    tables measured, the all-reduce's bus bandwidth over each kind's."""
+    model = ProfiledModel(load_cluster("dgx-a100-80g:2"), profile=Profile.from_dict(_doc_example()))
+    pair = [[0, 1]]
+    assert model.collective_time("all_reduce", 1e9, pair) == pytest.approx(20e-6 + 1e9 / 180e9)
+    assert model.collective_time("reduce_scatter", 1e9, pair) == pytest.approx(20e-6 + 0.5e9 / 160e9)
+    assert model.collective_time("all_gather", 1e9, pair) == pytest.approx(20e-6 + 0.5e9 / 170e9)
+    cal = model.link_calibration()
+    nvlink = model.cluster.intra_node.bandwidth_gbytes_per_s
+    assert cal["bus_efficiency"] == pytest.approx(150.0 / nvlink)  # the slowest measured group
+    assert cal["collective_slowdown"] == pytest.approx({"all_gather": 180.0 / 170.0, "reduce_scatter": 180.0 / 160.0})
+    assert cal["base_latency_s"] == pytest.approx(20e-6) and cal["step_latency_factor"] == 0.0
+
+
 def test_profiled_model_needs_exactly_one_source():
     with pytest.raises(SpecError):
         ProfiledModel(load_cluster("dgx-a100-80g"))
@@ -118,7 +138,7 @@ def test_galvatron_llama2_7b_files(galvatron_dir):
     assert mem.activations_bytes == pytest.approx(2 * 136.885498046875 * 2**20)
     assert mem.states_bytes == pytest.approx(4 * 778.2236328125 * 2**20 / 4)  # 4 x fp32 MB / tp
     assert model.profile.overlap_coefficient == pytest.approx(1.1256, abs=1e-4)
-    assert model.allreduce_bus_bytes_per_s(4, False) == pytest.approx(155.815e9)
+    assert model.bus_bytes_per_s("all_reduce", 4, False) == pytest.approx(155.815e9)
     same = cost_models.get("profiled", cluster, galvatron_dir=galvatron_dir, model="llama2-7b")
     plan = uniform_plan(32, tp=2, dp=4, global_batch=64, micro_batches=2, recompute="full", dp_type="zero2")
     a, b = model.plan_cost(spec, plan), same.plan_cost(spec, plan)
@@ -128,7 +148,7 @@ def test_galvatron_llama2_7b_files(galvatron_dir):
 
 def test_galvatron_two_node_tables_are_picked_for_two_nodes(galvatron_dir):
     model = from_galvatron_dir(galvatron_dir, load_cluster("dgx-a100-80g:2"), "llama2-7b")
-    assert model.allreduce_bus_bytes_per_s(16, True) == pytest.approx(44.682e9)
+    assert model.bus_bytes_per_s("all_reduce", 16, True) == pytest.approx(44.682e9)
     strided = model.collective_time("all_reduce", 1e9, [list(range(0, 16, 2))])
     consec = model.collective_time("all_reduce", 1e9, [list(range(8))])
     assert strided > 5 * consec

@@ -49,6 +49,9 @@ def test_profile_file_round_trips_and_has_the_tables(tmp_path):
     assert set(entry.tp_forward_ms) == set(entry.zero3_forward_ms) == set(entry.zero3_backward_ms) == {2}
     assert set(entry.zero3_forward_ms[2]) == {1, 2} and all(ms > 0 for ms in entry.zero3_backward_ms[2].values())
     assert "2_consec" in profile.allreduce_gbytes_per_s and "2" in profile.p2p_gbytes_per_s
+    # the collectives FSDP runs, timed with the job's backend (gloo here)
+    assert {kind: set(t) for kind, t in profile.collective_gbytes_per_s.items()} == {
+        "all_gather": {"2_consec"}, "reduce_scatter": {"2_consec"}}
     assert profile.overlap_coefficient >= 1.0
     assert json.loads(out.read_text())["hardware"]["world_size"] == 2
 

@@ -74,6 +74,24 @@ def test_ring_all_reduce_on_four_gpus_is_six_steps():
     assert net.carried_bytes[("gpu_out", 0)] == pytest.approx(6e9)
 
 
+def test_a_collective_the_backend_runs_slower_than_its_ring_carries_more_bytes():
+    # gloo runs reduce-scatter as an all-reduce: with a slowdown of 2 each of the 3 ring steps
+    # of a 4 GB reduce-scatter over 4 GPUs moves 2 GB at 1 GB/s; the all-gather is as its ring.
+    env = simpy.Environment()
+    net = Network(env, {})
+    cal = LinkCalibration(collective_slowdown={"reduce_scatter": 2.0})
+    fabric = Fabric(env, hand_cluster(4, bytes_per_s=1e9), net, calibration=cal)
+    ends = []
+    net.on_flow_end = lambda flow: ends.append((flow.name, round(env.now, 9)))
+
+    def both():
+        yield from fabric.collective("rs", "reduce_scatter", 4e9, [[0, 1, 2, 3]])
+        yield from fabric.collective("ag", "all_gather", 4e9, [[0, 1, 2, 3]])
+    env.process(both())
+    env.run()
+    assert ends == [("rs", 2.0), ("rs", 4.0), ("rs", 6.0), ("ag", 7.0), ("ag", 8.0), ("ag", 9.0)]
+
+
 def test_all_reduce_takes_halving_doubling_when_latency_makes_it_faster():
     # 1 ms per step: ring would be 6 x 1 ms + 6 s; halving-doubling sends 2, 1, 1, 2 GB in 4 steps.
     env, fabric, net = _fabric(hand_cluster(4, bytes_per_s=1e9, latency_us=1000.0))
