@@ -104,7 +104,8 @@ def p2p_table(nbytes: int, repeats: int) -> dict[str, float]:
 
 
 def overlap_coefficient(nbytes: int, repeats: int) -> float:
-    """Compute time with an all-reduce running alongside / compute time alone (>= 1)."""
+    """Galvatron's gamma as its formula uses it: compute B and communication C run together
+    in max(B, C) + (gamma - 1) min(B, C), so gamma = 1 + (together - max) / min (>= 1)."""
     a = torch.randn(256, 256, device=DEVICE["name"])
 
     def compute():
@@ -119,8 +120,7 @@ def overlap_coefficient(nbytes: int, repeats: int) -> float:
         work.wait()
     both = _timed(together, repeats)
     comm = _timed(lambda: dist.all_reduce(buf), repeats)
-    # the overlapped step can be no shorter than its longer part; the excess over that is the slowdown
-    return max(1.0, both / max(alone, comm))
+    return max(1.0, 1.0 + (both - max(alone, comm)) / min(alone, comm))
 
 
 def measure_collectives(rank: int, world_size: int, nbytes: int, repeats: int, device: str = "cpu") -> dict:
