@@ -85,7 +85,7 @@ class AnalyticalModel(CostModel):
         c = self.constants
         return {"bus_efficiency": c.bus_efficiency, "network_efficiency": c.network_efficiency,
                 "p2p_efficiency": c.p2p_efficiency, "base_latency_s": c.collective_base_latency_s,
-                "step_latency_factor": c.step_latency_factor}
+                "step_latency_factor": c.step_latency_factor, "overlap_coefficient": c.overlap_coefficient}
 
     # -- kernels --------------------------------------------------------------------------
     def op_time(self, op: Op) -> float:

@@ -257,8 +257,9 @@ class CostModel(ABC):
         ``bus_efficiency`` / ``network_efficiency`` / ``p2p_efficiency`` (achieved over
         data-sheet bandwidth: collectives inside a node, across nodes, pipeline sends),
         ``base_latency_s`` (per collective), ``step_latency_factor`` (times the cluster's
-        per-hop latency, per ring step) and ``collective_slowdown`` (per kind: the all-reduce's
-        bus bandwidth over that kind's, when the backend runs it slower than its ring)."""
+        per-hop latency, per ring step), ``collective_slowdown`` (per kind: the all-reduce's
+        bus bandwidth over that kind's, when the backend runs it slower than its ring) and
+        ``overlap_coefficient`` (the gamma of the model's overlap formula)."""
         return {}
 
     # -- whole plan -----------------------------------------------------------------------

@@ -335,6 +335,7 @@ class ProfiledModel(CostModel):
         inside = [bw for key, bw in table.items() if int(key.split("_")[0]) <= per_node]
         across = [bw for key, bw in table.items() if int(key.split("_")[0]) > per_node]
         out = {"base_latency_s": self.profile.allreduce_latency_us * 1e-6, "step_latency_factor": 0.0,
+               "overlap_coefficient": self.profile.overlap_coefficient,
                "collective_slowdown": {kind: _slowdown(table, own)
                                        for kind, own in self.profile.collective_gbytes_per_s.items() if own and table}}
         if inside:

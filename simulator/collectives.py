@@ -56,6 +56,9 @@ class LinkCalibration:
     """Fixed cost of launching one collective or send."""
     step_latency_factor: float = 1.0
     """Multiplier of the cluster's per-hop latency for each step."""
+    overlap_coefficient: float = 1.0
+    """Galvatron's gamma: how much compute and data-parallel traffic on one GPU slow each other
+    when they run together (simulator.hardware.Contention; 1: not at all)."""
     collective_slowdown: Mapping[str, float] = field(default_factory=dict)
     """Per collective kind: how many times its ring's bytes the links carry (a backend that
     runs it slower than its ring, e.g. gloo's reduce-scatter as an all-reduce); 1 if absent."""

@@ -13,7 +13,7 @@ import simpy
 
 from cost_models import CostModel
 from simulator.collectives import Fabric, LinkCalibration, Rendezvous
-from simulator.hardware import GPU, Channel, Recorder, union_length
+from simulator.hardware import GPU, Channel, Contention, Recorder, union_length
 from simulator.network import Network
 from simulator.result import SimResult
 from simulator.trace import resource_name, write_trace
@@ -72,7 +72,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
     workers = []
     for st in stages:
         ranks = st.ranks if full else st.ranks[:1]
-        workers.append([Worker(env, st, GPU(env, r, capacity, recorder, record_memory), fabric, config, rendezvous)
+        workers.append([Worker(env, st, GPU(env, r, capacity, recorder, record_memory,
+                                            contention=_contention(env, network, fabric.cal, r)),
+                               fabric, config, rendezvous)
                         for r in ranks])
     if not full:
         fabric.focus_ranks.update(w.rank for ws in workers for w in ws)
@@ -87,6 +89,15 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
         write_trace(trace_path, recorder.spans, flows, stands_for)
     exact = None if full else fabric.exact_resources
     return _result(plan, cluster, workers, network, env, capacity, recorder, full, exact)
+
+
+def _contention(env: simpy.Environment, network: Network, cal: LinkCalibration, rank: int) -> Contention | None:
+    """Compute and data-parallel traffic slowing each other on ``rank`` (the cost model's
+    overlap coefficient; none at 1): its own ports are the links that slow."""
+    if cal.overlap_coefficient <= 1.0:
+        return None
+    ports = (("gpu_out", rank), ("gpu_in", rank))
+    return Contention(env, cal.overlap_coefficient, lambda factor: network.scale(ports, factor))
 
 
 def _wire(workers: list[list[Worker]], wrap: bool = False) -> None:
@@ -111,7 +122,7 @@ def _result(plan: Plan, cluster: ClusterSpec, workers: list[list[Worker]], netwo
     ooms = [w.gpu.memory.oom for w in flat if w.gpu.memory.oom is not None]
     # links that carried traffic (with the symmetry shortcut: those of the played-out ranks,
     # whose symmetric copies carry the same)
-    links = {resource_name(res): carried / (network.capacity[res] * total) if total > 0 else 0.0
+    links = {resource_name(res): carried / (network.base_capacity[res] * total) if total > 0 else 0.0
              for res, carried in network.carried_bytes.items() if carried > 0 and (exact is None or res in exact)}
     return SimResult(
         iteration_time_s=total,

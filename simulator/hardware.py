@@ -62,16 +62,67 @@ Work = float | Callable[[], Generator]
 """A duration in seconds, or a function returning a SimPy generator to run."""
 
 
-class Stream:
-    """A CUDA stream or a communication channel: jobs run in the order they were put."""
+class Contention:
+    """Compute and data-parallel communication on one GPU slowing each other (Galvatron's
+    overlap coefficient gamma > 1: both kinds of kernels want the same SMs and memory). While
+    both run, compute goes at 1/gamma of its speed and so do the GPU's own links
+    (``scale_links``), so B seconds of compute beside C of communication take
+    max(B, C) + (gamma - 1) min(B, C), the cost models' overlap formula. A transfer held back
+    by a shared link (a NIC, a PCIe uplink) below its port's slowed rate is not slowed more."""
 
-    def __init__(self, env: simpy.Environment, name: str, gpu: int, recorder: Recorder | None = None) -> None:
+    def __init__(self, env: simpy.Environment, gamma: float, scale_links: Callable[[float], None]) -> None:
+        if gamma <= 1.0:
+            raise ValueError(f"overlap coefficient must be > 1 for contention, got {gamma}")
+        self.env, self.gamma, self.scale_links = env, gamma, scale_links
+        self.computing = False
+        self.comm_running = 0
+        self._changed = env.event()
+
+    def comm(self, started: bool) -> None:
+        """A data-parallel item started (True) or ended on this GPU."""
+        was = self.comm_running > 0
+        self.comm_running += 1 if started else -1
+        if (self.comm_running > 0) != was:
+            self._update()
+
+    def compute(self, seconds: float):
+        """Generator: ``seconds`` of compute, at 1/gamma speed while communication runs."""
+        self.computing = True
+        self._update()
+        left = seconds
+        while True:
+            rate = 1.0 / self.gamma if self.comm_running else 1.0
+            start, done = self.env.now, self.env.timeout(left / rate)
+            yield done | self._changed
+            if done.processed:
+                break
+            left -= (self.env.now - start) * rate
+        self.computing = False
+        self._update()
+
+    def _update(self) -> None:
+        self.scale_links(1.0 / self.gamma if self.computing and self.comm_running else 1.0)
+        changed, self._changed = self._changed, self.env.event()
+        changed.succeed()
+
+
+class Stream:
+    """A CUDA stream or a communication channel: jobs run in the order they were put.
+
+    ``pace``: how a duration of work passes (a generator function; default: a timeout), e.g.
+    Contention.compute; ``on_item``: told True / False as each queued item starts and ends."""
+
+    def __init__(self, env: simpy.Environment, name: str, gpu: int, recorder: Recorder | None = None,
+                 pace: Callable[[float], Generator] | None = None,
+                 on_item: Callable[[bool], None] | None = None) -> None:
         self.env = env
         self.name = name
         self.gpu = gpu
         self.recorder = recorder
         self.busy_s = 0.0
         self.intervals: list[tuple[float, float]] = []
+        self.pace = pace or self._timeout
+        self.on_item = on_item
         self._queue = simpy.Store(env)
         self.action = env.process(self._run())
 
@@ -88,13 +139,20 @@ class Stream:
         if callable(work):
             yield from work()
         elif work > 0:
-            yield self.env.timeout(work)
+            yield from self.pace(work)
         self._record(name, start)
+
+    def _timeout(self, seconds: float):
+        yield self.env.timeout(seconds)
 
     def _run(self):
         while True:
             name, work, done = yield self._queue.get()
+            if self.on_item is not None:
+                self.on_item(True)
             yield from self.run(name, work)
+            if self.on_item is not None:
+                self.on_item(False)
             done.succeed(self.env.now)
 
     def _record(self, name: str, start: float) -> None:
@@ -162,11 +220,20 @@ class GPU:
     CHANNELS = (Channel.TP, Channel.DP, Channel.GATHER, Channel.P2P)
     """The communication streams, beside the compute stream (see Channel)."""
 
+    CONTENDING = (Channel.DP, Channel.GATHER)
+    """The channels whose work slows compute down under a Contention (data-parallel traffic,
+    which overlaps compute; TP collectives and sends sit between compute on its path)."""
+
     def __init__(self, env: simpy.Environment, rank: int, capacity_bytes: float, recorder: Recorder | None = None,
-                 record_memory: bool = True, on_oom: Callable[[OOMEvent], None] | None = None) -> None:
+                 record_memory: bool = True, on_oom: Callable[[OOMEvent], None] | None = None,
+                 contention: Contention | None = None) -> None:
         self.rank = rank
-        self.compute = Stream(env, Channel.COMPUTE, rank, recorder)
-        self.channels = {name: Stream(env, name, rank, recorder) for name in self.CHANNELS}
+        self.contention = contention
+        pace = contention.compute if contention is not None else None
+        self.compute = Stream(env, Channel.COMPUTE, rank, recorder, pace=pace)
+        self.channels = {name: Stream(env, name, rank, recorder,
+                                      on_item=contention.comm if contention and name in self.CONTENDING else None)
+                         for name in self.CHANNELS}
         self.memory = Memory(env, rank, capacity_bytes, record_memory, on_oom)
 
     def comm_intervals(self) -> list[tuple[float, float]]:

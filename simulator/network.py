@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping
 
 import simpy
 
@@ -50,7 +50,10 @@ class Network:
     def __init__(self, env: simpy.Environment, capacity_gbytes_per_s: Mapping[Hashable, float],
                  record: bool = False, on_flow_end: Callable[[Flow], None] | None = None) -> None:
         self.env = env
-        self.capacity = {res: cap * GBYTE for res, cap in capacity_gbytes_per_s.items()}
+        self.base_capacity = {res: cap * GBYTE for res, cap in capacity_gbytes_per_s.items()}
+        """Bytes/s of each resource as built; ``capacity`` is it times its current scale."""
+        self.capacity = dict(self.base_capacity)
+        self._scale: dict[Hashable, float] = {}
         self.record = record
         self.on_flow_end = on_flow_end
         self.carried_bytes: dict[Hashable, float] = {res: 0.0 for res in self.capacity}
@@ -61,9 +64,24 @@ class Network:
 
     def add_resource(self, res: Hashable, cap_gbytes_per_s: float) -> None:
         if res not in self.capacity:
-            self.capacity[res] = cap_gbytes_per_s * GBYTE
+            self.base_capacity[res] = cap_gbytes_per_s * GBYTE
+            self.capacity[res] = self.base_capacity[res] * self._scale.get(res, 1.0)
             self.carried_bytes[res] = 0.0
             self._flows_on[res] = {}
+
+    def scale(self, resources: Iterable[Hashable], factor: float) -> None:
+        """Run ``resources`` at ``factor`` of their capacity from now on (also ones added later);
+        the flows crossing them get new rates."""
+        touched = []
+        for res in resources:
+            if self._scale.get(res, 1.0) == factor:
+                continue
+            self._scale[res] = factor
+            if res in self.base_capacity:
+                self.capacity[res] = self.base_capacity[res] * factor
+                touched += [res] if self._flows_on[res] else []
+        if touched:
+            self._rebalance(self._component(touched))
 
     # -- public --------------------------------------------------------------------------
     def put(self, name: str, nbytes: float, weights: Mapping[Hashable, int], streams: int = 1) -> simpy.Event:

@@ -126,6 +126,30 @@ def test_ddp_all_reduces_once_after_the_last_micro_batch():
     assert result.peak_memory_bytes == (1000.0, 1000.0)
 
 
+class _Contended(HandCostModel):
+    def link_calibration(self):
+        return {"overlap_coefficient": 1.5}
+
+
+def test_compute_and_gradient_sync_slow_each_other_by_the_overlap_coefficient():
+    # 2 layers, dp 2, a bucket per layer: L1's all-reduce (2 ring steps of 500 B at 1000 B/s,
+    # 1 s alone) runs beside L0's backward (2 s alone). With gamma 1.5 both go at 1/1.5 while
+    # together: the all-reduce ends at 4 + 1.5 = 5.5, when B0 L0 has done 1 s of its 2; the
+    # rest at full speed ends it at 6.5: max(2, 1) + (1.5 - 1) x 1 = 2.5 s, the cost models'
+    # overlap formula. L0's own all-reduce then runs alone (6.5 to 7.5). Without: 7.0.
+    cluster = hand_cluster(2, bytes_per_s=1000.0)
+    plan = uniform_plan(2, dp=2, global_batch=2, micro_batches=1)
+    plain = simulate(tiny_model(2), cluster, plan, HandCostModel(cluster, gradient_bytes=1000.0), bucket_bytes=1000.0)
+    result = simulate(tiny_model(2), cluster, plan, _Contended(cluster, gradient_bytes=1000.0), keep_spans=True,
+                      bucket_bytes=1000.0)
+    assert timeline(result, 0) == [("F0 L0", 0, 1), ("F0 L1", 1, 2), ("B0 L1", 2, 4), ("B0 L0", 4, 6.5)]
+    assert timeline(result, 0, "dp") == [("grad sync L1-L1 mb0 #1", 4, 5.5), ("grad sync L0-L0 mb0 #2", 6.5, 7.5)]
+    assert result.iteration_time_s == pytest.approx(7.5)
+    assert plain.iteration_time_s == pytest.approx(7.0)
+    # utilisation against the port's built capacity, not the slowed one: 2 x 2 x 500 B in 7.5 s
+    assert max(result.link_utilisation.values()) == pytest.approx(2000 / (1000 * 7.5))
+
+
 def test_interleaved_1f1b_two_stages_two_chunks_four_micro_batches():
     # 4 layers, pp 2, v 2: chunk j holds layer j; stage 0 runs L0 and L2, stage 1 runs L1 and L3.
     # F = 1, B = 2 per layer, instant links. Megatron's order (k-th forward: chunk (k // 2) % 2 of
