@@ -173,6 +173,10 @@ class CostModel(ABC):
     linear_in_flight: ClassVar[bool] = False
     """True when ``layer_memory_in`` is states and temporaries that do not depend on ``in_flight``
     plus ``in_flight`` times one micro-batch's activations: planners then ask once per group."""
+    lazy_gradients: ClassVar[bool] = False
+    """True when a layer's gradients take memory from the first backward that makes them
+    (PyTorch's ``.grad``, as our executor runs), False when they are held all iteration
+    (Megatron's contiguous gradient buffer); a simulator allocates them accordingly."""
     runtime_overhead_bytes: float = 1.0 * GIB
     """Per-GPU memory outside the model (CUDA context, allocator slack); set per instance."""
 

@@ -98,6 +98,7 @@ class ProfiledModel(CostModel):
 
     name = "profiled"
     rank_symmetric = True
+    lazy_gradients = True  # the executor's .grad (first_backward_overlap is the same fact)
     # not linear_in_flight: with every micro-batch in flight the gradients take the place of
     # one micro-batch's activations (first_backward_overlap)
 

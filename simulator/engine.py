@@ -66,7 +66,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
     fabric = Fabric(env, cluster, network, coalesce_steps, LinkCalibration.from_cost_model(cost_model))
     config = WorkerConfig(schedule=plan.schedule, pp=plan.pp, micro_batches=plan.micro_batches, full=full,
                           virtual_stages=plan.virtual_stages,
-                          overlap_dp=overlap_dp, bucket_bytes=bucket_bytes, prefetch=prefetch)
+                          overlap_dp=overlap_dp, bucket_bytes=bucket_bytes, prefetch=prefetch,
+                          lazy_gradients=cost_model.lazy_gradients)
     capacity = cluster.gpu.memory_gib * GIB
     rendezvous = Rendezvous(env) if full else None
     workers = []

@@ -28,9 +28,9 @@ class WorkerConfig:
     pp: int
     micro_batches: int
     full: bool
+    """One worker per rank (True) or per stage (False)."""
     virtual_stages: int = 1
     """Model chunks per stage (interleaved 1F1B when > 1)."""
-    """One worker per rank (True) or per stage (False)."""
     overlap_dp: bool = True
     """Start gradient sync of a bucket as soon as its last backward is done; False waits
     for the whole backward (the cost-model formula's assumption)."""
@@ -38,6 +38,8 @@ class WorkerConfig:
     """Gradient bucket size (PyTorch DDP's default 25 MiB)."""
     prefetch: bool = True
     """ZeRO-3: gather the next layer's parameters while this one computes."""
+    lazy_gradients: bool = False
+    """Gradients take memory from the first backward that makes them (CostModel.lazy_gradients)."""
 
 
 class Worker:
@@ -70,6 +72,8 @@ class Worker:
         self._sharded_syncs: list[simpy.Event] = []
         """Buckets synced after this micro-batch's backward (overlap_dp=False, ZeRO-2/3)."""
         self._syncs_launched = 0
+        self._made: set[str] = set()
+        """Layers (and "vocab") whose gradients hold memory already (lazy gradients)."""
         self.action = env.process(self._run())
 
     # -- the iteration -------------------------------------------------------------------
@@ -84,11 +88,21 @@ class Worker:
         self.end_s = self.env.now
 
     def _allocate_states(self) -> None:
+        """Parameters and optimizer states now; gradients too, unless they come lazily."""
         mem, w = self.gpu.memory, self.work
         mem.alloc("runtime overhead", w.runtime_overhead_bytes)
-        mem.alloc("vocab states", w.vocab_memory.states_bytes)
+        mem.alloc("vocab states", w.vocab_memory.states_bytes - self._lazy(w.vocab_memory))
         for lw in w.layers:
-            mem.alloc(f"{lw.name} states", lw.states.states_bytes)
+            mem.alloc(f"{lw.name} states", lw.states.states_bytes - self._lazy(lw.states))
+
+    def _lazy(self, states) -> float:
+        return states.gradients_bytes if self.cfg.lazy_gradients else 0.0
+
+    def _gradients_made(self, name: str, states) -> None:
+        """A backward made these gradients: they take memory the first time (lazy gradients)."""
+        if self.cfg.lazy_gradients and name not in self._made:
+            self._made.add(name)
+            self.gpu.memory.alloc(f"{name} gradients", states.gradients_bytes)
 
     def _first_chunk(self, chunk) -> bool:
         return chunk.index == 0
@@ -160,6 +174,7 @@ class Worker:
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
+            self._gradients_made(lw.name, lw.states)
             self._release_gathered(lw, mb, "B")
             self._grads_ready(lw, mb, last_mb)
         self._flush_bucket(mb)
@@ -213,6 +228,8 @@ class Worker:
         mem.alloc(f"vocab buffers {phase}{mb}", self.work.vocab_memory.temporary_bytes)
         yield from self.gpu.compute.run(f"{phase}{mb} vocab", lt.forward_s if phase == "F" else lt.backward_s)
         mem.free(f"vocab buffers {phase}{mb}", self.work.vocab_memory.temporary_bytes)
+        if phase == "B":
+            self._gradients_made("vocab", self.work.vocab_memory)
         if lt.tp_comm_s > 0:
             yield from self.gpu.channels[Channel.TP].run(f"{phase}{mb} vocab tp", lt.tp_comm_s / 2)
         act = self.work.vocab_memory.activations_bytes / self._vocab_in_flight()

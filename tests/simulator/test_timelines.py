@@ -126,6 +126,26 @@ def test_ddp_all_reduces_once_after_the_last_micro_batch():
     assert result.peak_memory_bytes == (1000.0, 1000.0)
 
 
+class _LazyGradients(HandCostModel):
+    lazy_gradients = True
+
+
+def test_lazy_gradients_take_memory_at_their_first_backward():
+    # 2 layers, GPipe over 2 micro-batches, F = 1, B = 2; each layer keeps 500 B per micro-batch
+    # and has 1000 B of gradients. Held all iteration (Megatron's buffer) the peak is 2000 B of
+    # gradients + 4 x 500 B stashed at the start of backward; made by the first backward (the
+    # executor's .grad), each layer's gradients replace its freed activations: after B0 L1
+    # 2000 - 500 + 1000, after B0 L0 2500 - 500 + 1000 = 3000, then only frees.
+    cluster = hand_cluster(1, bytes_per_s=1e9)
+    plan = uniform_plan(2, global_batch=2, micro_batches=2, schedule="gpipe")
+    eager = simulate(tiny_model(2), cluster, plan, HandCostModel(cluster, gradient_bytes=1000.0, activation_bytes=500.0))
+    lazy = simulate(tiny_model(2), cluster, plan, _LazyGradients(cluster, gradient_bytes=1000.0, activation_bytes=500.0))
+    assert eager.peak_memory_bytes == (4000.0,)
+    assert lazy.memory_timeline[0] == ((0, 0), (1, 500), (2, 1000), (3, 1500), (4, 2000), (6, 2500), (8, 3000),
+                                       (10, 2500), (12, 2000))
+    assert lazy.peak_memory_bytes == (3000.0,)
+
+
 class _Contended(HandCostModel):
     def link_calibration(self):
         return {"overlap_coefficient": 1.5}
