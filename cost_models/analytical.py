@@ -15,13 +15,13 @@ from cost_models import collectives as coll
 from cost_models import experts
 from cost_models import memory as mem
 from cost_models import sequence as seq
-from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown
+from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
 from cost_models.constants import AnalyticalConstants, constants_for
 from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
@@ -293,6 +293,19 @@ class AnalyticalModel(CostModel):
         eff = self.constants.network_efficiency if crosses else self.constants.p2p_efficiency
         return coll.p2p_time_s(nbytes, latency_us * 1e-6 * self._step_factor(crosses)
                                + self.constants.collective_base_latency_s, bottleneck * 1e9 * eff)
+
+    def pipeline_message(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> PipelineMessage:
+        """Megatron's scatter-gather (``scatter_gather_tensors_in_pipeline``, on by default):
+        under tp each rank sends its 1/tp slice and the receivers all-gather the activation over
+        their tp group (NVLink); under sequence parallelism the output is already split by
+        tp and nothing is gathered."""
+        whole = super().pipeline_message(layer, strategy, micro_batch_size).send_bytes
+        tp = strategy.tp
+        if tp == 1:
+            return PipelineMessage(send_bytes=whole)
+        if strategy.sp != SequenceParallel.NONE:
+            return PipelineMessage(send_bytes=whole / tp)
+        return PipelineMessage(send_bytes=whole / tp, gather_tp=tp, gather_bytes=whole)
 
     # -- embedding and head -------------------------------------------------------------------
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int

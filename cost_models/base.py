@@ -318,20 +318,49 @@ class CostModel(ABC):
         total = 0.0
         for j in forward:
             last = chunks[j][-1]
-            nbytes = activation_message_bytes(model.layers[last], plan, last)
-            total += self.p2p_time(nbytes, stage * per_stage, ((j + 1) % plan.pp) * per_stage, per_stage)
+            total += self.pipeline_send_time(model.layers[last], plan.layers[last], plan.micro_batch_size(last),
+                                             stage * per_stage, ((j + 1) % plan.pp) * per_stage, per_stage)
         for j in backward:
             prev = chunks[j][0] - 1
-            nbytes = activation_message_bytes(model.layers[prev], plan, prev)
-            total += self.p2p_time(nbytes, stage * per_stage, ((j - 1) % plan.pp) * per_stage, per_stage)
+            total += self.pipeline_send_time(model.layers[prev], plan.layers[prev], plan.micro_batch_size(prev),
+                                             stage * per_stage, ((j - 1) % plan.pp) * per_stage, per_stage)
         return total
+
+    # -- pipeline messages ------------------------------------------------------------------
+    def pipeline_message(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> "PipelineMessage":
+        """How a stage boundary after ``layer`` moves one micro-batch's output (or its gradient):
+        here every rank of the stage sends the whole activation to its peer (our executor's
+        pipeline stages)."""
+        return PipelineMessage(send_bytes=layer.output_elements(micro_batch_size) * BYTES_PER_ACTIVATION)
+
+    def pipeline_send_time(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                           src: int, dst: int, senders: int) -> float:
+        """One pipeline_message from the stage whose first rank is ``src`` to the one at ``dst``,
+        its ``senders`` ranks sending at once; then the receivers' all-gather, if any."""
+        msg = self.pipeline_message(layer, strategy, micro_batch_size)
+        time_s = self.p2p_time(msg.send_bytes, src, dst, senders)
+        if msg.gather_tp > 1:
+            time_s += self.collective_time("all_gather", msg.gather_bytes, msg.gather_groups(dst, senders))
+        return time_s
+
+
+@dataclass(frozen=True)
+class PipelineMessage:
+    """What crosses a stage boundary per micro-batch: each rank of the stage sends
+    ``send_bytes`` to its peer; with ``gather_tp`` > 1 the receiving ranks then all-gather the
+    ``gather_bytes`` whole over consecutive groups of that many ranks (Megatron's scatter-gather)."""
+
+    send_bytes: float
+    gather_tp: int = 1
+    gather_bytes: float = 0.0
+
+    def gather_groups(self, first_rank: int, ranks: int) -> tuple[tuple[int, ...], ...]:
+        """The receiving stage's all-gather groups (its first rank, its number of ranks)."""
+        g = self.gather_tp
+        return tuple(tuple(range(first_rank + k * g, first_rank + (k + 1) * g)) for k in range(ranks // g))
 
 
 BYTES_PER_ACTIVATION = 2
 """Activations and the messages that carry them are 16-bit (fp16/bf16 mixed precision)."""
 
-
-def activation_message_bytes(layer: LayerSpec, plan: Plan, index: int) -> float:
-    """Bytes of ``layer``'s output for one micro-batch of one replica (a pipeline message)."""
-    return layer.output_elements(plan.micro_batch_size(index)) * BYTES_PER_ACTIVATION
 

@@ -12,9 +12,8 @@ from functools import lru_cache
 import numpy as np
 
 from cost_models import CostModel, in_flight
-from cost_models.base import BYTES_PER_ACTIVATION
 from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
-from specs import DPType, LayerStrategy, ModelSpec, Plan, even_stage_layers
+from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, even_stage_layers
 
 _CACHES: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
 
@@ -208,11 +207,13 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     if k < combo.pp - 1:
         cache = memo(cm)
         for ti, layer in enumerate(types):
-            for b in np.unique(mbs[allowed[ti]]):
-                cols = allowed[ti] & (mbs == b)
-                nbytes = layer.output_elements(int(b)) * BYTES_PER_ACTIVATION
-                send_next[ti, cols] = _p2p(cm, cache, nbytes, first, first + gpus, gpus)
-                send_prev[ti, cols] = _p2p(cm, cache, nbytes, first + gpus, first, gpus)
+            by_message: dict = {}  # the strategies whose output crosses a boundary alike
+            for si in np.flatnonzero(allowed[ti]):
+                by_message.setdefault(cm.pipeline_message(layer, strategies[si], int(mbs[si])), []).append(si)
+            for msg, cols in by_message.items():
+                s, b = strategies[cols[0]], int(mbs[cols[0]])
+                send_next[ti, cols] = _send(cm, cache, msg, layer, s, b, first, first + gpus, gpus)
+                send_prev[ti, cols] = _send(cm, cache, msg, layer, s, b, first + gpus, first, gpus)
     return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
                        temp_bytes=temp, trans_s=trans, send_next_s=send_next, send_prev_s=send_prev)
 
@@ -288,10 +289,11 @@ def _layout(s: LayerStrategy) -> LayerStrategy:
     return replace(s, ep=1, expert_tp=0, expert_dp_type=None) if s.has_expert_split else s
 
 
-def _p2p(cm: CostModel, cache: dict, nbytes: float, src: int, dst: int, senders: int) -> float:
-    key = ("p2p", nbytes, src, dst, senders)
+def _send(cm: CostModel, cache: dict, msg, layer: LayerSpec, s: LayerStrategy, mbs: int, src: int, dst: int,
+          senders: int) -> float:
+    key = ("send", msg, src, dst, senders)
     if key not in cache:
-        cache[key] = cm.p2p_time(nbytes, src, dst, senders)
+        cache[key] = cm.pipeline_send_time(layer, s, mbs, src, dst, senders)
     return cache[key]
 
 

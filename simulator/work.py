@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
 from cost_models import experts
-from cost_models.base import BYTES_PER_ACTIVATION, activation_message_bytes
+from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import sync_groups, ulysses_message_bytes
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
 from specs.ranks import expert_groups
@@ -107,10 +107,11 @@ class ChunkWork:
     """Global chunk index j (it runs on stage j % pp)."""
     positions: tuple[int, ...]
     """Positions in StageWork.layers."""
-    send_forward_bytes: float
-    """Activation sent to chunk j + 1 per micro-batch and replica (0 for the last chunk)."""
-    send_backward_bytes: float
-    """Gradient sent back to chunk j - 1 (0 for the first chunk)."""
+    output_message: PipelineMessage | None
+    """How the chunk's output goes to chunk j + 1 per micro-batch, and its gradient comes back
+    (the cost model's pipeline_message; None for the last chunk)."""
+    input_message: PipelineMessage | None
+    """How its input comes from chunk j - 1, and its gradient goes back (None for the first)."""
 
 
 def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: CostModel) -> list[StageWork]:
@@ -131,7 +132,7 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
         tied_bytes, tied_groups = _tied(model, plan, stage, world) if vocab_mem.gradients_bytes > 0 else (0.0, ())
         stages.append(StageWork(stage=stage, ranks=ranks, layers=layers, vocab=vocab_time,
                                 vocab_memory=vocab_mem, vocab_groups=_tuples(vocab_groups),
-                                chunks=_chunks(model, plan, chunk_ranges, stage, layer_ids),
+                                chunks=_chunks(model, plan, cost_model, chunk_ranges, stage, layer_ids),
                                 runtime_overhead_bytes=cost_model.runtime_overhead_bytes,
                                 # sizes from the shapes; none if the cost model gives the vocab no gradients
                                 vocab_grad_bytes=_vocab_params(model, plan, stage) / plan.vocab_tp * GRAD_BYTES_PER_PARAM
@@ -140,16 +141,16 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
     return stages
 
 
-def _chunks(model: ModelSpec, plan: Plan, chunk_ranges: list, stage: int, layer_ids: list[int]) -> tuple:
+def _chunks(model: ModelSpec, plan: Plan, cm: CostModel, chunk_ranges: list, stage: int, layer_ids: list[int]) -> tuple:
     """The stage's chunks (global index j = c * pp + stage) with their boundary messages."""
     last_chunk = len(chunk_ranges) - 1
+    message = lambda i: cm.pipeline_message(model.layers[i], plan.layers[i], plan.micro_batch_size(i))  # noqa: E731
     out = []
     for j in range(stage, len(chunk_ranges), plan.pp):
         ids = list(chunk_ranges[j])
-        fwd = activation_message_bytes(model.layers[ids[-1]], plan, ids[-1]) if j < last_chunk else 0.0
-        bwd = activation_message_bytes(model.layers[ids[0] - 1], plan, ids[0] - 1) if j > 0 else 0.0
         out.append(ChunkWork(index=j, positions=tuple(layer_ids.index(i) for i in ids),
-                             send_forward_bytes=fwd, send_backward_bytes=bwd))
+                             output_message=message(ids[-1]) if j < last_chunk else None,
+                             input_message=message(ids[0] - 1) if j > 0 else None))
     return tuple(out)
 
 

@@ -134,6 +134,7 @@ class Worker:
         w, compute = self.work, self.gpu.compute
         if not self._first_chunk(chunk):
             yield self.inbox["F"].get(lambda msg: msg == (mb, chunk.index))
+            yield from self._gather_received("F", mb, chunk.input_message)
         if self._vocab_leads(chunk):
             yield from self._vocab("F", mb)  # embedding (first stage) or per-micro-batch overhead (middle)
         layers = [w.layers[p] for p in chunk.positions]
@@ -149,7 +150,7 @@ class Worker:
         if self._last_chunk(chunk):
             yield from self._vocab("F", mb)
         else:
-            yield from self._send("F", mb, chunk, chunk.send_forward_bytes, self.next)
+            yield from self._send("F", mb, chunk, chunk.output_message.send_bytes, self.next)
 
     def _backward(self, mb: int, chunk):
         w, compute, mem = self.work, self.gpu.compute, self.gpu.memory
@@ -157,6 +158,7 @@ class Worker:
         last_mb = self._backwards == self.cfg.micro_batches * self.cfg.virtual_stages
         if not self._last_chunk(chunk):
             yield self.inbox["B"].get(lambda msg: msg == (mb, chunk.index))
+            yield from self._gather_received("B", mb, chunk.output_message)
         else:
             yield from self._vocab("B", mb)
         layers = [w.layers[p] for p in chunk.positions]
@@ -189,7 +191,7 @@ class Worker:
             yield self.env.all_of(self._sharded_syncs)
             self._sharded_syncs = []
         if not self._first_chunk(chunk):
-            yield from self._send("B", mb, chunk, chunk.send_backward_bytes, self.prev)
+            yield from self._send("B", mb, chunk, chunk.input_message.send_bytes, self.prev)
         if last_mb:
             self._vocab_sync()
 
@@ -255,6 +257,13 @@ class Worker:
                                                                                     None if self.cfg.full else self.rank))
         if target is not None:
             target.inbox[phase].put((mb, chunk.index + (1 if phase == "F" else -1)))
+
+    def _gather_received(self, phase: str, mb: int, message):
+        """Megatron's scatter-gather: the received slices all-gathered over the tp group."""
+        if message.gather_tp > 1:
+            groups = message.gather_groups(self.work.ranks[0], self.per_stage)
+            yield from self._collective_now(Channel.TP, f"{phase}{mb} recv gather", "all_gather",
+                                            message.gather_bytes, groups)
 
     def _collective(self, channel: str, name: str, kind: str, nbytes: float,
                     groups: Sequence[Sequence[int]]) -> simpy.Event:

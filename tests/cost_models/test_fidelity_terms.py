@@ -90,6 +90,28 @@ def test_pipeline_send_shares_the_links_with_the_stages_other_senders():
     assert model.p2p_time(nbytes, 0, 1, senders=1) == pytest.approx(alpha + nbytes / (12e9 * c.p2p_efficiency))
 
 
+def test_megatron_pipeline_messages_scatter_and_gather_under_tensor_parallelism():
+    """Megatron's scatter_gather_tensors_in_pipeline: a GPT block's output of one micro-batch
+    of 2 x 1024 tokens x 2048 hidden is 8 MiB in 16 bits; at tp 4 each rank sends 2 MiB and
+    the receiving tp group all-gathers the 8 MiB; under sequence parallelism the output is
+    already split: 2 MiB and no gather; at tp 1 the whole 8 MiB."""
+    model = AnalyticalModel(load_cluster("dgx-a100-80g:2"))
+    layer = load_model("gpt-1.7b").scaled(hidden_size=2048, seq_len=1024).layers[0]
+    whole = 2 * 1024 * 2048 * 2
+    msg = model.pipeline_message(layer, LayerStrategy(tp=4), 2)
+    assert (msg.send_bytes, msg.gather_tp, msg.gather_bytes) == (whole / 4, 4, whole)
+    assert msg.gather_groups(8, 8) == ((8, 9, 10, 11), (12, 13, 14, 15))
+    sp = model.pipeline_message(layer, LayerStrategy(tp=4, sp="megatron"), 2)
+    assert (sp.send_bytes, sp.gather_tp) == (whole / 4, 1)
+    assert model.pipeline_message(layer, LayerStrategy(), 2).send_bytes == whole
+    # across the nodes the slice is what crosses the NICs: the send time is the slice's plus
+    # the NVLink all-gather on the receiving node
+    sent = model.pipeline_send_time(layer, LayerStrategy(tp=4), 2, 0, 8, 8)
+    assert sent == pytest.approx(model.p2p_time(whole / 4, 0, 8, 8)
+                                 + model.collective_time("all_gather", whole, [[8, 9, 10, 11], [12, 13, 14, 15]]))
+    assert sent < model.p2p_time(whole, 0, 8, 8)
+
+
 @pytest.mark.parametrize("attn_batches, queries, keys, causal, fused", [
     (4, 1024, 1024, True, True),      # 16 heads / tp 4, micro-batch 1
     (2, 1024, 1024, True, False),     # 16 heads / tp 8, micro-batch 1: b x np = 2 is not a multiple of 4

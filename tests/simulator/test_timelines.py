@@ -2,6 +2,7 @@
 import pytest
 
 import cost_models
+from cost_models.base import PipelineMessage
 from cost_models.memory import activation_bytes, attention_core_bytes
 from simulator import simulate
 from specs import LayerStrategy, uniform_plan
@@ -124,6 +125,26 @@ def test_ddp_all_reduces_once_after_the_last_micro_batch():
     # ring all-reduce on 2 ranks: 2 steps of 500 B at 1000 B/s
     assert timeline(result, 0, "dp") == [("grad sync L0-L0 mb1 #1", 6.0, 7.0)]
     assert result.peak_memory_bytes == (1000.0, 1000.0)
+
+
+class _ScatterGather(HandCostModel):
+    def pipeline_message(self, layer, strategy, micro_batch_size):
+        return PipelineMessage(send_bytes=512.0 * micro_batch_size, gather_tp=2, gather_bytes=1024.0 * micro_batch_size)
+
+
+def test_scatter_gather_sends_a_slice_and_the_receiver_all_gathers_it():
+    # pp 2, tp 2, one micro-batch of one sample, links 2048 B/s: each rank sends its 512 B slice
+    # (0.25 s), then the receiving tp pair all-gathers the 1024 B (one ring step of 512 B,
+    # 0.25 s) on its TP stream before computing; the gradient comes back the same way.
+    cluster = hand_cluster(4, bytes_per_s=2048.0)
+    plan = uniform_plan(2, pp=2, tp=2, global_batch=1, micro_batches=1, schedule="gpipe")
+    result = simulate(tiny_model(2, heads=2), cluster, plan, _ScatterGather(cluster), keep_spans=True)
+    assert timeline(result, 0, "p2p") == [("F0 send", 2.0, 2.25)]
+    assert ("F0 recv gather", 2.25, 2.5) in timeline(result, 2, "tp")
+    assert timeline(result, 2)[0] == ("F0 L1", 2.5, 3.5)
+    assert timeline(result, 2, "p2p") == [("B0 send", 7.5, 7.75)]
+    assert ("B0 recv gather", 7.75, 8.0) in timeline(result, 0, "tp")
+    assert timeline(result, 0)[1] == ("B0 L0", 8.0, 10.0)
 
 
 class _LazyGradients(HandCostModel):
