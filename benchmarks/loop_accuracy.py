@@ -32,9 +32,9 @@ swapped pair; medians of the quiet run of 2026-12-02 06:34 (docs/executor.md):
                       (1077 ms).
   tp2 ckpt m4         the tp2 ckpt plan with twice the per-micro-batch fixed costs and
                       collectives (1166 ms).
-  dp2 zero3 ckpt m4   ZeRO-3 with full recomputation: FSDP2 keeps temporaries through the
-                      recomputed forward that the model does not count (1181 ms; its memory is
-                      12 % short; kept in the set so the table shows it).
+  dp2 zero3 ckpt m4   ZeRO-3 with full recomputation: one more forward per layer, with its
+                      gathers (1181 ms); its peak is the tied lookup's backward, not the
+                      activations (docs/executor.md).
 """
 from __future__ import annotations
 
