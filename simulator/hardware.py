@@ -228,7 +228,6 @@ class GPU:
                  record_memory: bool = True, on_oom: Callable[[OOMEvent], None] | None = None,
                  contention: Contention | None = None) -> None:
         self.rank = rank
-        self.contention = contention
         pace = contention.compute if contention is not None else None
         self.compute = Stream(env, Channel.COMPUTE, rank, recorder, pace=pace)
         self.channels = {name: Stream(env, name, rank, recorder,
