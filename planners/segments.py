@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planners.lagrange import lagrangian_bound
+from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.seed import uniform_seed
@@ -332,9 +333,12 @@ class GroupDP:
         return merged.lower_bound(ANY_VOCAB, incumbent_s)
 
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
-        """The larger of the memory-blind bound and the Lagrangian memory bound (computed only
-        when the first cannot already rule the group out)."""
-        relaxed = self.relaxed_objective(v)
+        """The largest of the memory-blind bound, the per-segment memory bound and the Lagrangian
+        memory bound (computed only when the first two cannot already rule the group out)."""
+        recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
+        relaxed = memory_floor(self.t, v, self.bound_windows, recv)
+        if relaxed < incumbent_s:
+            relaxed = max(relaxed, self.relaxed_objective(v))
         if relaxed >= incumbent_s:
             return relaxed
         return max(relaxed, lagrangian_bound(self.t, v, incumbent_s, even=self.even, deadline=self.deadline))
