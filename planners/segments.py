@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planners.lagrange import lagrangian_bound
 from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
@@ -333,20 +332,19 @@ class GroupDP:
         return merged.lower_bound(ANY_VOCAB, incumbent_s)
 
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
-        """The largest of the memory-blind bound, the per-segment memory bound and the Lagrangian
-        memory bound (computed only when the first two cannot already rule the group out)."""
+        """The larger of the per-segment memory bound (memory_floor) and the memory-blind bound
+        (computed only when the first cannot already rule the group out). The Lagrangian
+        (lagrange.py) is not asked: on the issue-16 cases it never exceeded these two."""
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
         relaxed = memory_floor(self.t, v, self.bound_windows, recv)
-        if relaxed < incumbent_s:
-            relaxed = max(relaxed, self.relaxed_objective(v))
         if relaxed >= incumbent_s:
             return relaxed
-        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s, even=self.even, deadline=self.deadline))
+        return max(relaxed, self.relaxed_objective(v))
 
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
         per weight lam (each segment offering its best T + lam * D) and keeps the best; it skips
-        the group when even the memory-blind objective cannot beat ``incumbent_s``."""
+        the group when its lower bound (``lower_bound``) cannot beat ``incumbent_s``."""
         if not self.exact or not self.proven:
             self.bounds[v] = self.lower_bound(v, incumbent_s)
             if not self.exact and self.bounds[v] >= incumbent_s:
