@@ -20,30 +20,34 @@ from __future__ import annotations
 
 import numpy as np
 
+from planners.counts import count_bounds
 from planners.pareto import _hull_prices
 from planners.partition import StageOptions, partition_floor
-from planners.tables import ComboTables
+from planners.tables import ComboTables, temp_levels
 
 MAX_LEVELS = 12
 """Temporary levels tried per stage (the largest kept; each level l stands for every level up to
 the next one tried, with the cap of the lower: still a bound, a little looser)."""
 
 
-def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: list) -> float:
+def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: list, counts: bool = False
+                 ) -> float:
     """A lower bound on the objective of the group ``t`` under vocab choice ``v`` over the
     partitions of ``windows`` (every stage's allowed (start, stop)): the least over partitions
     of sum_k (T_k + D_k / pp) + (m - 1) max_k T_k with every term bounded per segment as above
     (max_k D_k >= their mean). ``recv``: GroupDP._recv per stage (None for stage 0); the dp of
     a stage's last layer is left free (each segment at its least over it, each gradient
     received at its least over the sender's dp), which keeps the partition search one layer of
-    dp values small."""
+    dp values small. ``counts``: short segments of identical layers also take the integer bound
+    of counts.count_bounds where larger (tighter on short stages, and dearer)."""
     pp, n, m = t.combo.pp, len(t.layer_type), t.combo.micro_batches
     lam = 1.0 / pp if pp > 1 else 1.0 / m  # pp = 1: m (T + D/m) = m T + D
     sums, maxes = [], []
     for k in range(pp):
         a, b = (np.array(x, dtype=int) for x in zip(*windows[k]))
-        sums.append(_options(a, b, segment_bounds(t, v, k, lam)))
-        maxes.append(_options(a, b, segment_bounds(t, v, k, 0.0)) if pp > 1 else None)
+        counted = windows[k] if counts else None
+        sums.append(_options(a, b, segment_bounds(t, v, k, lam, counted)))
+        maxes.append(_options(a, b, segment_bounds(t, v, k, 0.0, counted)) if pp > 1 else None)
     if pp == 1:
         o = sums[0]
         return float(m * np.min(o.T[(o.a == 0) & (o.b == n)], initial=np.inf))
@@ -58,9 +62,12 @@ def _options(a: np.ndarray, b: np.ndarray, bound: np.ndarray) -> StageOptions:
     return StageOptions(a[seg], b[seg], np.zeros(len(seg), dtype=int), T, np.zeros_like(T))
 
 
-def segment_bounds(t: ComboTables, v, k: int, lam: float) -> np.ndarray:
+def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]] | None = None
+                   ) -> np.ndarray:
     """[a, b] a lower bound on T_k + lam D_k of layers a..b-1 on stage k over plans whose stage
-    k fits (inf where none can; the gradient received from stage k+1 is the partition's)."""
+    k fits (inf where none can; the gradient received from stage k+1 is the partition's): the LP
+    bound, and for the short segments of ``windows`` whose middle layers are identical the
+    integer one of counts.count_bounds where larger."""
     n = len(t.layer_type)
     st, vc = t.stages[k], t.vocab[v][k]
     cost, mem, temp = _layer_arrays(t, v, k, lam)
@@ -80,6 +87,10 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float) -> np.ndarray:
         val = prefix[:, None, :-1] - prefix[:, :-1, None] + last[:, None, :] - prices[:, None, None] * cap
         no_plan = missing[None, :-1] - missing[:-1, None] > 0  # [a, b-1]: a layer of a..b-2 has no strategy
         out[:-1, 1:] = np.minimum(out[:-1, 1:], np.where(no_plan, np.inf, np.max(val, axis=0)))  # least over levels
+    if windows is not None:
+        counted = count_bounds(t, k, (cost, last_cost, mem, temp), windows, temp_levels(t), vc.memory_bytes,
+                               vc.temp_bytes)
+        out = np.where(np.isfinite(counted) & np.isfinite(out), np.maximum(out, counted), out)
     a, b = np.indices((n + 1, n + 1))
     return np.where(b > a, out, np.inf) + vc.time_s + lam * vc.tail_s
 

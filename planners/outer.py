@@ -18,9 +18,9 @@ from planners.base import (
     scored_result,
 )
 from planners.seed import uniform_layer_sums, uniform_seed
-from planners.segments import GroupSolution, temp_levels
+from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
-from planners.tables import ComboTables, build_tables
+from planners.tables import ComboTables, build_tables, temp_levels
 from specs import ModelSpec, even_stage_layers
 from specs.units import GIB
 

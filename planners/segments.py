@@ -12,7 +12,7 @@ from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.seed import uniform_seed
-from planners.tables import ComboTables, StageTables, VocabCost
+from planners.tables import ComboTables, StageTables, VocabCost, temp_levels
 from specs import even_stage_layers
 
 
@@ -42,12 +42,6 @@ def stage_windows(n: int, pp: int, even: bool, max_len: int | None = None) -> li
                 if max_len is None or b - a <= max_len]
         out.append(segs)
     return out
-
-
-def temp_levels(t: ComboTables) -> np.ndarray:
-    vals = [s.temp_bytes[np.isfinite(s.temp_bytes)] for s in t.stages]
-    vals += [np.array([vc.temp_bytes for vc in v]) for v in t.vocab.values()]
-    return np.unique(np.concatenate(vals + [np.zeros(1)]))
 
 
 def _last_mem_floor(vc) -> float:
@@ -332,11 +326,14 @@ class GroupDP:
         return merged.lower_bound(ANY_VOCAB, incumbent_s)
 
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
-        """The larger of the per-segment memory bound (memory_floor) and the memory-blind bound
-        (computed only when the first cannot already rule the group out). The Lagrangian
-        (lagrange.py) is not asked: on the issue-16 cases it never exceeded these two."""
+        """The largest of the per-segment memory bound (memory_floor; its integer count bound on
+        short segments of identical layers asked only when the LP one cannot rule the group out)
+        and the memory-blind bound (only when neither can). The Lagrangian (lagrange.py) is not
+        asked: on the issue-16 cases it never exceeded these."""
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
         relaxed = memory_floor(self.t, v, self.bound_windows, recv)
+        if relaxed < incumbent_s and self.t.combo.pp > 1:
+            relaxed = max(relaxed, memory_floor(self.t, v, self.bound_windows, recv, counts=True))
         if relaxed >= incumbent_s:
             return relaxed
         return max(relaxed, self.relaxed_objective(v))

@@ -1,4 +1,5 @@
-"""The per-segment memory bound (planners/memory_floor.py) never exceeds a group's exact optimum
+"""The per-segment memory bound (planners/memory_floor.py), with and without the integer count
+bound of short identical segments (planners/counts.py), never exceeds a group's exact optimum
 (random pipelines, identical and heterogeneous layers, T5- and Swin-like models, several budgets),
 and it rules out a group the memory-blind bound cannot."""
 from __future__ import annotations
@@ -19,16 +20,18 @@ def _floors_and_optima(seed: int):
         recv = [None] + [dp._recv(k) for k in range(1, t.combo.pp)]
         for v in t.vocab:
             best = GroupDP(t, exact=True, even=False).solve(v)
-            yield t, v, memory_floor(t, v, dp.bound_windows, recv), best
+            yield t, v, memory_floor(t, v, dp.bound_windows, recv), best, \
+                memory_floor(t, v, dp.bound_windows, recv, counts=True)
 
 
 def _check(seed: int) -> int:
     """Groups checked (some budgets fit nothing)."""
     checked = 0
-    for t, v, floor, best in _floors_and_optima(seed):
+    for t, v, floor, best, counted in _floors_and_optima(seed):
+        assert counted >= floor * (1 - 1e-12), (t.combo, v, floor, counted)
         if best is None:
             continue
-        assert floor <= best.objective_s * (1 + 1e-12), (t.combo, v, floor, best.objective_s)
+        assert counted <= best.objective_s * (1 + 1e-12), (t.combo, v, counted, best.objective_s)
         checked += 1
     return checked
 
@@ -49,7 +52,7 @@ def test_the_memory_floor_can_beat_the_memory_blind_bound():
     bound (relaxed_objective) cannot."""
     lifted = 0
     for seed in range(6):
-        for t, v, floor, best in _floors_and_optima(seed):
+        for t, v, floor, best, _ in _floors_and_optima(seed):
             blind = GroupDP(t, exact=False, even=False).relaxed_objective(v)
             lifted += floor > blind * (1 + 1e-9)
     assert lifted
