@@ -61,43 +61,66 @@ def row_frontier(cost: np.ndarray, memory: np.ndarray, temp: np.ndarray, levels:
     return CountFrontier(level[keep], memory[ok][keep], cost[ok][keep])
 
 
-def count_bounds(t: ComboTables, k: int, rows: tuple, windows: list[tuple[int, int]], levels: np.ndarray,
-                 vocab_memory_bytes: float, vocab_temp_bytes: float, max_layers: int = MAX_COUNT_LAYERS
-                 ) -> np.ndarray:
-    """[a, b] the least T + lam D of layers a..b-1 on stage k whose memory fits, relayouts left
-    out, for each segment of ``windows`` with at most ``max_layers`` layers whose layers but its
-    first and last share one row (inf elsewhere: no bound given, or no plan fits). ``rows``:
-    (cost, last_cost, memory, temp) [layer, strategy] as memory_floor._layer_arrays gives them
-    (``last_cost``: the layer as the segment's last, with its send to the next stage). Frontiers
-    are kept per (rows, count) in ``t.shared``, so every segment, stage, vocab choice and budget
-    of the group with the same rows shares them."""
+@dataclass(frozen=True)
+class SegmentClasses:
+    """The segments of one stage grouped by what they hold: segments whose layers but the first
+    and the last share one row, with the same first row, count and last row, hold the same
+    multiset of rows, so every relaxation that drops relayouts gives them one value."""
+
+    a: np.ndarray
+    """[class] a representative segment's start."""
+    b: np.ndarray
+    """[class] its stop."""
+    of_window: np.ndarray
+    """[window] the class of each segment of the windows."""
+    body: list[tuple[int, int, int] | None]
+    """[class] (first layer's row or -1, the middle layers' row or -1, how many have it), None
+    where the middle layers differ (then the class is its one segment)."""
+    inner_rows: dict[int, tuple]
+    """Row id -> (cost, memory, temp) of such a layer inside a segment, as bytes."""
+    last_rows: dict[int, tuple]
+    """Row id -> the same of such a layer ending a segment (its cost with the send to the next stage)."""
+    row_id: np.ndarray
+    """[layer] its row id."""
+
+
+def segment_classes(rows: tuple, row_id: np.ndarray, windows: list[tuple[int, int]]) -> SegmentClasses:
+    """``rows``: (cost, last_cost, memory, temp) [layer, strategy] as memory_floor._layer_arrays
+    gives them (``last_cost``: the layer as a segment's last, with its send to the next stage);
+    ``row_id``: [layer] equal only for layers whose rows (and last rows) are equal."""
     cost, last_cost, memory, temp = rows
-    n = len(t.layer_type)
+    first = np.unique(row_id, return_index=True)[1]
+    inner_rows = {int(row_id[j]): (cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
+    last_rows = {int(row_id[j]): (last_cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
+    a, b = (np.array(x, dtype=int) for x in zip(*windows))
+    run_start = _run_starts(row_id)
+    inside = b - 2 > a  # the segment has middle layers a+1..b-2
+    uniform = ~inside | (run_start[np.maximum(b - 2, 0)] <= a + 1)
+    head, plain, count = _bodies(row_id, a, b)
+    keys = np.stack((np.where(uniform, head, -2), np.where(uniform, plain, a), np.where(uniform, count, b),
+                     np.where(uniform, row_id[b - 1], -2)), axis=1)  # not uniform: its own class
+    _, rep, of_window = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    bodies = [tuple(int(x) for x in keys[r, :3]) if uniform[r] else None for r in rep]
+    return SegmentClasses(a[rep], b[rep], of_window.ravel(), bodies, inner_rows, last_rows, row_id)
+
+
+def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vocab_memory_bytes: float,
+                 vocab_temp_bytes: float, max_layers: int = MAX_COUNT_LAYERS) -> np.ndarray:
+    """[class] the least T + lam D of a class's layers on its stage whose memory fits,
+    relayouts left out, for the classes of identical middle layers and at most ``max_layers``
+    layers (inf elsewhere: no bound given, or no plan fits). Frontiers are kept per (rows, count)
+    in ``t.shared``, so every class, stage, vocab choice and budget of the group with the same
+    rows shares them."""
     cap = t.budget_bytes - vocab_memory_bytes
-    inner_rows, inner_id = _row_ids(cost, memory, temp)
-    last_rows, last_id = _row_ids(last_cost, memory, temp)
-    run_start = _run_starts(inner_id)
     memo: dict = t.shared.setdefault(("count frontiers", t.budget_bytes), {})
-    values: dict = {}
-    out = np.full((n + 1, n + 1), np.inf)
-    for a, b in windows:
-        if b - a > max_layers or (b - 2 > a and run_start[b - 2] > a + 1):
-            continue  # long, or layers a+1..b-2 not all one row
-        head, plain, count = _body(inner_id, a, b)
-        key = (head, plain, count, last_id[b - 1])
-        if key not in values:
-            inner = _frontier(memo, inner_rows, head, plain, count, levels, t.budget_bytes)
-            last = row_frontier(*(np.frombuffer(x) for x in last_rows[last_id[b - 1]]), levels)
-            values[key] = inner.plus(last, cap).least_fitting(levels, cap, vocab_temp_bytes)
-        out[a, b] = values[key]
+    out = np.full(len(classes.a), np.inf)
+    for c, body in enumerate(classes.body):
+        if body is None or classes.b[c] - classes.a[c] > max_layers:
+            continue
+        inner = _frontier(memo, classes.inner_rows, *body, levels, t.budget_bytes)
+        last = _row_of(classes.last_rows[int(classes.row_id[classes.b[c] - 1])], levels)
+        out[c] = inner.plus(last, cap).least_fitting(levels, cap, vocab_temp_bytes)
     return out
-
-
-def _row_ids(cost: np.ndarray, memory: np.ndarray, temp: np.ndarray) -> tuple[list[tuple], np.ndarray]:
-    """The distinct (cost, memory, temp) rows as bytes, and each layer's row index."""
-    _, first, inverse = np.unique(np.concatenate((cost, memory, temp), axis=1), axis=0, return_index=True,
-                                  return_inverse=True)
-    return [(cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first], inverse.ravel()
 
 
 def _run_starts(row_id: np.ndarray) -> np.ndarray:
@@ -106,17 +129,19 @@ def _run_starts(row_id: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.where(new, np.arange(len(row_id)), 0))
 
 
-def _body(row_id: np.ndarray, a: int, b: int) -> tuple[int, int, int]:
-    """Layers a..b-2 (their layers after the first share one row) as (first layer's row or -1,
-    the common row or -1, how many layers have it)."""
-    if b - 1 == a:
-        return -1, -1, 0
-    if row_id[a] == row_id[b - 2]:  # the first layer is one of them
-        return -1, int(row_id[a]), b - 1 - a
-    return int(row_id[a]), (int(row_id[b - 2]) if b - 2 > a else -1), b - 2 - a
+def _bodies(row_id: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Layers a..b-2 of each segment (those after the first sharing one row) as (first layer's
+    row or -1, the common row or -1, how many layers have it)."""
+    empty = b - 1 == a
+    lead, tail = row_id[a], row_id[np.maximum(b - 2, a)]
+    joined = ~empty & (lead == tail)  # the first layer is one of them
+    head = np.where(empty | joined, -1, lead)
+    plain = np.where(empty, -1, np.where(joined | (b - 2 > a), tail, -1))
+    count = np.where(empty, 0, np.where(joined, b - 1 - a, b - 2 - a))
+    return head, plain, count
 
 
-def _frontier(memo: dict, rows: list[tuple], head: int, plain: int, count: int, levels: np.ndarray,
+def _frontier(memo: dict, rows: dict[int, tuple], head: int, plain: int, count: int, levels: np.ndarray,
               cap: float) -> CountFrontier:
     """The frontier of the head row plus ``count`` copies of the plain row, memoised by the
     rows' contents (with the cap it was pruned under)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planners.counts import count_bounds
+from planners.counts import count_bounds, segment_classes
 from planners.pareto import _hull_prices
 from planners.partition import StageOptions, partition_floor
 from planners.tables import ComboTables, temp_levels
@@ -45,9 +45,8 @@ def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: 
     sums, maxes = [], []
     for k in range(pp):
         a, b = (np.array(x, dtype=int) for x in zip(*windows[k]))
-        counted = windows[k] if counts else None
-        sums.append(_options(a, b, segment_bounds(t, v, k, lam, counted)))
-        maxes.append(_options(a, b, segment_bounds(t, v, k, 0.0, counted)) if pp > 1 else None)
+        sums.append(_options(a, b, segment_bounds(t, v, k, lam, windows[k], counts)))
+        maxes.append(_options(a, b, segment_bounds(t, v, k, 0.0, windows[k], counts)) if pp > 1 else None)
     if pp == 1:
         o = sums[0]
         return float(m * np.min(o.T[(o.a == 0) & (o.b == n)], initial=np.inf))
@@ -56,25 +55,26 @@ def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: 
 
 
 def _options(a: np.ndarray, b: np.ndarray, bound: np.ndarray) -> StageOptions:
-    """The finite [a, b] entries of ``bound`` on the segments (a, b), as options (dp index 0, tails 0)."""
-    seg = np.flatnonzero(np.isfinite(bound[a, b]))
-    T = bound[a[seg], b[seg]]
-    return StageOptions(a[seg], b[seg], np.zeros(len(seg), dtype=int), T, np.zeros_like(T))
+    """The segments (a, b) with a finite ``bound``, as options (dp index 0, tails 0)."""
+    seg = np.flatnonzero(np.isfinite(bound))
+    return StageOptions(a[seg], b[seg], np.zeros(len(seg), dtype=int), bound[seg], np.zeros(len(seg)))
 
 
-def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]] | None = None
+def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]], counts: bool = False
                    ) -> np.ndarray:
-    """[a, b] a lower bound on T_k + lam D_k of layers a..b-1 on stage k over plans whose stage
-    k fits (inf where none can; the gradient received from stage k+1 is the partition's): the LP
-    bound, and for the short segments of ``windows`` whose middle layers are identical the
+    """[window] a lower bound on T_k + lam D_k of the segment's layers on stage k over plans
+    whose stage k fits (inf where none can; the gradient received from stage k+1 is the
+    partition's): the LP bound, computed once per class of segments holding the same rows
+    (counts.segment_classes: one per length for identical layers), and with ``counts`` the
     integer one of counts.count_bounds where larger."""
-    n = len(t.layer_type)
     st, vc = t.stages[k], t.vocab[v][k]
     cost, mem, temp = _layer_arrays(t, v, k, lam)
     last_cost = cost + (st.send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
     rows, inverse = _distinct_rows(t, v, k)
+    classes = segment_classes((cost, last_cost, mem, temp), inverse, windows)
+    a, b = classes.a, classes.b
     prices = np.unique(np.concatenate([[0.0]] + [_hull_prices(mem[j], cost[j]) for j in rows]))
-    out = np.full((n + 1, n + 1), np.inf)
+    out = np.full(len(a), np.inf)
     for level, floor in _levels(temp, vc.temp_bytes):
         allowed = temp[rows] <= level
         cap = t.budget_bytes - vc.memory_bytes - max(floor, vc.temp_bytes)
@@ -84,15 +84,13 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[in
         prefix = np.concatenate((np.zeros((len(prices), 1)),
                                  np.cumsum(np.where(np.isfinite(priced), priced, 0.0), axis=1)), axis=1)
         # segment [a, b): prefix[b-1] - prefix[a] + last[b-1] - mu cap, the largest over prices
-        val = prefix[:, None, :-1] - prefix[:, :-1, None] + last[:, None, :] - prices[:, None, None] * cap
-        no_plan = missing[None, :-1] - missing[:-1, None] > 0  # [a, b-1]: a layer of a..b-2 has no strategy
-        out[:-1, 1:] = np.minimum(out[:-1, 1:], np.where(no_plan, np.inf, np.max(val, axis=0)))  # least over levels
-    if windows is not None:
-        counted = count_bounds(t, k, (cost, last_cost, mem, temp), windows, temp_levels(t), vc.memory_bytes,
-                               vc.temp_bytes)
+        val = prefix[:, b - 1] - prefix[:, a] + last[:, b - 1] - prices[:, None] * cap
+        no_plan = missing[b - 1] - missing[a] > 0  # a layer of a..b-2 has no strategy
+        out = np.minimum(out, np.where(no_plan, np.inf, np.max(val, axis=0)))  # least over levels
+    if counts:
+        counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes)
         out = np.where(np.isfinite(counted) & np.isfinite(out), np.maximum(out, counted), out)
-    a, b = np.indices((n + 1, n + 1))
-    return np.where(b > a, out, np.inf) + vc.time_s + lam * vc.tail_s
+    return out[classes.of_window] + vc.time_s + lam * vc.tail_s
 
 
 def _distinct_rows(t: ComboTables, v, k: int) -> tuple[np.ndarray, np.ndarray]:

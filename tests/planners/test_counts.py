@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from planners.counts import count_bounds
-from planners.memory_floor import _layer_arrays, memory_floor
+from planners.counts import count_bounds, segment_classes
+from planners.memory_floor import _distinct_rows, _layer_arrays, memory_floor
 from planners.outer import grouped_tables
 from planners.segments import GroupDP
 from planners.tables import temp_levels
@@ -53,11 +53,11 @@ def test_count_bounds_are_the_integer_optimum(seed):
                 cost, mem, temp = _layer_arrays(t, v, k, lam)
                 last = cost + (t.stages[k].send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
                 vc = t.vocab[v][k]
-                got = count_bounds(t, k, (cost, last, mem, temp), windows[k], temp_levels(t), vc.memory_bytes,
-                                   vc.temp_bytes)
-                for a, b in windows[k]:
+                classes = segment_classes((cost, last, mem, temp), _distinct_rows(t, v, k)[1], windows[k])
+                got = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes)[classes.of_window]
+                for (a, b), value in zip(windows[k], got):
                     if b - a <= 3:
-                        assert got[a, b] == pytest.approx(_brute(t, v, k, lam, a, b), rel=1e-12, abs=0)
+                        assert value == pytest.approx(_brute(t, v, k, lam, a, b), rel=1e-12, abs=0)
                         checked += 1
     assert checked
 
