@@ -12,6 +12,7 @@ from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.seed import uniform_seed
+from planners.tail_floor import tail_floor
 from planners.tables import ComboTables, StageTables, VocabCost, temp_levels
 from specs import even_stage_layers
 
@@ -327,16 +328,29 @@ class GroupDP:
 
     def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
         """The largest of the per-segment memory bound (memory_floor; its integer count bound on
-        short segments of identical layers asked only when the LP one cannot rule the group out)
-        and the memory-blind bound (only when neither can). The Lagrangian (lagrange.py) is not
-        asked: on the issue-16 cases it never exceeded these."""
+        short segments of identical layers asked only when the LP one cannot rule the group out),
+        the memory-blind bound and the tail-cap bound (tail_floor), each asked only when the
+        ones before cannot. The Lagrangian (lagrange.py) is not asked: on the issue-16 cases it
+        never exceeded these."""
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
         relaxed = memory_floor(self.t, v, self.bound_windows, recv)
-        if relaxed < incumbent_s and self.t.combo.pp > 1:
+        pp = self.t.combo.pp
+        if relaxed < incumbent_s and pp > 1:
             relaxed = max(relaxed, memory_floor(self.t, v, self.bound_windows, recv, counts=True))
-        if relaxed >= incumbent_s:
-            return relaxed
-        return max(relaxed, self.relaxed_objective(v))
+        if relaxed < incumbent_s:
+            relaxed = max(relaxed, self.relaxed_objective(v))
+        if relaxed < incumbent_s and pp > 1:
+            relaxed = max(relaxed, self.tail_floor(v, incumbent_s))
+        return relaxed
+
+    def tail_floor(self, v, incumbent_s: float = np.inf) -> float:
+        """tail_floor.tail_floor on this group's memory-blind options over every partition."""
+        recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
+
+        def options(lam: float) -> list[StageOptions]:
+            return [self.relaxed_options(k, v, lam)[0] for k in range(len(self.windows))]
+
+        return tail_floor(options, recv, self.n, self.m, self.t.combo.pp, incumbent_s)
 
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
