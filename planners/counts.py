@@ -105,17 +105,18 @@ def segment_classes(rows: tuple, row_id: np.ndarray, windows: list[tuple[int, in
 
 
 def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vocab_memory_bytes: float,
-                 vocab_temp_bytes: float, max_layers: int = MAX_COUNT_LAYERS) -> np.ndarray:
+                 vocab_temp_bytes: float, max_layers: int = MAX_COUNT_LAYERS, among: np.ndarray | None = None
+                 ) -> np.ndarray:
     """[class] the least T + lam D of a class's layers on its stage whose memory fits,
     relayouts left out, for the classes of identical middle layers and at most ``max_layers``
-    layers (inf elsewhere: no bound given, or no plan fits). Frontiers are kept per (rows, count)
-    in ``t.shared``, so every class, stage, vocab choice and budget of the group with the same
-    rows shares them."""
+    layers (among ``among`` [class] when given; inf elsewhere: no bound given, or no plan fits).
+    Frontiers are kept per (rows, count) in ``t.shared``, so every class, stage, vocab choice and
+    budget of the group with the same rows shares them."""
     cap = t.budget_bytes - vocab_memory_bytes
     memo: dict = t.shared.setdefault(("count frontiers", t.budget_bytes), {})
     out = np.full(len(classes.a), np.inf)
     for c, body in enumerate(classes.body):
-        if body is None or classes.b[c] - classes.a[c] > max_layers:
+        if body is None or classes.b[c] - classes.a[c] > max_layers or (among is not None and not among[c]):
             continue
         inner = _frontier(memo, classes.inner_rows, *body, levels, t.budget_bytes)
         last = _row_of(classes.last_rows[int(classes.row_id[classes.b[c] - 1])], levels)

@@ -74,7 +74,7 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[in
     classes = segment_classes((cost, last_cost, mem, temp), inverse, windows)
     a, b = classes.a, classes.b
     prices = np.unique(np.concatenate([[0.0]] + [_hull_prices(mem[j], cost[j]) for j in rows]))
-    out = np.full(len(a), np.inf)
+    out, free = np.full(len(a), np.inf), np.full(len(a), np.inf)  # free: at price 0 (memory ignored)
     for level, floor in _levels(temp, vc.temp_bytes):
         allowed = temp[rows] <= level
         cap = t.budget_bytes - vc.memory_bytes - max(floor, vc.temp_bytes)
@@ -87,8 +87,10 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[in
         val = prefix[:, b - 1] - prefix[:, a] + last[:, b - 1] - prices[:, None] * cap
         no_plan = missing[b - 1] - missing[a] > 0  # a layer of a..b-2 has no strategy
         out = np.minimum(out, np.where(no_plan, np.inf, np.max(val, axis=0)))  # least over levels
-    if counts:
-        counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes)
+        free = np.minimum(free, np.where(no_plan, np.inf, val[0]))
+    if counts:  # only where memory lifts the LP bound: elsewhere the counts rarely add anything
+        binds = np.isfinite(out) & (out > free)
+        counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes, among=binds)
         out = np.where(np.isfinite(counted) & np.isfinite(out), np.maximum(out, counted), out)
     return out[classes.of_window] + vc.time_s + lam * vc.tail_s
 
