@@ -75,3 +75,46 @@ def test_count_bounds_lift_the_lp_bound_somewhere():
                 lp = memory_floor(t, v, dp.bound_windows, recv)
                 lifted += memory_floor(t, v, dp.bound_windows, recv, counts=True) > lp * (1 + 1e-9)
     assert lifted
+
+
+def test_heterogeneous_models_keep_one_class_per_run():
+    """T5-like (encoder run, decoder run) and Swin-like (runs ending in a downsampling block):
+    segments inside one run share a class per length; a segment whose middle layers cross runs
+    is its own class, with no count bound."""
+    from tests.planners.test_gap import swin_like, t5_like
+    for model in (t5_like(3, 3), swin_like((4, 3, 1))):
+        t = grouped_tables(model, RandomCostModel(tiny_cluster(), 0), 1e9, PIPE_SPACE, (8,))[0]
+        v, n = next(iter(t.vocab)), len(t.layer_type)
+        cost, mem, temp = _layer_arrays(t, v, 0, 0.0)
+        windows = [(a, b) for a in range(n) for b in range(a + 1, n + 1)]
+        row = _distinct_rows(t, v, 0)[1]
+        classes = segment_classes((cost, cost, mem, temp), row, windows)
+        for (a, b), c in zip(windows, classes.of_window):
+            inner = set(row[a + 1:b - 1].tolist())
+            assert (classes.body[c] is None) == (len(inner) > 1), (model.name, a, b)
+        assert len(set(classes.of_window.tolist())) < len(windows)  # runs share
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_galvatron_equals_the_ilp_where_counts_bound_groups(seed, monkeypatch):
+    """Identical layers, pp up to 4, tight budgets: the count bound is asked, and the default
+    galvatron's plan is the ILP optimum (or the ILP value lies inside its proven gap)."""
+    import planners
+    from planners import Budget, counts
+    asked = []
+    original = counts.count_bounds
+    monkeypatch.setattr(counts, "count_bounds", lambda *a, **k: asked.append(1) or original(*a, **k))
+    import planners.memory_floor as floor_module
+    monkeypatch.setattr(floor_module, "count_bounds", counts.count_bounds)
+    model, cluster = tiny_model(6, identical=True), tiny_cluster()
+    cm = RandomCostModel(cluster, 100 + seed)
+    for kib in (2500, 4000, 8000):
+        budget = Budget(memory_gib=kib * KIB / 1024**3, global_batch=8)
+        fast = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE})
+        ilp = planners.get("ilp").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "warm_start": False})
+        assert fast.feasible == ilp.feasible
+        if fast.feasible:
+            assert fast.stats.bound_s <= ilp.iteration_time_s * (1 + 1e-9) <= fast.iteration_time_s * (1 + 2e-9)
+            if fast.stats.solver_status == "optimal":
+                assert fast.iteration_time_s == pytest.approx(ilp.iteration_time_s, rel=1e-9)
+    assert asked  # memory binds on some short identical segment
