@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
@@ -67,11 +69,25 @@ class GalvatronPlanner(Planner):
         limit = opts["time_limit_s"]
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
 
+        floors: dict[int, float] = {}
+        """id(tables) -> the group's any-vocab floor, computed by ``refine`` before the search."""
+
+        def group_dp(tables):
+            return GroupDP(tables, exact=exact, even=even, granularity_bytes=granularity,
+                           stage_imbalance=None if exact else opts["stage_imbalance"],
+                           max_temp_levels=None if exact else opts["max_temp_levels"],
+                           deadline=deadline if state.solutions else None)  # a call goes on until it has a plan
+
+        def refine(tables, incumbent_s):  # the group's floor without the tail caps: cheaper, enough to order
+            try:
+                floors[id(tables)] = group_dp(tables).any_vocab_floor(
+                    incumbent_s if len(tables.vocab) > 1 else None, tails=False)
+            except DeadlinePassed:
+                return 0.0
+            return floors[id(tables)]
+
         def solve(tables, incumbent_s):
-            dp = GroupDP(tables, exact=exact, even=even, granularity_bytes=granularity,
-                         stage_imbalance=None if exact else opts["stage_imbalance"],
-                         max_temp_levels=None if exact else opts["max_temp_levels"],
-                         deadline=deadline if state.solutions else None)  # a call goes on until it has a plan
+            dp = group_dp(tables)
             found = []
 
             def stopped():  # by the deadline, part-way or between vocab choices: the cheap bound
@@ -80,18 +96,19 @@ class GalvatronPlanner(Planner):
                 return found
 
             try:
-                floor = dp.any_vocab_floor(incumbent_s if len(tables.vocab) > 1 else None)  # one: its own bound
+                floor = floors.pop(id(tables), -np.inf)
+                if floor < incumbent_s:  # one vocab choice: its own bound, in the search
+                    floor = max(floor, dp.any_vocab_floor(incumbent_s if len(tables.vocab) > 1 else None))
+                if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent
+                    state.bound(tables.combo.global_batch, floor)
+                    state.pruned += len(tables.vocab)
+                    return found
+                choices = _by_bound(dp, incumbent_s, lambda: bool(state.solutions) and passed(deadline))
             except DeadlinePassed:
                 return stopped()
-            if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent
-                state.bound(tables.combo.global_batch, floor)
-                state.pruned += len(tables.vocab)
-                return found
-            for v in tables.vocab:
+            for v in choices:
                 if (found or state.solutions) and passed(deadline):
                     return stopped()
-                if vocab_min_memory_bytes(tables, v) > tables.budget_bytes:
-                    continue  # no plan of this vocab choice fits: its bound is inf
                 try:
                     sol = dp.solve(v, min([incumbent_s] + [f.objective_s for f in found]))
                 except DeadlinePassed:
@@ -105,12 +122,29 @@ class GalvatronPlanner(Planner):
 
         meta = {"model": model.name, "cluster": cluster.name}
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
-                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline)
+                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline,
+                                  refine=refine)
         bound_s, gap = state.gap()
         status = "time_limit" if state.timed_out else "optimal" if gap == 0.0 else "heuristic"
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                         status, gap)
         return replace(result, stats=replace(result.stats, bound_s=bound_s))
+
+
+def _by_bound(dp: GroupDP, incumbent_s: float, stop: Callable[[], bool]) -> list:
+    """The group's vocab choices that can fit, lowest bound first (GroupDP.lower_bound without
+    the tail caps), so that the best is likely searched first and its plan rules the others out;
+    in table order where the search is exact and proven (its optimum is its bound)."""
+    t = dp.t
+    choices = [v for v in t.vocab if vocab_min_memory_bytes(t, v) <= t.budget_bytes]  # else no plan fits
+    if dp.exact and dp.proven:
+        return choices
+    keys = {}
+    for v in choices:
+        if stop():
+            raise DeadlinePassed
+        keys[v] = dp.lower_bound(v, incumbent_s, tails=False)
+    return sorted(choices, key=keys.get)
 
 
 def _variant(class_name: str, name: str, doc: str, **overrides) -> type[GalvatronPlanner]:

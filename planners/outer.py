@@ -18,9 +18,9 @@ from planners.base import (
     scored_result,
 )
 from planners.seed import uniform_layer_sums, uniform_seed
-from planners.segments import GroupSolution, temp_levels
+from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
-from planners.tables import ComboTables, build_tables
+from planners.tables import ComboTables, build_tables, temp_levels
 from specs import ModelSpec, even_stage_layers
 from specs.units import GIB
 
@@ -127,12 +127,15 @@ def passed(deadline: float | None) -> bool:
 def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
               batches: tuple[int, ...], solve: Callable[[ComboTables, float], list[GroupSolution]],
               top_k: int, meta: dict, state: OuterState | None = None, deadline: float | None = None,
-              seed: bool = True) -> tuple[OuterState, list[ComboTables]]:
+              seed: bool = True, refine: Callable[[ComboTables, float], float] | None = None
+              ) -> tuple[OuterState, list[ComboTables]]:
     """Seed with the uniform recipes and the interleaved plans (``seed``; else the interleaved
     plans come last), then solve groups in order of their lower bound, skipping a group whose
-    bound cannot beat the best. Past ``deadline`` (time.monotonic) the remaining groups are left
-    with their lower bound, once a plan has been found (a call with no plan yet goes on until it
-    has one)."""
+    bound cannot beat the best. ``refine(tables, incumbent_s)``: a tighter bound of a group,
+    asked of every group the cheap bound keeps after the seeds, so that the groups are searched
+    in its order (the best group first, whose plan then rules the others out). Past ``deadline``
+    (time.monotonic) the remaining groups are left with their lower bound, once a plan has been
+    found (a call with no plan yet goes on until it has one)."""
     state = state or OuterState()
     start = time.perf_counter()
     tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
@@ -144,6 +147,11 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         _seed_uniform(tables, model, cost_model, budget_bytes, top_k, meta, state)
         _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     order = sorted(range(len(tables)), key=lambda i: -tables[i].combo.global_batch / bounds[i])
+    if refine is not None:
+        start = time.perf_counter()
+        _refine(tables, bounds, order, refine, state, top_k, deadline)
+        state.groups_s += time.perf_counter() - start
+        order = sorted(order, key=lambda i: -tables[i].combo.global_batch / bounds[i])
     for i in order:
         t = tables[i]
         state.candidates += len(t.vocab)
@@ -170,6 +178,22 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     if not seed:
         _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     return state, tables
+
+
+def _refine(tables: list[ComboTables], bounds: list[float], order: list[int], refine: Callable, state: OuterState,
+            top_k: int, deadline: float | None) -> None:
+    """bounds[i] lifted by ``refine`` for the groups the cheap bound does not prune under the
+    seeds' incumbent (in the cheap bound's order, until ``deadline``)."""
+    ranked = sorted((s[0] for s in state.solutions), reverse=True)
+    best_thr = ranked[0] if ranked else 0.0
+    threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
+    for i in order:
+        gb = tables[i].combo.global_batch
+        if gb / bounds[i] <= threshold:
+            continue
+        if state.solutions and passed(deadline):
+            return
+        bounds[i] = max(bounds[i], refine(tables[i], gb / best_thr if best_thr > 0 else np.inf))
 
 
 def _all_interleaved(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,

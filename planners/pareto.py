@@ -7,7 +7,7 @@ not dominated in (temp level, memory, T, D), which is what the pipeline objectiv
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -199,6 +199,17 @@ class SegmentPass:
     stage: int
     start: int
     frontiers: list[Frontier]
+    _arrays: tuple | None = field(default=None, repr=False, compare=False)
+
+    def scalar_arrays(self, n_strategies: int) -> tuple[np.ndarray, np.ndarray]:
+        """[layer, strategy] T and D of a memory-blind pass's points (one per strategy; T inf, D
+        0 where none), built once."""
+        if self._arrays is None:
+            T, D = np.full((len(self.frontiers), n_strategies), np.inf), np.zeros((len(self.frontiers), n_strategies))
+            for j, f in enumerate(self.frontiers):
+                T[j, f.strat], D[j, f.strat] = f.T, f.D
+            self._arrays = (T, D)
+        return self._arrays
 
     def strategies(self, last: int, point: int) -> list[int]:
         """Strategy indices of layers start..start+last for the point ``point`` of layer ``last``."""

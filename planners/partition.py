@@ -186,12 +186,14 @@ def partition_floor(sum_opts: list[StageOptions], max_opts: list[StageOptions], 
         return np.inf
     taus = taus[_first_feasible(max_cells, recv, taus, n):]
     best = np.inf
-    batch = max(1, int(FLOOR_BATCH_CELLS // ((n + 1) * G) ** 2))
-    for lo in range(0, len(taus), batch):
+    limit = max(1, int(FLOOR_BATCH_CELLS // ((n + 1) * G) ** 2))
+    lo, batch = 0, min(8, limit)  # blocks growing from 8: the first caps usually settle it
+    while lo < len(taus):
         chunk = taus[lo:lo + batch]
         if base[0] + (m - 1) * chunk[0] >= best:
             break
         best = min(best, float(np.min(_capped_sums(sum_cells, max_cells, recv, chunk, n) + (m - 1) * chunk)))
+        lo, batch = lo + len(chunk), min(2 * batch, limit)
     return best
 
 

@@ -8,11 +8,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planners.lagrange import lagrangian_bound
+from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.seed import uniform_seed
-from planners.tables import ComboTables, StageTables, VocabCost
+from planners.tail_floor import tail_floor
+from planners.tables import ComboTables, StageTables, VocabCost, temp_levels
 from specs import even_stage_layers
 
 
@@ -42,12 +43,6 @@ def stage_windows(n: int, pp: int, even: bool, max_len: int | None = None) -> li
                 if max_len is None or b - a <= max_len]
         out.append(segs)
     return out
-
-
-def temp_levels(t: ComboTables) -> np.ndarray:
-    vals = [s.temp_bytes[np.isfinite(s.temp_bytes)] for s in t.stages]
-    vals += [np.array([vc.temp_bytes for vc in v]) for v in t.vocab.values()]
-    return np.unique(np.concatenate(vals + [np.zeros(1)]))
 
 
 def _last_mem_floor(vc) -> float:
@@ -95,6 +90,10 @@ class GroupDP:
         self.skipped = 0
         """Vocab tps skipped because the memory-blind objective could not beat the incumbent."""
         self.passes: dict[tuple[int, int | None], dict] = {}
+        self.time_twin = _time_twins(self.stages)
+        """[k] the first stage whose time, tail and relayout tables equal stage k's."""
+        self._blind_passes: dict[tuple, list[SegmentPass]] = {}
+        """(time twin, vocab choice on stage 0, weight) -> memory-blind passes read for time only."""
 
     # -- passes -----------------------------------------------------------------------------
     def _cap_by_level(self, k: int, vocab_tps) -> np.ndarray:
@@ -103,11 +102,13 @@ class GroupDP:
                 - _last_mem_floor(self.t.vocab[v][k]) for v in vocab_tps]
         return np.max(caps, axis=0)
 
-    def _stage_passes(self, k: int, v: int, scalar: float | None = None) -> dict:
+    def _stage_passes(self, k: int, v: int, scalar: float | None = None, blind: bool = False) -> dict:
         """start -> (pass, pass id) for stage k; stage 0 depends on the vocab tp, the others do not.
-        ``scalar``: the memory-blind pass (one point per strategy) under weight ``scalar``."""
+        ``scalar``: the memory-blind pass (one point per strategy) under weight ``scalar``.
+        ``blind``: its points are read for time, tail and strategy only (not memory), so stages
+        whose time tables are equal (``time_twin``) share the passes."""
         cut = self.incumbent_s if scalar is None else np.inf
-        key = (k, v if k == 0 else None, scalar, cut)
+        key = (k, v if k == 0 else None, scalar, cut, blind)
         if key in self.passes:
             return self.passes[key]
         lt = self.t.layer_type
@@ -118,12 +119,13 @@ class GroupDP:
                             check=self.check_deadline if self.deadline is not None else None)
         stop_of: dict[int, int] = {}
         for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
-            stop_of[a] = max(stop_of.get(a, 0), b)
+            stop_of[a] = self.n if blind else max(stop_of.get(a, 0), b)  # blind: to the end, for every twin
         # one start: its pass is read only at the stage's last layer (a pass reused for a later
         # start is read before its end, where what later layers add is not owed)
         runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut,
                          self._completion(k) if len(stop_of) == 1 and k == self.t.combo.pp - 1 else None)
-        done: list[SegmentPass] = []
+        done: list[SegmentPass] = self._blind_passes.setdefault(
+            (self.time_twin[k], v if k == 0 else None, scalar), []) if blind else []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
         for a in sorted(stop_of):
             self.check_deadline()
@@ -181,7 +183,7 @@ class GroupDP:
         """Stage k's options over every partition's segments (``bound_windows``), memory ignored:
         per segment the memory-blind pass's best T + lam D per dp of its last layer (what
         ``_segment`` gives with no budget), for every pass and length at once."""
-        passes = self._stage_passes(k, v, scalar=lam)
+        passes = self._stage_passes(k, v, scalar=lam, blind=True)
         a, b = (np.array(x, dtype=int) for x in zip(*self.bound_windows[k]))
         unique = list({id(p): p for p, _ in passes.values()}.values())
         index = {id(p): i for i, p in enumerate(unique)}
@@ -201,12 +203,11 @@ class GroupDP:
         embedding/head and the send to the next stage; ties go to the smaller tail."""
         vc, st, n_strat = self.t.vocab[v][k], self.stages[k], len(self.t.strategies)
         G, L = len(self.t.dp_values), len(p.frontiers)
-        T, D = np.full((L, n_strat), np.inf), np.zeros((L, n_strat))  # T inf: no point
-        for j, f in enumerate(p.frontiers):  # one point per strategy, in strategy order
-            extra = vc.last_delta[f.strat] if vc.last_delta is not None else np.zeros((len(f), 3))
-            send = st.send_next_s[self.t.layer_type[p.start + j], f.strat] if k < self.t.combo.pp - 1 else 0.0
-            T[j, f.strat] = f.T + vc.time_s + send + extra[:, 0]
-            D[j, f.strat] = f.D + vc.tail_s + extra[:, 1]
+        T, D = p.scalar_arrays(n_strat)  # T inf: no point
+        extra = vc.last_delta if vc.last_delta is not None else np.zeros((n_strat, 3))
+        send = st.send_next_s[self.t.layer_type[p.start:p.start + L]] if k < self.t.combo.pp - 1 else 0.0
+        T = T + vc.time_s + send + extra[None, :, 0]
+        D = D + vc.tail_s + extra[None, :, 1]
         out_T, out_D, out_p = np.full((L, G), np.inf), np.full((L, G), np.inf), np.full((L, G), -1.0)
         position = np.cumsum(np.isfinite(T), axis=1) - 1  # a strategy's index in its frontier
         rows = np.arange(L)
@@ -318,7 +319,7 @@ class GroupDP:
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
         return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
 
-    def any_vocab_floor(self, incumbent_s: float | None = None) -> float:
+    def any_vocab_floor(self, incumbent_s: float | None = None, tails: bool = True) -> float:
         """A lower bound for every vocab choice at once: ``relaxed_objective`` with each stage's
         embedding/head at its least over the choices (the bound only grows with them: times,
         tails and memory fall, the memory caps rise), kept for every budget (ComboTables.shared);
@@ -329,22 +330,48 @@ class GroupDP:
                          deadline=self.deadline)
         if incumbent_s is None:
             return merged.relaxed_objective(ANY_VOCAB)
-        return merged.lower_bound(ANY_VOCAB, incumbent_s)
+        return merged.lower_bound(ANY_VOCAB, incumbent_s, tails)
 
-    def lower_bound(self, v, incumbent_s: float = np.inf) -> float:
-        """The larger of the memory-blind bound and the Lagrangian memory bound (computed only
-        when the first cannot already rule the group out)."""
-        relaxed = self.relaxed_objective(v)
-        if relaxed >= incumbent_s:
-            return relaxed
-        return max(relaxed, lagrangian_bound(self.t, v, incumbent_s, even=self.even, deadline=self.deadline))
+    def lower_bound(self, v, incumbent_s: float = np.inf, tails: bool = True) -> float:
+        """The largest of the per-segment memory bound (memory_floor; its integer count bound on
+        short segments of identical layers asked only when the LP one cannot rule the group out),
+        the memory-blind bound and, with ``tails``, the tail-cap bound (tail_floor), each asked
+        only when the ones before cannot. The Lagrangian (lagrange.py) is not asked: on the
+        issue-16 cases it never exceeded these."""
+        relaxed = self._memory_floor(v, counts=False)
+        pp = self.t.combo.pp
+        if relaxed < incumbent_s and pp > 1:
+            relaxed = max(relaxed, self._memory_floor(v, counts=True))
+        if relaxed < incumbent_s:
+            relaxed = max(relaxed, self.relaxed_objective(v))
+        if relaxed < incumbent_s and pp > 1 and tails:
+            relaxed = max(relaxed, self.tail_floor(v, incumbent_s))
+        return relaxed
+
+    def _memory_floor(self, v, counts: bool) -> float:
+        """memory_floor over every partition, kept per budget in ComboTables.shared."""
+        key = ("memory_floor", v, counts, self.even, self.t.budget_bytes)
+        if key not in self.t.shared:
+            recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
+            self.t.shared[key] = memory_floor(self.t, v, self.bound_windows, recv, counts=counts)
+        return self.t.shared[key]
+
+    def tail_floor(self, v, incumbent_s: float = np.inf) -> float:
+        """tail_floor.tail_floor on this group's memory-blind options over every partition."""
+        recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
+
+        def options(lam: float) -> list[StageOptions]:
+            return [self.relaxed_options(k, v, lam)[0] for k in range(len(self.windows))]
+
+        return tail_floor(options, recv, self.n, self.m, self.t.combo.pp, incumbent_s)
 
     def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
         per weight lam (each segment offering its best T + lam * D) and keeps the best; it skips
-        the group when even the memory-blind objective cannot beat ``incumbent_s``."""
+        the group when its lower bound (``lower_bound``) cannot beat ``incumbent_s``."""
         if not self.exact or not self.proven:
-            self.bounds[v] = self.lower_bound(v, incumbent_s)
+            if v not in self.bounds:  # one computed earlier under a larger incumbent still holds
+                self.bounds[v] = self.lower_bound(v, incumbent_s)
             if not self.exact and self.bounds[v] >= incumbent_s:
                 self.skipped += 1
                 return None
@@ -413,6 +440,15 @@ def _least_vocab(costs: list[VocabCost]) -> VocabCost:
     return replace(costs[0], time_s=min(c.time_s for c in costs), tail_s=min(c.tail_s for c in costs),
                    memory_bytes=min(c.memory_bytes for c in costs), temp_bytes=min(c.temp_bytes for c in costs),
                    first_delta=least([c.first_delta for c in costs]), last_delta=least([c.last_delta for c in costs]))
+
+
+def _time_twins(stages: list[StageTables]) -> list[int]:
+    """[k] the first stage whose time_s, tail_s and trans_s equal stage k's."""
+    out: list[int] = []
+    for k, st in enumerate(stages):
+        out.append(next(j for j in range(k + 1) if all(
+            np.array_equal(getattr(stages[j], f), getattr(st, f)) for f in ("time_s", "tail_s", "trans_s"))))
+    return out
 
 
 def _padded(x: np.ndarray, rows: int) -> np.ndarray:

@@ -123,6 +123,14 @@ class ComboTables:
                     vocab_tp=vocab.tp, vocab_zero3=vocab.zero3, vocab_sp=vocab.sp, **meta)
 
 
+def temp_levels(t: ComboTables) -> np.ndarray:
+    """The group's distinct temporary sizes (every stage's layers, every embedding/head, and 0),
+    sorted: a Pareto point's level indexes them."""
+    vals = [s.temp_bytes[np.isfinite(s.temp_bytes)] for s in t.stages]
+    vals += [np.array([vc.temp_bytes for vc in v]) for v in t.vocab.values()]
+    return np.unique(np.concatenate(vals + [np.zeros(1)]))
+
+
 def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
                  space: SearchSpace, budget_bytes: float) -> ComboTables:
     """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s

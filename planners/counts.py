@@ -1,0 +1,160 @@
+"""Identical layers as counts: with relayouts left out, what a segment's layers add (time, tail,
+memory, largest temporary) depends only on how many of them take each strategy, so the Pareto
+frontier of c copies of one layer serves every segment with c such layers, whatever its start.
+
+``count_bounds`` gives each short segment of a stage the exact integer optimum of that relaxation
+(relayouts, >= 0, dropped; memory and the largest temporary exact): a lower bound on the
+segment's T + lam D over plans whose stage fits, at least the LP bound of memory_floor (which
+may mix strategies fractionally: with 5 layers a stage that is worth a few tenths of a percent).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planners.pareto import prune_fast
+from planners.tables import ComboTables
+
+MAX_COUNT_LAYERS = 12
+"""Segments up to this many layers get the count bound; longer ones keep the LP bound, whose
+integrality gap shrinks as 1 / length (and whose cost does not grow with the count)."""
+
+
+@dataclass(frozen=True)
+class CountFrontier:
+    """Non-dominated (largest temporary, memory, cost) sums of some layers' strategies."""
+
+    level: np.ndarray
+    """Index into the group's sorted temporary sizes of the largest temporary of the sum."""
+    memory_bytes: np.ndarray
+    cost_s: np.ndarray
+    """T + lam D of the layers (relayouts left out)."""
+
+    @staticmethod
+    def empty() -> "CountFrontier":
+        return CountFrontier(np.zeros(1, dtype=int), np.zeros(1), np.zeros(1))
+
+    def plus(self, row: "CountFrontier", cap_bytes: float) -> "CountFrontier":
+        """Every point plus one more layer taking any of ``row``'s strategies, pruned, the sums
+        above ``cap_bytes`` dropped."""
+        level = np.maximum(self.level[:, None], row.level[None]).ravel()
+        memory = (self.memory_bytes[:, None] + row.memory_bytes[None]).ravel()
+        cost = (self.cost_s[:, None] + row.cost_s[None]).ravel()
+        fits = np.flatnonzero(memory <= cap_bytes)
+        keep = fits[prune_fast(level[fits], memory[fits], cost[fits])]
+        return CountFrontier(level[keep], memory[keep], cost[keep])
+
+    def least_fitting(self, levels: np.ndarray, cap_bytes: float, temp_floor_bytes: float) -> float:
+        """The least cost of a point whose memory plus max(its largest temporary,
+        ``temp_floor_bytes``) fits in ``cap_bytes`` (inf: none)."""
+        held = self.memory_bytes + np.maximum(levels[self.level], temp_floor_bytes)
+        return float(self.cost_s[held <= cap_bytes].min(initial=np.inf))
+
+
+def row_frontier(cost: np.ndarray, memory: np.ndarray, temp: np.ndarray, levels: np.ndarray) -> CountFrontier:
+    """One layer's strategies (inf where not allowed), those dominated in (temporary, memory,
+    cost) dropped: swapping one for its dominator never hurts a sum."""
+    ok = np.flatnonzero(np.isfinite(cost) & np.isfinite(memory) & np.isfinite(temp))
+    level = np.searchsorted(levels, temp[ok])
+    keep = prune_fast(level, memory[ok], cost[ok])
+    return CountFrontier(level[keep], memory[ok][keep], cost[ok][keep])
+
+
+@dataclass(frozen=True)
+class SegmentClasses:
+    """The segments of one stage grouped by what they hold: segments whose layers but the first
+    and the last share one row, with the same first row, count and last row, hold the same
+    multiset of rows, so every relaxation that drops relayouts gives them one value."""
+
+    a: np.ndarray
+    """[class] a representative segment's start."""
+    b: np.ndarray
+    """[class] its stop."""
+    of_window: np.ndarray
+    """[window] the class of each segment of the windows."""
+    body: list[tuple[int, int, int] | None]
+    """[class] (first layer's row or -1, the middle layers' row or -1, how many have it), None
+    where the middle layers differ (then the class is its one segment)."""
+    inner_rows: dict[int, tuple]
+    """Row id -> (cost, memory, temp) of such a layer inside a segment, as bytes."""
+    last_rows: dict[int, tuple]
+    """Row id -> the same of such a layer ending a segment (its cost with the send to the next stage)."""
+    row_id: np.ndarray
+    """[layer] its row id."""
+
+
+def segment_classes(rows: tuple, row_id: np.ndarray, windows: list[tuple[int, int]]) -> SegmentClasses:
+    """``rows``: (cost, last_cost, memory, temp) [layer, strategy] as memory_floor._layer_arrays
+    gives them (``last_cost``: the layer as a segment's last, with its send to the next stage);
+    ``row_id``: [layer] equal only for layers whose rows (and last rows) are equal."""
+    cost, last_cost, memory, temp = rows
+    first = np.unique(row_id, return_index=True)[1]
+    inner_rows = {int(row_id[j]): (cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
+    last_rows = {int(row_id[j]): (last_cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
+    a, b = (np.array(x, dtype=int) for x in zip(*windows))
+    run_start = _run_starts(row_id)
+    inside = b - 2 > a  # the segment has middle layers a+1..b-2
+    uniform = ~inside | (run_start[np.maximum(b - 2, 0)] <= a + 1)
+    head, plain, count = _bodies(row_id, a, b)
+    keys = np.stack((np.where(uniform, head, -2), np.where(uniform, plain, a), np.where(uniform, count, b),
+                     np.where(uniform, row_id[b - 1], -2)), axis=1)  # not uniform: its own class
+    _, rep, of_window = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    bodies = [tuple(int(x) for x in keys[r, :3]) if uniform[r] else None for r in rep]
+    return SegmentClasses(a[rep], b[rep], of_window.ravel(), bodies, inner_rows, last_rows, row_id)
+
+
+def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vocab_memory_bytes: float,
+                 vocab_temp_bytes: float, max_layers: int = MAX_COUNT_LAYERS, among: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """[class] the least T + lam D of a class's layers on its stage whose memory fits,
+    relayouts left out, for the classes of identical middle layers and at most ``max_layers``
+    layers (among ``among`` [class] when given; inf elsewhere: no bound given, or no plan fits).
+    Frontiers are kept per (rows, count) in ``t.shared``, so every class, stage, vocab choice and
+    budget of the group with the same rows shares them."""
+    cap = t.budget_bytes - vocab_memory_bytes
+    memo: dict = t.shared.setdefault(("count frontiers", t.budget_bytes), {})
+    out = np.full(len(classes.a), np.inf)
+    for c, body in enumerate(classes.body):
+        if body is None or classes.b[c] - classes.a[c] > max_layers or (among is not None and not among[c]):
+            continue
+        inner = _frontier(memo, classes.inner_rows, *body, levels, t.budget_bytes)
+        last = _row_of(classes.last_rows[int(classes.row_id[classes.b[c] - 1])], levels)
+        out[c] = inner.plus(last, cap).least_fitting(levels, cap, vocab_temp_bytes)
+    return out
+
+
+def _run_starts(row_id: np.ndarray) -> np.ndarray:
+    """[j] the first layer of the run of equal rows that ends at layer j."""
+    new = np.concatenate(([True], row_id[1:] != row_id[:-1]))
+    return np.maximum.accumulate(np.where(new, np.arange(len(row_id)), 0))
+
+
+def _bodies(row_id: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Layers a..b-2 of each segment (those after the first sharing one row) as (first layer's
+    row or -1, the common row or -1, how many layers have it)."""
+    empty = b - 1 == a
+    lead, tail = row_id[a], row_id[np.maximum(b - 2, a)]
+    joined = ~empty & (lead == tail)  # the first layer is one of them
+    head = np.where(empty | joined, -1, lead)
+    plain = np.where(empty, -1, np.where(joined | (b - 2 > a), tail, -1))
+    count = np.where(empty, 0, np.where(joined, b - 1 - a, b - 2 - a))
+    return head, plain, count
+
+
+def _frontier(memo: dict, rows: dict[int, tuple], head: int, plain: int, count: int, levels: np.ndarray,
+              cap: float) -> CountFrontier:
+    """The frontier of the head row plus ``count`` copies of the plain row, memoised by the
+    rows' contents (with the cap it was pruned under)."""
+    key = (None if head < 0 else rows[head], None if plain < 0 else rows[plain], count, cap)
+    if key not in memo:
+        if count == 0:
+            memo[key] = CountFrontier.empty() if head < 0 else _row_of(rows[head], levels)
+        else:
+            before = _frontier(memo, rows, head, plain, count - 1, levels, cap)
+            memo[key] = before.plus(_row_of(rows[plain], levels), cap)
+    return memo[key]
+
+
+def _row_of(row: tuple, levels: np.ndarray) -> CountFrontier:
+    return row_frontier(*(np.frombuffer(x) for x in row), levels)

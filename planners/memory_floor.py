@@ -1,0 +1,146 @@
+"""A memory-aware lower bound on one group's objective with the partition left exact: per
+segment, the LP (knapsack) bound on its time under the stage's memory row, relayouts dropped;
+then ``partition.partition_floor`` over the segments and the bottleneck caps.
+
+Why: the Lagrangian (lagrange.py) prices memory and the bottleneck together, so it may mix
+partitions fractionally, and with 20 layers a stage half a layer is 2.5% of the objective
+(llama2-70b pp 4 converged 0.5% below a group whose plans are 2.5% above). Here each segment
+[a, b) gets its own price, and the bottleneck cap runs over whole partitions.
+
+For a segment on stage k, a price mu >= 0 s/byte and a level l (the stage's largest temporary,
+so only strategies whose temporary is <= l), any plan that fits satisfies
+  sum_j mem_j <= cap_l = budget - embedding/head memory - max(l, embedding/head temporary),
+so its cost C (T_k, or T_k + lam D_k) is at least sum_j min_s (c_js + mu mem_js) - mu cap_l:
+relayouts (>= 0) dropped, each layer minimised alone (weak duality). The bound is the least
+over levels of the largest over prices; the prices tried are the breakpoints of each layer
+type's min_s (c + mu mem) (the slopes of the lower convex hull of (mem, c)), where the largest
+over prices of the middle layers' sum lies, and 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from planners.counts import count_bounds, segment_classes
+from planners.pareto import _hull_prices
+from planners.partition import StageOptions, partition_floor
+from planners.tables import ComboTables, temp_levels
+
+MAX_LEVELS = 12
+"""Temporary levels tried per stage (the largest kept; each level l stands for every level up to
+the next one tried, with the cap of the lower: still a bound, a little looser)."""
+
+
+def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: list, counts: bool = False
+                 ) -> float:
+    """A lower bound on the objective of the group ``t`` under vocab choice ``v`` over the
+    partitions of ``windows`` (every stage's allowed (start, stop)): the least over partitions
+    of sum_k (T_k + D_k / pp) + (m - 1) max_k T_k with every term bounded per segment as above
+    (max_k D_k >= their mean). ``recv``: GroupDP._recv per stage (None for stage 0); the dp of
+    a stage's last layer is left free (each segment at its least over it, each gradient
+    received at its least over the sender's dp), which keeps the partition search one layer of
+    dp values small. ``counts``: short segments of identical layers also take the integer bound
+    of counts.count_bounds where larger (tighter on short stages, and dearer)."""
+    pp, n, m = t.combo.pp, len(t.layer_type), t.combo.micro_batches
+    lam = 1.0 / pp if pp > 1 else 1.0 / m  # pp = 1: m (T + D/m) = m T + D
+    sums, maxes = [], []
+    for k in range(pp):
+        a, b = (np.array(x, dtype=int) for x in zip(*windows[k]))
+        sums.append(_options(a, b, segment_bounds(t, v, k, lam, windows[k], counts)))
+        maxes.append(_options(a, b, segment_bounds(t, v, k, 0.0, windows[k], counts)) if pp > 1 else None)
+    if pp == 1:
+        o = sums[0]
+        return float(m * np.min(o.T[(o.a == 0) & (o.b == n)], initial=np.inf))
+    least_recv = [None] + [r.min(axis=1, keepdims=True) for r in recv[1:]]
+    return partition_floor(sums, maxes, least_recv, n, 1, m)
+
+
+def _options(a: np.ndarray, b: np.ndarray, bound: np.ndarray) -> StageOptions:
+    """The segments (a, b) with a finite ``bound``, as options (dp index 0, tails 0)."""
+    seg = np.flatnonzero(np.isfinite(bound))
+    return StageOptions(a[seg], b[seg], np.zeros(len(seg), dtype=int), bound[seg], np.zeros(len(seg)))
+
+
+def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]], counts: bool = False
+                   ) -> np.ndarray:
+    """[window] a lower bound on T_k + lam D_k of the segment's layers on stage k over plans
+    whose stage k fits (inf where none can; the gradient received from stage k+1 is the
+    partition's): the LP bound, computed once per class of segments holding the same rows
+    (counts.segment_classes: one per length for identical layers), and with ``counts`` the
+    integer one of counts.count_bounds where larger."""
+    st, vc = t.stages[k], t.vocab[v][k]
+    cost, mem, temp = _layer_arrays(t, v, k, lam)
+    last_cost = cost + (st.send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
+    rows, inverse = _distinct_rows(t, v, k)
+    classes = segment_classes((cost, last_cost, mem, temp), inverse, windows)
+    a, b = classes.a, classes.b
+    prices = np.unique(np.concatenate([[0.0]] + [_hull_prices(mem[j], cost[j]) for j in rows]))
+    out, free = np.full(len(a), np.inf), np.full(len(a), np.inf)  # free: at price 0 (memory ignored)
+    for level, floor in _levels(temp, vc.temp_bytes):
+        allowed = temp[rows] <= level
+        cap = t.budget_bytes - vc.memory_bytes - max(floor, vc.temp_bytes)
+        priced = _priced_min(cost[rows], mem[rows], allowed, prices)[:, inverse]  # [price, layer]
+        last = _priced_min(last_cost[rows], mem[rows], allowed, prices)[:, inverse]  # as the segment's last
+        missing = np.concatenate(([0], np.cumsum(~np.isfinite(priced[0]))))
+        prefix = np.concatenate((np.zeros((len(prices), 1)),
+                                 np.cumsum(np.where(np.isfinite(priced), priced, 0.0), axis=1)), axis=1)
+        # segment [a, b): prefix[b-1] - prefix[a] + last[b-1] - mu cap, the largest over prices
+        val = prefix[:, b - 1] - prefix[:, a] + last[:, b - 1] - prices[:, None] * cap
+        no_plan = missing[b - 1] - missing[a] > 0  # a layer of a..b-2 has no strategy
+        out = np.minimum(out, np.where(no_plan, np.inf, np.max(val, axis=0)))  # least over levels
+        free = np.minimum(free, np.where(no_plan, np.inf, val[0]))
+    if counts:  # only where memory lifts the LP bound: elsewhere the counts rarely add anything
+        binds = np.isfinite(out) & (out > free)
+        counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes, among=binds)
+        out = np.where(np.isfinite(counted) & np.isfinite(out), np.maximum(out, counted), out)
+    return out[classes.of_window] + vc.time_s + lam * vc.tail_s
+
+
+def _distinct_rows(t: ComboTables, v, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """One layer per distinct row of the stage's arrays (layer type; layer 0 and the last layer
+    apart where the embedding/head adds per-strategy deltas), and each layer's row."""
+    key = t.layer_type.copy()
+    vc = t.vocab[v][k]
+    if vc.first_delta is not None:
+        key[0] = -1
+    if vc.last_delta is not None:
+        key[-1] = -2
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return first, inverse.ravel()
+
+
+def _layer_arrays(t: ComboTables, v, k: int, lam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[layer, strategy] cost (T + lam D), memory and temporary of each layer on stage k, the
+    embedding's and the head's per-strategy deltas on layer 0 / the last layer; inf where not
+    allowed."""
+    st, vc, lt = t.stages[k], t.vocab[v][k], t.layer_type
+    ok = t.allowed[lt]
+    cost = np.where(ok, st.time_s[lt] + lam * np.where(ok, st.tail_s[lt], 0.0), np.inf)
+    mem = np.where(ok, st.memory_bytes[lt], np.inf)
+    for d, j in ((vc.first_delta, 0), (vc.last_delta, -1)):
+        if d is not None:
+            cost[j] = cost[j] + d[:, 0] + lam * d[:, 1]
+            mem[j] = mem[j] + d[:, 2]
+    return cost, mem, np.where(ok, st.temp_bytes[lt], np.inf)
+
+
+def _priced_min(cost: np.ndarray, mem: np.ndarray, allowed: np.ndarray, prices: np.ndarray) -> np.ndarray:
+    """[price, layer] min over allowed strategies of cost + mu mem (inf where none)."""
+    ok = allowed & np.isfinite(cost) & np.isfinite(mem)
+    c, m = np.where(ok, cost, np.inf), np.where(ok, mem, 0.0)
+    return (c[None] + prices[:, None, None] * m[None]).min(axis=2)
+
+
+def _levels(temp: np.ndarray, vocab_temp: float) -> list[tuple[float, float]]:
+    """(level, floor) pairs to try: a plan whose largest layer temporary t lies in (previous
+    level, level] uses only strategies with temporaries <= level and holds at least
+    max(floor, embedding/head temporary), floor the least distinct temporary above the previous
+    level. Levels below the embedding/head's temporary give the same cap with fewer strategies
+    (a larger bound), so the largest of them stands for all; at most MAX_LEVELS, the largest kept."""
+    vals = np.unique(temp[np.isfinite(temp)])
+    if not len(vals):
+        return []
+    low = np.flatnonzero(vals <= vocab_temp)
+    vals = vals[low[-1]:] if len(low) else vals
+    idx = np.unique(np.linspace(0, len(vals) - 1, min(MAX_LEVELS, len(vals))).round().astype(int))
+    floors = [vals[0]] + [vals[i + 1] for i in idx[:-1]]
+    return list(zip(vals[idx], floors))

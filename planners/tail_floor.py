@@ -1,0 +1,88 @@
+"""A lower bound on one group's objective with the largest tail enumerated, memory ignored.
+
+The memory-blind bound (GroupDP.relaxed_objective) counts max_k D_k as the mean tail; where the
+stages' tails differ (T5: encoder and decoder stages) that is several percent low. Here, for a
+cap delta on every stage's tail, each segment's time is bounded by its memory-blind optima under
+weights lam >= 0: a stage with D_k <= delta has T_k >= min (T + lam D) - lam delta (the minimum
+over its plans, so also at this plan). For a plan whose largest tail lies in [lo, hi],
+  sum_k T_k + (m - 1) max_k T_k + max_k D_k >= F(hi) + lo,
+F(hi) the least over partitions and bottleneck caps of those stage bounds at delta = hi
+(partition.partition_floor). Intervals of delta covering [0, inf) give a bound (the least over
+them); those below the incumbent are halved, the lowest first, while evaluations last.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+import numpy as np
+
+from planners.partition import StageOptions, partition_floor
+
+TAIL_WEIGHTS = (0.0, 0.25, 1.0, 4.0, 64.0)
+"""lam values whose memory-blind segment optima bound a stage's time under a tail cap (with 1/pp,
+which the memory-blind bound has computed already; the large ones rule out caps below a segment's
+least tail)."""
+START_INTERVALS = 16
+"""First split of the tail caps: quantiles of the options' tails."""
+MAX_EVALUATIONS = 40
+"""Partition bounds (one per cap) computed at most; each is one partition_floor call."""
+CLOSE_ENOUGH = 1e-3
+"""Refining stops once the bound is within this fraction below the incumbent (the issue's
+target gap is 0.5%)."""
+
+
+def tail_floor(options: Callable[[float], list[StageOptions]], recv: list, n: int, m: int, pp: int,
+               incumbent_s: float = np.inf) -> float:
+    """The bound above: ``options(lam)``: each stage's memory-blind segment options under weight
+    lam (GroupDP.relaxed_options; the same segments and dp indices for every lam), ``recv`` as
+    partition_floor takes it. Stops refining once every interval reaches ``incumbent_s``."""
+    weights = sorted(set(TAIL_WEIGHTS) | {1.0 / pp})
+    by_weight = [options(lam) for lam in weights]
+    if not _aligned(by_weight):
+        return 0.0
+    recv = [None] + [r.min(axis=1, keepdims=True) for r in recv[1:]]  # the sender's dp left free
+    tails = np.concatenate([o.D for stage in by_weight for o in stage])
+    caps = np.unique(np.concatenate(([0.0], np.quantile(tails, np.linspace(0, 1, START_INTERVALS)))))
+    F = {c: _capped(by_weight, weights, c, recv, n, m) for c in caps[1:]}
+    F[np.inf] = _capped(by_weight, [0.0], np.inf, recv, n, m)  # lam 0 only
+    heap = [(F[hi] + lo, lo, hi) for lo, hi in zip(caps, list(caps[1:]) + [np.inf])]
+    heapq.heapify(heap)
+    evaluations = len(F)
+    while heap[0][0] < incumbent_s * (1 - CLOSE_ENOUGH) and evaluations < MAX_EVALUATIONS:
+        _, lo, hi = heapq.heappop(heap)
+        if not np.isfinite(hi):  # the open interval: split at twice its start
+            hi_new = 2.0 * lo if lo > 0 else 1.0
+            F[hi_new] = _capped(by_weight, weights, hi_new, recv, n, m)
+            heapq.heappush(heap, (F[hi_new] + lo, lo, hi_new))
+            heapq.heappush(heap, (F[np.inf] + hi_new, hi_new, np.inf))
+        else:
+            mid = 0.5 * (lo + hi)
+            F[mid] = _capped(by_weight, weights, mid, recv, n, m)
+            heapq.heappush(heap, (F[mid] + lo, lo, mid))
+            heapq.heappush(heap, (F[hi] + mid, mid, hi))
+        evaluations += 1
+    return float(heap[0][0])
+
+
+def _aligned(by_weight: list[list[StageOptions]]) -> bool:
+    """Whether every weight's options list the same (segment, dp) per stage, in the same order."""
+    first = by_weight[0]
+    return all(np.array_equal(o.a, f.a) and np.array_equal(o.b, f.b) and np.array_equal(o.g, f.g)
+               for stage in by_weight[1:] for o, f in zip(stage, first))
+
+
+def _capped(by_weight: list[list[StageOptions]], weights: list[float], cap_s: float, recv: list, n: int,
+            m: int) -> float:
+    """F(cap): the least over partitions and bottleneck caps of sum_k T_k + (m - 1) max_k T_k with
+    every stage's T_k at least max over lam of (its option under lam) - lam cap, the least over
+    the dp of the segment's last layer (``recv`` at its least over the sender's dp)."""
+    stages = []
+    for k, base in enumerate(by_weight[0]):
+        lows = [by_weight[i][k].T + lam * by_weight[i][k].D - (lam * cap_s if lam else 0.0)
+                for i, lam in enumerate(weights)]
+        least = np.full((n + 1, n + 1), np.inf)
+        np.minimum.at(least, (base.a, base.b), np.max(lows, axis=0))
+        a, b = np.nonzero(np.isfinite(least))
+        stages.append(StageOptions(a, b, np.zeros(len(a), dtype=int), least[a, b], np.zeros(len(a))))
+    return partition_floor(stages, stages, recv, n, 1, m)

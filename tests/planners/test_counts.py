@@ -1,0 +1,120 @@
+"""Identical layers as counts (planners/counts.py): the count frontier's bound is the integer
+optimum of the segment relaxation (relayouts dropped) found by enumerating every assignment, and
+it lifts the LP bound on short pipelined stages."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from planners.counts import count_bounds, segment_classes
+from planners.memory_floor import _distinct_rows, _layer_arrays, memory_floor
+from planners.outer import grouped_tables
+from planners.segments import GroupDP
+from planners.tables import temp_levels
+from tests.planners.random_instances import RandomCostModel, tiny_cluster, tiny_model
+from tests.planners.test_gap import PIPE_SPACE
+
+KIB = 1024
+
+
+def _groups(seed: int, layers: int, budget_kib: int):
+    model, cluster = tiny_model(layers, identical=True), tiny_cluster()
+    return grouped_tables(model, RandomCostModel(cluster, seed), budget_kib * KIB, PIPE_SPACE, (8,))
+
+
+def _brute(t, v, k, lam, a, b) -> float:
+    """The least T + lam D of layers a..b-1 over every assignment whose memory fits, relayouts left out."""
+    cost, mem, temp = _layer_arrays(t, v, k, lam)
+    st, vc = t.stages[k], t.vocab[v][k]
+    last = cost + (st.send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
+    cap = t.budget_bytes - vc.memory_bytes
+    best = np.inf
+    for pick in itertools.product(range(len(t.strategies)), repeat=b - a):
+        rows = range(a, b)
+        c = sum(last[j, s] if j == b - 1 else cost[j, s] for j, s in zip(rows, pick))
+        held = sum(mem[j, s] for j, s in zip(rows, pick)) + max([vc.temp_bytes] + [temp[j, s] for j, s in zip(rows, pick)])
+        if np.isfinite(c) and held <= cap:
+            best = min(best, c)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_count_bounds_are_the_integer_optimum(seed):
+    checked = 0
+    for t in _groups(seed, 4, 6000):
+        if t.combo.pp != 2:
+            continue
+        v = next(iter(t.vocab))
+        windows = GroupDP(t, exact=False, even=False).bound_windows
+        for k in range(t.combo.pp):
+            for lam in (0.0, 0.5):
+                cost, mem, temp = _layer_arrays(t, v, k, lam)
+                last = cost + (t.stages[k].send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
+                vc = t.vocab[v][k]
+                classes = segment_classes((cost, last, mem, temp), _distinct_rows(t, v, k)[1], windows[k])
+                got = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes)[classes.of_window]
+                for (a, b), value in zip(windows[k], got):
+                    if b - a <= 3:
+                        assert value == pytest.approx(_brute(t, v, k, lam, a, b), rel=1e-12, abs=0)
+                        checked += 1
+    assert checked
+
+
+def test_count_bounds_lift_the_lp_bound_somewhere():
+    """With few layers a stage the LP mixes strategies fractionally; the counts do not."""
+    lifted = 0
+    for seed in range(6):
+        for t in _groups(seed, 6, 3000 + 2000 * seed):
+            if t.combo.pp == 1:
+                continue
+            dp = GroupDP(t, exact=False, even=False)
+            recv = [None] + [dp._recv(k) for k in range(1, t.combo.pp)]
+            for v in t.vocab:
+                lp = memory_floor(t, v, dp.bound_windows, recv)
+                lifted += memory_floor(t, v, dp.bound_windows, recv, counts=True) > lp * (1 + 1e-9)
+    assert lifted
+
+
+def test_heterogeneous_models_keep_one_class_per_run():
+    """T5-like (encoder run, decoder run) and Swin-like (runs ending in a downsampling block):
+    segments inside one run share a class per length; a segment whose middle layers cross runs
+    is its own class, with no count bound."""
+    from tests.planners.test_gap import swin_like, t5_like
+    for model in (t5_like(3, 3), swin_like((4, 3, 1))):
+        t = grouped_tables(model, RandomCostModel(tiny_cluster(), 0), 1e9, PIPE_SPACE, (8,))[0]
+        v, n = next(iter(t.vocab)), len(t.layer_type)
+        cost, mem, temp = _layer_arrays(t, v, 0, 0.0)
+        windows = [(a, b) for a in range(n) for b in range(a + 1, n + 1)]
+        row = _distinct_rows(t, v, 0)[1]
+        classes = segment_classes((cost, cost, mem, temp), row, windows)
+        for (a, b), c in zip(windows, classes.of_window):
+            inner = set(row[a + 1:b - 1].tolist())
+            assert (classes.body[c] is None) == (len(inner) > 1), (model.name, a, b)
+        assert len(set(classes.of_window.tolist())) < len(windows)  # runs share
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_galvatron_equals_the_ilp_where_counts_bound_groups(seed, monkeypatch):
+    """Identical layers, pp up to 4, tight budgets: the count bound is asked, and the default
+    galvatron's plan is the ILP optimum (or the ILP value lies inside its proven gap)."""
+    import planners
+    from planners import Budget, counts
+    asked = []
+    original = counts.count_bounds
+    monkeypatch.setattr(counts, "count_bounds", lambda *a, **k: asked.append(1) or original(*a, **k))
+    import planners.memory_floor as floor_module
+    monkeypatch.setattr(floor_module, "count_bounds", counts.count_bounds)
+    model, cluster = tiny_model(6, identical=True), tiny_cluster()
+    cm = RandomCostModel(cluster, 100 + seed)
+    for kib in (2500, 4000, 8000):
+        budget = Budget(memory_gib=kib * KIB / 1024**3, global_batch=8)
+        fast = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE})
+        ilp = planners.get("ilp").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "warm_start": False})
+        assert fast.feasible == ilp.feasible
+        if fast.feasible:
+            assert fast.stats.bound_s <= ilp.iteration_time_s * (1 + 1e-9) <= fast.iteration_time_s * (1 + 2e-9)
+            if fast.stats.solver_status == "optimal":
+                assert fast.iteration_time_s == pytest.approx(ilp.iteration_time_s, rel=1e-9)
+    assert asked  # memory binds on some short identical segment

@@ -1,0 +1,72 @@
+"""The per-segment memory bound (planners/memory_floor.py), with and without the integer count
+bound of short identical segments (planners/counts.py), never exceeds a group's exact optimum
+(random pipelines, identical and heterogeneous layers, T5- and Swin-like models, several budgets),
+and it rules out a group the memory-blind bound cannot."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planners.memory_floor import _levels, memory_floor
+from planners.outer import grouped_tables
+from planners.segments import GroupDP
+from tests.planners.test_gap import PIPE_SPACE, _case
+
+
+def _floors_and_optima(seed: int):
+    model, _, cm, budget = _case(seed)
+    for t in grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (8,)):
+        dp = GroupDP(t, exact=True, even=False)
+        recv = [None] + [dp._recv(k) for k in range(1, t.combo.pp)]
+        for v in t.vocab:
+            best = GroupDP(t, exact=True, even=False).solve(v)
+            yield t, v, memory_floor(t, v, dp.bound_windows, recv), best, \
+                memory_floor(t, v, dp.bound_windows, recv, counts=True)
+
+
+def _check(seed: int) -> int:
+    """Groups checked (some budgets fit nothing)."""
+    checked = 0
+    for t, v, floor, best, counted in _floors_and_optima(seed):
+        assert counted >= floor * (1 - 1e-12), (t.combo, v, floor, counted)
+        if best is None:
+            continue
+        assert counted <= best.objective_s * (1 + 1e-12), (t.combo, v, counted, best.objective_s)
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_memory_floor_is_below_every_group_optimum(seed):
+    assert _check(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6, 30))
+def test_the_memory_floor_is_below_every_group_optimum_many(seed):
+    _check(seed)
+
+
+def test_the_memory_floor_can_beat_the_memory_blind_bound():
+    """Somewhere on these instances memory binds, and the floor says so where the memory-blind
+    bound (relaxed_objective) cannot."""
+    lifted = 0
+    for seed in range(6):
+        for t, v, floor, best, _ in _floors_and_optima(seed):
+            blind = GroupDP(t, exact=False, even=False).relaxed_objective(v)
+            lifted += floor > blind * (1 + 1e-9)
+    assert lifted
+
+
+def test_levels_cover_every_temporary():
+    """Every distinct temporary x lies in some (previous level, level] whose floor counts no more
+    than x does: max(floor, embedding/head temporary) <= max(x, that temporary)."""
+    temp = np.array([[0.0, 5.0, np.inf], [3.0, 9.0, 7.0]])
+    for vocab_temp in (0.0, 4.0, 100.0):
+        levels = _levels(temp, vocab_temp)
+        prev = -np.inf
+        for level, floor in levels:
+            inside = [x for x in np.unique(temp[np.isfinite(temp)]) if prev < x <= level]
+            assert all(max(floor, vocab_temp) <= max(x, vocab_temp) for x in inside)
+            prev = level
+        assert prev == 9.0
