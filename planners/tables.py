@@ -338,7 +338,7 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
 def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, first: str, last: str
                  ) -> np.ndarray:
     cache = memo(cm)
-    key = ("vocab", _HashOnce(model), combo, stage, first, last)
+    key = ("vocab", _model_key(model), combo, stage, first, last)
     if key not in cache:
         world = cm.cluster.world_size
         plan_key = ("probe", key[1], combo, first, last)  # the same probe plan serves every stage
@@ -351,10 +351,22 @@ def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, firs
     return cache[key]
 
 
+_MODEL_KEYS: "weakref.WeakValueDictionary[int, _HashOnce]" = weakref.WeakValueDictionary()
+"""The _HashOnce of each ModelSpec in use, by identity (a 96-layer spec takes ~0.1 ms to hash);
+an entry lives as long as some cache holds its key, which holds the spec (so its id is its own)."""
+
+
+def _model_key(model: ModelSpec) -> "_HashOnce":
+    key = _MODEL_KEYS.get(id(model))
+    if key is None or key.value is not model:
+        key = _MODEL_KEYS[id(model)] = _HashOnce(model)
+    return key
+
+
 class _HashOnce:
     """A ModelSpec as a cache key: its (field by field) hash computed once, equality by identity first."""
 
-    __slots__ = ("_hash", "value")
+    __slots__ = ("_hash", "value", "__weakref__")
 
     def __init__(self, value) -> None:
         self.value, self._hash = value, hash(value)
