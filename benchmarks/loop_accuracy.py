@@ -17,23 +17,23 @@ measured in the first round (MemTracker; deterministic since the launcher's hear
 keeping frames alive).
 
 The plans: each kind a planner mixes, in a ladder of work whose steps are mostly larger than
-the run-to-run noise (a plan's time moved 2-10 % between two quiet runs), since tau counts every
-swapped pair; medians of the quiet run of 2026-12-02 06:34 (docs/executor.md):
-  dp2                 DDP, one micro-batch: the least work, the all-reduce under backward (493 ms).
-  dp2 zero2 m2        ZeRO-2: a reduce-scatter per micro-batch, the step on a shard (589 ms).
-  pp2 m4 gpipe        GPipe: (m + pp - 1) / m = 1.25 of a stage's work, p2p sends (706 ms).
+the run-to-run noise (a plan's time moved 2-25 % between quiet runs of one day), since tau counts every
+swapped pair; medians of the run of 2026-12-02 08:49 (docs/executor.md):
+  dp2                 DDP, one micro-batch: the least work, the all-reduce under backward (619 ms).
+  dp2 zero2 m2        ZeRO-2: a reduce-scatter per micro-batch, the step on a shard (687 ms).
+  pp2 m4 gpipe        GPipe: (m + pp - 1) / m = 1.25 of a stage's work, p2p sends (894 ms).
   tp2+zero3 mixed m2  per-layer mix: two tensor-parallel layers, two ZeRO-3 layers, the
                       relayouts between them (795 ms).
   pp2 ckpt m8         1F1B with recomputation on micro-batches of one sample: 9/8 bubble, the
-                      per-micro-batch fixed costs eight times, one more forward (849 ms).
+                      per-micro-batch fixed costs eight times, one more forward (989 ms).
   tp2 ckpt m2         tensor parallel (DTensor dispatch, all-reduces) with full recomputation:
-                      one more forward per layer (908 ms).
+                      one more forward per layer (1164 ms).
   dp2 zero3 m4        ZeRO-3: FSDP2 gathers and bookkeeping on every pass of four micro-batches
-                      (1077 ms).
+                      (1289 ms).
   tp2 ckpt m4         the tp2 ckpt plan with twice the per-micro-batch fixed costs and
-                      collectives (1166 ms).
+                      collectives (1424 ms).
   dp2 zero3 ckpt m4   ZeRO-3 with full recomputation: one more forward per layer, with its
-                      gathers (1181 ms); its peak is the tied lookup's backward, not the
+                      gathers (1449 ms); its peak is the tied lookup's backward, not the
                       activations (docs/executor.md).
 """
 from __future__ import annotations
