@@ -21,9 +21,9 @@ the run-to-run noise (a plan's time moved 2-25 % between quiet runs of one day),
 swapped pair; medians of the run of 2026-12-02 08:49 (docs/executor.md):
   dp2                 DDP, one micro-batch: the least work, the all-reduce under backward (619 ms).
   dp2 zero2 m2        ZeRO-2: a reduce-scatter per micro-batch, the step on a shard (687 ms).
-  pp2 m4 gpipe        GPipe: (m + pp - 1) / m = 1.25 of a stage's work, p2p sends (894 ms).
+  pp2 m4 gpipe        GPipe: (m + pp - 1) / m = 1.25 of a stage's work, p2p sends (795 ms).
   tp2+zero3 mixed m2  per-layer mix: two tensor-parallel layers, two ZeRO-3 layers, the
-                      relayouts between them (795 ms).
+                      relayouts between them (894 ms).
   pp2 ckpt m8         1F1B with recomputation on micro-batches of one sample: 9/8 bubble, the
                       per-micro-batch fixed costs eight times, one more forward (989 ms).
   tp2 ckpt m2         tensor parallel (DTensor dispatch, all-reduces) with full recomputation:
