@@ -113,7 +113,9 @@ def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vo
     Frontiers are kept per (rows, count) in ``t.shared``, so every class, stage, vocab choice and
     budget of the group with the same rows shares them."""
     cap = t.budget_bytes - vocab_memory_bytes
-    memo: dict = t.shared.setdefault(("count frontiers", t.budget_bytes), {})
+    memo: dict = t.shared.setdefault(("count frontiers", t.budget_bytes, levels.tobytes()), {})
+    # keyed by the levels too: a frontier's points index them, and tables sharing ``shared``
+    # (GroupDP.any_vocab_floor's merged vocab choice) may have other levels
     out = np.full(len(classes.a), np.inf)
     for c, body in enumerate(classes.body):
         if body is None or classes.b[c] - classes.a[c] > max_layers or (among is not None and not among[c]):

@@ -45,8 +45,8 @@ def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: 
     sums, maxes = [], []
     for k in range(pp):
         a, b = (np.array(x, dtype=int) for x in zip(*windows[k]))
-        sums.append(_options(a, b, segment_bounds(t, v, k, lam, windows[k], counts)))
-        maxes.append(_options(a, b, segment_bounds(t, v, k, 0.0, windows[k], counts)) if pp > 1 else None)
+        sums.append(_options(a, b, _shared_segment_bounds(t, v, k, lam, windows[k], counts)))
+        maxes.append(_options(a, b, _shared_segment_bounds(t, v, k, 0.0, windows[k], counts)) if pp > 1 else None)
     if pp == 1:
         o = sums[0]
         return float(m * np.min(o.T[(o.a == 0) & (o.b == n)], initial=np.inf))
@@ -58,6 +58,27 @@ def _options(a: np.ndarray, b: np.ndarray, bound: np.ndarray) -> StageOptions:
     """The segments (a, b) with a finite ``bound``, as options (dp index 0, tails 0)."""
     seg = np.flatnonzero(np.isfinite(bound))
     return StageOptions(a[seg], b[seg], np.zeros(len(seg), dtype=int), bound[seg], np.zeros(len(seg)))
+
+
+def _shared_segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]],
+                           counts: bool) -> np.ndarray:
+    """segment_bounds, kept in ComboTables.shared for a stage whose embedding/head adds no
+    per-strategy deltas (the stages between the first and the last): there it depends on the
+    vocab choice only through the four numbers of its VocabCost, which every vocab choice of the
+    group shares, so the group's vocab choices (and any_vocab_floor's merged choice) compute it
+    once rather than once each. The entry keeps the stage tables and the allowed mask it was
+    computed from and is used only with those same objects."""
+    vc = t.vocab[v][k]
+    if vc.first_delta is not None or vc.last_delta is not None:
+        return segment_bounds(t, v, k, lam, windows, counts)
+    key = ("segment_bounds", k, float(lam), bool(counts), float(t.budget_bytes), float(vc.time_s),
+           float(vc.tail_s), float(vc.memory_bytes), float(vc.temp_bytes), tuple(windows))
+    hit = t.shared.get(key)
+    if hit is not None and hit[0] is t.stages[k] and hit[1] is t.allowed and hit[2] is t.layer_type:
+        return hit[3]
+    out = segment_bounds(t, v, k, lam, windows, counts)
+    t.shared[key] = (t.stages[k], t.allowed, t.layer_type, out)
+    return out
 
 
 def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]], counts: bool = False

@@ -118,3 +118,29 @@ def test_galvatron_equals_the_ilp_where_counts_bound_groups(seed, monkeypatch):
             if fast.stats.solver_status == "optimal":
                 assert fast.iteration_time_s == pytest.approx(ilp.iteration_time_s, rel=1e-9)
     assert asked  # memory binds on some short identical segment
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_count_bounds_do_not_depend_on_levels_another_call_used(seed):
+    """The count frontiers in t.shared index the temporary levels they were built with; tables
+    sharing ``shared`` with other levels (any_vocab_floor's merged choice) must not read them:
+    the bounds are those computed alone."""
+    from dataclasses import replace
+    checked = 0
+    for t in _groups(seed, 4, 6000):
+        v = next(iter(t.vocab))
+        windows = GroupDP(t, exact=False, even=False).bound_windows
+        levels = temp_levels(t)
+        others = np.unique(np.concatenate((levels, (levels[:-1] + levels[1:]) / 2)))  # a level between each
+        for k in range(t.combo.pp):
+            cost, mem, temp = _layer_arrays(t, v, k, 0.0)
+            last = cost + (t.stages[k].send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
+            vc = t.vocab[v][k]
+            classes = segment_classes((cost, last, mem, temp), _distinct_rows(t, v, k)[1], windows[k])
+            alone = count_bounds(replace(t, shared={}), classes, levels, vc.memory_bytes, vc.temp_bytes)
+            shared = replace(t, shared={})
+            count_bounds(shared, classes, others, vc.memory_bytes, vc.temp_bytes)
+            got = count_bounds(shared, classes, levels, vc.memory_bytes, vc.temp_bytes)
+            assert np.array_equal(got, alone), (t.combo, k, got, alone)
+            checked += np.isfinite(alone).sum()
+    assert checked

@@ -70,3 +70,20 @@ def test_levels_cover_every_temporary():
             assert all(max(floor, vocab_temp) <= max(x, vocab_temp) for x in inside)
             prev = level
         assert prev == 9.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_memos_give_each_vocab_choice_its_own_floor(seed):
+    """The memos in ComboTables.shared (count frontiers, the segment bounds of stages without
+    embedding/head deltas) are shared with any_vocab_floor's merged choice, whose temporary levels
+    differ: each vocab choice's floor is still the one computed on fresh tables."""
+    from dataclasses import replace
+    model, _, cm, budget = _case(seed)
+    for t in grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (8,)):
+        dp = GroupDP(t, exact=False, even=False)
+        recv = [None] + [dp._recv(k) for k in range(1, t.combo.pp)]
+        fresh = {v: memory_floor(replace(t, shared={}), v, dp.bound_windows, recv, counts=True) for v in t.vocab}
+        dp.any_vocab_floor(np.inf, tails=False)
+        for v in reversed(list(t.vocab)):
+            got = memory_floor(t, v, dp.bound_windows, recv, counts=True)
+            assert got == pytest.approx(fresh[v], rel=1e-12, abs=0.0) or got == fresh[v], (t.combo, v, got, fresh[v])
