@@ -2,8 +2,8 @@
 segment, the LP (knapsack) bound on its time under the stage's memory row, relayouts dropped;
 then ``partition.partition_floor`` over the segments and the bottleneck caps.
 
-Why: the Lagrangian (lagrange.py) prices memory and the bottleneck together, so it may mix
-partitions fractionally, and with 20 layers a stage half a layer is 2.5% of the objective
+Why: a Lagrangian bound (one that prices memory and the bottleneck together, tried before
+this one) may mix partitions fractionally, and with 20 layers a stage half a layer is 2.5% of the objective
 (llama2-70b pp 4 converged 0.5% below a group whose plans are 2.5% above). Here each segment
 [a, b) gets its own price, and the bottleneck cap runs over whole partitions.
 

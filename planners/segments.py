@@ -336,8 +336,7 @@ class GroupDP:
         """The largest of the per-segment memory bound (memory_floor; its integer count bound on
         short segments of identical layers asked only when the LP one cannot rule the group out),
         the memory-blind bound and, with ``tails``, the tail-cap bound (tail_floor), each asked
-        only when the ones before cannot. The Lagrangian (lagrange.py) is not asked: on the
-        issue-16 cases it never exceeded these."""
+        only when the ones before cannot."""
         relaxed = self._memory_floor(v, counts=False)
         pp = self.t.combo.pp
         if relaxed < incumbent_s and pp > 1:

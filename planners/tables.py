@@ -110,10 +110,6 @@ class ComboTables:
     """Answers that do not depend on the budget (memory-blind bounds), computed once and seen by
     every budget's copy of these tables (``replace`` keeps the same dict)."""
 
-    @property
-    def strategy_dp(self) -> np.ndarray:
-        return np.array([s.dp for s in self.strategies])
-
     def plan(self, choice: list[int], stage_layers: list[int], vocab: VocabChoice, meta: dict) -> Plan:
         """The Plan that picks strategy index ``choice[l]`` for layer l and ``vocab`` for the
         embedding/head."""

@@ -83,12 +83,14 @@ class Contention:
         was = self.comm_running > 0
         self.comm_running += 1 if started else -1
         if (self.comm_running > 0) != was:
-            self._update()
+            self._scale_links()
+            changed, self._changed = self._changed, self.env.event()
+            changed.succeed()  # a compute in progress changes speed
 
     def compute(self, seconds: float):
         """Generator: ``seconds`` of compute, at 1/gamma speed while communication runs."""
         self.computing = True
-        self._update()
+        self._scale_links()
         left = seconds
         while True:
             rate = 1.0 / self.gamma if self.comm_running else 1.0
@@ -98,12 +100,10 @@ class Contention:
                 break
             left -= (self.env.now - start) * rate
         self.computing = False
-        self._update()
+        self._scale_links()
 
-    def _update(self) -> None:
+    def _scale_links(self) -> None:
         self.scale_links(1.0 / self.gamma if self.computing and self.comm_running else 1.0)
-        changed, self._changed = self._changed, self.env.event()
-        changed.succeed()
 
 
 class Stream:
