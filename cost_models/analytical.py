@@ -219,8 +219,7 @@ class AnalyticalModel(CostModel):
     # -- communication ------------------------------------------------------------------------
     def collective_time(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
         coll.check_kind(kind)
-        key = tuple(map(tuple, groups))  # C-level: this is on the planners' hot path
-        return self._collective(kind, float(nbytes), key)
+        return self._collective(kind, float(nbytes), coll.rank_groups(groups))
 
     def _compute_collective(self, kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
         """Best of ring, tree (all-reduce) and hierarchical (all-reduce over whole nodes) on the

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from cost_models.ops import Op, forward_ops
-from specs import LayerSpec, LayerStrategy, Recompute, layer_groups
+from cost_models.collectives import RankGroups, layer_rank_groups
+from specs import LayerSpec, LayerStrategy, Recompute
 
 BYTES_PER_ACTIVATION = 2
 ATTENTION_CORE_OPS = ("scores", "softmax", "attn_dropout", "context")
@@ -74,10 +75,10 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
     return passes * allreduces_per_pass * one
 
 
-def sync_groups(first_rank: int, strategy: LayerStrategy) -> tuple[list[list[int]], list[list[int]]]:
+def sync_groups(first_rank: int, strategy: LayerStrategy) -> tuple[RankGroups, RankGroups]:
     """(tp groups, gradient-sync groups): under Ulysses the weights are whole on every rank of
     the stage, so gradients (and ZeRO shards) span tp * dp ranks."""
-    tp_groups, dp_groups = layer_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
+    tp_groups, dp_groups = layer_rank_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
     if strategy.ulysses:
-        dp_groups = [list(range(first_rank, first_rank + strategy.gpus))]
+        dp_groups = layer_rank_groups(first_rank, 1, strategy.gpus)[1]
     return tp_groups, dp_groups

@@ -4,9 +4,11 @@ TP and DP traffic, tied-embedding sync between the two ends, memory, and per-sta
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from cost_models import memory as mem
+from cost_models.collectives import RankGroups, layer_rank_groups, rank_groups
 from cost_models.base import BYTES_PER_ACTIVATION, LayerTime, MemoryBreakdown, in_flight
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
@@ -26,10 +28,7 @@ def vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, flo
     per_stage = world_size // plan.pp
     tp = plan.vocab_tp
     dp = per_stage // tp
-    first = plan.stage_first_rank(stage, world_size)
-    ranks = list(range(first, first + per_stage))
-    tp_groups = [ranks[i * tp:(i + 1) * tp] for i in range(dp)]
-    dp_groups = [ranks[j::tp] for j in range(tp)]
+    tp_groups, dp_groups = layer_rank_groups(plan.stage_first_rank(stage, world_size), tp, dp)
     return tp, dp, plan.global_batch / (dp * plan.micro_batches), tp_groups, dp_groups
 
 
@@ -45,12 +44,35 @@ def padded_model(model: ModelSpec, plan: Plan) -> ModelSpec:
     emb, head = model.embedding, model.head
     if not emb.vocab_size and head.kind != "lm":
         return model
-    changes = {}
-    if emb.vocab_size:
-        changes["embedding"] = replace(emb, vocab_size=plan.padded_vocab_size(emb.vocab_size))
-    if head.kind == "lm":
-        changes["head"] = replace(head, output_size=plan.padded_vocab_size(head.output_size))
-    return replace(model, **changes)
+    vocab = plan.padded_vocab_size(emb.vocab_size) if emb.vocab_size else 0
+    output = plan.padded_vocab_size(head.output_size) if head.kind == "lm" else 0
+    return _with_vocab(_Same(model), vocab, output)
+
+
+@lru_cache(maxsize=256)
+def _with_vocab(model: "_Same", vocab: int, output: int) -> ModelSpec:
+    """The model with these padded sizes (0: that end unchanged), built once per model and sizes."""
+    spec, changes = model.value, {}
+    if vocab:
+        changes["embedding"] = replace(spec.embedding, vocab_size=vocab)
+    if output:
+        changes["head"] = replace(spec.head, output_size=output)
+    return replace(spec, **changes)
+
+
+class _Same:
+    """A cache key that is one object: hashing a ModelSpec field by field costs ~0.1 ms."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
 
 
 def _ulysses_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
@@ -59,8 +81,8 @@ def _ulysses_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, 
     per_stage = world_size // plan.pp
     tp, dp = plan.vocab_tp, per_stage // plan.vocab_tp
     first = plan.stage_first_rank(stage, world_size)
-    ranks = list(range(first, first + per_stage))
-    return tp, dp, plan.global_batch / (dp * plan.micro_batches), [ranks[i * tp:(i + 1) * tp] for i in range(dp)], [ranks]
+    return (tp, dp, plan.global_batch / (dp * plan.micro_batches), layer_rank_groups(first, tp, dp)[0],
+            layer_rank_groups(first, 1, per_stage)[1])
 
 
 def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: int,
@@ -149,11 +171,17 @@ def _states(model_: "AnalyticalModel", params: float, plan: Plan, layer_index: i
     return sync, exposed, model_.update_time(params, dp_type, dp), mem.model_state_bytes(params, dp_type, dp)
 
 
+@lru_cache(maxsize=4096)
+def _pair_groups(first: int, last: int, count: int) -> RankGroups:
+    """The groups {first + i, last + i}, i < count."""
+    return rank_groups([(first + i, last + i) for i in range(count)])
+
+
 def _tied_embedding_sync_s(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, world_size: int) -> float:
     """All-reduce of the tied word-embedding gradient between the first and last stage."""
     per_stage = world_size // plan.pp
     first, last = plan.stage_first_rank(0, world_size), plan.stage_first_rank(plan.pp - 1, world_size)
-    groups = [[first + i, last + i] for i in range(per_stage)]
+    groups = _pair_groups(first, last, per_stage)
     weight_tp = 1 if plan.vocab_sp == "ulysses" else plan.vocab_tp
     nbytes = model.head.hidden_size * plan.padded_vocab_size(model.head.output_size) / weight_tp * mem.GRAD_BYTES_PER_PARAM
     return model_.collective_time("all_reduce", nbytes, groups)

@@ -23,29 +23,18 @@ def uniform_layer_sums(t: ComboTables, S: np.ndarray) -> tuple[np.ndarray, ...]:
 def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
     """(objective, strategy index) of the best uniform plan that fits under vocab choice ``v``,
     or None when none does."""
-    pp, m, n = t.combo.pp, t.combo.micro_batches, len(t.layer_type)
-    ok = t.allowed.all(axis=0)
-    if not ok.any():
+    parts = _uniform_parts(t)
+    if parts is None:
         return None
-    bounds = np.concatenate(([0], np.cumsum(even_stage_layers(n, pp))))
-    lt, S = t.layer_type, np.flatnonzero(ok)
-    layer_T, layer_D, layer_mem, layer_temp = uniform_layer_sums(t, S)
+    S, layer_T, layer_D, layer_mem, layer_temp = parts
+    m = t.combo.micro_batches
     Ts, Ds, fits = [], [], np.ones(len(S), dtype=bool)
-    for k, st in enumerate(t.stages):
-        vc = t.vocab[v][k]
-        types = lt[bounds[k]:bounds[k + 1]]
-        T = layer_T[k] + vc.time_s
-        T += sum(st.trans_s[a, S, S] for a in types[:-1])
-        D = layer_D[k] + vc.tail_s
-        mem = layer_mem[k] + vc.memory_bytes
-        mem += np.maximum(layer_temp[k], vc.temp_bytes)
+    for k, vc in enumerate(t.vocab[v]):
+        T, D = layer_T[k] + vc.time_s, layer_D[k] + vc.tail_s
+        mem = layer_mem[k] + vc.memory_bytes + np.maximum(layer_temp[k], vc.temp_bytes)
         for d in (vc.first_delta, vc.last_delta):
             if d is not None:
                 T, D, mem = T + d[S, 0], D + d[S, 1], mem + d[S, 2]
-        if k < pp - 1:
-            T = T + st.send_next_s[types[-1], S]
-        if k > 0:
-            T = T + t.stages[k - 1].send_prev_s[lt[bounds[k] - 1], S]
         Ts.append(T)
         Ds.append(D)
         fits &= mem <= t.budget_bytes
@@ -53,3 +42,29 @@ def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
     value = np.where(fits, Ts.sum(axis=0) + (m - 1) * Ts.max(axis=0) + Ds.max(axis=0), np.inf)
     i = int(np.argmin(value))
     return (float(value[i]), int(S[i])) if np.isfinite(value[i]) else None
+
+
+def _uniform_parts(t: ComboTables) -> tuple[np.ndarray, ...] | None:
+    """What uniform_seed needs that no vocab choice or budget changes, once per stage tables
+    (kept in ``t.shared``): the strategies every layer allows, and per stage and strategy the
+    layers' time with relayouts and sends, tail, memory and largest temporary."""
+    key = ("uniform", id(t.stages))
+    hit = t.shared.get(key)
+    if hit is not None and hit[0] is t.stages:
+        return hit[1]
+    ok = t.allowed.all(axis=0)
+    parts = None
+    if ok.any():
+        pp, lt, S = t.combo.pp, t.layer_type, np.flatnonzero(ok)
+        bounds = np.concatenate(([0], np.cumsum(even_stage_layers(len(lt), pp))))
+        layer_T, layer_D, layer_mem, layer_temp = uniform_layer_sums(t, S)
+        for k, st in enumerate(t.stages):
+            types = lt[bounds[k]:bounds[k + 1]]
+            layer_T[k] += sum(st.trans_s[a, S, S] for a in types[:-1])
+            if k < pp - 1:
+                layer_T[k] += st.send_next_s[types[-1], S]
+            if k > 0:
+                layer_T[k] += t.stages[k - 1].send_prev_s[lt[bounds[k] - 1], S]
+        parts = (S, layer_T, layer_D, layer_mem, layer_temp)
+    t.shared[key] = (t.stages, parts)
+    return parts

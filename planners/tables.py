@@ -178,6 +178,15 @@ def canonical_first_rank(cm: CostModel, first: int, gpus: int) -> int:
     return first
 
 
+def node_shift(cm: CostModel, first: int) -> int:
+    """Whole nodes' worth of ranks a question about ranks from ``first`` on may be moved down
+    by (to node 0) without changing its answer: nodes are identical, so for a cost model that
+    declares ``rank_symmetric`` every rank can move by the same number of nodes; 0 otherwise."""
+    if not cm.rank_symmetric:
+        return 0
+    return first - first % cm.cluster.gpus_per_node
+
+
 def layout_key(s: LayerStrategy) -> tuple:
     """What a relayout between two layers depends on (CostModel.transition_time: the strategies'
     tp, dp and rank layout; the sequence split shapes the activation too); dp type, recompute
@@ -211,15 +220,24 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     if k < combo.pp - 1:
         cache = memo(cm)
         for ti, layer in enumerate(types):
-            by_message: dict = {}  # the strategies whose output crosses a boundary alike
-            for si in np.flatnonzero(allowed[ti]):
-                by_message.setdefault(cm.pipeline_message(layer, strategies[si], int(mbs[si])), []).append(si)
-            for msg, cols in by_message.items():
+            if ("messages", ti) not in shared:
+                shared["messages", ti] = _by_message(cm, layer, strategies, allowed[ti], mbs)
+            src = first - node_shift(cm, first)  # the same pair of stages, moved by whole nodes
+            for msg, cols in shared["messages", ti].items():
                 s, b = strategies[cols[0]], int(mbs[cols[0]])
-                send_next[ti, cols] = _send(cm, cache, msg, layer, s, b, first, first + gpus, gpus)
-                send_prev[ti, cols] = _send(cm, cache, msg, layer, s, b, first + gpus, first, gpus)
+                send_next[ti, cols] = _send(cm, cache, msg, layer, s, b, src, src + gpus, gpus)
+                send_prev[ti, cols] = _send(cm, cache, msg, layer, s, b, src + gpus, src, gpus)
     return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
                        temp_bytes=temp, trans_s=trans, send_next_s=send_next, send_prev_s=send_prev)
+
+
+def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy], allowed: np.ndarray,
+                mbs: np.ndarray) -> dict:
+    """Pipeline message -> the allowed strategies whose output crosses a stage boundary as it."""
+    out: dict = {}
+    for si in np.flatnonzero(allowed):
+        out.setdefault(cm.pipeline_message(layer, strategies[si], int(mbs[si])), []).append(si)
+    return out
 
 
 def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
