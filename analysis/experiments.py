@@ -206,12 +206,13 @@ def get(name: str) -> Experiment:
 
 
 def run_experiment(name: str, results: str | Path, quick: bool = False, progress: bool = True,
-                   command: str | None = None, workers: int = 1) -> SweepReport:
+                   command: str | None = None, workers: int = 1, ray_address: str | None = None) -> SweepReport:
     """Run every cell of experiment ``name`` that ``results`` does not hold yet (``workers``
-    cells at once in a local process pool)."""
+    cells at once in a local process pool, or each a Ray task on the cluster at ``ray_address``:
+    analysis.sweep.run_sweep)."""
     experiment = get(name)
     return run_sweep(ResultStore(results), name, experiment.cells(quick), experiment.run,
-                     command=command, progress=progress, workers=workers)
+                     command=command, progress=progress, workers=workers, ray_address=ray_address)
 
 
 def finished(name: str, results: str | Path, quick: bool = False):

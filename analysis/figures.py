@@ -147,7 +147,7 @@ def run_job(job: FigureJob, args: argparse.Namespace) -> list[Path]:
         for name in job.experiments:
             start = time.perf_counter()
             report = run_experiment(name, args.results, quick=args.quick, progress=not args.no_progress,
-                                    workers=args.workers)
+                                    workers=args.workers, ray_address=args.ray)
             print(f"{name}: {report.ran} run, {report.skipped} already done "
                   f"({time.perf_counter() - start:.1f} s)", flush=True)
     for name in job.experiments:
@@ -180,7 +180,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--workers", type=_positive, default=1, metavar="N",
                         help="experiment cells run at once in a local process pool (the result files are "
-                             "the same as with 1)")
+                             "the same as with 1); with --ray local, the CPUs of the Ray instance")
+    parser.add_argument("--ray", metavar="ADDRESS", help="run the experiment cells as Ray tasks on this cluster "
+                        "('auto', 'ray://host:10001'; 'local' starts one here); needs pip install -e '.[ray]'")
     return parser.parse_args(argv)
 
 

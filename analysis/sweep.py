@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from analysis.results import ResultStore, RunRecord, cell_key
+from planners.cells import check_ray, ray_map
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +47,8 @@ def check_cells(experiment: str, cells: Sequence[Mapping[str, Any]]) -> None:
 
 def run_sweep(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, Any]],
               fn: Callable[..., RunRecord], *, command: str | None = None,
-              progress: bool = True, wait: bool = True, workers: int = 1) -> SweepReport:
+              progress: bool = True, wait: bool = True, workers: int = 1,
+              ray_address: str | None = None) -> SweepReport:
     """Call ``fn(**params)`` for every cell not yet in ``store`` and record each result.
 
     One sweep per results folder at a time: a second one waits for the lock (or, with
@@ -54,17 +56,22 @@ def run_sweep(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, 
     left half-written is removed first. ``workers`` > 1 runs the cells in a local process pool
     (``fn`` must pickle: a module-level function); this process writes each record as it
     arrives, so the store holds the same rows as after a serial run, and a failing cell stops
-    the sweep with every finished cell kept."""
+    the sweep with every finished cell kept. ``ray_address`` runs each cell as a Ray task on that
+    cluster instead ('auto', 'ray://host:10001', ...; 'local' starts a Ray instance here with
+    ``workers`` CPUs), recorded the same way; it needs the optional extra ``.[ray]`` and
+    hybridpar (and ``fn``'s module) importable on every node."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: must be a positive integer, got {workers!r}")
+    check_ray(ray_address)
     check_cells(experiment, cells)
     with store.lock(wait=wait):
         store.clean()
-        return _run_locked(store, experiment, cells, fn, command, progress, workers)
+        return _run_locked(store, experiment, cells, fn, command, progress, workers, ray_address)
 
 
 def _run_locked(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, Any]],
-                fn: Callable[..., RunRecord], command: str | None, progress: bool, workers: int) -> SweepReport:
+                fn: Callable[..., RunRecord], command: str | None, progress: bool, workers: int,
+                ray_address: str | None) -> SweepReport:
     todo = [c for c in cells if not store.is_done(experiment, c)]
     command = default_command() if command is None else command
     skipped = len(cells) - len(todo)
@@ -77,7 +84,9 @@ def _run_locked(store: ResultStore, experiment: str, cells: Sequence[Mapping[str
             bar.set_postfix_str(_short(params), refresh=False)
             bar.update(1)
 
-        if workers == 1:
+        if ray_address is not None:
+            ray_map(fn, todo, ray_address, workers, lambda i, result: record(todo[i], result))
+        elif workers == 1:
             for params in todo:
                 record(params, fn(**params))
         else:

@@ -7,7 +7,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 import cost_models
 from planners.base import Budget
@@ -57,8 +57,13 @@ class Grid:
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise SpecError("workers", f"must be a positive integer, got {self.workers!r}")
-        if self.ray_address is not None and importlib.util.find_spec("ray") is None:
-            raise SpecError("ray", f"--ray {self.ray_address}: Ray is not installed (pip install -e '.[ray]')")
+        check_ray(self.ray_address)
+
+
+def check_ray(address: str | None) -> None:
+    """A one-line SpecError naming ``ray`` when a Ray ``address`` is given but Ray is not installed."""
+    if address is not None and importlib.util.find_spec("ray") is None:
+        raise SpecError("ray", f"--ray {address}: Ray is not installed (pip install -e '.[ray]')")
 
 
 def default_budget(gib: float, batch_range: tuple[int, int] = DEFAULT_BATCH_RANGE) -> Budget:
@@ -69,7 +74,8 @@ def default_budget(gib: float, batch_range: tuple[int, int] = DEFAULT_BATCH_RANG
 def run(grid: Grid) -> list[dict[str, Any]]:
     """One record per cell, budgets outermost; files under ``grid.out`` when given. With
     ``grid.workers`` > 1 the cells run in a local process pool (each worker keeps its own cost
-    model, so its tables are shared by the cells it runs); records keep the serial order."""
+    model, so its tables are shared by the cells it runs), with ``grid.ray_address`` as Ray tasks
+    (``ray_map``); records keep the serial order."""
     cm = _context(grid)[2]
     cells = [(b, n) for b in grid.budgets for n in grid.planners]
     done: dict[int, dict[str, Any]] = {}
@@ -84,7 +90,8 @@ def run(grid: Grid) -> list[dict[str, Any]]:
             bar.update(1)
 
     if grid.ray_address is not None:
-        _run_on_ray(grid, cells, finished)
+        ray_map(run_cell, [{"grid": grid, "budget": b, "name": n} for b, n in cells], grid.ray_address,
+                grid.workers, finished)
     elif grid.workers == 1:
         for i, (budget, name) in enumerate(cells):
             finished(i, run_cell(grid, budget, name))
@@ -130,20 +137,29 @@ def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
     return rec
 
 
-def _run_on_ray(grid: Grid, cells: list, finished) -> None:
-    """Every cell a Ray task; ``finished`` gets each record as its task ends (the order of
-    completion, like the process pool; ``run`` puts them back in serial order)."""
+def ray_map(fn: Callable[..., Any], kwargs_list: Sequence[Mapping[str, Any]], address: str, cpus: int,
+            finished: Callable[[int, Any], None]) -> None:
+    """``fn(**kwargs)`` for every entry of ``kwargs_list`` as a Ray task on the cluster at
+    ``address`` ('local' starts a Ray instance here with ``cpus`` CPUs; an initialized Ray is
+    used as it is). ``finished(i, result)`` gets each result in this process as its task ends
+    (the order of completion, like a process pool); a task or ``finished`` that raises cancels
+    the tasks not yet done and the error propagates."""
     import ray
     if not ray.is_initialized():
-        local = grid.ray_address == "local"
-        ray.init(address=None if local else grid.ray_address, num_cpus=grid.workers if local else None,
+        local = address == "local"
+        ray.init(address=None if local else address, num_cpus=cpus if local else None,
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
-    task = ray.remote(run_cell)
-    index = {task.remote(grid, budget, name): i for i, (budget, name) in enumerate(cells)}
+    task = ray.remote(fn)
+    index = {task.remote(**kwargs): i for i, kwargs in enumerate(kwargs_list)}
     pending = list(index)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        finished(index[ready[0]], ray.get(ready[0]))
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            finished(index[ready[0]], ray.get(ready[0]))
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref)
+        raise
 
 
 def _progress(total: int, enabled: bool):

@@ -71,6 +71,16 @@ def test_cli_rejects_an_unknown_figure_in_one_line(capsys):
     assert err.startswith("error: --only: unknown nope") and "\n" not in err
 
 
+def test_cli_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert figures.main(["--quick", "--only", "picture", "--results", str(tmp_path), "--no-progress",
+                         "--ray", "local"]) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == "error: figure 'picture': ray: --ray local: Ray is not installed (pip install -e '.[ray]')"
+
+
 def test_vtrain_cell_keeps_every_case_and_its_mape_matches_the_predictions(vtrain_data):
     import io
 

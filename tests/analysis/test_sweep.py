@@ -207,3 +207,40 @@ def test_a_failing_cell_in_the_pool_keeps_what_finished(tmp_path):
     assert done and done <= {cell_key("exp", c) for c in CELLS if c["model"] == "a"}
     report = run_sweep(store, "exp", CELLS, fake_experiment, progress=False)
     assert report.skipped == len(done) and report.ran == len(CELLS) - len(done)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """Ray, shut down after the module's tests (the first sweep with ray_address='local' starts it)."""
+    ray = pytest.importorskip("ray")
+    yield ray
+    ray.shutdown()
+
+
+def test_a_sweep_of_ray_tasks_gives_the_serial_table_and_resumes(tmp_path, ray_local):
+    serial, on_ray = ResultStore(tmp_path / "serial"), ResultStore(tmp_path / "ray")
+    run_sweep(serial, "exp", CELLS, fake_experiment, progress=False)
+    run_sweep(on_ray, "exp", CELLS[:3], fake_experiment, progress=False, workers=2, ray_address="local")
+    assert ray_local.is_initialized()  # the cells ran as tasks of the local instance
+    report = run_sweep(on_ray, "exp", CELLS, fake_experiment, progress=False, workers=2, ray_address="local")
+    assert (report.skipped, report.ran) == (3, len(CELLS) - 3)
+    pd.testing.assert_frame_equal(stable(serial.table()), stable(on_ray.table()))
+
+
+def test_a_failing_ray_task_keeps_what_finished(tmp_path, ray_local):
+    store = ResultStore(tmp_path)
+    with pytest.raises(RuntimeError, match="cell b failed"):
+        run_sweep(store, "exp", CELLS, failing_on_b, progress=False, workers=2, ray_address="local")
+    done = {row["key"] for row in store.rows()}
+    assert done <= {cell_key("exp", c) for c in CELLS if c["model"] == "a"}
+    report = run_sweep(store, "exp", CELLS, fake_experiment, progress=False)
+    assert report.skipped == len(done) and report.ran == len(CELLS) - len(done)
+
+
+def test_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ValueError, match=r"^ray: --ray local: Ray is not installed \(pip install -e '\.\[ray\]'\)$"):
+        run_sweep(ResultStore(tmp_path), "exp", CELLS, fake_experiment, ray_address="local")
+    assert not ResultStore(tmp_path).rows()
