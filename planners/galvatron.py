@@ -31,12 +31,15 @@ from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
 
 DEFAULTS = {"space": "classic", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
-            "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None}
+            "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
 distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper). time_limit_s: bounds
 the whole call (tables, every group, every batch); the best plan so far comes back with its bound
-and gap and status "time_limit" (None: no limit)."""
+and gap and status "time_limit" (None: no limit). gap_tolerance: a group or vocab choice is searched only
+when its lower bound is below the incumbent by more than this fraction of it (the relative gap at
+which MIP solvers stop: Gurobi's MIPGap defaults to 1e-4); the gap returned is the one proven, at
+most this where the tolerance skipped something; 0: search until the bounds prove the optimum."""
 
 
 def resolve_space(space: Any) -> SearchSpace:
@@ -64,6 +67,9 @@ class GalvatronPlanner(Planner):
         if opts["partition"] not in ("search", "even"):
             raise SpecError("partition", f"must be search or even, got {opts['partition']!r}")
         exact, even = opts["mode"] == "exact", opts["partition"] == "even"
+        tolerance = opts["gap_tolerance"]
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+            raise SpecError("gap_tolerance", f"must be a number in [0, 1), got {tolerance!r}")
         granularity = float(opts["memory_granularity_mib"]) * MIB
         state = OuterState()
         limit = opts["time_limit_s"]
@@ -87,6 +93,7 @@ class GalvatronPlanner(Planner):
             return floors[id(tables)]
 
         def solve(tables, incumbent_s):
+            incumbent_s *= 1.0 - tolerance  # what a plan of this group must beat to count
             dp = group_dp(tables)
             found = []
 
@@ -110,7 +117,7 @@ class GalvatronPlanner(Planner):
                 if (found or state.solutions) and passed(deadline):
                     return stopped()
                 try:
-                    sol = dp.solve(v, min([incumbent_s] + [f.objective_s for f in found]))
+                    sol = dp.solve(v, min([incumbent_s] + [f.objective_s * (1.0 - tolerance) for f in found]))
                 except DeadlinePassed:
                     return stopped()
                 state.bound(tables.combo.global_batch, dp.bounds[v])

@@ -11,6 +11,7 @@ import pytest
 import planners
 from planners.outer import grouped_tables
 from planners.segments import GroupDP
+from specs import SpecError
 from tests.planners.random_instances import (
     SMALL_SPACE,
     RandomCostModel,
@@ -133,3 +134,28 @@ def test_memory_blind_options_are_each_segments_best_per_dp(seed):
             built = [(a, b, g, T, D, refs[o][0].strategies(refs[o][1], refs[o][2]))
                      for o, (a, b, g, T, D) in enumerate(zip(opts.a, opts.b, opts.g, opts.T, opts.D))]
             assert built == rows, (t.combo, v, k, lam)
+
+
+def test_gap_tolerance_skips_near_ties_and_keeps_the_optimum_inside_the_gap():
+    """A group or vocab choice whose bound is within gap_tolerance of the incumbent is not
+    searched: fewer DP states somewhere, the exact optimum still inside [bound, value], and
+    "optimal" only at gap 0; a tolerance outside [0, 1) is refused in one line."""
+    galvatron = planners.get("galvatron")
+    fewer = 0
+    for seed in range(6):
+        def run(**opts):  # a fresh cost model each: no bounds cached by an earlier call
+            model, cluster, cm, budget = _pipe_instance(seed)
+            return galvatron.plan(model, cluster, budget, cm, {"space": PIPE_SPACE, **opts})
+        optimum, full, loose = run(mode="exact"), run(), run(gap_tolerance=0.05)
+        assert loose.feasible == optimum.feasible
+        if not loose.feasible:
+            continue
+        best = optimum.iteration_time_s
+        assert loose.stats.bound_s <= best * (1 + 1e-9) and loose.iteration_time_s >= best * (1 - 1e-9)
+        assert (loose.stats.solver_status == "optimal") == (loose.stats.gap == 0.0)
+        fewer += loose.stats.states_explored < full.stats.states_explored
+    assert fewer > 0
+    model, cluster, cm, budget = _pipe_instance(0)
+    for bad in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(SpecError, match="gap_tolerance: must be a number in"):
+            galvatron.plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "gap_tolerance": bad})
