@@ -170,6 +170,11 @@ class CostModel(ABC):
     """True when answers depend on ranks only through the cluster's topology (which node, which
     PCIe switch): planners may then ask a stage's layer questions at an equivalent first rank,
     and ``vocab_cost`` is the same on every stage that holds neither the embedding nor the head."""
+    objective_is_plan_cost: ClassVar[bool] = True
+    """True when ``plan_cost``'s iteration time is what the planners add up from the per-layer
+    answers (sum_k T_k + (m - 1) max_k T_k + max_k D_k of 1F1B): their lower bounds, pruning and
+    "optimal" then hold for ``plan_cost``. A model with its own pipeline formula sets False; the
+    planners then search every group without pruning and call their plans heuristic."""
     linear_in_flight: ClassVar[bool] = False
     """True when ``layer_memory_in`` is states and temporaries that do not depend on ``in_flight``
     plus ``in_flight`` times one micro-batch's activations: planners then ask once per group."""

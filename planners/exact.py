@@ -174,6 +174,8 @@ class ExactPlanner(Planner):
         bound_s, gap = state.gap()  # over every group: solver bounds, or the cheap bound where stopped
         if status == "optimal":
             gap = 0.0
+        if not cost_model.objective_is_plan_cost:  # optimal for the planners' sum, not for plan_cost
+            status, bound_s, gap = ("heuristic" if status == "optimal" else status), None, None
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                         status, gap)
         if status == "optimal" and result.feasible:

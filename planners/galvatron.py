@@ -117,7 +117,8 @@ class GalvatronPlanner(Planner):
                 if (found or state.solutions) and passed(deadline):
                     return stopped()
                 try:
-                    sol = dp.solve(v, min([incumbent_s] + [f.objective_s * (1.0 - tolerance) for f in found]))
+                    cut = [f.objective_s * (1.0 - tolerance) for f in found if cost_model.objective_is_plan_cost]
+                    sol = dp.solve(v, min([incumbent_s] + cut))
                 except DeadlinePassed:
                     return stopped()
                 state.bound(tables.combo.global_batch, dp.bounds[v])
@@ -131,7 +132,7 @@ class GalvatronPlanner(Planner):
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline,
                                   refine=refine)
-        bound_s, gap = state.gap()
+        bound_s, gap = state.gap() if cost_model.objective_is_plan_cost else (None, None)
         status = "time_limit" if state.timed_out else "optimal" if gap == 0.0 else "heuristic"
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                         status, gap)

@@ -137,6 +137,7 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     (time.monotonic) the remaining groups are left with their lower bound, once a plan has been
     found (a call with no plan yet goes on until it has one)."""
     state = state or OuterState()
+    prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
     start = time.perf_counter()
     tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
     state.tables_s += time.perf_counter() - start
@@ -147,7 +148,7 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         _seed_uniform(tables, model, cost_model, budget_bytes, top_k, meta, state)
         _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     order = sorted(range(len(tables)), key=lambda i: -tables[i].combo.global_batch / bounds[i])
-    if refine is not None:
+    if refine is not None and prune:
         start = time.perf_counter()
         _refine(tables, bounds, order, refine, state, top_k, deadline)
         state.groups_s += time.perf_counter() - start
@@ -158,14 +159,14 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         ranked = sorted((s[0] for s in state.solutions), reverse=True)
         best_thr = ranked[0] if ranked else 0.0
         threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
-        if t.combo.global_batch / bounds[i] <= threshold:
+        if prune and t.combo.global_batch / bounds[i] <= threshold:
             state.pruned += len(t.vocab)
             continue
         if state.solutions and passed(deadline):
             state.timed_out = True
             state.bound(t.combo.global_batch, bounds[i])
             continue
-        incumbent = t.combo.global_batch / best_thr if best_thr > 0 else float("inf")
+        incumbent = t.combo.global_batch / best_thr if best_thr > 0 and prune else float("inf")
         start = time.perf_counter()
         found = solve(t, incumbent)
         state.groups_s += time.perf_counter() - start
