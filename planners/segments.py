@@ -12,6 +12,7 @@ from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition
 from planners.seed import uniform_seed
+from planners.space import VocabChoice
 from planners.tail_floor import tail_floor
 from planners.tables import ComboTables, StageTables, VocabCost, temp_levels
 from specs import even_stage_layers
@@ -21,7 +22,7 @@ from specs import even_stage_layers
 class GroupSolution:
     """One plan of a group: a strategy index per layer, the stage sizes, the vocab tp, its objective."""
 
-    vocab_tp: "VocabChoice"
+    vocab_tp: VocabChoice
     """The embedding/head choice (tp, ZeRO-3, sp)."""
     choice: list[int]
     stage_layers: list[int]
@@ -94,6 +95,10 @@ class GroupDP:
         """[k] the first stage whose time, tail and relayout tables equal stage k's."""
         self._blind_passes: dict[tuple, list[SegmentPass]] = {}
         """(time twin, vocab choice on stage 0, weight) -> memory-blind passes read for time only."""
+        self._relaxed: dict[tuple, tuple] = {}
+        """relaxed_options by (stage, weight, the stage's embedding/head cost or vocab choice)."""
+        self._recvs: dict[int, np.ndarray] = {}
+        """_recv by stage."""
 
     # -- passes -----------------------------------------------------------------------------
     def _cap_by_level(self, k: int, vocab_tps) -> np.ndarray:
@@ -182,7 +187,16 @@ class GroupDP:
     def relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         """Stage k's options over every partition's segments (``bound_windows``), memory ignored:
         per segment the memory-blind pass's best T + lam D per dp of its last layer (what
-        ``_segment`` gives with no budget), for every pass and length at once."""
+        ``_segment`` gives with no budget), for every pass and length at once. A stage past the
+        first whose embedding/head has no per-strategy delta answers alike for every vocab choice
+        with the same time and tail (the middle stages): computed once for them."""
+        vc = self.t.vocab[v][k]
+        key = (k, lam) + ((vc.time_s, vc.tail_s) if k > 0 and vc.last_delta is None else (v,))
+        if key not in self._relaxed:
+            self._relaxed[key] = self._relaxed_options(k, v, lam)
+        return self._relaxed[key]
+
+    def _relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         passes = self._stage_passes(k, v, scalar=lam, blind=True)
         a, b = (np.array(x, dtype=int) for x in zip(*self.bound_windows[k]))
         unique = list({id(p): p for p, _ in passes.values()}.values())
@@ -282,16 +296,14 @@ class GroupDP:
 
     def _recv(self, k: int) -> np.ndarray:
         """[a, g']: gradient sent back to stage k when the previous stage ends at layer a-1 with dp g'."""
-        G = len(self.t.dp_values)
-        out = np.full((self.n + 1, G), np.inf)
-        sp = self.stages[k - 1].send_prev_s
-        for a in range(1, self.n + 1):
-            ty = self.t.layer_type[a - 1]
-            for g in range(G):
-                mask = self.t.allowed[ty] & (self.strat_g == g)
-                if mask.any():
-                    out[a, g] = sp[ty, mask].min()
-        return out
+        if k not in self._recvs:
+            G = len(self.t.dp_values)
+            sp = np.where(self.t.allowed, self.stages[k - 1].send_prev_s, np.inf)  # [type, strategy]
+            least = np.stack([sp[:, self.strat_g == g].min(axis=1, initial=np.inf) for g in range(G)], axis=1)
+            out = np.full((self.n + 1, G), np.inf)
+            out[1:] = least[self.t.layer_type]
+            self._recvs[k] = out
+        return self._recvs[k]
 
     # -- answer -----------------------------------------------------------------------------
     def relaxed_objective(self, v: int) -> float:
