@@ -89,9 +89,10 @@ def issue16(args) -> None:
         print(_row([cluster.world_size, model.num_layers, name, f"{tolerance:g}", f"{st.wall_time_s:.2f}", thr,
                     st.solver_status,
                     f"{gap} | {split}"]), flush=True)
-    from planners import compare
+    from planners import cells, compare
     walls = []
     for _ in range(args.repeats):
+        cells.forget_contexts()  # each run builds its own cost model and tables, as a fresh process does
         start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
             compare.main(["--no-progress"])

@@ -113,6 +113,12 @@ _CONTEXTS: dict[tuple, tuple] = {}
 """Per process: (model, cluster, cost model, evaluator) of a grid, so cells share the tables."""
 
 
+def forget_contexts() -> None:
+    """Drop this process's cost models (and their tables), so that the next run builds its own:
+    for timing repeated runs in one process."""
+    _CONTEXTS.clear()
+
+
 def _context(grid: Grid) -> tuple:
     key = (grid.model, grid.cluster, grid.cost_model, repr(sorted(grid.cost_model_options.items())), grid.evaluator)
     if key not in _CONTEXTS:
