@@ -10,6 +10,7 @@ bound S_min + (m-1) tau + delta >= best makes the search exact over the given op
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -35,17 +36,53 @@ class PartitionChoice:
     cells_explored: int
 
 
-def _cells(opts: StageOptions, n: int, G: int, delta: float) -> tuple[np.ndarray, np.ndarray]:
-    """[a, b, g] -> min T over options with D <= delta, and the option reaching it."""
-    T = np.full((n + 1, n + 1, G), np.inf)
+def _cells(opts: StageOptions, n: int, G: int, delta: float, length: int | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """[a, b - a - 1, g] -> min T over options with D <= delta, and the option reaching it. The
+    middle axis runs over segment lengths up to ``length`` (default: the longest option's), not
+    over every end: a stage's options are a band of (a, b) pairs, so the DPs below work on
+    (n + 1) x length cells a stage instead of (n + 1)^2."""
+    length = length or _longest(opts)
+    T = np.full((n + 1, length, G), np.inf)
     ok = np.flatnonzero(opts.D <= delta)
-    cell = (opts.a[ok], opts.b[ok], opts.g[ok])
+    cell = (opts.a[ok], opts.b[ok] - opts.a[ok] - 1, opts.g[ok])
     np.minimum.at(T, cell, opts.T[ok])
     hit = ok[opts.T[ok] == T[cell]]
     hit = hit[np.argsort(-opts.D[hit], kind="stable")]  # among equal T, the smallest D is written last
-    which = np.full((n + 1, n + 1, G), -1)
-    which[opts.a[hit], opts.b[hit], opts.g[hit]] = hit
+    which = np.full((n + 1, length, G), -1)
+    which[opts.a[hit], opts.b[hit] - opts.a[hit] - 1, opts.g[hit]] = hit
     return T, which
+
+
+def _longest(opts: StageOptions) -> int:
+    return max(1, int((opts.b - opts.a).max())) if len(opts.a) else 1
+
+
+def _first_stage(cells: np.ndarray, n: int) -> np.ndarray:
+    """[b, g] of the first stage's band (its segments start at layer 0)."""
+    V = np.full((n + 1, cells.shape[2]), np.inf)
+    length = min(cells.shape[1], n)
+    V[1:length + 1] = cells[0, :length]
+    return V
+
+
+@lru_cache(maxsize=256)
+def _starts(n: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """[b, j] the start a = b - (length - j) of the segment of length (length - j) ending at b (n + 1,
+    an all-inf row, where it would be negative), and its band index length - j - 1: longest
+    first, so that an argmin over j prefers the smallest start, as one over a would."""
+    lengths = np.arange(length, 0, -1)
+    starts = np.arange(n + 1)[:, None] - lengths[None, :]
+    return np.where(starts >= 0, starts, n + 1), np.broadcast_to(lengths - 1, starts.shape)
+
+
+def _by_end(Y: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """``Y`` [..., a, len, g] (a at ``axis``) regathered as [..., b, j, g] (see _starts)."""
+    pad = list(Y.shape)
+    pad[axis] = 1
+    Y = np.concatenate((Y, np.full(pad, np.inf)), axis=axis)
+    start, band = _starts(n, Y.shape[axis + 1])
+    return Y[(slice(None),) * axis + (start, band)]
 
 
 def _min_sum(cells: list[np.ndarray], recv: list[np.ndarray], tau: float, n: int, path: bool = True
@@ -53,18 +90,22 @@ def _min_sum(cells: list[np.ndarray], recv: list[np.ndarray], tau: float, n: int
     """Min sum of stage times with every stage <= tau; with ``path`` also the (a, b, g) of each
     stage (without it, only the value: no argmins, several times faster)."""
     G = cells[0].shape[2]
-    V = np.where(cells[0][0] <= tau, cells[0][0], np.inf)  # [b, g]
+    V = _first_stage(np.where(cells[0] <= tau, cells[0], np.inf), n)  # [b, g]
     back = []
     for k in range(1, len(cells)):
-        stage_t = recv[k][:, :, None, None] + cells[k][:, None, :, :]  # [a, g', b, g]
+        stage_t = recv[k][:, :, None, None] + cells[k][:, None, :, :]  # [a, g', len, g]
         total = np.where(stage_t <= tau, V[:, :, None, None] + stage_t, np.inf)
-        flat = total.reshape((n + 1) * G, n + 1, G)
-        if path:
-            arg = flat.argmin(axis=0)
-            V = np.take_along_axis(flat, arg[None], axis=0)[0]
-            back.append(arg)
-        else:
-            V = flat.min(axis=0)
+        if not path:
+            V = _by_end(total.min(axis=1), n, 0).min(axis=1)
+            continue
+        g_prev = total.argmin(axis=1)  # [a, len, g]: the first g' reaching the least
+        Z = _by_end(np.take_along_axis(total, g_prev[:, None], axis=1)[:, 0], n, 0)  # [b, j, g]
+        j = Z.argmin(axis=1)  # [b, g]: the smallest start reaching the least
+        V = np.take_along_axis(Z, j[:, None], axis=1)[:, 0]
+        start, band = _starts(n, cells[k].shape[1])
+        rows = np.arange(n + 1)[:, None]
+        a, length = np.minimum(start[rows, j], n), band[rows, j]
+        back.append(a * G + g_prev[a, length, np.arange(G)[None, :]])
     value = float(V[n].min())
     if not np.isfinite(value):
         return None
@@ -83,7 +124,7 @@ def _min_sum(cells: list[np.ndarray], recv: list[np.ndarray], tau: float, n: int
 def _objective(path, whichs, opts, recv, m) -> tuple[float, list[int]]:
     Ts, Ds, chosen = [], [], []
     for k, (a, b, g) in enumerate(path):
-        o = int(whichs[k][a, b, g])
+        o = int(whichs[k][a, b - a - 1, g])
         r = recv[k][a, path[k - 1][2]] if k else 0.0
         Ts.append(opts[k].T[o] + r)
         Ds.append(opts[k].D[o])
@@ -157,7 +198,7 @@ def _exact_caps(T_cells, recv, taus: np.ndarray, n: int, m: int, base_s: float, 
     numpy call (blocks growing from 4), until S_min + (m-1) tau + delta cannot win: (best value,
     its caps, caps evaluated). The same caps and values as one _min_sum call per cap."""
     seen, start, block = 0, 0, 4
-    limit = max(1, int(FLOOR_BATCH_CELLS // ((n + 1) * T_cells[0].shape[2]) ** 2))
+    limit = _batch_limit(T_cells, n)
     while start < len(taus):
         chunk = taus[start:start + block]
         sums = _capped_sums(T_cells, T_cells, recv, chunk, n)
@@ -178,15 +219,16 @@ def partition_floor(sum_opts: list[StageOptions], max_opts: list[StageOptions], 
     over bottleneck caps tau of [least sum of S over partitions whose every stage can be <= tau]
     + (m - 1) tau (inf when nothing is feasible). A partition whose bottleneck is tau* is counted at
     tau = tau*, so the minimum is a bound."""
-    sum_cells = [_cells(o, n, G, np.inf)[0] for o in sum_opts]
-    max_cells = [_cells(o, n, G, np.inf)[0] for o in max_opts]
+    lengths = [max(_longest(a), _longest(b)) for a, b in zip(sum_opts, max_opts)]
+    sum_cells = [_cells(o, n, G, np.inf, L)[0] for o, L in zip(sum_opts, lengths)]
+    max_cells = [_cells(o, n, G, np.inf, L)[0] for o, L in zip(max_opts, lengths)]
     base = _min_sum(sum_cells, recv, np.inf, n, path=False)
     taus = _tau_candidates(max_cells, recv)
     if base is None or not len(taus) or _min_sum(max_cells, recv, np.inf, n, path=False) is None:
         return np.inf
     taus = taus[_first_feasible(max_cells, recv, taus, n):]
     best = np.inf
-    limit = max(1, int(FLOOR_BATCH_CELLS // ((n + 1) * G) ** 2))
+    limit = _batch_limit(max_cells, n)
     lo, batch = 0, min(8, limit)  # blocks growing from 8: the first caps usually settle it
     while lo < len(taus):
         chunk = taus[lo:lo + batch]
@@ -201,17 +243,22 @@ FLOOR_BATCH_CELLS = 2e6
 """partition_floor evaluates this many (cap, cell) pairs per numpy call."""
 
 
+def _batch_limit(cells: list[np.ndarray], n: int) -> int:
+    """Caps per numpy call: FLOOR_BATCH_CELLS over one cap's [a, g', len, g] cells."""
+    G = cells[0].shape[2]
+    return max(1, int(FLOOR_BATCH_CELLS // ((n + 1) * G * G * max(c.shape[1] for c in cells))))
+
+
 def _capped_sums(sum_cells, max_cells, recv, taus: np.ndarray, n: int) -> np.ndarray:
     """[tau] least sum of sum_cells over partitions whose every stage's max_cells time <= tau."""
     cap = taus[:, None, None]
-    V = np.where(max_cells[0][0][None] <= cap, sum_cells[0][0][None], np.inf)  # [tau, b, g]
-    G = sum_cells[0].shape[2]
+    V = np.where(_first_stage(max_cells[0], n)[None] <= cap, _first_stage(sum_cells[0], n)[None], np.inf)  # [tau, b, g]
     for k in range(1, len(sum_cells)):
-        stage_sum = recv[k][:, :, None, None] + sum_cells[k][:, None, :, :]  # [a, g', b, g]
+        stage_sum = recv[k][:, :, None, None] + sum_cells[k][:, None, :, :]  # [a, g', len, g]
         stage_max = recv[k][:, :, None, None] + max_cells[k][:, None, :, :]
         total = np.where(stage_max[None] <= taus[:, None, None, None, None], V[:, :, :, None, None] + stage_sum[None],
                          np.inf)
-        V = total.reshape(len(taus), (n + 1) * G, n + 1, G).min(axis=1)
+        V = _by_end(total.min(axis=2), n, 1).min(axis=2)
     return V[:, n].min(axis=1)
 
 
