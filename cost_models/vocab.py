@@ -8,8 +8,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from cost_models import memory as mem
-from cost_models.collectives import RankGroups, layer_rank_groups, rank_groups
 from cost_models.base import BYTES_PER_ACTIVATION, LayerTime, MemoryBreakdown, in_flight
+from cost_models.collectives import RankGroups, layer_rank_groups, rank_groups
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
 from specs import DPType, ModelSpec, Plan

@@ -27,6 +27,7 @@ from planners.outer import (
 from planners.registry import register
 from planners.segments import DeadlinePassed, GroupDP
 from planners.space import SearchSpace
+from planners.tables import ComboTables
 from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
 
@@ -67,6 +68,7 @@ class GalvatronPlanner(Planner):
         if opts["partition"] not in ("search", "even"):
             raise SpecError("partition", f"must be search or even, got {opts['partition']!r}")
         exact, even = opts["mode"] == "exact", opts["partition"] == "even"
+        sound = cost_model.objective_is_plan_cost  # the bounds bound plan_cost
         tolerance = opts["gap_tolerance"]
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
             raise SpecError("gap_tolerance", f"must be a number in [0, 1), got {tolerance!r}")
@@ -103,25 +105,29 @@ class GalvatronPlanner(Planner):
                 return found
 
             try:
-                floor = floors.pop(id(tables), -np.inf)
-                if floor < incumbent_s:  # one vocab choice: its own bound, in the search
-                    floor = max(floor, dp.any_vocab_floor(incumbent_s if len(tables.vocab) > 1 else None))
-                if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent
-                    state.bound(tables.combo.global_batch, floor)
-                    state.pruned += len(tables.vocab)
-                    return found
-                choices = _by_bound(dp, incumbent_s, lambda: bool(state.solutions) and passed(deadline))
+                if not sound:  # bounds on the planners' sum: no use for this cost model's score
+                    choices = _fitting(tables)
+                else:
+                    floor = floors.pop(id(tables), -np.inf)
+                    if floor < incumbent_s:  # one vocab choice: its own bound, in the search
+                        floor = max(floor, dp.any_vocab_floor(incumbent_s if len(tables.vocab) > 1 else None))
+                    if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent
+                        state.bound(tables.combo.global_batch, floor)
+                        state.pruned += len(tables.vocab)
+                        return found
+                    choices = _by_bound(dp, incumbent_s, lambda: bool(state.solutions) and passed(deadline))
             except DeadlinePassed:
                 return stopped()
             for v in choices:
                 if (found or state.solutions) and passed(deadline):
                     return stopped()
                 try:
-                    cut = [f.objective_s * (1.0 - tolerance) for f in found if cost_model.objective_is_plan_cost]
-                    sol = dp.solve(v, min([incumbent_s] + cut))
+                    cut = [f.objective_s * (1.0 - tolerance) for f in found if sound]
+                    sol = dp.solve(v, min([incumbent_s] + cut), bound=sound)
                 except DeadlinePassed:
                     return stopped()
-                state.bound(tables.combo.global_batch, dp.bounds[v])
+                if sound:
+                    state.bound(tables.combo.global_batch, dp.bounds[v])
                 if sol is not None:
                     found.append(sol)
             state.states += dp.points
@@ -132,19 +138,23 @@ class GalvatronPlanner(Planner):
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline,
                                   refine=refine)
-        bound_s, gap = state.gap() if cost_model.objective_is_plan_cost else (None, None)
+        bound_s, gap = state.gap() if sound else (None, None)
         status = "time_limit" if state.timed_out else "optimal" if gap == 0.0 else "heuristic"
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                         status, gap)
         return replace(result, stats=replace(result.stats, bound_s=bound_s))
 
 
+def _fitting(t: ComboTables) -> list:
+    """The group's vocab choices whose embedding/head leave room for some plan."""
+    return [v for v in t.vocab if vocab_min_memory_bytes(t, v) <= t.budget_bytes]
+
+
 def _by_bound(dp: GroupDP, incumbent_s: float, stop: Callable[[], bool]) -> list:
     """The group's vocab choices that can fit, lowest bound first (GroupDP.lower_bound without
     the tail caps), so that the best is likely searched first and its plan rules the others out;
     in table order where the search is exact and proven (its optimum is its bound)."""
-    t = dp.t
-    choices = [v for v in t.vocab if vocab_min_memory_bytes(t, v) <= t.budget_bytes]  # else no plan fits
+    choices = _fitting(dp.t)
     if dp.exact and dp.proven:
         return choices
     keys = {}

@@ -376,11 +376,12 @@ class GroupDP:
 
         return tail_floor(options, recv, self.n, self.m, self.t.combo.pp, incumbent_s)
 
-    def solve(self, v: int, incumbent_s: float = np.inf) -> GroupSolution | None:
+    def solve(self, v: int, incumbent_s: float = np.inf, bound: bool = True) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
         per weight lam (each segment offering its best T + lam * D) and keeps the best; it skips
-        the group when its lower bound (``lower_bound``) cannot beat ``incumbent_s``."""
-        if not self.exact or not self.proven:
+        the group when its lower bound (``lower_bound``) cannot beat ``incumbent_s``. ``bound``
+        False: no lower bound (nor ``bounds[v]``), for a cost model the bounds do not bound."""
+        if bound and (not self.exact or not self.proven):
             if v not in self.bounds:  # one computed earlier under a larger incumbent still holds
                 self.bounds[v] = self.lower_bound(v, incumbent_s)
             if not self.exact and self.bounds[v] >= incumbent_s:
