@@ -280,12 +280,11 @@ def _tau_candidates(cells: list[np.ndarray], recv: list[np.ndarray]) -> np.ndarr
 
 
 def _first_feasible(cells, recv, taus: np.ndarray, n: int) -> int:
-    """Smallest index i with a partition whose every stage time is <= taus[i] (bisection)."""
-    lo, hi = 0, len(taus) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _min_sum(cells, recv, taus[mid], n, path=False) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    """Smallest index i with a partition whose every stage time is <= taus[i]: the least
+    bottleneck over partitions (one min-max pass over the stages), located among the caps (it is
+    one of them: the caps are the stage times, summed as here)."""
+    V = _first_stage(cells[0], n)  # [b, g] least bottleneck of the stages so far
+    for k in range(1, len(cells)):
+        stage_t = recv[k][:, :, None, None] + cells[k][:, None, :, :]  # [a, g', len, g]
+        V = _by_end(np.maximum(V[:, :, None, None], stage_t).min(axis=1), n, 0).min(axis=1)
+    return min(int(np.searchsorted(taus, V[n].min())), len(taus) - 1)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from planners.pareto import prune_exact, prune_fast
+from planners import partition
 from planners.partition import StageOptions, search_partition
 
 
@@ -85,3 +86,25 @@ def test_partition_search_is_exact_over_its_options(seed):
         assert got is None
     else:
         assert got is not None and got.objective_s == pytest.approx(want)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_first_feasible_cap_is_the_least_bottleneck(seed):
+    """The min-max pass lands on the same cap as trying every cap in order with the min-sum DP."""
+    rng = np.random.default_rng(seed)
+    n, pp, G = int(rng.integers(2, 9)), int(rng.integers(2, 5)), int(rng.integers(1, 3))
+    pp = min(pp, n)
+    opts = []
+    for k in range(pp):
+        rows = [(a, b, int(rng.integers(0, G)), float(rng.integers(1, 40)), 0.0)
+                for a in range(n) for b in range(a + 1, n + 1)
+                if not ((k == 0 and a) or (k == pp - 1 and b != n)) and rng.random() < 0.6]
+        rows = rows or [(0 if k == 0 else n - 1, n if k == pp - 1 else 1, 0, 1.0, 0.0)]
+        a, b, g, T, D = (np.array(c) for c in zip(*rows))
+        opts.append(StageOptions(a.astype(int), b.astype(int), g.astype(int), T.astype(float), D.astype(float)))
+    recv = [None] + [rng.integers(0, 5, (n + 1, G)).astype(float) for _ in range(pp - 1)]
+    cells = [partition._cells(o, n, G, np.inf)[0] for o in opts]
+    taus = partition._tau_candidates(cells, recv)
+    feasible = [i for i, tau in enumerate(taus) if partition._min_sum(cells, recv, tau, n, path=False) is not None]
+    if feasible:
+        assert partition._first_feasible(cells, recv, taus, n) == feasible[0]
