@@ -74,6 +74,7 @@ class AnalyticalModel(CostModel):
             constants = constants_for(cluster.calibration if calibration is None else calibration)
         self.constants = constants.with_values(overrides) if overrides else constants
         self._layer_time = Memo(self._compute_layer_time)
+        self._pass_kernels = Memo(self._compute_pass_kernels)
         self._layer_memory = Memo(self._compute_layer_memory)
         self._transition = Memo(self._compute_transition)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
@@ -107,8 +108,19 @@ class AnalyticalModel(CostModel):
         ``hidden_host_s``: GPU time of collectives enqueued on the same stream between these
         kernels (Megatron's TP all-reduces). Launches are asynchronous, so the host keeps
         issuing while they run: a launch-bound pass's compute is host time minus that."""
-        gpu_s = sum(self.op_time(op) for op in ops)
-        return max(gpu_s, len(ops) * self.constants.host_time_per_kernel_s - hidden_host_s)
+        return self._launch_bound((sum(self.op_time(op) for op in ops), len(ops)), hidden_host_s)
+
+    def _launch_bound(self, kernels: tuple[float, int], hidden_host_s: float) -> float:
+        """ops_time of (GPU seconds, kernel count) of a kernel list."""
+        gpu_s, count = kernels
+        return max(gpu_s, count * self.constants.host_time_per_kernel_s - hidden_host_s)
+
+    def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split) -> tuple[tuple[float, int], ...]:
+        """(GPU seconds, kernel count) of the layer's forward and of its backward on one of tp
+        GPUs: what every strategy of the same tp, micro-batch size and expert split shares."""
+        fwd = forward_ops(layer, tp, mbs, split)
+        bwd = backward_ops(fwd)
+        return (sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd))
 
     def _memory_bound_s(self, nbytes: float) -> float:
         c = self.constants
@@ -125,10 +137,10 @@ class AnalyticalModel(CostModel):
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
-        fwd_ops = forward_ops(layer, strategy.tp, mbs, experts.compute_split(layer, strategy, self.expert_imbalance))
-        forward_s = self.ops_time(fwd_ops, pass_comm_s)
-        backward_s = self.ops_time(backward_ops(fwd_ops), pass_comm_s) + self.recompute_time(layer, strategy, mbs,
-                                                                                             pass_comm_s)
+        fwd, bwd = self._pass_kernels(layer, strategy.tp, mbs,
+                                      experts.compute_split(layer, strategy, self.expert_imbalance))
+        forward_s = self._launch_bound(fwd, pass_comm_s)
+        backward_s = self._launch_bound(bwd, pass_comm_s) + self.recompute_time(layer, strategy, mbs, pass_comm_s)
         # dense part over dp; with an expert split the routed experts over their expert-dp groups
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
         traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups) for p in parts])
@@ -146,12 +158,11 @@ class AnalyticalModel(CostModel):
                        pass_comm_s: float = 0.0) -> float:
         """Forward kernels re-run in backward: all of them (full, with its TP collectives hiding
         host launches as in the forward) or the attention core (selective: no collective inside)."""
-        ops = seq.recompute_ops(layer, strategy, mbs)
         if strategy.recompute == Recompute.FULL:  # the forward again, experts split as in it
-            ops = forward_ops(layer, strategy.tp, mbs, experts.compute_split(layer, strategy, self.expert_imbalance))
-        if not ops:
-            return 0.0
-        return self.ops_time(ops, pass_comm_s if strategy.recompute == Recompute.FULL else 0.0)
+            split = experts.compute_split(layer, strategy, self.expert_imbalance)
+            return self._launch_bound(self._pass_kernels(layer, strategy.tp, mbs, split)[0], pass_comm_s)
+        ops = seq.recompute_ops(layer, strategy, mbs)
+        return self.ops_time(ops) if ops else 0.0
 
     def dp_traffic(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> "DPTraffic":
         """When each data-parallel collective runs, as DDP, Megatron's distributed optimizer,
