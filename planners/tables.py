@@ -396,9 +396,15 @@ def _probe_plan(model: ModelSpec, combo: Combo, world: int, first: str, last: st
     n, pp = model.num_layers, combo.pp
     gpus = world // pp
     stage_layers = even_stage_layers(n, pp)
-    layers = [LayerStrategy(tp=1, dp=gpus)] * n
-    layers[-1] = LayerStrategy(tp=1, dp=gpus, dp_type=last if gpus > 1 else DPType.DDP)
-    layers[0] = LayerStrategy(tp=1, dp=gpus, dp_type=first if gpus > 1 else DPType.DDP)
+    layers = [_probe_strategy(gpus, DPType.DDP)] * n
+    layers[-1] = _probe_strategy(gpus, last)
+    layers[0] = _probe_strategy(gpus, first)
     return Plan(pp=pp, stage_layers=stage_layers, layers=tuple(layers), global_batch=combo.global_batch,
                 micro_batches=combo.micro_batches, schedule=combo.schedule, vocab_tp=combo.vocab.tp,
                 vocab_zero3=combo.vocab.zero3, vocab_sp=combo.vocab.sp)
+
+
+@lru_cache(maxsize=1024)
+def _probe_strategy(gpus: int, dp_type: str) -> LayerStrategy:
+    """A probe plan's layer: plain data parallelism over the stage's ``gpus`` under ``dp_type``."""
+    return LayerStrategy(tp=1, dp=gpus, dp_type=dp_type if gpus > 1 else DPType.DDP)
