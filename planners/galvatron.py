@@ -161,7 +161,7 @@ def _by_bound(dp: GroupDP, incumbent_s: float, stop: Callable[[], bool]) -> list
     for v in choices:
         if stop():
             raise DeadlinePassed
-        keys[v] = dp.lower_bound(v, incumbent_s, tails=False)
+        keys[v] = dp.order_key(v)
     return sorted(choices, key=keys.get)
 
 

@@ -359,6 +359,11 @@ class GroupDP:
             relaxed = max(relaxed, self.tail_floor(v, incumbent_s))
         return relaxed
 
+    def order_key(self, v) -> float:
+        """lower_bound's per-segment memory floors (LP, and the count bound for pp > 1) without
+        the memory-blind and tail-cap bounds: cheaper, to order the vocab choices by."""
+        return self._memory_floor(v, counts=self.t.combo.pp > 1)
+
     def _memory_floor(self, v, counts: bool) -> float:
         """memory_floor over every partition, kept per budget in ComboTables.shared."""
         key = ("memory_floor", v, counts, self.even, self.t.budget_bytes)
