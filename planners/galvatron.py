@@ -109,8 +109,10 @@ class GalvatronPlanner(Planner):
                     choices = _fitting(tables)
                 else:
                     floor = floors.pop(id(tables), -np.inf)
-                    if floor < incumbent_s:  # one vocab choice: its own bound, in the search
-                        floor = max(floor, dp.any_vocab_floor(incumbent_s if len(tables.vocab) > 1 else None))
+                    if floor < incumbent_s:  # the refined floor unless refine was cut short; tail caps
+                        # per vocab choice only (for all at once they pruned nothing on the cases)
+                        floor = max(floor, dp.any_vocab_floor(incumbent_s if len(tables.vocab) > 1 else None,
+                                                              tails=False))
                     if floor >= incumbent_s:  # no vocab choice of the group can beat the incumbent
                         state.bound(tables.combo.global_batch, floor)
                         state.pruned += len(tables.vocab)
