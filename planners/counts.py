@@ -10,6 +10,7 @@ may mix strategies fractionally: with 5 layers a stage that is worth a few tenth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -92,6 +93,16 @@ def segment_classes(rows: tuple, row_id: np.ndarray, windows: list[tuple[int, in
     first = np.unique(row_id, return_index=True)[1]
     inner_rows = {int(row_id[j]): (cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
     last_rows = {int(row_id[j]): (last_cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
+    a, b, of_window, bodies = _classes(row_id.dtype.str, row_id.tobytes(), tuple(windows))
+    return SegmentClasses(a, b, of_window, bodies, inner_rows, last_rows, row_id)
+
+
+@lru_cache(maxsize=1024)
+def _classes(dtype: str, row_bytes: bytes, windows: tuple[tuple[int, int], ...]) -> tuple:
+    """segment_classes' grouping, which depends on the layers' row ids and the windows only (the
+    same for every vocab choice and weight of a stage): (a, b, [window] class, bodies). Shared:
+    read only."""
+    row_id = np.frombuffer(row_bytes, dtype=dtype)
     a, b = (np.array(x, dtype=int) for x in zip(*windows))
     run_start = _run_starts(row_id)
     inside = b - 2 > a  # the segment has middle layers a+1..b-2
@@ -101,7 +112,7 @@ def segment_classes(rows: tuple, row_id: np.ndarray, windows: list[tuple[int, in
                      np.where(uniform, row_id[b - 1], -2)), axis=1)  # not uniform: its own class
     _, rep, of_window = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     bodies = [tuple(int(x) for x in keys[r, :3]) if uniform[r] else None for r in rep]
-    return SegmentClasses(a[rep], b[rep], of_window.ravel(), bodies, inner_rows, last_rows, row_id)
+    return a[rep], b[rep], of_window.ravel(), bodies
 
 
 def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vocab_memory_bytes: float,
