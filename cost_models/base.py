@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Sequence
 
+from cost_models.collectives import layer_rank_groups
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
@@ -360,9 +361,9 @@ class PipelineMessage:
     gather_bytes: float = 0.0
 
     def gather_groups(self, first_rank: int, ranks: int) -> tuple[tuple[int, ...], ...]:
-        """The receiving stage's all-gather groups (its first rank, its number of ranks)."""
-        g = self.gather_tp
-        return tuple(tuple(range(first_rank + k * g, first_rank + (k + 1) * g)) for k in range(ranks // g))
+        """The receiving stage's all-gather groups (its first rank, its number of ranks): its
+        consecutive tp groups of gather_tp ranks."""
+        return layer_rank_groups(first_rank, self.gather_tp, ranks // self.gather_tp)[0]
 
 
 BYTES_PER_ACTIVATION = 2

@@ -61,6 +61,12 @@ class OuterState:
         self.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
         return cost
 
+    def throughputs(self, top_k: int) -> tuple[float, float]:
+        """(best, top_k-th best) throughput kept so far, 0 where there are not that many plans:
+        a group must beat the first to matter, the second to enter the top_k."""
+        ranked = sorted((s[0] for s in self.solutions), reverse=True)
+        return (ranked[0] if ranked else 0.0), (ranked[top_k - 1] if len(ranked) >= top_k else 0.0)
+
     def bound(self, global_batch: int, lower_bound_s: float) -> None:
         """Record a group's lower bound on iteration time (inf: proven to have no plan)."""
         if lower_bound_s > 0:
@@ -156,9 +162,7 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     for i in order:
         t = tables[i]
         state.candidates += len(t.vocab)
-        ranked = sorted((s[0] for s in state.solutions), reverse=True)
-        best_thr = ranked[0] if ranked else 0.0
-        threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
+        best_thr, threshold = state.throughputs(top_k)
         if prune and t.combo.global_batch / bounds[i] <= threshold:
             state.pruned += len(t.vocab)
             continue
@@ -185,9 +189,7 @@ def _refine(tables: list[ComboTables], bounds: list[float], order: list[int], re
             top_k: int, deadline: float | None) -> None:
     """bounds[i] lifted by ``refine`` for the groups the cheap bound does not prune under the
     seeds' incumbent (in the cheap bound's order, until ``deadline``)."""
-    ranked = sorted((s[0] for s in state.solutions), reverse=True)
-    best_thr = ranked[0] if ranked else 0.0
-    threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
+    best_thr, threshold = state.throughputs(top_k)
     for i in order:
         gb = tables[i].combo.global_batch
         if gb / bounds[i] <= threshold:
@@ -236,8 +238,7 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
     floor, fits = _interleaved_floor(t, uniform, v, cost_model.linear_in_flight)
     order = np.argsort(floor)
     for pos, i in enumerate(order):
-        ranked = sorted((x[0] for x in state.solutions), reverse=True)
-        threshold = ranked[top_k - 1] if len(ranked) >= top_k else 0.0
+        threshold = state.throughputs(top_k)[1]
         if c.global_batch / floor[i] <= threshold:
             state.pruned += len(order) - pos
             return

@@ -12,6 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from cost_models import CostModel, in_flight
+from cost_models.memo import hash_once
 from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
 from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, even_stage_layers
 
@@ -352,7 +353,7 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
 def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, first: str, last: str
                  ) -> np.ndarray:
     cache = memo(cm)
-    key = ("vocab", _model_key(model), combo, stage, first, last)
+    key = ("vocab", hash_once(model), combo, stage, first, last)
     if key not in cache:
         world = cm.cluster.world_size
         plan_key = ("probe", key[1], combo, first, last)  # the same probe plan serves every stage
@@ -363,33 +364,6 @@ def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, firs
         cache[key] = np.array([lt.micro_batch_s, lt.tail_s, mem.states_bytes + mem.activations_bytes,
                                mem.temporary_bytes])
     return cache[key]
-
-
-_MODEL_KEYS: "weakref.WeakValueDictionary[int, _HashOnce]" = weakref.WeakValueDictionary()
-"""The _HashOnce of each ModelSpec in use, by identity (a 96-layer spec takes ~0.1 ms to hash);
-an entry lives as long as some cache holds its key, which holds the spec (so its id is its own)."""
-
-
-def _model_key(model: ModelSpec) -> "_HashOnce":
-    key = _MODEL_KEYS.get(id(model))
-    if key is None or key.value is not model:
-        key = _MODEL_KEYS[id(model)] = _HashOnce(model)
-    return key
-
-
-class _HashOnce:
-    """A ModelSpec as a cache key: its (field by field) hash computed once, equality by identity first."""
-
-    __slots__ = ("_hash", "value", "__weakref__")
-
-    def __init__(self, value) -> None:
-        self.value, self._hash = value, hash(value)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _HashOnce) and (other.value is self.value or other.value == self.value)
 
 
 def _probe_plan(model: ModelSpec, combo: Combo, world: int, first: str, last: str) -> Plan:
