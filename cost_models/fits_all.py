@@ -59,6 +59,9 @@ class FitsAll(CostModel):
     def p2p_time(self, nbytes, src, dst, senders=1) -> float:
         return self.primary.p2p_time(nbytes, src, dst, senders)
 
+    def pipeline_message(self, layer, strategy, micro_batch_size):
+        return self.primary.pipeline_message(layer, strategy, micro_batch_size)
+
     def link_calibration(self) -> dict[str, float]:
         return self.primary.link_calibration()
 

@@ -57,3 +57,15 @@ def test_plans_one_model_cannot_express_do_not_fit(setup):
 def test_memory_models_needs_another_model(setup):
     with pytest.raises(SpecError, match="memory_models"):
         FitsAll(setup[1], [], 2**30)
+
+
+def test_pipeline_sends_are_the_primarys(setup):
+    """Time is the primary's, pipeline sends included (the analytical model's Megatron
+    scatter-gather: a 1/tp slice and the receivers' all-gather, not the whole activation)."""
+    cluster, profiled, _ = setup
+    analytical = cost_models.get("analytical", cluster)
+    both = FitsAll(analytical, [profiled], 24 * 2**30)
+    layer, strategy = profiled.model_spec.layers[0], LayerStrategy(tp=2, dp=2)
+    assert analytical.pipeline_message(layer, strategy, 2).gather_tp == 2
+    assert both.pipeline_message(layer, strategy, 2) == analytical.pipeline_message(layer, strategy, 2)
+    assert both.pipeline_send_time(layer, strategy, 2, 0, 4, 4) == analytical.pipeline_send_time(layer, strategy, 2, 0, 4, 4)
