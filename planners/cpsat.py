@@ -67,7 +67,7 @@ class CpSatPlanner(ExactPlanner):
 
     name = "cpsat"
     defaults = {"space": "full", "time_limit_s": 60.0, "partition": "search", "top_k": 1,
-                "warm_start": True, "workers": 1, "seed": 0}
+                "formulation": "auto", "warm_start": True, "workers": 1, "seed": 0}
 
     def solve_formulation(self, tables, v: int, f: Formulation, warm: GroupSolution | None, opts: dict,
                           log: SolveLog, state: OuterState) -> GroupSolution | None:

@@ -16,14 +16,18 @@ import pulp
 
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
+from planners import count_formulation
 from planners.formulation import Formulation, build
 from planners.galvatron import GalvatronPlanner, resolve_space
 from planners.outer import OuterState, finish, lower_bound_s, run_outer
 from planners.segments import GroupDP, GroupSolution
-from specs import ClusterSpec, ModelSpec
+from specs import ClusterSpec, ModelSpec, SpecError
 
 CUTOFF_RTOL = 1e-9
 """A group must beat the incumbent by more than this (relative) to be solved."""
+FORMULATIONS = ("auto", "layers")
+"""``formulation`` option: auto = integer counts per strategy and stage where that model is exact
+(count_formulation.applies), one binary per layer elsewhere; layers = one binary per layer always."""
 
 
 def to_pulp(f: Formulation, relax: bool = False) -> tuple[pulp.LpProblem, dict[str, pulp.LpVariable]]:
@@ -130,6 +134,8 @@ class ExactPlanner(Planner):
         opts = pop_options(options, self.defaults, self.name)
         limit_s = time_limit(opts["time_limit_s"])
         deadline = time.monotonic() + limit_s  # bounds the whole call: seed, every group, every batch
+        if opts["formulation"] not in FORMULATIONS:
+            raise SpecError("formulation", f"must be one of {', '.join(FORMULATIONS)}, got {opts['formulation']!r}")
         self.check_options(opts)
         space, even = resolve_space(opts["space"]), opts["partition"] == "even"
         log, state = SolveLog(), OuterState()
@@ -143,13 +149,15 @@ class ExactPlanner(Planner):
         def solve(tables, incumbent_s):
             dp = GroupDP(tables, exact=False, even=even, stage_imbalance=2.0) if opts["warm_start"] else None
             gb, out = tables.combo.global_batch, []
+            counts = opts["formulation"] == "auto" and count_formulation.applies(tables)
+            formulate = count_formulation.build if counts else build
             for v in tables.vocab:
                 if time.monotonic() > deadline:  # before the formulation, whose build takes seconds
                     log.solved("time_limit")
                     state.bound(gb, lower_bound_s(tables))
                     continue
                 cutoff = incumbent_s * (1 + CUTOFF_RTOL) if math.isfinite(incumbent_s) else None
-                f = build(tables, v, even, cutoff_s=cutoff)
+                f = formulate(tables, v, even, cutoff_s=cutoff)
                 if cutoff is not None and lp_bound(f, deadline - time.monotonic()) > cutoff:
                     log.statuses.append("pruned")  # cannot beat the incumbent: adds nothing to the gap
                     continue
@@ -161,6 +169,10 @@ class ExactPlanner(Planner):
                 warm = dp.solve(v) if dp else None
                 solved = len(log.bounds)
                 sol = self.solve_formulation(tables, v, f, warm, {**opts, "time_limit_s": left_s}, log, state)
+                if sol is not None and f.counts is not None and f.counts.takes_a_shortcut(sol.choice, sol.stage_layers):
+                    f = build(tables, v, even, cutoff_s=cutoff)  # its objective was only a bound
+                    left_s, solved = deadline - time.monotonic(), len(log.bounds)
+                    sol = self.solve_formulation(tables, v, f, warm, {**opts, "time_limit_s": left_s}, log, state)
                 state.bound(gb, _group_bound(log, solved, sol, incumbent_s, tables))
                 if sol is not None:
                     out.append(sol)

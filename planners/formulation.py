@@ -3,13 +3,14 @@
 Data -> variables -> constraints -> objective, each in plain dicts, so PuLP (HiGHS/CBC) and CP-SAT
 solve the same model. w[l,k,s]: layer l on stage k under strategy s. e[l,k,G,H]: layers l-1 and l
 both on stage k, l-1 in relayout class G and l in class H (marginals tie it to w; classes group
-strategies with identical relayout costs). z[l,k,g]: layer l ends stage k with dp index g (pays
+strategies with identical relayout costs). z[l,k,g]: layer l ends stage k in send class g (pays
 the pipeline sends). T[k], D[k], tmp[k]: stage time, tail and largest temporary; Tmax, Dmax.
 Objective: sum_k T_k + (m-1) Tmax + Dmax, or m T_0 + D_0 when pp = 1 (plan_cost's formula).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,9 @@ class Formulation:
     w_index: dict[tuple[int, int, int], str] = field(default_factory=dict)
     y_index: dict[tuple[int, int], list[str]] = field(default_factory=dict)
     """(layer, stage) -> the w variables of that layer on that stage."""
+    counts: Any = None
+    """The count model's index (count_formulation.CountIndex) when this is that model: it reads
+    plans back and warm-starts in place of w_index."""
 
     def var(self, name: str, lo: float = 0.0, hi: float = 1.0, integer: bool = True, unit: str = "count") -> str:
         self.variables[name] = (lo, hi, integer)
@@ -60,7 +64,6 @@ def build(t: ComboTables, v: int, even: bool = False, cutoff_s: float | None = N
     n, pp, m = len(t.layer_type), t.combo.pp, t.combo.micro_batches
     wins = stage_windows(n, pp, even)
     stage_of = [sorted({l for a, b in wins[k] for l in range(a, b)}) for k in range(pp)]
-    dp_of = np.array([t.dp_values.index(s.dp) for s in t.strategies])
     T = {k: {} for k in range(pp)}
     D = {k: {} for k in range(pp)}
     M = {k: {} for k in range(pp)}
@@ -69,9 +72,15 @@ def build(t: ComboTables, v: int, even: bool = False, cutoff_s: float | None = N
         _contiguity(f, stage_of, n, pp, t, even, wins)
     _edges(f, t, stage_of, T, n, pp)
     if pp > 1:
-        _sends(f, t, stage_of, T, dp_of, n, pp)
+        _sends(f, t, stage_of, T, n, pp)
     _vocab_terms(f, t, v, T, D, M, n, pp)
     _stage_rows(f, t, v, stage_of, T, D, M, pp)
+    objective_rows(f, pp, m, cutoff_s)
+    return f
+
+
+def objective_rows(f: Formulation, pp: int, m: int, cutoff_s: float | None) -> None:
+    """plan_cost's objective over the stage variables T_k, D_k; ``cutoff_s`` adds objective <= it."""
     if pp == 1:
         f.objective = {"T_0": float(m), "D_0": 1.0}
     else:
@@ -83,7 +92,6 @@ def build(t: ComboTables, v: int, even: bool = False, cutoff_s: float | None = N
         f.objective = {**{f"T_{k}": 1.0 for k in range(pp)}, "Tmax": float(m - 1), "Dmax": 1.0}
     if cutoff_s is not None:
         f.row(dict(f.objective), "<=", cutoff_s, unit="time")
-    return f
 
 
 def _assign(f, t, stage_of, T, D, M, n, pp) -> None:
@@ -123,12 +131,13 @@ def _contiguity(f, stage_of, n, pp, t, even, wins) -> None:
     for l in range(1, n):
         for k in range(pp - 1):
             # stage(l) >= stage(l-1): c[l,k] <= c[l-1,k]
-            f.row(_sub(cum(l, k), cum(l - 1, k)), "<=", 0.0)
+            f.row(minus(cum(l, k), cum(l - 1, k)), "<=", 0.0)
             # stage(l) <= stage(l-1) + 1: c[l,k+1] >= c[l-1,k]
-            f.row(_sub(cum(l, k + 1), cum(l - 1, k)), ">=", 0.0)
+            f.row(minus(cum(l, k + 1), cum(l - 1, k)), ">=", 0.0)
 
 
-def _sub(a: dict, b: dict) -> dict:
+def minus(a: dict, b: dict) -> dict:
+    """Coefficients of a - b."""
     out = dict(a)
     for k, v in b.items():
         out[k] = out.get(k, 0.0) - v
@@ -178,25 +187,29 @@ def _edges(f, t, stage_of, T, n, pp) -> None:
                 f.row(row, ">=", -1.0)
 
 
-def _sends(f, t, stage_of, T, dp_of, n, pp) -> None:
-    """z[l,k,g] >= (layer l on stage k with dp g) - (layer l+1 on stage k): the stage's last layer."""
+def _sends(f, t, stage_of, T, n, pp) -> None:
+    """z[l,k,g] >= (layer l on stage k in send class g) - (layer l+1 on stage k): the stage's last
+    layer pays its pipeline sends; strategies of one send class send alike (the message depends
+    on dp, and under Megatron's scatter-gather on tp and sp too)."""
     for k in range(pp - 1):
+        st = t.stages[k]
         for l in stage_of[k]:
             if l + 1 >= n:
                 continue
             ty = t.layer_type[l]
+            allowed = np.flatnonzero(t.allowed[ty])
             nxt = _y(f, l + 1, k)
-            for g in sorted(set(dp_of[np.flatnonzero(t.allowed[ty])])):
-                strats = [s for s in np.flatnonzero(t.allowed[ty]) if dp_of[s] == g]
+            by_send: dict[tuple[float, float], list[int]] = {}
+            for s in allowed:
+                by_send.setdefault((float(st.send_next_s[ty, s]), float(st.send_prev_s[ty, s])), []).append(int(s))
+            for g, ((fwd, bwd), strats) in enumerate(by_send.items()):
                 name = f.var(f"z_{l}_{k}_{g}", integer=False)
                 row = {name: 1.0}
                 for s in strats:
-                    row[f.w_index[(l, k, int(s))]] = -1.0
+                    row[f.w_index[(l, k, s)]] = -1.0
                 for nm in nxt:
                     row[nm] = row.get(nm, 0.0) + 1.0
                 f.row(row, ">=", 0.0)
-                fwd = float(t.stages[k].send_next_s[ty, strats[0]])
-                bwd = float(t.stages[k].send_prev_s[ty, strats[0]])
                 T[k][name] = T[k].get(name, 0.0) + fwd
                 T[k + 1][name] = T[k + 1].get(name, 0.0) + bwd
 
@@ -234,7 +247,10 @@ def _stage_rows(f, t, v, stage_of, T, D, M, pp) -> None:
 
 
 def warm_values(f: Formulation, t: ComboTables, choice: list[int], stage_layers: list[int]) -> dict[str, float]:
-    """Values of the w variables for a known plan (the DP's), for the solvers' warm start."""
+    """Values of the w variables (in the count model its integers) for a known plan (the DP's),
+    for the solvers' warm start."""
+    if f.counts is not None:
+        return f.counts.warm_values(choice, stage_layers)
     out = {name: 0.0 for name in f.w_index.values()}
     stage = np.repeat(np.arange(len(stage_layers)), stage_layers)
     for l, s in enumerate(choice):
@@ -247,6 +263,8 @@ def warm_values(f: Formulation, t: ComboTables, choice: list[int], stage_layers:
 
 def read_plan(values: dict[str, float], f: Formulation, n: int, pp: int) -> tuple[list[int], list[int]]:
     """(strategy index per layer, layers per stage) from a solution."""
+    if f.counts is not None:
+        return f.counts.read_plan(values, n, pp)
     choice, stage = [0] * n, [0] * n
     for (l, k, s), name in f.w_index.items():
         if values.get(name, 0.0) > 0.5:

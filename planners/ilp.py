@@ -31,7 +31,7 @@ class IlpPlanner(ExactPlanner):
 
     name = "ilp"
     defaults = {"space": "full", "solver": "highs", "time_limit_s": 60.0, "partition": "search", "top_k": 1,
-                "warm_start": True, "threads": 1}
+                "formulation": "auto", "warm_start": True, "threads": 1}
 
     def check_options(self, opts: dict) -> None:
         if opts["solver"] not in SOLVERS:

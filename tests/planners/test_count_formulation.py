@@ -1,0 +1,139 @@
+"""The count MILP (planners/count_formulation.py): on identical layers whose relayouts obey the
+triangle inequality it is used, and the ILP and CP-SAT find with it the optimum the per-layer
+model finds; elsewhere the per-layer model stands."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import planners
+from planners import count_formulation
+from planners.formulation import read_plan
+from planners.outer import grouped_tables
+from tests.planners.random_instances import KIB, SMALL_SPACE, RandomCostModel, instance, tiny_cluster, tiny_model
+
+SPACE = replace(SMALL_SPACE, max_pp=4, micro_batches=(2, 4))
+
+
+class MetricRelayouts(RandomCostModel):
+    """Random everything, but a relayout costs the L1 distance between points drawn per layout
+    (whole ticks), so the class-to-class times obey the triangle inequality."""
+
+    def transition_time(self, layer, prev, nxt, micro_batch_size, first_rank=0):
+        a, b = self._point(prev, first_rank), self._point(nxt, first_rank)
+        return float(np.abs(a - b).sum()) * 1e-7
+
+    def _point(self, s, first_rank):
+        return self._rng("x", s.tp, s.dp, s.tp_consecutive, first_rank).integers(0, 4000, size=2)
+
+
+def _identical_instance(seed: int, metric: bool = True):
+    rng = np.random.default_rng(1000 + seed)
+    model = tiny_model(int(rng.integers(3, 9)), identical=True)
+    cluster = tiny_cluster()
+    cm = (MetricRelayouts if metric else RandomCostModel)(cluster, seed)
+    kib = int(rng.integers(2000, 20000))
+    return model, cluster, cm, planners.Budget(memory_gib=kib * KIB / 1024**3, global_batch=8)
+
+
+@pytest.mark.parametrize("metric", [True, False], ids=["metric", "shortcuts"])
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("name", ["ilp", "cpsat"])
+def test_counts_find_the_per_layer_optimum(name, seed, metric):
+    """metric: relayouts obey the triangle inequality; shortcuts: random relayouts, where a
+    chain through another layout can be cheaper than the direct one."""
+    model, cluster, cm, budget = _identical_instance(seed, metric)
+    groups = grouped_tables(model, cm, budget.memory_bytes, SPACE, budget.global_batches())
+    assert all(count_formulation.applies(t) for t in groups)
+    plan = {form: planners.get(name).plan(model, cluster, budget, cm,
+                                          {"space": SPACE, "warm_start": False, "formulation": form})
+            for form in ("layers", "auto")}
+    assert plan["auto"].feasible == plan["layers"].feasible
+    if not plan["auto"].feasible:
+        return
+    assert plan["auto"].iteration_time_s == pytest.approx(plan["layers"].iteration_time_s, rel=1e-9)
+    r = plan["auto"]
+    assert r.stats.solver_status == "optimal"
+    r.plan.validate(model, cluster)
+    cost = cm.plan_cost(model, r.plan)
+    assert cost.iteration_time_s == r.iteration_time_s  # the plan read back is the one solved
+    assert cost.peak_memory_bytes <= budget.memory_bytes
+    assert "mismatch" not in r.message
+
+
+def test_warm_start_values_read_back_as_the_same_plan():
+    model, cluster, cm, budget = _identical_instance(3)
+    groups = grouped_tables(model, cm, budget.memory_bytes, SPACE, budget.global_batches())
+    t = max(groups, key=lambda t: (t.combo.pp == 2, t.allowed[0].sum()))
+    f = count_formulation.build(t, next(iter(t.vocab)))
+    allowed = np.flatnonzero(t.allowed[0])
+    classes = count_formulation.run_classes(t, 0)[0]
+    a, b = 0, int(np.flatnonzero(classes != classes[0])[0])
+    pp, n = t.combo.pp, model.num_layers
+    assert pp == 2 and n >= 4
+    sizes = [n - 1, 1]
+    choice = [int(allowed[a])] * n
+    choice[1] = int(allowed[b])  # stage 0 runs class A, B, A: three runs
+    values = f.counts.warm_values(choice, sizes)
+    assert values
+    got, got_sizes = read_plan(values, f, n, pp)
+    assert got_sizes == sizes
+    assert sorted(got) == sorted(choice)
+    assert got[0] == choice[0]
+    ends = np.cumsum(sizes) - 1
+    assert [got[i] for i in ends] == [choice[i] for i in ends]
+
+
+def test_not_used_where_layers_differ():
+    model, cluster, cm, budget = instance(1)  # layers of different types
+    assert len(set(model.layers)) > 1
+    t = grouped_tables(model, cm, budget.memory_bytes, SMALL_SPACE, budget.global_batches())[0]
+    assert not count_formulation.applies(t)
+
+
+def test_relayouts_are_charged_their_cheapest_chain():
+    R = np.array([[0.0, 1.0, 5.0], [1.0, 0.0, 1.0], [7.0, 1.0, 0.0]])
+    assert count_formulation.shortest_paths(R).tolist() == [[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]]
+
+
+def test_slots_per_stage_are_the_classes_plus_one():
+    model, cluster, cm, budget = _identical_instance(0)
+    t = grouped_tables(replace(model, layers=model.layers * 4), cm, budget.memory_bytes, SPACE,
+                       budget.global_batches())[0]
+    f = count_formulation.build(t, next(iter(t.vocab)))
+    classes = count_formulation.run_classes(t, 0)[0]
+    assert f.counts.slots[0] == min(int(classes.max()) + 2, len(t.layer_type) - (t.combo.pp - 1))
+    assert not f.w_index  # no per-layer binaries
+
+
+def test_a_plan_through_a_shortcut_is_solved_again_per_layer(monkeypatch):
+    """Where the count model's plan takes a relayout its chain undercuts, its objective is only a
+    bound: the group is solved again with one binary per layer, and the result is that optimum."""
+    for seed in range(16):  # the first instance with a plan
+        model, cluster, cm, budget = _identical_instance(seed, metric=False)
+        expected = planners.get("ilp").plan(model, cluster, budget, cm,
+                                            {"space": SPACE, "warm_start": False, "formulation": "layers"})
+        if expected.feasible:
+            break
+    seen = []
+    monkeypatch.setattr(count_formulation.CountIndex, "takes_a_shortcut", lambda self, *a: seen.append(a) or True)
+    built = []
+    from planners import exact
+    real_build = exact.build
+    monkeypatch.setattr(exact, "build", lambda *a, **k: built.append(a) or real_build(*a, **k))
+    got = planners.get("ilp").plan(model, cluster, budget, cm, {"space": SPACE, "warm_start": False})
+    assert seen and len(built) == len(seen)  # every count solution was solved again per layer
+    assert got.feasible and got.stats.solver_status == "optimal"
+    assert got.iteration_time_s == pytest.approx(expected.iteration_time_s, rel=1e-9)
+
+
+def test_takes_a_shortcut_reads_the_plan_s_relayouts():
+    R = np.array([[0.0, 1.0, 5.0], [1.0, 0.0, 1.0], [5.0, 1.0, 0.0]])
+    index = count_formulation.CountIndex(strategies=np.array([10, 11, 12]), classes=[np.array([0, 1, 2])] * 2,
+                                         slots=[4, 4], relayout_s=[R, R],
+                                         chained_s=[count_formulation.shortest_paths(R)] * 2)
+    assert index.takes_a_shortcut([10, 10, 12, 12], [4, 0])  # 0 -> 2 direct: 5 > 2 through 1
+    assert not index.takes_a_shortcut([10, 11, 12, 12], [4, 0])
+    assert not index.takes_a_shortcut([10, 10, 12, 12], [2, 2])  # the change falls between stages
