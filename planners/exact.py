@@ -25,9 +25,10 @@ from specs import ClusterSpec, ModelSpec, SpecError
 
 CUTOFF_RTOL = 1e-9
 """A group must beat the incumbent by more than this (relative) to be solved."""
-FORMULATIONS = ("auto", "layers")
-"""``formulation`` option: auto = integer counts per strategy and stage where that model is exact
-(count_formulation.applies), one binary per layer elsewhere; layers = one binary per layer always."""
+FORMULATIONS = ("auto", "counts", "layers")
+"""``formulation`` option: auto = integer counts per strategy and stage where that model stands
+(count_formulation.applies) and pays (count_formulation.pays), one binary per layer elsewhere;
+counts = wherever it stands; layers = one binary per layer always."""
 
 
 def to_pulp(f: Formulation, relax: bool = False) -> tuple[pulp.LpProblem, dict[str, pulp.LpVariable]]:
@@ -149,7 +150,8 @@ class ExactPlanner(Planner):
         def solve(tables, incumbent_s):
             dp = GroupDP(tables, exact=False, even=even, stage_imbalance=2.0) if opts["warm_start"] else None
             gb, out = tables.combo.global_batch, []
-            counts = opts["formulation"] == "auto" and count_formulation.applies(tables)
+            counts = opts["formulation"] != "layers" and count_formulation.applies(tables) and \
+                (opts["formulation"] == "counts" or count_formulation.pays(tables, even))
             formulate = count_formulation.build if counts else build
             for v in tables.vocab:
                 if time.monotonic() > deadline:  # before the formulation, whose build takes seconds

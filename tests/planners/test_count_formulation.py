@@ -49,12 +49,12 @@ def test_counts_find_the_per_layer_optimum(name, seed, metric):
     assert all(count_formulation.applies(t) for t in groups)
     plan = {form: planners.get(name).plan(model, cluster, budget, cm,
                                           {"space": SPACE, "warm_start": False, "formulation": form})
-            for form in ("layers", "auto")}
-    assert plan["auto"].feasible == plan["layers"].feasible
-    if not plan["auto"].feasible:
+            for form in ("layers", "counts")}
+    assert plan["counts"].feasible == plan["layers"].feasible
+    if not plan["counts"].feasible:
         return
-    assert plan["auto"].iteration_time_s == pytest.approx(plan["layers"].iteration_time_s, rel=1e-9)
-    r = plan["auto"]
+    assert plan["counts"].iteration_time_s == pytest.approx(plan["layers"].iteration_time_s, rel=1e-9)
+    r = plan["counts"]
     assert r.stats.solver_status == "optimal"
     r.plan.validate(model, cluster)
     cost = cm.plan_cost(model, r.plan)
@@ -98,6 +98,15 @@ def test_relayouts_are_charged_their_cheapest_chain():
     assert count_formulation.shortest_paths(R).tolist() == [[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]]
 
 
+def test_auto_takes_counts_only_where_they_pay():
+    model, cluster, cm, budget = _identical_instance(0)
+    small = grouped_tables(model, cm, budget.memory_bytes, SPACE, budget.global_batches())
+    assert not any(count_formulation.pays(t, even=False) for t in small)  # 3-8 layers: slots ~ layers
+    deep = grouped_tables(replace(model, layers=model.layers * 12), cm, budget.memory_bytes, SPACE,
+                          budget.global_batches())
+    assert all(count_formulation.pays(t, even=False) for t in deep if t.combo.pp == 1)
+
+
 def test_slots_per_stage_are_the_classes_plus_one():
     model, cluster, cm, budget = _identical_instance(0)
     t = grouped_tables(replace(model, layers=model.layers * 4), cm, budget.memory_bytes, SPACE,
@@ -123,7 +132,8 @@ def test_a_plan_through_a_shortcut_is_solved_again_per_layer(monkeypatch):
     from planners import exact
     real_build = exact.build
     monkeypatch.setattr(exact, "build", lambda *a, **k: built.append(a) or real_build(*a, **k))
-    got = planners.get("ilp").plan(model, cluster, budget, cm, {"space": SPACE, "warm_start": False})
+    got = planners.get("ilp").plan(model, cluster, budget, cm,
+                                   {"space": SPACE, "warm_start": False, "formulation": "counts"})
     assert seen and len(built) == len(seen)  # every count solution was solved again per layer
     assert got.feasible and got.stats.solver_status == "optimal"
     assert got.iteration_time_s == pytest.approx(expected.iteration_time_s, rel=1e-9)
@@ -137,3 +147,21 @@ def test_takes_a_shortcut_reads_the_plan_s_relayouts():
     assert index.takes_a_shortcut([10, 10, 12, 12], [4, 0])  # 0 -> 2 direct: 5 > 2 through 1
     assert not index.takes_a_shortcut([10, 11, 12, 12], [4, 0])
     assert not index.takes_a_shortcut([10, 10, 12, 12], [2, 2])  # the change falls between stages
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_with_even_stages_and_the_dp_warm_start(seed):
+    model, cluster, cm, budget = _identical_instance(seed, metric=seed % 2 == 0)
+    opts = {"space": SPACE, "partition": "even", "warm_start": True}
+    got = {form: planners.get("cpsat").plan(model, cluster, budget, cm, {**opts, "formulation": form})
+           for form in ("layers", "counts")}
+    assert got["counts"].feasible == got["layers"].feasible
+    if got["counts"].feasible:
+        assert got["counts"].iteration_time_s == pytest.approx(got["layers"].iteration_time_s, rel=1e-9)
+
+
+def test_an_unknown_formulation_is_refused_in_one_line():
+    from specs import SpecError
+    model, cluster, cm, budget = _identical_instance(0)
+    with pytest.raises(SpecError, match=r"formulation.*auto, counts, layers.*'rows'"):
+        planners.get("cpsat").plan(model, cluster, budget, cm, {"space": SPACE, "formulation": "rows"})
