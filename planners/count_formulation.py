@@ -239,7 +239,7 @@ def build(t: ComboTables, v, even: bool = False, cutoff_s: float | None = None) 
 
 def _slot_used(index: CountIndex, k: int, q: int) -> dict[str, float]:
     """Coefficients of a[k,q] = sum_c r[k,q,c] (1 when slot q of stage k holds layers)."""
-    return {name: 1.0 for (kk, qq, _), name in index.r.items() if (kk, qq) == (k, q)}
+    return {index.r[(k, q, c)]: 1.0 for c in range(int(index.classes[k].max()) + 1)}
 
 
 def _slots(f, t, index: CountIndex, k, ty, most, T, D, M) -> None:

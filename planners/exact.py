@@ -40,9 +40,10 @@ def to_pulp(f: Formulation, relax: bool = False) -> tuple[pulp.LpProblem, dict[s
         xs[name] = prob.add_variable(name, None if math.isinf(lo) else lo, None if math.isinf(hi) else hi,
                                      cat=cat)
     prob += pulp.lpSum(c * xs[n] for n, c in f.objective.items()) + f.objective_constant
-    for i, (coefs, sense, rhs) in enumerate(f.rows):
-        expr = pulp.lpSum(c * xs[n] for n, c in coefs.items())
-        prob += (expr <= rhs) if sense == "<=" else (expr >= rhs) if sense == ">=" else (expr == rhs), f"r{i}"
+    senses = {"<=": pulp.LpConstraintLE, ">=": pulp.LpConstraintGE, "==": pulp.LpConstraintEQ}
+    for i, (coefs, sense, rhs) in enumerate(f.rows):  # built from (variable, coefficient) pairs:
+        expr = pulp.LpAffineExpression([(xs[n], c) for n, c in coefs.items()])  # no per-term products
+        prob += pulp.LpConstraint(expr, senses[sense], f"r{i}", rhs)
     return prob, xs
 
 
