@@ -39,17 +39,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planners.formulation import Formulation, minus, objective_rows
+from planners.formulation import Formulation, charge, memory_row, minus, objective_rows, stage_variables
 from planners.tables import ComboTables
 from specs import even_stage_layers
+
 
 def run_classes(t: ComboTables, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(class of each allowed strategy, class-to-class relayout times) of stage k's only layer
     type, or None when a relayout is unknown (not finite) or a class would not relayout to
     itself for free."""
+    key = ("run_classes", k)  # asked by applies, pays and every vocab choice's build: once a stage
+    hit = t.shared.get(key)
+    if hit is not None and hit[0] is t.stages[k] and hit[1] is t.allowed:
+        return hit[2]
     ty = int(t.layer_type[0])
-    allowed = np.flatnonzero(t.allowed[ty])
-    R = t.stages[k].trans_s[ty][np.ix_(allowed, allowed)]
+    out = _run_classes(t.stages[k].trans_s[ty], np.flatnonzero(t.allowed[ty]))
+    t.shared[key] = (t.stages[k], t.allowed, out)
+    return out
+
+
+def _run_classes(trans_s: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    R = trans_s[np.ix_(allowed, allowed)]
     if not np.all(np.isfinite(R)) or np.any(np.diag(R) != 0.0):
         return None
     _, cls = np.unique(np.hstack([R, R.T]), axis=0, return_inverse=True)
@@ -303,7 +313,7 @@ def _ends(f, t, index: CountIndex, v, ty, most, T, D, M) -> None:
         for s, g in enumerate(index.strategies):
             name = index.first[s] = f.var(f"first_{s}")
             f.row({name: 1.0, index.n[(0, 0, s)]: -1.0}, "<=", 0.0)  # layer 0 sits in slot 0
-            _charge(T[0], D[0], M[0], name, first.first_delta[g])
+            charge(T[0], D[0], M[0], name, first.first_delta[g])
         f.row({name: 1.0 for name in index.first.values()}, "==", 1.0)
     for k in range(pp):
         if k == pp - 1 and final.last_delta is None:
@@ -320,7 +330,7 @@ def _ends(f, t, index: CountIndex, v, ty, most, T, D, M) -> None:
                 T[k][name] = float(t.stages[k].send_next_s[ty, g])
                 T[k + 1][name] = float(t.stages[k].send_prev_s[ty, g])
             else:
-                _charge(T[k], D[k], M[k], name, final.last_delta[g])
+                charge(T[k], D[k], M[k], name, final.last_delta[g])
         f.row({index.last[(k, s)]: 1.0 for s in range(S)}, "==", 1.0)
     if index.first and (0, 0) in index.last:
         _first_and_last_apart(f, index, most[0])
@@ -339,24 +349,12 @@ def _first_and_last_apart(f, index: CountIndex, most: int) -> None:
         f.row(row, "<=", 0.0)
 
 
-def _charge(T, D, M, name, delta) -> None:
-    dT, dD, dM = (float(x) for x in delta)
-    T[name] = T.get(name, 0.0) + dT
-    D[name] = D.get(name, 0.0) + dD
-    M[name] = M.get(name, 0.0) + dM
-
-
 def _stage_rows(f, t, v, index: CountIndex, ty, T, D, M) -> None:
     for k in range(t.combo.pp):
         vc = t.vocab[v][k]
-        f.var(f"T_{k}", 0.0, np.inf, False, unit="time")
-        f.var(f"D_{k}", -np.inf, np.inf, False, unit="time")
-        f.row({f"T_{k}": 1.0, **{nm: -c for nm, c in T[k].items()}}, "==", vc.time_s, unit="time")
-        f.row({f"D_{k}": 1.0, **{nm: -c for nm, c in D[k].items()}}, "==", vc.tail_s, unit="time")
-        tmp = f.var(f"tmp_{k}", float(vc.temp_bytes), np.inf, False, unit="mem")
+        tmp = stage_variables(f, k, vc, T[k], D[k])
         for s, g in enumerate(index.strategies):
             temp = float(t.stages[k].temp_bytes[ty, g])
             if temp > vc.temp_bytes:
                 f.row({tmp: 1.0, index.presence[(k, s)]: -temp}, ">=", 0.0, unit="mem")
-        f.row({tmp: 1.0, **M[k]}, "<=", t.budget_bytes - vc.memory_bytes, memory=True)
-
+        memory_row(f, t, vc, tmp, M[k])

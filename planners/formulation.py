@@ -218,32 +218,45 @@ def _vocab_terms(f, t, v, T, D, M, n, pp) -> None:
     first, last = t.vocab[v][0], t.vocab[v][pp - 1]
     for (l, k, s), name in f.w_index.items():
         if l == 0 and k == 0 and first.first_delta is not None:
-            dT, dD, dM = first.first_delta[s]
-            T[k][name] += dT
-            D[k][name] += dD
-            M[k][name] += dM
+            charge(T[k], D[k], M[k], name, first.first_delta[s])
         if l == n - 1 and k == pp - 1 and last.last_delta is not None:
-            dT, dD, dM = last.last_delta[s]
-            T[k][name] += dT
-            D[k][name] += dD
-            M[k][name] += dM
+            charge(T[k], D[k], M[k], name, last.last_delta[s])
+
+
+def charge(T: dict, D: dict, M: dict, name: str, delta) -> None:
+    """Add an embedding/head delta (T, D, memory) to the terms of variable ``name``."""
+    dT, dD, dM = (float(x) for x in delta)
+    T[name] = T.get(name, 0.0) + dT
+    D[name] = D.get(name, 0.0) + dD
+    M[name] = M.get(name, 0.0) + dM
+
+
+def stage_variables(f: Formulation, k: int, vc, T: dict, D: dict) -> str:
+    """T_k and D_k tied to the embedding/head's base (``vc``) plus their terms, and tmp_k (stage
+    k's largest temporary, at least the embedding/head's), whose name is returned."""
+    f.var(f"T_{k}", 0.0, np.inf, False, unit="time")
+    f.var(f"D_{k}", -np.inf, np.inf, False, unit="time")
+    f.row({f"T_{k}": 1.0, **{nm: -c for nm, c in T.items()}}, "==", vc.time_s, unit="time")
+    f.row({f"D_{k}": 1.0, **{nm: -c for nm, c in D.items()}}, "==", vc.tail_s, unit="time")
+    return f.var(f"tmp_{k}", float(vc.temp_bytes), np.inf, False, unit="mem")
+
+
+def memory_row(f: Formulation, t: ComboTables, vc, tmp: str, M: dict) -> None:
+    """Stage memory: tmp_k + its terms <= the budget less the embedding/head's memory."""
+    f.row({tmp: 1.0, **M}, "<=", t.budget_bytes - vc.memory_bytes, memory=True)
 
 
 def _stage_rows(f, t, v, stage_of, T, D, M, pp) -> None:
     for k in range(pp):
         vc = t.vocab[v][k]
-        f.var(f"T_{k}", 0.0, np.inf, False, unit="time")
-        f.var(f"D_{k}", -np.inf, np.inf, False, unit="time")
-        f.row({f"T_{k}": 1.0, **{nm: -c for nm, c in T[k].items()}}, "==", vc.time_s, unit="time")
-        f.row({f"D_{k}": 1.0, **{nm: -c for nm, c in D[k].items()}}, "==", vc.tail_s, unit="time")
-        tmp = f.var(f"tmp_{k}", float(vc.temp_bytes), np.inf, False, unit="mem")
+        tmp = stage_variables(f, k, vc, T[k], D[k])
         for l in stage_of[k]:
             ty = t.layer_type[l]
             row = {tmp: 1.0}
             for s in np.flatnonzero(t.allowed[ty]):
                 row[f.w_index[(l, k, int(s))]] = -float(t.stages[k].temp_bytes[ty, s])
             f.row(row, ">=", 0.0, unit="mem")
-        f.row({tmp: 1.0, **M[k]}, "<=", t.budget_bytes - vc.memory_bytes, memory=True)
+        memory_row(f, t, vc, tmp, M[k])
 
 
 def warm_values(f: Formulation, t: ComboTables, choice: list[int], stage_layers: list[int]) -> dict[str, float]:
