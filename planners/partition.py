@@ -164,7 +164,9 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
         if base[0] + (m - 1) * loose_taus[0] + d_lb >= best_value:
             continue  # this tail cap's min sum alone cannot win
         taus = _tau_candidates(T_cells, recv)
-        lo = int(np.searchsorted(taus, loose_taus[0]))  # below the loose bottleneck nothing is feasible
+        lo = _first_feasible(T_cells, recv, taus, n)  # below this tail cap's least bottleneck nothing is
+        if base[0] + (m - 1) * taus[lo] + d_lb >= best_value:  # feasible (a tight cap: most of the caps)
+            continue
         if exact:  # S(tau, delta) + (m-1) tau + delta: its minimum is the optimum
             best_value, best_caps, seen = _exact_caps(T_cells, recv, taus[lo:], n, m, base[0], delta,
                                                       best_value, best_caps)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from planners.base import Budget, PlanResult
-from specs import Plan
 from specs.units import GIB
 
 COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",

@@ -356,7 +356,7 @@ class GroupDP:
         if relaxed < incumbent_s:
             relaxed = max(relaxed, self.relaxed_objective(v))
         if relaxed < incumbent_s and pp > 1 and tails:
-            relaxed = max(relaxed, self.tail_floor(v, incumbent_s))
+            relaxed = self.tail_floor(v, incumbent_s, known_s=relaxed)
         return relaxed
 
     def order_key(self, v) -> float:
@@ -372,14 +372,15 @@ class GroupDP:
             self.t.shared[key] = memory_floor(self.t, v, self.bound_windows, recv, counts=counts)
         return self.t.shared[key]
 
-    def tail_floor(self, v, incumbent_s: float = np.inf) -> float:
-        """tail_floor.tail_floor on this group's memory-blind options over every partition."""
+    def tail_floor(self, v, incumbent_s: float = np.inf, known_s: float = -np.inf) -> float:
+        """tail_floor.tail_floor on this group's memory-blind options over every partition
+        (``known_s``: a bound already held, returned where the tail caps cannot beat it)."""
         recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
 
         def options(lam: float) -> list[StageOptions]:
             return [self.relaxed_options(k, v, lam)[0] for k in range(len(self.windows))]
 
-        return tail_floor(options, recv, self.n, self.m, self.t.combo.pp, incumbent_s)
+        return tail_floor(options, recv, self.n, self.m, self.t.combo.pp, incumbent_s, known_s)
 
     def solve(self, v: int, incumbent_s: float = np.inf, bound: bool = True) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once

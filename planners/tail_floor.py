@@ -9,6 +9,10 @@ over its plans, so also at this plan). For a plan whose largest tail lies in [lo
 F(hi) the least over partitions and bottleneck caps of those stage bounds at delta = hi
 (partition.partition_floor). Intervals of delta covering [0, inf) give a bound (the least over
 them); those below the incumbent are halved, the lowest first, while evaluations last.
+
+Every split keeps an interval that starts at an evaluated cap c, whose bound F(hi) + c is at
+most F(c) + c (F falls as the cap grows), so no refinement lifts the bound above the least
+F(c) + c seen: once that is at or below a bound the caller already holds, the search stops.
 """
 from __future__ import annotations
 
@@ -33,36 +37,39 @@ target gap is 0.5%)."""
 
 
 def tail_floor(options: Callable[[float], list[StageOptions]], recv: list, n: int, m: int, pp: int,
-               incumbent_s: float = np.inf) -> float:
+               incumbent_s: float = np.inf, known_s: float = -np.inf) -> float:
     """The bound above: ``options(lam)``: each stage's memory-blind segment options under weight
     lam (GroupDP.relaxed_options; the same segments and dp indices for every lam), ``recv`` as
-    partition_floor takes it. Stops refining once every interval reaches ``incumbent_s``."""
+    partition_floor takes it. Stops refining once every interval reaches ``incumbent_s``, and
+    returns ``known_s`` (a bound the caller holds) once no refinement can exceed it."""
     weights = sorted(set(TAIL_WEIGHTS) | {1.0 / pp})
     by_weight = [options(lam) for lam in weights]
     if not _aligned(by_weight):
-        return 0.0
+        return max(0.0, known_s)
     recv = [None] + [r.min(axis=1, keepdims=True) for r in recv[1:]]  # the sender's dp left free
     tails = np.concatenate([o.D for stage in by_weight for o in stage])
     caps = np.unique(np.concatenate(([0.0], np.quantile(tails, np.linspace(0, 1, START_INTERVALS)))))
-    F = {c: _capped(by_weight, weights, c, recv, n, m) for c in caps[1:]}
-    F[np.inf] = _capped(by_weight, [0.0], np.inf, recv, n, m)  # lam 0 only
+    F: dict[float, float] = {}
+
+    def evaluate(cap: float) -> bool:
+        """F(cap) computed; whether the bound can still exceed ``known_s``."""
+        F[cap] = _capped(by_weight, weights if np.isfinite(cap) else [0.0], cap, recv, n, m)  # inf: lam 0
+        return F[cap] + cap > known_s
+
+    if not all(evaluate(c) for c in [*caps[1:], np.inf]):
+        return known_s
     heap = [(F[hi] + lo, lo, hi) for lo, hi in zip(caps, list(caps[1:]) + [np.inf])]
     heapq.heapify(heap)
-    evaluations = len(F)
-    while heap[0][0] < incumbent_s * (1 - CLOSE_ENOUGH) and evaluations < MAX_EVALUATIONS:
+    for _ in range(MAX_EVALUATIONS - len(F)):
+        if heap[0][0] >= incumbent_s * (1 - CLOSE_ENOUGH):
+            break
         _, lo, hi = heapq.heappop(heap)
-        if not np.isfinite(hi):  # the open interval: split at twice its start
-            hi_new = 2.0 * lo if lo > 0 else 1.0
-            F[hi_new] = _capped(by_weight, weights, hi_new, recv, n, m)
-            heapq.heappush(heap, (F[hi_new] + lo, lo, hi_new))
-            heapq.heappush(heap, (F[np.inf] + hi_new, hi_new, np.inf))
-        else:
-            mid = 0.5 * (lo + hi)
-            F[mid] = _capped(by_weight, weights, mid, recv, n, m)
-            heapq.heappush(heap, (F[mid] + lo, lo, mid))
-            heapq.heappush(heap, (F[hi] + mid, mid, hi))
-        evaluations += 1
-    return float(heap[0][0])
+        split = (2.0 * lo if lo > 0 else 1.0) if not np.isfinite(hi) else 0.5 * (lo + hi)  # open: twice its start
+        if not evaluate(split):
+            return known_s
+        heapq.heappush(heap, (F[split] + lo, lo, split))
+        heapq.heappush(heap, (F[hi] + split, split, hi))
+    return float(max(heap[0][0], known_s))
 
 
 def _aligned(by_weight: list[list[StageOptions]]) -> bool:
