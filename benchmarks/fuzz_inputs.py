@@ -4,7 +4,6 @@ traceback, accepted garbage (a broken-by-construction input taken without an err
 in a JSON output) and a timeout. Plausible mutants that are accepted are re-validated."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json

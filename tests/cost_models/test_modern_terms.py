@@ -14,7 +14,7 @@ from cost_models.memory import activation_bytes, attention_core_bytes
 from cost_models.ops import forward_ops
 from cost_models.profiled import from_galvatron_dir
 from cost_models.sp_time import read_sp_time
-from specs import LayerSpec, LayerStrategy, load_cluster, load_model, model_from_dict, uniform_plan
+from specs import LayerSpec, LayerStrategy, load_cluster, model_from_dict, uniform_plan
 from specs.datasets import data_path
 
 S, H, A, B, T = 1024, 1024, 16, 2, 4

@@ -10,7 +10,6 @@ import pytest
 import specs
 from executor import devices
 from executor.launch import launch
-from executor.run import main
 from executor.train import TrainConfig, rank_device, worker
 from specs import LayerStrategy as L
 from specs import Plan, SpecError, uniform_plan

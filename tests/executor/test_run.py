@@ -8,7 +8,7 @@ from executor.reference import CHECK_ATOL_BF16
 from executor.run import run_plan
 from executor.train import TrainConfig, worker
 from specs import LayerStrategy as L
-from specs import Plan, SpecError, uniform_plan
+from specs import Plan, uniform_plan
 
 from tests.executor import broken_workers
 from tests.executor.conftest import assert_matches_reference
