@@ -25,14 +25,15 @@ from planners.outer import (
     vocab_min_memory_bytes,
 )
 from planners.registry import register
-from planners.segments import DeadlinePassed, GroupDP
+from planners.segments import DeadlinePassed, GroupDP, GroupSolution
 from planners.space import SearchSpace
 from planners.tables import ComboTables
 from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
 
 DEFAULTS = {"space": "classic", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
-            "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0}
+            "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0,
+            "prove_points": 1_000_000}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
 distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper). time_limit_s: bounds
@@ -77,6 +78,9 @@ class GalvatronPlanner(Planner):
         limit = opts["time_limit_s"]
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
 
+        provable = opts["prove_points"] > 0 and not granularity and opts["max_temp_levels"] is None
+        pending: list[tuple[ComboTables, Any, float]] = []
+        """(group, vocab choice, lower bound) fast mode left unproven, for prove()."""
         floors: dict[int, float] = {}
         """id(tables) -> the group's any-vocab floor, computed by ``refine`` before the search."""
 
@@ -128,7 +132,9 @@ class GalvatronPlanner(Planner):
                     sol = dp.solve(v, min([incumbent_s] + cut), bound=sound)
                 except DeadlinePassed:
                     return stopped()
-                if sound:
+                if sound and provable and not dp.proven:  # settled after the search, by prove()
+                    pending.append((tables, v, dp.bounds[v]))
+                elif sound:
                     state.bound(tables.combo.global_batch, dp.bounds[v])
                 if sol is not None:
                     found.append(sol)
@@ -140,11 +146,41 @@ class GalvatronPlanner(Planner):
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline,
                                   refine=refine)
+        prove(pending, state, lambda t, points: GroupDP(t, exact=True, even=even, deadline=deadline, max_points=points),
+              int(opts["prove_points"]), tolerance,
+              lambda t, sol: state.keep_solution(cost_model, model, t, sol, budget.memory_bytes, meta))
         bound_s, gap = state.gap() if sound else (None, None)
         status = "time_limit" if state.timed_out else "optimal" if gap == 0.0 else "heuristic"
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                         status, gap)
         return replace(result, stats=replace(result.stats, bound_s=bound_s))
+
+
+def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,
+          exact_dp: Callable[[ComboTables, int], GroupDP], points: int, tolerance: float,
+          keep: Callable[[ComboTables, GroupSolution], None]) -> None:
+    """Settle fast mode's unproven (group, vocab choice, bound) entries, lowest bound first: an
+    entry whose bound reaches the best plan (less ``tolerance``) is closed as it is; the others
+    are solved by ``exact_dp(group, points left)`` with the best plan as cut, which proves the
+    entry (its bound becomes its optimum, or the cut where nothing beats it) unless it runs out
+    of points or reaches the deadline (then the entry keeps its bound; a deadline stops the rest)."""
+    for t, v, bound_s in sorted(pending, key=lambda e: -e[0].combo.global_batch / e[2]):
+        gb = t.combo.global_batch
+        incumbent_s = gb / state.throughputs(1)[0] * (1.0 - tolerance)
+        if bound_s >= incumbent_s or points <= 0 or state.timed_out:
+            state.bound(gb, bound_s)
+            continue
+        dp = exact_dp(t, points)
+        try:
+            sol = dp.solve(v, incumbent_s, bound=False)
+        except DeadlinePassed:
+            state.timed_out = dp.deadline is not None and passed(dp.deadline)
+            sol = None
+        points -= dp.points
+        state.states += dp.points
+        state.bound(gb, dp.bounds.get(v, bound_s))
+        if sol is not None:
+            keep(t, sol)
 
 
 def _fitting(t: ComboTables) -> list:

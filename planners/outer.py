@@ -61,6 +61,15 @@ class OuterState:
         self.solutions.append((cost.throughput_samples_per_s, cost.iteration_time_s, plan))
         return cost
 
+    def keep_solution(self, cost_model: CostModel, model: ModelSpec, t: ComboTables, sol: GroupSolution,
+                      budget_bytes: float, meta: dict) -> None:
+        """``keep`` the plan of a group solver's solution, noting how far plan_cost's time is from
+        the solver's objective."""
+        cost = self.keep(cost_model, model, t.plan(sol.choice, sol.stage_layers, sol.vocab_tp, meta), budget_bytes)
+        if cost is not None:
+            rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
+            self.mismatch = max(self.mismatch, rel)
+
     def throughputs(self, top_k: int) -> tuple[float, float]:
         """(best, top_k-th best) throughput kept so far, 0 where there are not that many plans:
         a group must beat the first to matter, the second to enter the top_k."""
@@ -175,11 +184,7 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         found = solve(t, incumbent)
         state.groups_s += time.perf_counter() - start
         for sol in found:
-            cost = state.keep(cost_model, model, t.plan(sol.choice, sol.stage_layers, sol.vocab_tp, meta),
-                              budget_bytes)
-            if cost is not None:
-                rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
-                state.mismatch = max(state.mismatch, rel)
+            state.keep_solution(cost_model, model, t, sol, budget_bytes, meta)
     if not seed:
         _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     return state, tables

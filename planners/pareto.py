@@ -127,14 +127,47 @@ def _prune_by_level(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.
 
 
 def prune_exact(level: np.ndarray, mem: np.ndarray, T: np.ndarray, D: np.ndarray) -> np.ndarray:
-    """Indices of points not dominated in (level, mem, T, D); quadratic, for small instances."""
-    pts = np.stack((level.astype(float), mem, T, D), axis=1)
-    _, first = np.unique(pts, axis=0, return_index=True)
-    pts = pts[first]
-    le = (pts[None, :, :] <= pts[:, None, :]).all(axis=2)
-    lt = (pts[None, :, :] < pts[:, None, :]).any(axis=2)
-    dominated = (le & lt).any(axis=1)
-    return first[~dominated]
+    """Indices of points not dominated in (level, mem, T, D), one per distinct point (its first),
+    in (level, mem, T, D) order. In (mem, T, D, level) order a point can be dominated only by an
+    earlier one, and (dominance being transitive) by an earlier kept one if by any. Blocks of
+    EXACT_BLOCK points go in that order: each point is compared with its block's earlier points,
+    and with the points kept before the block through one staircase per level (the (T, D) Pareto
+    front of the kept points of that level or lower): O(points x (block + levels x log)), not
+    O(points^2)."""
+    n = len(mem)
+    order = np.lexsort((np.arange(n), level, D, T, mem))
+    levels, lv = np.unique(level[order], return_inverse=True)
+    t, d = T[order], D[order]
+    stairs = [(np.empty(0), np.empty(0))] * len(levels)  # per level: T ascending, D strictly falling
+    kept = np.zeros(n, dtype=bool)
+    earlier = np.triu(np.ones((EXACT_BLOCK, EXACT_BLOCK), dtype=bool), k=1)  # [i, j]: i before j
+    for s in range(0, n, EXACT_BLOCK):
+        bl, bt, bd = lv[s:s + EXACT_BLOCK], t[s:s + EXACT_BLOCK], d[s:s + EXACT_BLOCK]
+        size = len(bl)
+        beaten = (earlier[:size, :size] & (bl[:, None] <= bl) & (bt[:, None] <= bt) & (bd[:, None] <= bd)).any(axis=0)
+        for k in np.unique(bl):
+            st, sd = stairs[k]
+            if len(st):
+                at = np.flatnonzero(bl == k)
+                pos = np.searchsorted(st, bt[at], side="right") - 1  # the kept point of T <= t with least D
+                beaten[at] |= (pos >= 0) & (sd[np.maximum(pos, 0)] <= bd[at])
+        kept[s:s + size] = new = ~beaten
+        for k in range(int(bl[new].min()) if new.any() else len(levels), len(levels)):
+            add = new & (bl <= k)
+            stairs[k] = _staircase(np.concatenate((stairs[k][0], bt[add])), np.concatenate((stairs[k][1], bd[add])))
+    out = order[kept]
+    return out[np.lexsort((D[out], T[out], mem[out], level[out]))]
+
+
+EXACT_BLOCK = 256
+"""Points prune_exact compares with one another at once."""
+
+
+def _staircase(t: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (t, d) points no other has both coordinates at most: t ascending, d strictly falling."""
+    o = np.lexsort((d, t))
+    o = o[d[o] < _running_min_before(d[o])]
+    return t[o], d[o]
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,27 @@ def _cells(opts: StageOptions, n: int, G: int, delta: float, length: int | None 
     return T, which
 
 
+class _TailCapped:
+    """A stage's ``_cells`` T under a tail cap that only grows (search_partition's exact loop over
+    caps): options enter in order of their tail, each once, instead of all at every cap."""
+
+    def __init__(self, opts: StageOptions, n: int, G: int) -> None:
+        self.opts = opts
+        self.order = np.argsort(opts.D, kind="stable")
+        self.entered = 0
+        self.T = np.full((n + 1, _longest(opts), G), np.inf)
+
+    def upto(self, delta: float) -> np.ndarray:
+        """[a, len, g] the least T over the options with D <= ``delta`` (at least the last cap)."""
+        o = self.opts
+        stop = int(np.searchsorted(o.D[self.order], delta, side="right"))
+        new = self.order[self.entered:stop]
+        if len(new):
+            np.minimum.at(self.T, (o.a[new], o.b[new] - o.a[new] - 1, o.g[new]), o.T[new])
+        self.entered = max(self.entered, stop)
+        return self.T
+
+
 def _longest(opts: StageOptions) -> int:
     return max(1, int((opts.b - opts.a).max())) if len(opts.a) else 1
 
@@ -152,12 +173,16 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
     loose_taus = _tau_candidates(loose, recv)
     loose_taus = loose_taus[_first_feasible(loose, recv, loose_taus, n):]
     floor = _min_sum(loose, recv, np.inf, n)[0] + (m - 1) * loose_taus[0]
+    capped = [_TailCapped(o, n, G) for o in opts] if exact else None
     for delta in deltas:
         d_lb = delta if exact else 0.0
         if floor + d_lb >= best_value:
             break
-        cells = [_cells(o, n, G, delta) for o in opts]
-        T_cells, whichs = [c[0] for c in cells], [c[1] for c in cells]
+        if capped is not None:  # the tail caps rise: each option enters the cells once
+            T_cells, whichs = [c.upto(delta) for c in capped], None
+        else:
+            cells = [_cells(o, n, G, delta) for o in opts]
+            T_cells, whichs = [c[0] for c in cells], [c[1] for c in cells]
         base = _min_sum(T_cells, recv, np.inf, n, path=False)
         if base is None:
             continue

@@ -51,7 +51,8 @@ def _last_mem_floor(vc) -> float:
 
 
 class DeadlinePassed(Exception):
-    """A group search reached the planner call's deadline part-way (nothing of it is kept)."""
+    """A group search reached the planner call's deadline, or its point budget, part-way
+    (nothing of it is kept)."""
 
 
 class GroupDP:
@@ -59,10 +60,13 @@ class GroupDP:
 
     def __init__(self, t: ComboTables, exact: bool, even: bool, granularity_bytes: float = 0.0,
                  stage_imbalance: float | None = None, max_temp_levels: int | None = None,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, max_points: int | None = None) -> None:
         self.t, self.exact, self.even = t, exact, even
         self.deadline = deadline
         """time.monotonic() past which the search raises DeadlinePassed between passes."""
+        self.max_points = max_points
+        """Pareto points the search may create (None: any), past which it raises DeadlinePassed
+        part-way: a budget of work that, unlike the deadline, stops at the same place on every machine."""
         self.n = len(t.layer_type)
         self.m = t.combo.micro_batches
         self.weight = 1.0 / self.m
@@ -121,7 +125,8 @@ class GroupDP:
         first_extra = self.t.vocab[v][0].first_delta if k == 0 else None
         runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
                             self.weight if scalar is None else scalar, self.exact, first_extra,
-                            check=self.check_deadline if self.deadline is not None else None)
+                            check=(lambda: self.check_deadline(runner.points))
+                            if self.deadline is not None or self.max_points is not None else None)
         stop_of: dict[int, int] = {}
         for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
             stop_of[a] = self.n if blind else max(stop_of.get(a, 0), b)  # blind: to the end, for every twin
@@ -133,7 +138,7 @@ class GroupDP:
             (self.time_twin[k], v if k == 0 else None, scalar), []) if blind else []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
         for a in sorted(stop_of):
-            self.check_deadline()
+            self.check_deadline(runner.points)
             stop = stop_of[a]
             reuse = next((p for p in done if len(p.frontiers) >= stop - a
                           and np.array_equal(lt[p.start:p.start + stop - a], lt[a:stop])), None)
@@ -145,8 +150,12 @@ class GroupDP:
         self.passes[key] = by_start
         return by_start
 
-    def check_deadline(self) -> None:
+    def check_deadline(self, running_points: int = 0) -> None:
+        """Raise DeadlinePassed past the deadline or once the points made (``running_points`` of a
+        pass under way besides) exceed max_points."""
         if self.deadline is not None and time.monotonic() > self.deadline:
+            raise DeadlinePassed
+        if self.max_points is not None and self.points + running_points > self.max_points:
             raise DeadlinePassed
 
     def _cut_offset(self, k: int, vocab_tps) -> np.ndarray:
@@ -403,8 +412,8 @@ class GroupDP:
         found = self._solve(v)
         if found is None or (seeded is not None and seeded.objective_s <= found.objective_s):
             found = seeded
-        if self.proven:  # with the cut, finding nothing proves only that nothing beats the incumbent
-            self.bounds[v] = incumbent_s if found is None else found.objective_s
+        if self.proven:  # with the cut, a plan at or above the incumbent proves only that nothing beats it
+            self.bounds[v] = incumbent_s if found is None else min(incumbent_s, found.objective_s)
         return found
 
     def _solve(self, v: int) -> GroupSolution | None:

@@ -43,6 +43,26 @@ def test_prune_exact_matches_definition(seed):
     assert sorted(pts[i] for i in kept) == expect
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_prune_exact_matches_definition_across_blocks(seed):
+    """More points than one block (EXACT_BLOCK), few distinct values (many ties and duplicates):
+    the staircases that carry the kept points between blocks keep exactly the non-dominated ones,
+    the first of each distinct point, in (level, mem, T, D) order."""
+    from planners.pareto import EXACT_BLOCK
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2 * EXACT_BLOCK, 5 * EXACT_BLOCK))
+    level = rng.integers(0, 5, n)
+    mem, T = rng.integers(0, 12, n).astype(float), rng.integers(0, 12, n).astype(float)
+    D = 24.0 - mem - T + rng.integers(0, 3, n)  # anti-correlated: long fronts
+    pts = np.stack((level, mem, T, D), axis=1).astype(float)
+    le = (pts[None, :, :] <= pts[:, None, :]).all(axis=2)  # [i, j]: j <= i everywhere
+    earlier_twin = (pts[None, :, :] == pts[:, None, :]).all(axis=2) & (np.arange(n)[None, :] < np.arange(n)[:, None])
+    strictly = le & ~(pts[None, :, :] == pts[:, None, :]).all(axis=2)
+    expect = np.flatnonzero(~(strictly | earlier_twin).any(axis=1))
+    expect = expect[np.lexsort((D[expect], T[expect], mem[expect], level[expect]))]
+    assert np.array_equal(prune_exact(level, mem, T, D), expect)
+
+
 def _brute(opts, recv, n, m):
     best = np.inf
     pp = len(opts)

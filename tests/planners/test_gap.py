@@ -82,6 +82,33 @@ def test_ilp_optimum_lies_inside_the_proven_gap_many(seed):
     _check(seed)
 
 
+@pytest.mark.parametrize("seed", [3, 16])
+def test_the_proof_closes_the_gap_fast_mode_leaves(seed):
+    """Seeds where fast mode alone ends with a gap (6.2% and 6.0%): the exact DP run after the
+    search on the groups left open proves the optimum, the ILP's; on seed 16 it also finds a
+    faster plan than fast mode's."""
+    model, cluster, cm, budget = _case(seed)
+    unproven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_points": 0})
+    proven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE})
+    ilp = planners.get("ilp").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "warm_start": False})
+    assert unproven.stats.solver_status == "heuristic" and unproven.stats.gap > 0.05
+    assert proven.stats.solver_status == "optimal" and proven.stats.gap == 0.0
+    assert proven.iteration_time_s == pytest.approx(ilp.iteration_time_s, rel=1e-9)
+    assert proven.iteration_time_s <= unproven.iteration_time_s
+    if seed == 16:
+        assert proven.iteration_time_s < unproven.iteration_time_s * 0.99
+
+
+def test_a_proof_out_of_points_keeps_the_plan_and_the_gap():
+    """A point budget too small for any proof stops it part-way: the plan and the bound are fast
+    mode's, status heuristic, on every machine alike (points, not seconds)."""
+    model, cluster, cm, budget = _case(3)
+    unproven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_points": 0})
+    starved = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_points": 5})
+    assert starved.stats.solver_status == "heuristic"
+    assert starved.plan == unproven.plan and starved.stats.gap == unproven.stats.gap
+
+
 def test_the_case_builders_give_pipelines_and_heterogeneous_layers():
     kinds = {s % 3: len(_case(s)[0].layer_types()) for s in range(3)}
     assert kinds[1] == 2 and kinds[2] >= 3  # T5-like: two block types; Swin-like: a type per stage
@@ -118,11 +145,11 @@ def test_a_group_search_stops_part_way_at_the_deadline(monkeypatch):
     calls = []
     real = segments.GroupDP.check_deadline
 
-    def late_after_two(self):  # the clock passes the limit after two checks, wherever they are
+    def late_after_two(self, running_points=0):  # the clock passes the limit after two checks, wherever they are
         calls.append(1)
         if len(calls) > 2:
             raise segments.DeadlinePassed
-        return real(self)
+        return real(self, running_points)
     monkeypatch.setattr(segments.GroupDP, "check_deadline", late_after_two)
     res = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "time_limit_s": 3600})
     assert res.feasible and res.stats.solver_status == "time_limit" and len(calls) >= 3
