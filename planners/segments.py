@@ -133,7 +133,8 @@ class GroupDP:
         # one start: its pass is read only at the stage's last layer (a pass reused for a later
         # start is read before its end, where what later layers add is not owed)
         runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut,
-                         self._completion(k) if len(stop_of) == 1 and k == self.t.combo.pp - 1 else None)
+                         self._completion(k) if len(stop_of) == 1 and k == self.t.combo.pp - 1 else None,
+                         self._least_layer_s() if self.t.combo.pp > 1 else 0.0)
         done: list[SegmentPass] = self._blind_passes.setdefault(
             (self.time_twin[k], v if k == 0 else None, scalar), []) if blind else []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
@@ -168,6 +169,12 @@ class GroupDP:
             d = vc.last_delta
             vocab.append(m * vc.time_s + vc.tail_s + (float(np.min(m * d[:, 0] + d[:, 1])) if d is not None else 0.0))
         return np.full(self.n, min(vocab))
+
+    def _least_layer_s(self) -> float:
+        """The least per-micro-batch time of any layer on any stage (a layer off a stage adds at
+        least this to the objective's sum over stages)."""
+        ok = self.t.allowed[self.t.layer_type]
+        return float(min(np.min(np.where(ok, st.time_s[self.t.layer_type], np.inf)) for st in self.stages))
 
     def _completion(self, k: int) -> Completion:
         """What the layers after j add on stage k, for a pass read only at its last layer (one
