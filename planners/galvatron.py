@@ -33,7 +33,7 @@ from specs.units import MIB
 
 DEFAULTS = {"space": "classic", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0,
-            "prove_points": 1_000_000}
+            "prove_candidates": 2_000_000}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
 distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper). time_limit_s: bounds
@@ -41,7 +41,13 @@ the whole call (tables, every group, every batch); the best plan so far comes ba
 and gap and status "time_limit" (None: no limit). gap_tolerance: a group or vocab choice is searched only
 when its lower bound is below the incumbent by more than this fraction of it (the relative gap at
 which MIP solvers stop: Gurobi's MIPGap defaults to 1e-4); the gap returned is the one proven, at
-most this where the tolerance skipped something; 0: search until the bounds prove the optimum."""
+most this where the tolerance skipped something; 0: search until the bounds prove the optimum.
+prove_candidates: in fast mode, the work the exact DP may spend, after the search, on the
+groups whose bound leaves a gap (lowest bound first, the best plan as cut), counted in points
+handed to its Pareto pruning (about 1 us each on a 2-core machine): each group it finishes is
+proven (its optimum, or that nothing in it beats the best) and may give a better plan; work, not
+seconds, so that a call returns the same plan and gap on every machine (0: no proof; ignored with
+memory_granularity_mib or max_temp_levels, where the DP is inexact)."""
 
 
 def resolve_space(space: Any) -> SearchSpace:
@@ -78,7 +84,7 @@ class GalvatronPlanner(Planner):
         limit = opts["time_limit_s"]
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
 
-        provable = opts["prove_points"] > 0 and not granularity and opts["max_temp_levels"] is None
+        provable = opts["prove_candidates"] > 0 and not granularity and opts["max_temp_levels"] is None
         pending: list[tuple[ComboTables, Any, float]] = []
         """(group, vocab choice, lower bound) fast mode left unproven, for prove()."""
         floors: dict[int, float] = {}
@@ -146,8 +152,8 @@ class GalvatronPlanner(Planner):
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline,
                                   refine=refine)
-        prove(pending, state, lambda t, points: GroupDP(t, exact=True, even=even, deadline=deadline, max_points=points),
-              int(opts["prove_points"]), tolerance,
+        prove(pending, state, lambda t: GroupDP(t, exact=True, even=even, deadline=deadline),
+              int(opts["prove_candidates"]), tolerance,
               lambda t, sol: state.keep_solution(cost_model, model, t, sol, budget.memory_bytes, meta))
         bound_s, gap = state.gap() if sound else (None, None)
         status = "time_limit" if state.timed_out else "optimal" if gap == 0.0 else "heuristic"
@@ -157,27 +163,31 @@ class GalvatronPlanner(Planner):
 
 
 def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,
-          exact_dp: Callable[[ComboTables, int], GroupDP], points: int, tolerance: float,
+          exact_dp: Callable[[ComboTables], GroupDP], candidates: int, tolerance: float,
           keep: Callable[[ComboTables, GroupSolution], None]) -> None:
     """Settle fast mode's unproven (group, vocab choice, bound) entries, lowest bound first: an
     entry whose bound reaches the best plan (less ``tolerance``) is closed as it is; the others
-    are solved by ``exact_dp(group, points left)`` with the best plan as cut, which proves the
-    entry (its bound becomes its optimum, or the cut where nothing beats it) unless it runs out
-    of points or reaches the deadline (then the entry keeps its bound; a deadline stops the rest)."""
+    are solved by the group's ``exact_dp`` (one per group: its vocab choices share the passes of
+    the stages after the first) with the best plan as cut, which proves the entry (its bound
+    becomes its optimum, or the cut where nothing beats it) unless the pruning ``candidates``
+    left run out or the deadline passes (then the entry keeps its bound; a deadline stops the rest)."""
+    dps: dict[int, GroupDP] = {}
     for t, v, bound_s in sorted(pending, key=lambda e: -e[0].combo.global_batch / e[2]):
         gb = t.combo.global_batch
         incumbent_s = gb / state.throughputs(1)[0] * (1.0 - tolerance)
-        if bound_s >= incumbent_s or points <= 0 or state.timed_out:
+        if bound_s >= incumbent_s or candidates <= 0 or state.timed_out:
             state.bound(gb, bound_s)
             continue
-        dp = exact_dp(t, points)
+        dp = dps.setdefault(id(t), exact_dp(t))
+        before, points = dp.candidates, dp.points
+        dp.max_candidates = before + candidates
         try:
             sol = dp.solve(v, incumbent_s, bound=False)
         except DeadlinePassed:
             state.timed_out = dp.deadline is not None and passed(dp.deadline)
             sol = None
-        points -= dp.points
-        state.states += dp.points
+        candidates -= dp.candidates - before
+        state.states += dp.points - points
         state.bound(gb, dp.bounds.get(v, bound_s))
         if sol is not None:
             keep(t, sol)

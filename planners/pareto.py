@@ -281,6 +281,8 @@ class PassRunner:
         self.strat_level = np.searchsorted(levels, np.where(np.isfinite(st.temp_bytes), st.temp_bytes, 0.0))
         self._classes: dict[int, tuple] = {}
         self.points = 0
+        self.candidates = 0
+        """Points handed to _prune (its cost, about linear in them)."""
         self.cut: tuple[float, np.ndarray, float, float] | None = None
         """(m, offset by layer, incumbent, least layer time): a point with
         m T + D + offset[j] + (layers off its segment) x least >= incumbent after layer j cannot
@@ -428,6 +430,7 @@ class PassRunner:
 
     def _prune(self, f: Frontier, idx: np.ndarray) -> np.ndarray:
         """Positions (into idx) of the non-dominated points among f[idx]."""
+        self.candidates += len(idx)
         if self.exact:
             return prune_exact(f.level[idx], f.mem[idx], f.T[idx], f.D[idx])
         return prune_fast(f.level[idx], f.mem[idx], self._cost(f.T[idx], f.D[idx]))

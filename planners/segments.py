@@ -60,13 +60,15 @@ class GroupDP:
 
     def __init__(self, t: ComboTables, exact: bool, even: bool, granularity_bytes: float = 0.0,
                  stage_imbalance: float | None = None, max_temp_levels: int | None = None,
-                 deadline: float | None = None, max_points: int | None = None) -> None:
+                 deadline: float | None = None, max_candidates: int | None = None) -> None:
         self.t, self.exact, self.even = t, exact, even
         self.deadline = deadline
         """time.monotonic() past which the search raises DeadlinePassed between passes."""
-        self.max_points = max_points
-        """Pareto points the search may create (None: any), past which it raises DeadlinePassed
-        part-way: a budget of work that, unlike the deadline, stops at the same place on every machine."""
+        self.max_candidates = max_candidates
+        """Points the passes may hand to Pareto pruning (None: any), past which the search raises
+        DeadlinePassed part-way: a budget of work that, unlike the deadline, stops at the same
+        place on every machine (pruning is most of the work: about 1 us a candidate here)."""
+        self.candidates = 0
         self.n = len(t.layer_type)
         self.m = t.combo.micro_batches
         self.weight = 1.0 / self.m
@@ -125,8 +127,8 @@ class GroupDP:
         first_extra = self.t.vocab[v][0].first_delta if k == 0 else None
         runner = PassRunner(self.stages[k], lt, self.t.allowed, self.levels, self._cap_by_level(k, vocab_tps),
                             self.weight if scalar is None else scalar, self.exact, first_extra,
-                            check=(lambda: self.check_deadline(runner.points))
-                            if self.deadline is not None or self.max_points is not None else None)
+                            check=(lambda: self.check_deadline(runner.candidates))
+                            if self.deadline is not None or self.max_candidates is not None else None)
         stop_of: dict[int, int] = {}
         for a, b in (self.windows if scalar is None else self.bound_windows)[k]:
             stop_of[a] = self.n if blind else max(stop_of.get(a, 0), b)  # blind: to the end, for every twin
@@ -138,25 +140,28 @@ class GroupDP:
         done: list[SegmentPass] = self._blind_passes.setdefault(
             (self.time_twin[k], v if k == 0 else None, scalar), []) if blind else []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
-        for a in sorted(stop_of):
-            self.check_deadline(runner.points)
-            stop = stop_of[a]
-            reuse = next((p for p in done if len(p.frontiers) >= stop - a
-                          and np.array_equal(lt[p.start:p.start + stop - a], lt[a:stop])), None)
-            if reuse is None:
-                reuse = (runner.run if scalar is None else runner.run_scalar)(k, a, stop)
-                done.append(reuse)
-            by_start[a] = (reuse, id(reuse))
-        self.points += runner.points
+        try:
+            for a in sorted(stop_of):
+                self.check_deadline(runner.candidates)
+                stop = stop_of[a]
+                reuse = next((p for p in done if len(p.frontiers) >= stop - a
+                              and np.array_equal(lt[p.start:p.start + stop - a], lt[a:stop])), None)
+                if reuse is None:
+                    reuse = (runner.run if scalar is None else runner.run_scalar)(k, a, stop)
+                    done.append(reuse)
+                by_start[a] = (reuse, id(reuse))
+        finally:  # a pass stopped part-way has done its work too
+            self.points += runner.points
+            self.candidates += runner.candidates
         self.passes[key] = by_start
         return by_start
 
-    def check_deadline(self, running_points: int = 0) -> None:
-        """Raise DeadlinePassed past the deadline or once the points made (``running_points`` of a
-        pass under way besides) exceed max_points."""
+    def check_deadline(self, running: int = 0) -> None:
+        """Raise DeadlinePassed past the deadline or once the candidates pruned (``running`` of a
+        pass under way besides) exceed max_candidates."""
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise DeadlinePassed
-        if self.max_points is not None and self.points + running_points > self.max_points:
+        if self.max_candidates is not None and self.candidates + running > self.max_candidates:
             raise DeadlinePassed
 
     def _cut_offset(self, k: int, vocab_tps) -> np.ndarray:

@@ -88,7 +88,7 @@ def test_the_proof_closes_the_gap_fast_mode_leaves(seed):
     search on the groups left open proves the optimum, the ILP's; on seed 16 it also finds a
     faster plan than fast mode's."""
     model, cluster, cm, budget = _case(seed)
-    unproven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_points": 0})
+    unproven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_candidates": 0})
     proven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE})
     ilp = planners.get("ilp").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "warm_start": False})
     assert unproven.stats.solver_status == "heuristic" and unproven.stats.gap > 0.05
@@ -100,11 +100,11 @@ def test_the_proof_closes_the_gap_fast_mode_leaves(seed):
 
 
 def test_a_proof_out_of_points_keeps_the_plan_and_the_gap():
-    """A point budget too small for any proof stops it part-way: the plan and the bound are fast
-    mode's, status heuristic, on every machine alike (points, not seconds)."""
+    """A work budget too small for any proof stops it part-way: the plan and the bound are fast
+    mode's, status heuristic, on every machine alike (pruned points, not seconds)."""
     model, cluster, cm, budget = _case(3)
-    unproven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_points": 0})
-    starved = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_points": 5})
+    unproven = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_candidates": 0})
+    starved = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "prove_candidates": 5})
     assert starved.stats.solver_status == "heuristic"
     assert starved.plan == unproven.plan and starved.stats.gap == unproven.stats.gap
 
@@ -145,11 +145,11 @@ def test_a_group_search_stops_part_way_at_the_deadline(monkeypatch):
     calls = []
     real = segments.GroupDP.check_deadline
 
-    def late_after_two(self, running_points=0):  # the clock passes the limit after two checks, wherever they are
+    def late_after_two(self, running=0):  # the clock passes the limit after two checks, wherever they are
         calls.append(1)
         if len(calls) > 2:
             raise segments.DeadlinePassed
-        return real(self, running_points)
+        return real(self, running)
     monkeypatch.setattr(segments.GroupDP, "check_deadline", late_after_two)
     res = planners.get("galvatron").plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "time_limit_s": 3600})
     assert res.feasible and res.stats.solver_status == "time_limit" and len(calls) >= 3
