@@ -174,9 +174,10 @@ def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,
     becomes its optimum, or the cut where nothing beats it) unless the pruning ``candidates``
     left run out or the deadline passes (then the entry keeps its bound; a deadline stops the rest)."""
     dps: dict[int, GroupDP] = {}
-    for t, v, bound_s in sorted(pending, key=lambda e: -e[0].combo.global_batch / e[2]):
+    for t, v, bound_s in sorted(pending, key=lambda e: e[2] / e[0].combo.global_batch):
         gb = t.combo.global_batch
-        incumbent_s = gb / state.throughputs(1)[0] * (1.0 - tolerance)
+        best = state.throughputs(1)[0]
+        incumbent_s = gb / best * (1.0 - tolerance) if best > 0 else np.inf  # no plan yet: no cut
         if bound_s >= incumbent_s or candidates <= 0 or state.timed_out:
             state.bound(gb, bound_s)
             continue
