@@ -80,7 +80,7 @@ def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarr
     once; many: level by level against the (mem, cost) staircase of the lower levels."""
     if len(mem) <= 1:
         return np.arange(len(mem))
-    levels = np.unique(level)
+    levels = np.flatnonzero(np.bincount(level))  # levels index the sorted temporaries: small ints
     if len(levels) * len(mem) > LEVEL_BY_LEVEL_ABOVE:
         return _prune_by_level(level, mem, cost)
     order = np.lexsort((level, cost, mem))
