@@ -3,7 +3,8 @@ chosen by a DP over segments, inside the outer loops over global batch, pp and m
 
 Modes: ``exact`` keeps (memory, T, D) Pareto points and enumerates both pipeline caps (exact for
 plan_cost's objective); ``fast`` (default) keeps (memory, T + D/m) points, exact for pp = 1 and
-exact in the bottleneck for pp > 1. ``memory_granularity_mib`` > 0 rounds memory up like the
+exact in the bottleneck for pp > 1, then proves the groups its bounds left open with the exact
+DP within a budget of work (``prove``), so that most calls end proven optimal. ``memory_granularity_mib`` > 0 rounds memory up like the
 public code; ``partition="even"`` splits layers evenly like the public code.
 """
 from __future__ import annotations
