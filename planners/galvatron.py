@@ -4,8 +4,9 @@ chosen by a DP over segments, inside the outer loops over global batch, pp and m
 Modes: ``exact`` keeps (memory, T, D) Pareto points and enumerates both pipeline caps (exact for
 plan_cost's objective); ``fast`` (default) keeps (memory, T + D/m) points, exact for pp = 1 and
 exact in the bottleneck for pp > 1, then proves the groups its bounds left open with the exact
-DP within a budget of work (``prove``), so that most calls end proven optimal. ``memory_granularity_mib`` > 0 rounds memory up like the
-public code; ``partition="even"`` splits layers evenly like the public code.
+DP within a budget of work (``prove``), so that most calls end proven optimal.
+``memory_granularity_mib`` > 0 rounds memory up like the public code; ``partition="even"``
+splits layers evenly like the public code.
 """
 from __future__ import annotations
 
@@ -182,7 +183,9 @@ def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,
         if bound_s >= incumbent_s or candidates <= 0 or state.timed_out:
             state.bound(gb, bound_s)
             continue
-        dp = dps.setdefault(id(t), exact_dp(t))
+        if id(t) not in dps:
+            dps[id(t)] = exact_dp(t)
+        dp = dps[id(t)]
         before, points = dp.candidates, dp.points
         dp.max_candidates = before + candidates
         try:
@@ -192,7 +195,7 @@ def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,
             sol = None
         candidates -= dp.candidates - before
         state.states += dp.points - points
-        state.bound(gb, dp.bounds.get(v, bound_s))
+        state.bound(gb, max(bound_s, dp.bounds.get(v, bound_s)))
         if sol is not None:
             keep(t, sol)
 
