@@ -100,6 +100,8 @@ class SearchStats:
     """Of wall_time_s: building the cost tables (the cost model's per-layer answers)."""
     groups_s: float = 0.0
     """Of wall_time_s: solving groups (the DP or the solver); the rest is the outer loops."""
+    proof_s: float = 0.0
+    """Of groups_s: galvatron's fast mode proving the groups its search left open (exact DP)."""
 
 
 @dataclass(frozen=True, kw_only=True)

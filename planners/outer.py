@@ -51,6 +51,8 @@ class OuterState:
     tables_s: float = 0.0
     groups_s: float = 0.0
     """Seconds spent building tables / inside the group solver."""
+    proof_s: float = 0.0
+    """Of groups_s: proving open groups after the search (galvatron's fast mode)."""
 
     def keep(self, cost_model: CostModel, model: ModelSpec, plan, budget_bytes: float):
         """Score ``plan`` with plan_cost and keep it if it fits the budget (a solver working in
@@ -281,6 +283,7 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
     """PlanResult of the best plan (re-scored), or the smallest memory at which the space fits."""
     stats = SearchStats(states_explored=state.states + extra_states, candidates=state.candidates,
                         pruned=state.pruned, gap=gap, tables_s=state.tables_s, groups_s=state.groups_s,
+                        proof_s=state.proof_s,
                         solver_status=status if state.solutions or status == "time_limit" else "infeasible")
     if not state.solutions:
         if not tables:
