@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -51,8 +52,8 @@ def _last_mem_floor(vc) -> float:
 
 
 class DeadlinePassed(Exception):
-    """A group search reached the planner call's deadline, or its point budget, part-way
-    (nothing of it is kept)."""
+    """A group search reached the planner call's deadline, or its work budget (max_candidates),
+    part-way (nothing of it is kept)."""
 
 
 class GroupDP:
@@ -136,7 +137,7 @@ class GroupDP:
         # start is read before its end, where what later layers add is not owed)
         runner.cut_above(self.m, self._cut_offset(k, vocab_tps), cut,
                          self._completion(k) if len(stop_of) == 1 and k == self.t.combo.pp - 1 else None,
-                         self._least_layer_s() if self.t.combo.pp > 1 else 0.0)
+                         self.least_layer_s if self.t.combo.pp > 1 else 0.0)
         done: list[SegmentPass] = self._blind_passes.setdefault(
             (self.time_twin[k], v if k == 0 else None, scalar), []) if blind else []
         by_start: dict[int, tuple[SegmentPass, int]] = {}
@@ -175,9 +176,10 @@ class GroupDP:
             vocab.append(m * vc.time_s + vc.tail_s + (float(np.min(m * d[:, 0] + d[:, 1])) if d is not None else 0.0))
         return np.full(self.n, min(vocab))
 
-    def _least_layer_s(self) -> float:
+    @cached_property
+    def least_layer_s(self) -> float:
         """The least per-micro-batch time of any layer on any stage (a layer off a stage adds at
-        least this to the objective's sum over stages)."""
+        least this to the objective's sum over stages); once per group, for every pass's cut."""
         ok = self.t.allowed[self.t.layer_type]
         return float(min(np.min(np.where(ok, st.time_s[self.t.layer_type], np.inf)) for st in self.stages))
 
