@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from planners.pareto import prune_fast
+from planners.partition import Windows
 from planners.tables import ComboTables
 
 MAX_COUNT_LAYERS = 12
@@ -85,7 +86,7 @@ class SegmentClasses:
     """[layer] its row id."""
 
 
-def segment_classes(rows: tuple, row_id: np.ndarray, windows: list[tuple[int, int]]) -> SegmentClasses:
+def segment_classes(rows: tuple, row_id: np.ndarray, windows: Windows) -> SegmentClasses:
     """``rows``: (cost, last_cost, memory, temp) [layer, strategy] as memory_floor._layer_arrays
     gives them (``last_cost``: the layer as a segment's last, with its send to the next stage);
     ``row_id``: [layer] equal only for layers whose rows (and last rows) are equal."""
@@ -93,17 +94,17 @@ def segment_classes(rows: tuple, row_id: np.ndarray, windows: list[tuple[int, in
     first = np.unique(row_id, return_index=True)[1]
     inner_rows = {int(row_id[j]): (cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
     last_rows = {int(row_id[j]): (last_cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
-    a, b, of_window, bodies = _classes(row_id.dtype.str, row_id.tobytes(), tuple(windows))
+    a, b, of_window, bodies = _classes(row_id.dtype.str, row_id.tobytes(), windows)
     return SegmentClasses(a, b, of_window, bodies, inner_rows, last_rows, row_id)
 
 
 @lru_cache(maxsize=1024)
-def _classes(dtype: str, row_bytes: bytes, windows: tuple[tuple[int, int], ...]) -> tuple:
+def _classes(dtype: str, row_bytes: bytes, windows: Windows) -> tuple:
     """segment_classes' grouping, which depends on the layers' row ids and the windows only (the
     same for every vocab choice and weight of a stage): (a, b, [window] class, bodies). Shared:
     read only."""
     row_id = np.frombuffer(row_bytes, dtype=dtype)
-    a, b = (np.array(x, dtype=int) for x in zip(*windows))
+    a, b = windows.starts, windows.stops
     run_start = _run_starts(row_id)
     inside = b - 2 > a  # the segment has middle layers a+1..b-2
     uniform = ~inside | (run_start[np.maximum(b - 2, 0)] <= a + 1)

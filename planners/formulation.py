@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from planners.segments import stage_windows
+from planners.partition import stage_windows
 from planners.tables import ComboTables
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from planners.counts import count_bounds, segment_classes
 from planners.pareto import _hull_prices
-from planners.partition import StageOptions, partition_floor
+from planners.partition import StageOptions, Windows, partition_floor
 from planners.tables import ComboTables, temp_levels
 
 MAX_LEVELS = 12
@@ -30,7 +30,7 @@ MAX_LEVELS = 12
 the next one tried, with the cap of the lower: still a bound, a little looser)."""
 
 
-def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: list, counts: bool = False
+def memory_floor(t: ComboTables, v, windows: tuple[Windows, ...], recv: list, counts: bool = False
                  ) -> float:
     """A lower bound on the objective of the group ``t`` under vocab choice ``v`` over the
     partitions of ``windows`` (every stage's allowed (start, stop)): the least over partitions
@@ -44,7 +44,7 @@ def memory_floor(t: ComboTables, v, windows: list[list[tuple[int, int]]], recv: 
     lam = 1.0 / pp if pp > 1 else 1.0 / m  # pp = 1: m (T + D/m) = m T + D
     sums, maxes = [], []
     for k in range(pp):
-        a, b = (np.array(x, dtype=int) for x in zip(*windows[k]))
+        a, b = windows[k].starts, windows[k].stops
         sums.append(_options(a, b, _shared_segment_bounds(t, v, k, lam, windows[k], counts)))
         maxes.append(_options(a, b, _shared_segment_bounds(t, v, k, 0.0, windows[k], counts)) if pp > 1 else None)
     if pp == 1:
@@ -60,7 +60,7 @@ def _options(a: np.ndarray, b: np.ndarray, bound: np.ndarray) -> StageOptions:
     return StageOptions(a[seg], b[seg], np.zeros(len(seg), dtype=int), bound[seg], np.zeros(len(seg)))
 
 
-def _shared_segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]],
+def _shared_segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows,
                            counts: bool) -> np.ndarray:
     """segment_bounds, kept in ComboTables.shared for a stage whose embedding/head adds no
     per-strategy deltas (the stages between the first and the last): there it depends on the
@@ -72,7 +72,7 @@ def _shared_segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[
     if vc.first_delta is not None or vc.last_delta is not None:
         return segment_bounds(t, v, k, lam, windows, counts)
     key = ("segment_bounds", k, float(lam), bool(counts), float(t.budget_bytes), float(vc.time_s),
-           float(vc.tail_s), float(vc.memory_bytes), float(vc.temp_bytes), tuple(windows))
+           float(vc.tail_s), float(vc.memory_bytes), float(vc.temp_bytes), windows)
     hit = t.shared.get(key)
     if hit is not None and hit[0] is t.stages[k] and hit[1] is t.allowed and hit[2] is t.layer_type:
         return hit[3]
@@ -81,7 +81,7 @@ def _shared_segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[
     return out
 
 
-def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: list[tuple[int, int]], counts: bool = False
+def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, counts: bool = False
                    ) -> np.ndarray:
     """[window] a lower bound on T_k + lam D_k of the segment's layers on stage k over plans
     whose stage k fits (inf where none can; the gradient received from stage k+1 is the

@@ -241,16 +241,27 @@ class SegmentPass:
     start: int
     frontiers: list[Frontier]
     _arrays: tuple | None = field(default=None, repr=False, compare=False)
+    _memory: tuple | None = field(default=None, repr=False, compare=False)
 
     def scalar_arrays(self, n_strategies: int) -> tuple[np.ndarray, np.ndarray]:
-        """[layer, strategy] T and D of a memory-blind pass's points (one per strategy; T inf, D
-        0 where none), built once."""
+        """[layer, strategy] T and D of a memory-blind pass's points (one per strategy, in
+        strategy order; T inf, D 0 where none), built once."""
         if self._arrays is None:
             T, D = np.full((len(self.frontiers), n_strategies), np.inf), np.zeros((len(self.frontiers), n_strategies))
             for j, f in enumerate(self.frontiers):
                 T[j, f.strat], D[j, f.strat] = f.T, f.D
             self._arrays = (T, D)
         return self._arrays
+
+    def scalar_memory(self, n_strategies: int) -> tuple[np.ndarray, np.ndarray]:
+        """[layer, strategy] memory and temporary level of the same points (0 where none), built once."""
+        if self._memory is None:
+            shape = (len(self.frontiers), n_strategies)
+            mem, level = np.zeros(shape), np.zeros(shape, dtype=int)
+            for j, f in enumerate(self.frontiers):
+                mem[j, f.strat], level[j, f.strat] = f.mem, f.level
+            self._memory = (mem, level)
+        return self._memory
 
     def strategies(self, last: int, point: int) -> list[int]:
         """Strategy indices of layers start..start+last for the point ``point`` of layer ``last``."""

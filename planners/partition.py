@@ -10,9 +10,52 @@ bound S_min + (m-1) tau + delta >= best makes the search exact over the given op
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
+
+from specs import even_stage_layers
+
+
+class Windows(tuple):
+    """One stage's (start, stop) segments: a tuple of pairs whose hash and start/stop arrays are
+    computed once. The bounds key their caches on a stage's windows and read them as arrays for
+    every group, vocab choice and budget (80 layers over 16 stages: about 2,000 pairs a stage)."""
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("hash")
+        if cached is None:
+            cached = self.__dict__["hash"] = tuple.__hash__(self)
+        return cached
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        return self._column(0)
+
+    @cached_property
+    def stops(self) -> np.ndarray:
+        return self._column(1)
+
+    def _column(self, i: int) -> np.ndarray:
+        out = np.array(self, dtype=int).reshape(-1, 2)[:, i]
+        out.setflags(write=False)
+        return out
+
+
+@lru_cache(maxsize=4096)
+def stage_windows(n: int, pp: int, even: bool, max_len: int | None = None) -> tuple[Windows, ...]:
+    """(start, stop) segments each stage may take: contiguous, every stage non-empty, at most
+    ``max_len`` layers when given. The same object for the same arguments (do not modify)."""
+    if even:
+        bounds = np.concatenate(([0], np.cumsum(even_stage_layers(n, pp))))
+        return tuple(Windows([(int(bounds[k]), int(bounds[k + 1]))]) for k in range(pp))
+    out = []
+    for k in range(pp):
+        starts = [0] if k == 0 else range(k, n - (pp - k) + 1)
+        stops = [n] if k == pp - 1 else None
+        out.append(Windows((a, b) for a in starts for b in (stops or range(a + 1, n - (pp - 1 - k) + 1))
+                           if max_len is None or b - a <= max_len))
+    return tuple(out)
 
 
 @dataclass
@@ -170,9 +213,8 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
     loose = [_cells(o, n, G, np.inf)[0] for o in opts]
     if _min_sum(loose, recv, np.inf, n) is None:
         return None
-    loose_taus = _tau_candidates(loose, recv)
-    loose_taus = loose_taus[_first_feasible(loose, recv, loose_taus, n):]
-    floor = _min_sum(loose, recv, np.inf, n)[0] + (m - 1) * loose_taus[0]
+    least_tau = _least_bottleneck(loose, recv, n)
+    floor = _min_sum(loose, recv, np.inf, n)[0] + (m - 1) * least_tau
     capped = [_TailCapped(o, n, G) for o in opts] if exact else None
     for delta in deltas:
         d_lb = delta if exact else 0.0
@@ -186,18 +228,18 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
         base = _min_sum(T_cells, recv, np.inf, n, path=False)
         if base is None:
             continue
-        if base[0] + (m - 1) * loose_taus[0] + d_lb >= best_value:
+        if base[0] + (m - 1) * least_tau + d_lb >= best_value:
             continue  # this tail cap's min sum alone cannot win
-        taus = _tau_candidates(T_cells, recv)
-        lo = _first_feasible(T_cells, recv, taus, n)  # below this tail cap's least bottleneck nothing is
-        if base[0] + (m - 1) * taus[lo] + d_lb >= best_value:  # feasible (a tight cap: most of the caps)
+        lowest = _least_bottleneck(T_cells, recv, n)  # below it nothing is feasible (a tight cap: most caps)
+        taus = _caps(T_cells, recv, lowest, lambda tau: base[0] + (m - 1) * tau + d_lb < best_value)
+        if not len(taus):
             continue
         if exact:  # S(tau, delta) + (m-1) tau + delta: its minimum is the optimum
-            best_value, best_caps, seen = _exact_caps(T_cells, recv, taus[lo:], n, m, base[0], delta,
+            best_value, best_caps, seen = _exact_caps(T_cells, recv, taus, n, m, base[0], delta,
                                                       best_value, best_caps)
             explored += seen
             continue
-        for tau in taus[lo:]:
+        for tau in taus:
             bound = base[0] + (m - 1) * tau + d_lb
             if best_value <= bound:
                 break
@@ -250,11 +292,11 @@ def partition_floor(sum_opts: list[StageOptions], max_opts: list[StageOptions], 
     sum_cells = [_cells(o, n, G, np.inf, L)[0] for o, L in zip(sum_opts, lengths)]
     max_cells = [_cells(o, n, G, np.inf, L)[0] for o, L in zip(max_opts, lengths)]
     base = _min_sum(sum_cells, recv, np.inf, n, path=False)
-    taus = _tau_candidates(max_cells, recv)
-    if base is None or not len(taus) or _min_sum(max_cells, recv, np.inf, n, path=False) is None:
+    if base is None or _min_sum(max_cells, recv, np.inf, n, path=False) is None:
         return np.inf
-    taus = taus[_first_feasible(max_cells, recv, taus, n):]
-    best = np.inf
+    least = _least_bottleneck(max_cells, recv, n)  # the first cap: it bounds which others can win
+    best = float(_capped_sums(sum_cells, max_cells, recv, np.array([least]), n)[0] + (m - 1) * least)
+    taus = _caps(max_cells, recv, least, lambda tau: (tau > least) & (base[0] + (m - 1) * tau < best))
     limit = _batch_limit(max_cells, n)
     lo, batch = 0, min(8, limit)  # blocks growing from 8: the first caps usually settle it
     while lo < len(taus):
@@ -298,20 +340,24 @@ def _single_stage(o: StageOptions, n: int, m: int) -> PartitionChoice | None:
     return PartitionChoice([i], float(m * o.T[i] + o.D[i]), len(ok))
 
 
-def _tau_candidates(cells: list[np.ndarray], recv: list[np.ndarray]) -> np.ndarray:
+def _caps(cells: list[np.ndarray], recv: list[np.ndarray], lowest: float, keep) -> np.ndarray:
+    """The bottleneck caps worth trying, sorted: the distinct stage times (summed as the passes
+    sum them) from ``lowest`` (the least bottleneck: below it nothing is feasible) on, those for
+    which ``keep`` (vectorised over caps) holds. The callers drop the caps whose bound cannot win:
+    sorting only the rest is what this saves."""
     vals = [cells[0][0].ravel()]
     for k in range(1, len(cells)):
         vals.append((recv[k][:, :, None, None] + cells[k][:, None, :, :]).ravel())
     v = np.concatenate(vals)
-    return np.unique(v[np.isfinite(v)])
+    v = v[np.isfinite(v) & (v >= lowest)]
+    return np.unique(v[keep(v)])
 
 
-def _first_feasible(cells, recv, taus: np.ndarray, n: int) -> int:
-    """Smallest index i with a partition whose every stage time is <= taus[i]: the least
-    bottleneck over partitions (one min-max pass over the stages), located among the caps (it is
-    one of them: the caps are the stage times, summed as here)."""
+def _least_bottleneck(cells, recv, n: int) -> float:
+    """The least over partitions of the largest stage time (one min-max pass over the stages):
+    one of the stage times, summed as _caps sums them (inf when no partition exists)."""
     V = _first_stage(cells[0], n)  # [b, g] least bottleneck of the stages so far
     for k in range(1, len(cells)):
         stage_t = recv[k][:, :, None, None] + cells[k][:, None, :, :]  # [a, g', len, g]
         V = _by_end(np.maximum(V[:, :, None, None], stage_t).min(axis=1), n, 0).min(axis=1)
-    return min(int(np.searchsorted(taus, V[n].min())), len(taus) - 1)
+    return float(V[n].min())

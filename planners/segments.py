@@ -11,7 +11,7 @@ import numpy as np
 
 from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
-from planners.partition import StageOptions, partition_floor, search_partition
+from planners.partition import StageOptions, partition_floor, search_partition, stage_windows
 from planners.seed import uniform_seed
 from planners.space import VocabChoice
 from planners.tail_floor import tail_floor
@@ -28,23 +28,6 @@ class GroupSolution:
     choice: list[int]
     stage_layers: list[int]
     objective_s: float
-
-
-def stage_windows(n: int, pp: int, even: bool, max_len: int | None = None) -> list[list[tuple[int, int]]]:
-    """(start, stop) segments each stage may take: contiguous, every stage non-empty, at most
-    ``max_len`` layers when given."""
-    if even:
-        sizes = even_stage_layers(n, pp)
-        bounds = np.concatenate(([0], np.cumsum(sizes)))
-        return [[(int(bounds[k]), int(bounds[k + 1]))] for k in range(pp)]
-    out = []
-    for k in range(pp):
-        starts = [0] if k == 0 else range(k, n - (pp - k) + 1)
-        stops = [n] if k == pp - 1 else None
-        segs = [(a, b) for a in starts for b in (stops or range(a + 1, n - (pp - 1 - k) + 1))
-                if max_len is None or b - a <= max_len]
-        out.append(segs)
-    return out
 
 
 def _last_mem_floor(vc) -> float:
@@ -192,20 +175,103 @@ class GroupDP:
         return Completion.of(cost, np.where(ok, st.memory_bytes, np.inf), self.t.layer_type)
 
     # -- options ----------------------------------------------------------------------------
-    def _options(self, k: int, v: int, cache: dict, lam: float | None) -> tuple[StageOptions, list]:
-        vc = self.t.vocab[v][k]
-        st = self.stages[k]
-        B = self.t.budget_bytes
+    def _options(self, k: int, v: int, cache: dict, lam: float | None) -> tuple[StageOptions, "list | OptionRefs"]:
+        """Stage k's options: per window and dp of its last layer, every (T, D) Pareto point that
+        fits (exact mode, lam None) or the best one under T + lam D (fast mode)."""
+        if lam is not None:
+            return self._fast_options(k, v, cache, lam)
+        vc, st, B = self.t.vocab[v][k], self.stages[k], self.t.budget_bytes
         cols = {name: [] for name in ("a", "b", "g", "T", "D")}
         refs: list = []
+        passes = self._stage_passes(k, v)
         for a, b in self.windows[k]:
-            found, p = self._lookup(k, v, a, b, lam, st, vc, B, cache)
-            for g, T, D, point in found:
+            p, pid = passes[a]
+            key = (pid, b - a, None)
+            if key not in cache:
+                cache[key] = self._segment(p, b - a - 1, st, vc, B, k, None)
+            for g, T, D, point in cache[key]:
                 for name, val in zip(("a", "b", "g", "T", "D"), (a, b, g, T, D)):
                     cols[name].append(val)
                 refs.append((p, b - a - 1, point))
         arr = {n: np.array(v_, dtype=float if n in "TD" else int) for n, v_ in cols.items()}
         return StageOptions(arr["a"], arr["b"], arr["g"], arr["T"], arr["D"]), refs
+
+    def _fast_options(self, k: int, v: int, cache: dict, lam: float) -> tuple[StageOptions, "OptionRefs"]:
+        """Fast mode's options of stage k, all windows at once: where every dp's best point of the
+        memory-blind pass fits (``_scalar_best``), those points; elsewhere the best point that fits
+        from the Pareto pass (``_segment``). The same options, in the same order, as asking
+        ``_segment`` window by window (each window's dps in order)."""
+        W = self.windows[k]
+        a, b = W.starts, W.stops
+        last = b - a - 1
+        passes: list[SegmentPass] = []
+        index: dict[int, int] = {}  # pass id -> position in ``passes``
+
+        def source(p: SegmentPass, pid: int) -> int:
+            if pid not in index:
+                index[pid] = len(passes)
+                passes.append(p)
+            return index[pid]
+
+        scalar = self._stage_passes(k, v, scalar=lam)
+        starts = np.unique(a)
+        pass_of = np.array([source(*scalar[int(s)]) for s in starts])[np.searchsorted(starts, a)]
+        pids = {i: pid for pid, i in index.items()}
+        best = [self._scalar_best(p, pids[i], k, v, lam, cache) for i, p in enumerate(passes)]
+        T, D, point, fits = (np.stack([_padded(x[i], self.n) for x in best])[pass_of, last] for i in range(4))
+        origin = np.repeat(pass_of[:, None], T.shape[1], axis=1)  # [window, dp] position in passes
+        vc, st, B = self.t.vocab[v][k], self.stages[k], self.t.budget_bytes
+        pareto = self._stage_passes(k, v)
+        for w in np.flatnonzero(~fits.astype(bool)):  # a dp's best does not fit: the Pareto pass
+            p, pid = pareto[int(a[w])]
+            key = (pid, int(b[w] - a[w]), lam)
+            if key not in cache:
+                cache[key] = self._segment(p, int(last[w]), st, vc, B, k, lam)
+            T[w], D[w], point[w], origin[w] = np.inf, np.inf, -1, source(p, pid)
+            for g, T_g, D_g, i in cache[key]:
+                T[w, g], D[w, g], point[w, g] = T_g, D_g, i
+        w, g = np.nonzero(np.isfinite(T))
+        return (StageOptions(a[w], b[w], g, T[w, g], D[w, g]),
+                OptionRefs(passes, origin[w, g], last[w], point[w, g].astype(int)))
+
+    def _scalar_best(self, p: SegmentPass, pid: int, k: int, v: int, lam: float, cache: dict
+                     ) -> tuple[np.ndarray, ...]:
+        """[last layer, dp] T, D and point of the memory-blind pass ``p``'s best point under
+        T + lam D among those that fit (ties to the smaller tail; inf / -1 where none), and
+        [last layer] whether each dp's cheapest point fits (the first in strategy order among
+        equal costs; where one does not, the window's options come from the Pareto pass), with
+        the embedding/head and the send to the next stage, for every last layer at once."""
+        key = ("scalar_best", pid, lam)
+        if key in cache:
+            return cache[key]
+        vc, st, n_strat = self.t.vocab[v][k], self.stages[k], len(self.t.strategies)
+        G, L = len(self.t.dp_values), len(p.frontiers)
+        T, D = p.scalar_arrays(n_strat)
+        mem, level = p.scalar_memory(n_strat)
+        present = np.isfinite(T)
+        extra = vc.last_delta if vc.last_delta is not None else np.zeros((n_strat, 3))
+        send = st.send_next_s[self.t.layer_type[p.start:p.start + L]] if k < self.t.combo.pp - 1 else 0.0
+        mem = mem + extra[None, :, 2] + np.maximum(self.levels[level], vc.temp_bytes) + vc.memory_bytes
+        T = T + vc.time_s + send + extra[None, :, 0]
+        D = D + vc.tail_s + extra[None, :, 1]
+        fit = present & (mem <= self.t.budget_bytes)
+        position = np.cumsum(present, axis=1) - 1  # a strategy's index in its frontier
+        out_T, out_D, out_p = np.full((L, G), np.inf), np.full((L, G), np.inf), np.full((L, G), -1.0)
+        fits = np.ones(L)
+        rows = np.arange(L)
+        for g in range(G):
+            cols = np.flatnonzero(self.strat_g == g)
+            if not len(cols):
+                continue
+            cost = np.where(present[:, cols], T[:, cols] + lam * D[:, cols], np.inf)
+            cheapest = cols[np.argmin(cost, axis=1)]
+            fits[present[:, cols].any(axis=1) & ~fit[rows, cheapest]] = 0.0
+            pick = cols[argmin_low_tail(np.where(fit[:, cols], cost, np.inf).T, D[:, cols].T)]
+            found = fit[rows, pick]
+            out_T[found, g], out_D[found, g] = T[rows, pick][found], D[rows, pick][found]
+            out_p[found, g] = position[rows, pick][found]
+        cache[key] = (out_T, out_D, out_p, fits)
+        return cache[key]
 
     def relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         """Stage k's options over every partition's segments (``bound_windows``), memory ignored:
@@ -221,7 +287,7 @@ class GroupDP:
 
     def _relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         passes = self._stage_passes(k, v, scalar=lam, blind=True)
-        a, b = (np.array(x, dtype=int) for x in zip(*self.bound_windows[k]))
+        a, b = self.bound_windows[k].starts, self.bound_windows[k].stops
         unique = list({id(p): p for p, _ in passes.values()}.values())
         index = {id(p): i for i, p in enumerate(unique)}
         starts = np.unique(a)
@@ -259,26 +325,10 @@ class GroupDP:
             out_p[found, g] = position[rows, pick][found]
         return out_T, out_D, out_p
 
-    def _lookup(self, k, v, a, b, lam, st, vc, B, cache) -> tuple[list, SegmentPass]:
-        """Options of segment (a, b) under weight lam: from the memory-blind pass where its best
-        fits, else from the Pareto pass (exact mode: the Pareto pass, all (T, D) points)."""
-        if lam is not None:
-            p, pid = self._stage_passes(k, v, scalar=lam)[a]
-            key = (pid, b - a, lam)
-            if key not in cache:
-                cache[key] = self._segment(p, b - a - 1, st, vc, B, k, lam, require_best=True)
-            if cache[key] is not None:
-                return cache[key], p
-        p, pid = self._stage_passes(k, v)[a]
-        key = (pid, b - a, lam)
-        if key not in cache:
-            cache[key] = self._segment(p, b - a - 1, st, vc, B, k, lam)
-        return cache[key], p
-
     def _segment(self, p: SegmentPass, last: int, st: StageTables, vc, B: float, k: int,
-                 lam: float | None, require_best: bool = False) -> list | None:
+                 lam: float | None) -> list:
         """Options of one segment: per dp of its last layer, the best point (fast) or the (T, D)
-        Pareto points (exact) that fit. ``require_best``: None unless each dp's cheapest point fits."""
+        Pareto points (exact) that fit."""
         f = p.frontiers[last]
         if not len(f):
             return []
@@ -290,10 +340,6 @@ class GroupDP:
         D = f.D + vc.tail_s + extra[:, 1]
         out = []
         for g in range(len(self.t.dp_values)):
-            if require_best:
-                idx = np.flatnonzero(self.strat_g[f.strat] == g)
-                if len(idx) and mem[idx[np.argmin(T[idx] + lam * D[idx])]] > B:
-                    return None
             idx = np.flatnonzero((mem <= B) & (self.strat_g[f.strat] == g))
             if not len(idx):
                 continue
@@ -469,6 +515,14 @@ class OptionRefs:
     def __getitem__(self, o: int) -> tuple[SegmentPass, int, int]:
         return self.passes[self.pass_index[o]], int(self.last[o]), int(self.point[o])
 
+    @staticmethod
+    def concat(parts: list["OptionRefs"]) -> "OptionRefs":
+        """The options of ``parts`` one after the other."""
+        offsets = np.cumsum([0] + [len(r.passes) for r in parts[:-1]])
+        return OptionRefs([p for r in parts for p in r.passes],
+                          np.concatenate([r.pass_index + off for r, off in zip(parts, offsets)]),
+                          np.concatenate([r.last for r in parts]), np.concatenate([r.point for r in parts]))
+
 
 ANY_VOCAB = "any"
 """Key of the merged vocab costs in ``any_vocab_floor``'s tables."""
@@ -497,12 +551,12 @@ def _padded(x: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate((x, np.full((rows - len(x),) + x.shape[1:], np.inf)))
 
 
-def _merge(runs: list) -> tuple[list[StageOptions], list[list]]:
+def _merge(runs: list) -> tuple[list[StageOptions], list["OptionRefs"]]:
     opts, refs = [], []
     for k in range(len(runs[0][0])):
         parts = [r[0][k] for r in runs]
         opts.append(StageOptions(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("a", "b", "g", "T", "D"))))
-        refs.append([x for r in runs for x in r[1][k]])
+        refs.append(OptionRefs.concat([r[1][k] for r in runs]))
     return opts, refs
 
 

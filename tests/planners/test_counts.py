@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from planners.counts import count_bounds, segment_classes
+from planners.partition import Windows
 from planners.memory_floor import _distinct_rows, _layer_arrays, memory_floor
 from planners.outer import grouped_tables
 from planners.segments import GroupDP
@@ -86,7 +87,7 @@ def test_heterogeneous_models_keep_one_class_per_run():
         t = grouped_tables(model, RandomCostModel(tiny_cluster(), 0), 1e9, PIPE_SPACE, (8,))[0]
         v, n = next(iter(t.vocab)), len(t.layer_type)
         cost, mem, temp = _layer_arrays(t, v, 0, 0.0)
-        windows = [(a, b) for a in range(n) for b in range(a + 1, n + 1)]
+        windows = Windows((a, b) for a in range(n) for b in range(a + 1, n + 1))
         row = _distinct_rows(t, v, 0)[1]
         classes = segment_classes((cost, cost, mem, temp), row, windows)
         for (a, b), c in zip(windows, classes.of_window):

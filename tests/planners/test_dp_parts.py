@@ -109,8 +109,9 @@ def test_partition_search_is_exact_over_its_options(seed):
 
 
 @pytest.mark.parametrize("seed", range(25))
-def test_first_feasible_cap_is_the_least_bottleneck(seed):
-    """The min-max pass lands on the same cap as trying every cap in order with the min-sum DP."""
+def test_the_least_bottleneck_is_the_first_feasible_cap(seed):
+    """The min-max pass lands on the same cap as trying every cap in order with the min-sum DP,
+    and the caps tried start there."""
     rng = np.random.default_rng(seed)
     n, pp, G = int(rng.integers(2, 9)), int(rng.integers(2, 5)), int(rng.integers(1, 3))
     pp = min(pp, n)
@@ -124,7 +125,11 @@ def test_first_feasible_cap_is_the_least_bottleneck(seed):
         opts.append(StageOptions(a.astype(int), b.astype(int), g.astype(int), T.astype(float), D.astype(float)))
     recv = [None] + [rng.integers(0, 5, (n + 1, G)).astype(float) for _ in range(pp - 1)]
     cells = [partition._cells(o, n, G, np.inf)[0] for o in opts]
-    taus = partition._tau_candidates(cells, recv)
-    feasible = [i for i, tau in enumerate(taus) if partition._min_sum(cells, recv, tau, n, path=False) is not None]
+    taus = partition._caps(cells, recv, -np.inf, lambda tau: np.ones(len(tau), dtype=bool))  # every stage time
+    feasible = [tau for tau in taus if partition._min_sum(cells, recv, tau, n, path=False) is not None]
+    least = partition._least_bottleneck(cells, recv, n)
     if feasible:
-        assert partition._first_feasible(cells, recv, taus, n) == feasible[0]
+        assert least == feasible[0]
+        assert partition._caps(cells, recv, least, lambda tau: tau < np.inf)[0] == least
+    else:
+        assert least == np.inf
