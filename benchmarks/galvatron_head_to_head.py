@@ -9,8 +9,9 @@
 Galvatron runs through tools/galvatron_engine.py when hetu-galvatron is installed (recipe in that
 file and docs/cost_models.md); otherwise one line says so and only our side is printed. Ours is the
 galvatron planner restricted to Galvatron's space (ZeRO-2 default / ZeRO-3 per layer, checkpointing,
-both tp layouts, 1F1B, even stages) planning under the `galvatron` cost model, once per vocab
-switch pair (vsp, embed_sdp) as Galvatron's engine also loops over them. Each plan is scored under
+both tp layouts, 1F1B, even stages, and the vocabulary's vsp / embed_sdp, which Galvatron's engine
+loops over, as the plan's vocab_sp ulysses / vocab_zero3) planning under the `galvatron` cost model
+(SEARCHES: two calls, the second for vsp with vocabulary tp 1). Each plan is scored under
 both cost models: `galvatron` (Galvatron's formulas; memory as its engine prints it, allocator
 reserve included) and `profiled` (ours, on the same files; its own reserve shown apart).
 """
@@ -25,13 +26,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import cost_models
 import planners
 from cost_models.galvatron import gplan_from_config
 from planners import Budget, SearchSpace
-from specs import SpecError, load_cluster
+from specs import SequenceParallel, SpecError, load_cluster
 from specs.datasets import Dataset, data_path
 from specs.errors import one_line_errors
 from specs.galvatron_io import plan_from_galvatron
@@ -41,10 +43,14 @@ ENGINE = ROOT / "tools" / "galvatron_engine.py"
 STUBS = ROOT / "tools" / "galvatron_stubs"
 BUDGETS = ((16, 64), (24, 64), (40, 64), (36, 16))
 """(GB per GPU, global batch) as the issue and Galvatron's shipped 36 GB plan set them."""
-SPACE = SearchSpace(dp_types=("zero2", "zero3"), max_micro_batches=64)
-"""Galvatron's space in hybridpar's terms (plus partition='even')."""
-VARIANTS = ((False, False), (False, True), (True, False), (True, True))
-"""(vocab_sp, embed_sdp) pairs Galvatron's engine loops over."""
+SPACE = SearchSpace(dp_types=("zero2", "zero3"), max_micro_batches=64, vocab_zero3=(False, True),
+                    vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
+"""Galvatron's space in hybridpar's terms (plus partition='even'): its embed_sdp and vsp are the
+plan's vocab_zero3 and vocab_sp ulysses."""
+SEARCHES = ((False, SPACE), (True, replace(SPACE, vocab_tp=(1,), vocab_sp=(SequenceParallel.NONE,))))
+"""(the galvatron model's vsp switch, space) of our two searches: every (vsp, embed_sdp) pair
+Galvatron's engine loops over as the plan says it, then vsp with vocabulary tp 1, which its
+engine also searches and a Plan cannot say (the switch turns it on)."""
 
 
 def engine_missing() -> str:
@@ -72,11 +78,13 @@ def run_engine(folder: Path, gb: int, batch: int, keep: Path | None = None) -> t
 
 
 def run_ours(models: dict, cluster, gb: int, batch: int):
-    """Our search in the matched space, once per vocab variant; (wall s, best result, its cost model)."""
+    """Our search in the matched space (SEARCHES; ``models``: vsp switch -> galvatron model);
+    (wall s, best result, its cost model)."""
     start, best = time.perf_counter(), (None, None)
-    for cm in models.values():
+    for vsp, space in SEARCHES:
+        cm = models[vsp]
         res = planners.get("galvatron").plan(cm.model_spec, cluster, Budget(memory_gib=gb, global_batch=batch), cm,
-                                             {"space": SPACE, "partition": "even"})
+                                             {"space": space, "partition": "even"})
         if res.feasible and (best[0] is None or res.throughput_samples_per_s > best[0].throughput_samples_per_s):
             best = (res, cm)
     return time.perf_counter() - start, best
@@ -100,8 +108,9 @@ def _profiled_line(profiled, plan, gb: int) -> str:
 
 def report(gb, batch, ours, theirs, models, profiled, cluster) -> None:
     (res, cm), chosen = ours, theirs
+    g = cm.gplan(res.plan) if res else None
     print(f"  hybridpar plan: {res.plan.summary() if res else 'none fits'}"
-          + (f" (vsp {int(cm.vocab_sp)}, embed_sdp {int(cm.embed_sdp)})" if res else ""))
+          + (f" (vsp {int(g.vsp)}, embed_sdp {int(g.embed_sdp)})" if res else ""))
     if res:
         print(f"    under galvatron: {_galvatron_line(cm.score(res.plan, gb * 2**30), gb)}")
         print(f"    under profiled:  {_profiled_line(profiled, res.plan, gb)}")
@@ -109,7 +118,7 @@ def report(gb, batch, ours, theirs, models, profiled, cluster) -> None:
         return
     config = chosen["config"]
     g = gplan_from_config(config, cluster.world_size, chosen["context"])
-    variant = models[(bool(config["vsp"]), bool(config["embed_sdp"]))]
+    variant = models[False]  # a GPlan carries its vsp and embed_sdp
     try:
         plan = plan_from_galvatron(config, cluster.world_size)
     except SpecError:
@@ -147,7 +156,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     recorded = _recorded(args.engine_results) if args.engine_results else {}
     folder, cluster = data_path(Dataset.GALVATRON_LLAMA2_7B), load_cluster("dgx-a100-80g")
-    models = {(v, e): cost_models.get("galvatron", cluster, vocab_sp=v, embed_sdp=e) for v, e in VARIANTS}
+    models = {vsp: cost_models.get("galvatron", cluster, vocab_sp=vsp) for vsp, _ in SEARCHES}
     profiled = cost_models.get("profiled", cluster, galvatron_dir=folder, model="llama2-7b")
     missing = "Galvatron's engine skipped (--no-engine); printing only hybridpar's side" if args.no_engine \
         else engine_missing()
@@ -195,7 +204,7 @@ def _shipped(folder: Path, models: dict, profiled, cluster) -> None:
     config = json.loads(path.read_text())
     g = gplan_from_config(config, cluster.world_size)
     plan = plan_from_galvatron(config, cluster.world_size)
-    variant = models[(bool(config["vsp"]), bool(config["embed_sdp"]))]
+    variant = models[False]  # a GPlan carries its vsp and embed_sdp
     print(f"Galvatron's shipped 36 GB plan ({path.name}): {plan.summary()} (vsp {config['vsp']}, "
           f"embed_sdp {config['embed_sdp']})")
     print(f"    under galvatron: {_galvatron_line(variant.score(g, 36 * 2**30), 36)}")

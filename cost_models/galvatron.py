@@ -15,7 +15,7 @@ import numpy as np
 
 from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from cost_models.registry import register
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SequenceParallel, SpecError
 from specs.datasets import Dataset, data_path
 from specs.errors import read_json
 
@@ -409,8 +409,11 @@ class GalvatronModel(CostModel):
     Scores plans as its search prints them: ``plan_cost`` time is its pipeline formula; stage memory is
     whole MB per layer plus embedding/head, CUDA context and the Megatron-SP buffer (the allocator
     reserve is the budget term ``allocator_reserve_bytes``). Every tp layer runs Megatron-SP (the
-    profiles were measured so); ``vocab_sp`` / ``embed_sdp`` are Galvatron's vsp / embed_sdp switches,
-    which hybridpar's Plan does not carry.
+    profiles were measured so). The embedding/head follow the plan: ``vocab_zero3`` is Galvatron's
+    embed_sdp, ``vocab_sp`` ulysses its vsp (Megatron-SP vocabularies it cannot score: refused by
+    ``plan_cost``, infinite memory in ``vocab_cost``); the ``vocab_sp`` / ``embed_sdp`` switches turn
+    vsp / embed_sdp on for every plan, which also reaches what a Plan cannot say (vsp with vocab tp 1,
+    which Galvatron's engine searches).
     """
 
     name = "galvatron"
@@ -450,11 +453,15 @@ class GalvatronModel(CostModel):
             if bad or plan.schedule != "1f1b":
                 raise SpecError("plan", f"the galvatron cost model scores zero2/zero3 layers under 1f1b; "
                                 f"got {bad or plan.schedule}")
+        if plan.vocab_sp == SequenceParallel.MEGATRON:
+            raise SpecError("vocab_sp", "megatron: the galvatron cost model scores the vocabulary under tp or "
+                            "Ulysses (Galvatron's vsp) only")
         layers = tuple(_glayer(s) for s in plan.layers)
         tps = [g.tp for g in layers] + [plan.vocab_tp]
         return GPlan(pp=plan.pp, division=tuple(plan.stage_layers), layers=layers, global_batch=plan.global_batch,
-                     chunks=plan.micro_batches, vtp=plan.vocab_tp, vsp=self.vocab_sp, embed_sdp=self.embed_sdp,
-                     min_tp=min(tps), max_tp=max(tps), sp_search=1)
+                     chunks=plan.micro_batches, vtp=plan.vocab_tp,
+                     vsp=self.vocab_sp or plan.vocab_sp == SequenceParallel.ULYSSES,
+                     embed_sdp=self.embed_sdp or plan.vocab_zero3, min_tp=min(tps), max_tp=max(tps), sp_search=1)
 
     def score(self, plan: Plan | GPlan, budget_bytes: float) -> Score:
         """What Galvatron's engine prints for ``plan`` at ``budget_bytes`` (memory with the reserve)."""
@@ -516,6 +523,9 @@ class GalvatronModel(CostModel):
 
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
                    ) -> tuple[LayerTime, MemoryBreakdown]:
+        """Infinite memory for a Megatron-SP vocabulary, which Galvatron cannot score (as for layers)."""
+        if plan.vocab_sp == SequenceParallel.MEGATRON:
+            return LayerTime(forward_s=0.0, backward_s=0.0), MemoryBreakdown(parameters_bytes=float("inf"))
         p = self.gplan(plan, strict=False)  # embedding/head do not depend on the layers' dp types
         time_s = self.engine.other_time_s(p)[stage]
         memory = MemoryBreakdown(parameters_bytes=self.engine.other_memory_mb(p)[stage] * MB,

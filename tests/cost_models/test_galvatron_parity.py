@@ -3,6 +3,7 @@ recorded by tools/galvatron_engine.py): time and per-stage memory within 0.5% fo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from cost_models.galvatron import (
     gplan_from_config,
 )
 from planners import Budget
-from specs import load_cluster, load_galvatron_plan
+from specs import SequenceParallel, SpecError, load_cluster, load_galvatron_plan
 from specs.datasets import Dataset, data_path
 
 RTOL = 0.005
@@ -78,6 +79,24 @@ def test_plan_cost_matches_score_and_budget_term(cm):
     assert cost.peak_memory_bytes == pytest.approx(max(score.used_mb) * MB)
     assert cm.allocator_reserve_bytes(budget) == score.reserve_mb * MB
     assert cost_models.get("galvatron", cm.cluster, allocator_reserve=False).allocator_reserve_bytes(budget) == 0
+
+
+def test_the_plan_s_vocabulary_choices_are_scored(cm):
+    """vocab_zero3 is Galvatron's embed_sdp and vocab_sp ulysses its vsp: a plan saying so costs
+    what the model with both switches on charges the same plan without them (they are not
+    dropped); a Megatron-SP vocabulary is refused, and takes infinite memory in vocab_cost."""
+    plan = load_galvatron_plan(next(FOLDER.glob("galvatron_config_*36GB*.json")), 8)
+    assert plan.vocab_zero3 and plan.vocab_sp == SequenceParallel.ULYSSES
+    plain = replace(plan, vocab_zero3=False, vocab_sp=SequenceParallel.NONE)
+    switched = cost_models.get("galvatron", cm.cluster, vocab_sp=True, embed_sdp=True)
+    said, forced, neither = (m.plan_cost(cm.model_spec, p) for m, p in ((cm, plan), (switched, plain), (cm, plain)))
+    assert said.iteration_time_s == forced.iteration_time_s
+    assert said.peak_memory_bytes == forced.peak_memory_bytes
+    assert (said.iteration_time_s, said.peak_memory_bytes) != (neither.iteration_time_s, neither.peak_memory_bytes)
+    megatron = replace(plain, vocab_sp=SequenceParallel.MEGATRON)
+    with pytest.raises(SpecError, match="vocab_sp"):
+        cm.plan_cost(cm.model_spec, megatron)
+    assert cm.vocab_cost(cm.model_spec, megatron, 0, 8)[1].total_bytes == float("inf")
 
 
 def test_gradient_buffers_stay_unsharded_with_chunks(cm):
