@@ -456,6 +456,9 @@ class GalvatronModel(CostModel):
         if plan.vocab_sp == SequenceParallel.MEGATRON:
             raise SpecError("vocab_sp", "megatron: the galvatron cost model scores the vocabulary under tp or "
                             "Ulysses (Galvatron's vsp) only")
+        if plan.virtual_stages > 1:
+            raise SpecError("virtual_stages", f"{plan.virtual_stages}: the galvatron cost model has no "
+                            "interleaved schedule (Galvatron's pipedream_flush is 1F1B)")
         layers = tuple(_glayer(s) for s in plan.layers)
         tps = [g.tp for g in layers] + [plan.vocab_tp]
         return GPlan(pp=plan.pp, division=tuple(plan.stage_layers), layers=layers, global_batch=plan.global_batch,

@@ -20,6 +20,7 @@ from planners.base import (
 from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
+from specs import SpecError
 from planners.tables import ComboTables, build_tables, temp_levels
 from specs import ModelSpec, even_stage_layers
 from specs.units import GIB
@@ -259,8 +260,13 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
         s = t.strategies[uniform[i]]
         vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
-        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
-                                              virtual_stages=v), budget_bytes)
+        plan = replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta), virtual_stages=v)
+        try:
+            state.keep(cost_model, model, plan, budget_bytes)
+        except SpecError as e:  # a cost model without an interleaved schedule scores none of them
+            if e.field != "virtual_stages":
+                raise
+            return
 
 
 def _interleaved_floor(t: ComboTables, uniform: np.ndarray, v: int, linear_in_flight: bool
@@ -273,7 +279,8 @@ def _interleaved_floor(t: ComboTables, uniform: np.ndarray, v: int, linear_in_fl
     so where memory is linear in them a uniform plan whose layers overflow a stage under 1F1B
     (the tables) overflows it interleaved too."""
     T, D, mem, temp = uniform_layer_sums(t, uniform)
-    fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear_in_flight else np.ones(len(uniform), dtype=bool)
+    # infinite memory: a layout the cost model cannot score (whatever the in-flight count)
+    fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear_in_flight else np.isfinite(mem + temp).all(axis=0)
     slowest = T.max(axis=0)
     return t.combo.micro_batches * slowest + (T.sum(axis=0) - slowest) / v + D.max(axis=0), fits
 

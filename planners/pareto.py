@@ -205,7 +205,8 @@ class Completion:
 
     def least(self, j: int, left: np.ndarray) -> np.ndarray:
         """Per point with ``left`` bytes still free: the least m t + d the later layers add."""
-        left = np.minimum(left, np.finfo(float).max / 4)  # 0 x inf would be nan
+        big = np.finfo(float).max / 4
+        left = np.clip(left, -big, big)  # 0 x inf would be nan
         return np.max(self.cost_after[:, j][:, None] - self.prices[:, None] * left[None, :], axis=0)
 
 
@@ -378,7 +379,9 @@ class PassRunner:
         return self._finish(f, j)
 
     def _finish(self, f: Frontier, j: int) -> Frontier:
-        left = self.cap_by_level[f.level] - f.mem
+        with np.errstate(invalid="ignore"):  # inf - inf: a memory-blind pass meets a layout of infinite
+            left = self.cap_by_level[f.level] - f.mem  # memory (one the cost model cannot score)
+        left = np.where(np.isnan(left), -np.inf, left)  # it never fits
         ok = left >= (0.0 if self.completion is None else self.completion.memory_after[j])
         if self.cut is not None:
             m, offset, incumbent, least = self.cut

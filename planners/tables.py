@@ -342,12 +342,18 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
     types = sorted({s.dp_type for s in strategies})
     out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
     if stage == 0:
-        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, d, DPType.DDP)[:3]) - base[:3] for d in types}
+        delta = {d: _delta(_vocab_probe(cm, model, combo, stage, d, DPType.DDP), base) for d in types}
         out.first_delta = np.array([delta[s.dp_type] for s in strategies])
     if stage == combo.pp - 1:
-        delta = {d: np.array(_vocab_probe(cm, model, combo, stage, DPType.DDP, d)[:3]) - base[:3] for d in types}
+        delta = {d: _delta(_vocab_probe(cm, model, combo, stage, DPType.DDP, d), base) for d in types}
         out.last_delta = np.array([delta[s.dp_type] for s in strategies])
     return out
+
+
+def _delta(probe: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """(time, tail, memory) of ``probe`` less ``base``; 0 where the base is infinite (a vocab
+    choice the cost model cannot score, already ruled out by its base; inf - inf is no number)."""
+    return np.subtract(probe[:3], base[:3], out=np.zeros(3), where=np.isfinite(base[:3]))
 
 
 def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, first: str, last: str

@@ -33,3 +33,19 @@ def test_no_pp_degree_is_pruned_by_bounds_on_another_objective():
     for res in (only_pp4, every_pp):
         assert res.stats.solver_status == "heuristic" and res.stats.gap is None and res.stats.bound_s is None
     assert cost_models.get("analytical", cluster).objective_is_plan_cost
+
+
+def test_choices_the_cost_model_cannot_score_are_left_out_quietly():
+    """The galvatron model has no interleaved schedule and no Megatron-SP vocabulary (it refuses
+    both in plan_cost, and gives the latter infinite memory): a space that offers them still
+    plans, returns neither, and computes no inf - inf on the way."""
+    import warnings
+    cluster = load_cluster("dgx-a100-80g")
+    cm = cost_models.get("galvatron", cluster)
+    space = replace(SPACE, virtual_stages=(1, 2), vocab_sp=("none", "megatron"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        res = _plan(cm, cluster, space)
+    assert res.feasible
+    assert res.plan.virtual_stages == 1 and res.plan.vocab_sp == "none"
+    assert all(p.plan.virtual_stages == 1 for p in res.top_k)
