@@ -15,7 +15,7 @@ from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
 from cost_models.ops import forward_ops
-from cost_models.vocab import vocab_dp_type, vocab_ends, vocab_layout
+from cost_models.vocab import layout_for, vocab_dp_type, vocab_ends, weight_split
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
 from cost_models import sequence as seq
@@ -364,7 +364,8 @@ class ProfiledModel(CostModel):
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         vocab = self.profile.vocab
         last = plan.pp - 1
-        tp, dp, mbs, _, dp_groups = vocab_layout(plan, world_size, stage)
+        tp, dp, mbs, _, dp_groups = layout_for(plan, world_size, stage)
+        weight_tp, sync_dp = weight_split(plan, tp, dp)  # Ulysses: weights whole, tokens split
         share = (1.0 - VOCAB_HEAD_SHARE if stage == 0 else 0.0) + (VOCAB_HEAD_SHARE if stage == last else 0.0)
         if vocab is None or share == 0.0:
             return LayerTime(0.0, 0.0), MemoryBreakdown()
@@ -372,34 +373,39 @@ class ProfiledModel(CostModel):
         fwd = share * (fa * mbs + fb) / tp * 1e-3
         bwd = share * (ba * mbs + bb) / tp * 1e-3
         sync_s = update_s = 0.0
-        for params, dp_type in self._vocab_parts(model, plan, stage, tp, dp):
+        for params, dp_type in self._vocab_parts(model, plan, stage, weight_tp, sync_dp):
             per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, dp_type, dp_groups)
             sync_s += once + plan.micro_batches * (per_mb_fwd + per_mb_bwd)
-            update_s += self.update_time(params, dp_type, dp)
+            update_s += self.update_time(params, dp_type, sync_dp)
         return (LayerTime(forward_s=fwd, backward_s=bwd, dp_comm_s=sync_s, exposed_dp_comm_s=sync_s, update_s=update_s),
-                self._vocab_memory(model, plan, stage, mbs, tp, dp))
+                self._vocab_memory(model, plan, stage, mbs, tp, weight_tp, sync_dp))
 
     @staticmethod
     def _vocab_state_share(plan: Plan, stage: int, dp: int) -> float:
-        """Embedding (stage 0) sharded as layer 0, head (last stage) as the last layer; mean of both on one stage."""
-        parts = ([plan.layers[0].dp_type] if stage == 0 else []) + ([plan.layers[-1].dp_type] if stage == plan.pp - 1 else [])
-        return sum(_state_share(t, dp) for t in parts) / len(parts)
+        """Embedding (stage 0) sharded as layer 0, head (last stage) as the last layer, both ZeRO-3
+        under vocab_zero3 (vocab_dp_type); mean of both on one stage."""
+        ends = ([0] if stage == 0 else []) + ([len(plan.layers) - 1] if stage == plan.pp - 1 else [])
+        return sum(_state_share(vocab_dp_type(plan, i, dp), dp) for i in ends) / len(ends)
 
-    def _vocab_memory(self, model: ModelSpec, plan: Plan, stage: int, mbs: float, tp: int, dp: int
-                      ) -> MemoryBreakdown:
-        """Galvatron's measured other_memory tables when read from its folder, else our formula."""
+    def _vocab_memory(self, model: ModelSpec, plan: Plan, stage: int, mbs: float, tp: int, weight_tp: int,
+                      dp: int) -> MemoryBreakdown:
+        """Galvatron's measured other_memory tables when read from its folder, else our formula
+        (``tp``: the vocabulary's tp; ``weight_tp``, ``dp``: weight_split's)."""
         last = plan.pp - 1
         if self.vocab_memory_mib:
             key = "pp_off" if plan.pp == 1 else ("first" if stage == 0 else "last")
             table = self.vocab_memory_mib[key]
-            vtp = str(tp) if str(tp) in table["model_states"] else min(table["model_states"], key=lambda k: abs(int(k) - tp))
+
+            def nearest(column: dict, degree: int) -> str:
+                return str(degree) if str(degree) in column else min(column, key=lambda k: abs(int(k) - degree))
             # The tables hold unsharded states (16 B/param); the executor shards the embedding like the
             # first layer and the head like the last (executor/parallelize.py), so do we.
             share = self._vocab_state_share(plan, stage, dp)
-            return MemoryBreakdown(parameters_bytes=table["model_states"][vtp] * MIB * share,
-                                   activations_bytes=table["activation"][vtp] * MIB * mbs)
-        states = self._vocab_states(model, plan, stage, tp, dp)
-        lookup = self.bytes_per_param * self._lookup_gradient_params(model, plan, tp) if stage == 0 else 0.0
+            return MemoryBreakdown(
+                parameters_bytes=table["model_states"][nearest(table["model_states"], weight_tp)] * MIB * share,
+                activations_bytes=table["activation"][nearest(table["activation"], tp)] * MIB * mbs)
+        states = self._vocab_states(model, plan, stage, weight_tp, dp)
+        lookup = self.bytes_per_param * self._lookup_gradient_params(model, plan, weight_tp) if stage == 0 else 0.0
         if stage != last:
             return states + MemoryBreakdown(temporary_bytes=lookup)
         held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)

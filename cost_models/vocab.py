@@ -61,6 +61,18 @@ def _with_vocab(model: HashOnce, vocab: int, output: int) -> ModelSpec:
     return replace(spec, **changes)
 
 
+def layout_for(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
+    """vocab_layout, or _ulysses_layout where the plan's vocab_sp is ulysses."""
+    return (_ulysses_layout if plan.vocab_sp == "ulysses" else vocab_layout)(plan, world_size, stage)
+
+
+def weight_split(plan: Plan, tp: int, dp: int) -> tuple[int, int]:
+    """(ranks the embedding/head weights are split over, ranks their gradients sync over) for the
+    layout's tp and dp: (1, tp x dp) under Ulysses (weights whole on every rank of the stage),
+    else (tp, dp)."""
+    return (1, dp * tp) if plan.vocab_sp == "ulysses" else (tp, dp)
+
+
 def _ulysses_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
     """Vocab layers under Ulysses (Galvatron's vsp): weights whole on every rank of the stage,
     tokens split over vocab_tp; one gradient group over the stage."""
@@ -77,8 +89,8 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     c = model_.constants
     model = padded_model(model, plan)
     ulysses = plan.vocab_sp == "ulysses"
-    tp, dp, mbs, tp_groups, dp_groups = (_ulysses_layout if ulysses else vocab_layout)(plan, world_size, stage)
-    weight_tp, sync_dp = (1, dp * tp) if ulysses else (tp, dp)
+    tp, dp, mbs, tp_groups, dp_groups = layout_for(plan, world_size, stage)
+    weight_tp, sync_dp = weight_split(plan, tp, dp)
     tokens = mbs * model.seq_len
     h = model.embedding.hidden_size
     fwd = c.micro_batch_overhead_s

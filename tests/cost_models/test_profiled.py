@@ -146,6 +146,25 @@ def test_galvatron_llama2_7b_files(galvatron_dir):
     assert 10 * 2**30 < a.peak_memory_bytes < 80 * 2**30
 
 
+def test_the_vocabulary_s_zero3_and_ulysses_are_not_dropped(galvatron_dir):
+    """Galvatron's tables: vocab_zero3 shards the embedding/head states over the 4 dp ranks
+    (ZeRO-3 keeps 1/4 of the 16 B/param where ZeRO-2 keeps 2 B + 2/4 + 12/4 B); Ulysses (vocab_sp)
+    keeps the weights whole (the tp-1 column of the states table) and syncs them over the
+    stage's 8 ranks."""
+    cluster = load_cluster("dgx-a100-80g")
+    model = from_galvatron_dir(galvatron_dir, cluster, "llama2-7b")
+    spec = model.model_spec
+    plan = replace(uniform_plan(32, tp=2, dp=4, global_batch=64, micro_batches=2, recompute="full",
+                                dp_type="zero2"), vocab_tp=2)
+    states = {name: model.vocab_cost(spec, p, 0, 8)[1].parameters_bytes
+              for name, p in (("zero2", plan), ("zero3", replace(plan, vocab_zero3=True)),
+                              ("ulysses", replace(plan, vocab_sp="ulysses", vocab_zero3=True)))}
+    table = model.vocab_memory_mib["pp_off"]["model_states"]
+    assert states["zero2"] == pytest.approx(table["2"] * 2**20 * (2 + 2 / 4 + 12 / 4) / 16)
+    assert states["zero3"] == pytest.approx(table["2"] * 2**20 / 4)
+    assert states["ulysses"] == pytest.approx(table["1"] * 2**20 / 8)
+
+
 def test_galvatron_two_node_tables_are_picked_for_two_nodes(galvatron_dir):
     model = from_galvatron_dir(galvatron_dir, load_cluster("dgx-a100-80g:2"), "llama2-7b")
     assert model.bus_bytes_per_s("all_reduce", 16, True) == pytest.approx(44.682e9)
