@@ -45,6 +45,8 @@ class GridPlanner(Planner):
         if not scored:
             return infeasible_result(self.name, smallest, stats)
         scored.sort(key=lambda s: (-s[0], s[1]))
+        # every candidate scored by plan_cost: the plan is the best of the grid, its time the bound
+        stats = replace(stats, gap=0.0, bound_s=scored[0][1])
         top = tuple(RankedPlan(plan=p, iteration_time_s=t, throughput_samples_per_s=thr, peak_memory_gib=pk / GIB)
                     for thr, t, pk, p in scored[:int(opts["top_k"])])
         return scored_result(self.name, cost_model, model, scored[0][3], stats, top)

@@ -34,3 +34,16 @@ def test_seeds_alone_reach_every_tuned_baseline(gib):
     # without the uniform seeds only the interleaved plans are tried: less than the best baseline
     assert _seeded_best(budget, seed=False) < max(planners.get(n).plan(MODEL, CLUSTER, budget, CM)
                                                   .throughput_samples_per_s for n in BASELINES)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_grid_baseline_returns_the_best_of_its_grid_with_gap_zero(name):
+    """Every candidate of a baseline's grid is scored by plan_cost, so its plan is the fastest
+    that fits and it proves so: gap 0, bound = its own time."""
+    budget = Budget(memory_gib=16, global_batch=96)
+    planner = planners.get(name)
+    res = planner.plan(MODEL, CLUSTER, budget, CM)
+    fitting = [t for _, t, peak, _ in planner._grid(MODEL, CLUSTER, 96, CM) if peak <= budget.memory_bytes]
+    assert len(fitting) > 1
+    assert res.iteration_time_s == min(fitting)
+    assert res.stats.gap == 0.0 and res.stats.bound_s == res.iteration_time_s
