@@ -20,9 +20,8 @@ from planners.base import (
 from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
-from specs import SpecError
 from planners.tables import ComboTables, build_tables, temp_levels
-from specs import ModelSpec, even_stage_layers
+from specs import ModelSpec, SpecError, even_stage_layers
 from specs.units import GIB
 
 RESCORE_RTOL = 1e-6
