@@ -176,6 +176,9 @@ class CostModel(ABC):
     answers (sum_k T_k + (m - 1) max_k T_k + max_k D_k of 1F1B): their lower bounds, pruning and
     "optimal" then hold for ``plan_cost``. A model with its own pipeline formula sets False; the
     planners then search every group without pruning and call their plans heuristic."""
+    interleaved: ClassVar[bool] = True
+    """True when ``plan_cost`` scores interleaved 1F1B (``virtual_stages`` > 1); planners search
+    interleaved plans only under such a model."""
     linear_in_flight: ClassVar[bool] = False
     """True when ``layer_memory_in`` is states and temporaries that do not depend on ``in_flight``
     plus ``in_flight`` times one micro-batch's activations: planners then ask once per group."""

@@ -421,6 +421,8 @@ class GalvatronModel(CostModel):
     objective_is_plan_cost = False
     """Galvatron's pipeline formula charges (m - 1) x the last stage's time where the planners'
     sum charges (m - 1) x the slowest stage's: bounds on that sum do not bound this score."""
+    interleaved = False
+    """Galvatron's pipedream_flush is 1F1B: plan_cost refuses virtual_stages > 1."""
     runtime_overhead_bytes = 0.0
     """The 1 GB CUDA context is in each stage's other memory, as Galvatron counts it."""
 

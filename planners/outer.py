@@ -21,7 +21,7 @@ from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables, temp_levels
-from specs import ModelSpec, SpecError, even_stage_layers
+from specs import ModelSpec, even_stage_layers
 from specs.units import GIB
 
 RESCORE_RTOL = 1e-6
@@ -208,6 +208,8 @@ def _refine(tables: list[ComboTables], bounds: list[float], order: list[int], re
 
 def _all_interleaved(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,
                      space: SearchSpace, top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
+    if not cost_model.interleaved:  # it cannot score them
+        return
     for t in tables:
         for v in space.virtual_stages:
             if v > 1:
@@ -259,13 +261,8 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
         s = t.strategies[uniform[i]]
         vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
-        plan = replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta), virtual_stages=v)
-        try:
-            state.keep(cost_model, model, plan, budget_bytes)
-        except SpecError as e:  # a cost model without an interleaved schedule scores none of them
-            if e.field != "virtual_stages":
-                raise
-            return
+        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
+                                              virtual_stages=v), budget_bytes)
 
 
 def _interleaved_floor(t: ComboTables, uniform: np.ndarray, v: int, linear_in_flight: bool

@@ -198,7 +198,7 @@ class GroupDP:
 
     def _fast_options(self, k: int, v: int, cache: dict, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         """Fast mode's options of stage k, all windows at once: where every dp's best point of the
-        memory-blind pass fits (``_scalar_best``), those points; elsewhere the best point that fits
+        memory-blind pass fits (``_scalar_segments``), those points; elsewhere the best point that fits
         from the Pareto pass (``_segment``). The same options, in the same order, as asking
         ``_segment`` window by window (each window's dps in order)."""
         W = self.windows[k]
@@ -216,8 +216,7 @@ class GroupDP:
         scalar = self._stage_passes(k, v, scalar=lam)
         starts = np.unique(a)
         pass_of = np.array([source(*scalar[int(s)]) for s in starts])[np.searchsorted(starts, a)]
-        pids = {i: pid for pid, i in index.items()}
-        best = [self._scalar_best(p, pids[i], k, v, lam, cache) for i, p in enumerate(passes)]
+        best = [self._scalar_segments(p, k, v, lam, self.t.budget_bytes) for p in passes]
         T, D, point, fits = (np.stack([_padded(x[i], self.n) for x in best])[pass_of, last] for i in range(4))
         origin = np.repeat(pass_of[:, None], T.shape[1], axis=1)  # [window, dp] position in passes
         vc, st, B = self.t.vocab[v][k], self.stages[k], self.t.budget_bytes
@@ -233,45 +232,6 @@ class GroupDP:
         w, g = np.nonzero(np.isfinite(T))
         return (StageOptions(a[w], b[w], g, T[w, g], D[w, g]),
                 OptionRefs(passes, origin[w, g], last[w], point[w, g].astype(int)))
-
-    def _scalar_best(self, p: SegmentPass, pid: int, k: int, v: int, lam: float, cache: dict
-                     ) -> tuple[np.ndarray, ...]:
-        """[last layer, dp] T, D and point of the memory-blind pass ``p``'s best point under
-        T + lam D among those that fit (ties to the smaller tail; inf / -1 where none), and
-        [last layer] whether each dp's cheapest point fits (the first in strategy order among
-        equal costs; where one does not, the window's options come from the Pareto pass), with
-        the embedding/head and the send to the next stage, for every last layer at once."""
-        key = ("scalar_best", pid, lam)
-        if key in cache:
-            return cache[key]
-        vc, st, n_strat = self.t.vocab[v][k], self.stages[k], len(self.t.strategies)
-        G, L = len(self.t.dp_values), len(p.frontiers)
-        T, D = p.scalar_arrays(n_strat)
-        mem, level = p.scalar_memory(n_strat)
-        present = np.isfinite(T)
-        extra = vc.last_delta if vc.last_delta is not None else np.zeros((n_strat, 3))
-        send = st.send_next_s[self.t.layer_type[p.start:p.start + L]] if k < self.t.combo.pp - 1 else 0.0
-        mem = mem + extra[None, :, 2] + np.maximum(self.levels[level], vc.temp_bytes) + vc.memory_bytes
-        T = T + vc.time_s + send + extra[None, :, 0]
-        D = D + vc.tail_s + extra[None, :, 1]
-        fit = present & (mem <= self.t.budget_bytes)
-        position = np.cumsum(present, axis=1) - 1  # a strategy's index in its frontier
-        out_T, out_D, out_p = np.full((L, G), np.inf), np.full((L, G), np.inf), np.full((L, G), -1.0)
-        fits = np.ones(L)
-        rows = np.arange(L)
-        for g in range(G):
-            cols = np.flatnonzero(self.strat_g == g)
-            if not len(cols):
-                continue
-            cost = np.where(present[:, cols], T[:, cols] + lam * D[:, cols], np.inf)
-            cheapest = cols[np.argmin(cost, axis=1)]
-            fits[present[:, cols].any(axis=1) & ~fit[rows, cheapest]] = 0.0
-            pick = cols[argmin_low_tail(np.where(fit[:, cols], cost, np.inf).T, D[:, cols].T)]
-            found = fit[rows, pick]
-            out_T[found, g], out_D[found, g] = T[rows, pick][found], D[rows, pick][found]
-            out_p[found, g] = position[rows, pick][found]
-        cache[key] = (out_T, out_D, out_p, fits)
-        return cache[key]
 
     def relaxed_options(self, k: int, v, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         """Stage k's options over every partition's segments (``bound_windows``), memory ignored:
@@ -292,7 +252,7 @@ class GroupDP:
         index = {id(p): i for i, p in enumerate(unique)}
         starts = np.unique(a)
         pass_of = np.array([index[id(passes[int(s)][0])] for s in starts])[np.searchsorted(starts, a)]
-        best = [self._scalar_segments(p, k, v, lam) for p in unique]
+        best = [self._scalar_segments(p, k, v, lam)[:3] for p in unique]
         T, D, point = (np.stack([_padded(x[i], self.n) for x in best]) for i in range(3))  # [pass, last, dp]
         last = b - a - 1
         seg, g = np.nonzero(np.isfinite(T[pass_of, last]))  # segment by segment, dp by dp
@@ -300,30 +260,44 @@ class GroupDP:
         opts = StageOptions(a[seg], b[seg], g, T[where], D[where])
         return opts, OptionRefs(unique, pass_of[seg], last[seg], point[where].astype(int))
 
-    def _scalar_segments(self, p: SegmentPass, k: int, v, lam: float) -> tuple[np.ndarray, ...]:
+    def _scalar_segments(self, p: SegmentPass, k: int, v, lam: float, budget_bytes: float | None = None
+                         ) -> tuple[np.ndarray, ...]:
         """[last layer, dp] T, D and point index of the memory-blind pass ``p``'s best T + lam D
         among the points whose strategy has that dp (inf / -1 where none), with the
-        embedding/head and the send to the next stage; ties go to the smaller tail."""
+        embedding/head and the send to the next stage; ties go to the smaller tail. With
+        ``budget_bytes``, among the points that fit it, and [last layer] whether each dp's
+        cheapest point fits (the first in strategy order among equal costs; where one does not,
+        fast mode takes the window's options from the Pareto pass); else memory is ignored."""
         vc, st, n_strat = self.t.vocab[v][k], self.stages[k], len(self.t.strategies)
         G, L = len(self.t.dp_values), len(p.frontiers)
         T, D = p.scalar_arrays(n_strat)  # T inf: no point
+        present = np.isfinite(T)
         extra = vc.last_delta if vc.last_delta is not None else np.zeros((n_strat, 3))
         send = st.send_next_s[self.t.layer_type[p.start:p.start + L]] if k < self.t.combo.pp - 1 else 0.0
         T = T + vc.time_s + send + extra[None, :, 0]
         D = D + vc.tail_s + extra[None, :, 1]
+        fit = present
+        if budget_bytes is not None:
+            mem, level = p.scalar_memory(n_strat)
+            mem = mem + extra[None, :, 2] + np.maximum(self.levels[level], vc.temp_bytes) + vc.memory_bytes
+            fit = present & (mem <= budget_bytes)
+        position = np.cumsum(present, axis=1) - 1  # a strategy's index in its frontier
         out_T, out_D, out_p = np.full((L, G), np.inf), np.full((L, G), np.inf), np.full((L, G), -1.0)
-        position = np.cumsum(np.isfinite(T), axis=1) - 1  # a strategy's index in its frontier
+        fits = np.ones(L)
         rows = np.arange(L)
         for g in range(G):
             cols = np.flatnonzero(self.strat_g == g)
             if not len(cols):
                 continue
-            cost, tail = T[:, cols] + lam * D[:, cols], D[:, cols]
-            pick = cols[argmin_low_tail(cost.T, tail.T)]
-            found = np.isfinite(T[rows, pick])
+            cost = np.where(present[:, cols], T[:, cols] + lam * D[:, cols], np.inf)
+            if budget_bytes is not None:
+                cheapest = cols[np.argmin(cost, axis=1)]
+                fits[present[:, cols].any(axis=1) & ~fit[rows, cheapest]] = 0.0
+            pick = cols[argmin_low_tail(np.where(fit[:, cols], cost, np.inf).T, D[:, cols].T)]
+            found = fit[rows, pick]
             out_T[found, g], out_D[found, g] = T[rows, pick][found], D[rows, pick][found]
             out_p[found, g] = position[rows, pick][found]
-        return out_T, out_D, out_p
+        return out_T, out_D, out_p, fits
 
     def _segment(self, p: SegmentPass, last: int, st: StageTables, vc, B: float, k: int,
                  lam: float | None) -> list:
