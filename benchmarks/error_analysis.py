@@ -76,6 +76,36 @@ def worst_rows(runs: Sequence, predicted: np.ndarray, cost_model_for: Callable, 
     return rows
 
 
+def layer_slope_rows(runs: Sequence, predicted: np.ndarray) -> list[list]:
+    """Time per layer and micro-batch at pp 1, measured against predicted, per (hidden size, tp,
+    micro-batch size): within each group of runs that differ only in their layer count (3 or
+    more counts), the least-squares slope of iteration time over layers, divided by the
+    micro-batches. One row per (hidden, tp, micro-batch) with the groups' median slopes, their
+    ratio (predicted / measured) and the range of the measured slopes (small: not noise)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(runs):
+        if r.plan.pp == 1:
+            s, h = r.plan.layers[0], r.model.layers[0].hidden_size
+            key = (h, s.tp, FEATURES["micro-batch"](r), s.dp, r.plan.micro_batches)
+            groups.setdefault(key, []).append(i)
+    measured = np.array([r.measured_s for r in runs])
+    slopes: dict[tuple, list[tuple[float, float]]] = {}
+    for key, idx in groups.items():
+        layers = np.array([runs[i].model.num_layers for i in idx])
+        if len(set(layers)) < 3:
+            continue
+        per = lambda t: np.polyfit(layers, t[idx], 1)[0] / key[4] * 1e3  # noqa: E731
+        slopes.setdefault(key[:3], []).append((per(measured), per(predicted)))
+    rows = []
+    for (h, tp, mbs), pairs in sorted(slopes.items()):
+        m, p = np.median(np.array(pairs), axis=0)
+        lo, hi = min(x for x, _ in pairs), max(x for x, _ in pairs)
+        rows.append([h, tp, mbs, len(pairs), m, p, p / m, lo, hi])
+    return rows
+
+
+SLOPE_HEADERS = ["hidden", "tp", "mbs", "groups", "measured ms", "predicted ms", "ratio", "measured min",
+                 "measured max"]
 WORST_HEADERS = ["size", "plan", "mbs", "m", "measured ms", "predicted ms", "error %", "compute ms", "TP ms",
                  "p2p ms", "bubble ms", "tail ms"]
 BY_HEADERS = ["value", "runs", "MAPE %", "signed %", "worst %"]
@@ -89,6 +119,10 @@ def print_analysis(title: str, features: Sequence[str], runs: Sequence, predicte
         print(f"\n{title}: error by {feature}")
         print(tabulate(by_feature_rows(feature, runs, predicted), headers=[feature] + BY_HEADERS[1:],
                        floatfmt=".2f"))
+    slopes = layer_slope_rows(runs, predicted)
+    if slopes:
+        print(f"\n{title}: ms per layer and micro-batch at pp 1 (slope over the layer counts; median over dp, m)")
+        print(tabulate(slopes, headers=SLOPE_HEADERS, floatfmt=".2f"))
     print(f"\n{title}: {worst} worst runs (breakdown by the cost model, ms)")
     print(tabulate(worst_rows(runs, predicted, cost_model_for, worst), headers=WORST_HEADERS, floatfmt=".1f"))
 

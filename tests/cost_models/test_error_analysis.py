@@ -35,3 +35,27 @@ def test_breakdown_adds_up_to_the_prediction():
 def test_unknown_feature_is_a_one_line_error():
     with pytest.raises(SystemExit, match="unknown feature"):
         ea.parse_features("tp,colour")
+
+
+def _layered(layers: int, mbs: int, dp: int, measured_s: float) -> Run:
+    model = load_model("tiny-gpt").scaled(num_layers=layers)
+    plan = uniform_plan(layers, tp=1, dp=dp, pp=1, global_batch=mbs * dp * 2, micro_batches=2)
+    return Run(model=model, cluster=load_cluster(f"dgx-a100-80g:{dp}"), plan=plan, measured_s=measured_s)
+
+
+def test_layer_slope_is_time_per_layer_and_micro_batch_over_runs_differing_only_in_layers():
+    # measured 0.1 s + 6 ms per layer (2 micro-batches: 3 ms per layer and micro-batch);
+    # predicted 4 ms per layer; a pp 2 run and a 2-layer-count group are left out
+    runs, predicted = [], []
+    for dp in (1, 2):
+        for layers in (2, 4, 6):
+            runs.append(_layered(layers, 2, dp, 0.1 + 0.006 * layers + 0.001 * dp))
+            predicted.append(0.05 + 0.004 * layers)
+    runs += [_layered(2, 4, 1, 1.0), _layered(4, 4, 1, 2.0)]
+    predicted += [1.0, 2.0]
+    rows = ea.layer_slope_rows(runs, np.array(predicted))
+    assert len(rows) == 1
+    hidden, tp, mbs, groups, measured_ms, predicted_ms, ratio, lo, hi = rows[0]
+    assert (tp, mbs, groups) == (1, 2, 2)
+    assert measured_ms == pytest.approx(3.0) and predicted_ms == pytest.approx(2.0)
+    assert ratio == pytest.approx(2 / 3) and lo == pytest.approx(3.0) and hi == pytest.approx(3.0)
