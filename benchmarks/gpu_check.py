@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     profile = build_profile(model, batch_sizes=[1, 2, 4], tps=[t for t in (1, 2, 4, 8) if t <= max(gpus, 1)],
                             device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32,
-                            world_size=gpus, repeats=5, max_cv=None)
+                            world_size=gpus, repeats=5, max_error=None)
     from specs.profile_format import save_profile
     save_profile(profile, args.out / "profile.json")
     lines.append(f"profile: {time.time() - start:.0f} s on {profile.hardware['device']}, "
-                 f"max cv {profile.hardware['max_cv']:.3f}")
+                 f"largest relative standard error of a median {profile.hardware['max_error']:.3f}")
     lines += ["", "| planner | plan | measured ms | cost ms | sim ms | measured peak MiB | reserved MiB | cost MiB |",
               "|---|---|---|---|---|---|---|---|"]
     for summary, (planner, plan) in plan_all(model, cluster, profile, batch=4 * gpus).items():

@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="passes over the plans, one run of each per pass: a plan's time is the median "
                              "of its timed steps over all its runs, so a spell of load spreads over every plan")
     parser.add_argument("--repeats", type=int, default=5, help="profiler repeats (rounds over every timed quantity)")
-    parser.add_argument("--max-cv", type=float, default=None,
-                        help="refuse a profile noisier than this (default: accept, print its spread)")
+    parser.add_argument("--max-error", type=float, default=None,
+                        help="repeat the profile's noisy times until the relative standard error of their "
+                             "medians is below this, and refuse it if one is not after 40 repeats "
+                             "(default: accept, print its spread)")
     args = parser.parse_args(argv)
     from executor.profile import build_profile
     from executor.run import run_plan
@@ -123,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     print(f"load average at the start: {os.getloadavg()[0]:.2f} (the times mean something only near 0)")
     profile = build_profile(model, batch_sizes=[1, 2, 4], tps=[1, 2], world_size=2, repeats=args.repeats,
-                            max_cv=args.max_cv, timeout_s=1200)
+                            max_error=args.max_error, timeout_s=1200)
     hw = profile.hardware
-    print(f"profile: {time.time() - start:.0f} s, spread of the timings: median cv {hw['median_cv']:.3f}, "
-          f"max cv {hw['max_cv']:.3f}")
+    print(f"profile: {time.time() - start:.0f} s, relative standard error of the medians: median "
+          f"{hw['median_error']:.3f}, max {hw['max_error']:.3f} (up to {hw['most_repeats']} repeats)")
     runs: dict[str, list] = {name: [] for name in plans()}
     for r in range(args.rounds):
         for name, plan in plans().items():  # memory is deterministic: measured in the first round

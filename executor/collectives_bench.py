@@ -59,8 +59,13 @@ def _call(kind: str, nbytes: int, group, size: int):
     part = _buffer(nbytes // 4 // size)
     whole = whole[:part.numel() * size]
     if kind == "all_gather":
-        return lambda: dist.all_gather_into_tensor(whole, part, group=group)
-    return lambda: dist.reduce_scatter_tensor(part, whole, group=group)
+        return lambda: _ALL_GATHER(whole, part, group=group)
+    return lambda: _REDUCE_SCATTER(part, whole, group=group)
+
+
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); older releases have only those
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def bus_table(kind: str, nbytes: int, repeats: int) -> dict[str, float]:

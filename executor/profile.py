@@ -10,10 +10,11 @@ slowdown.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,14 +31,37 @@ from specs.cli import ArgumentParser, count, number, output_file
 from specs.errors import one_line_errors
 
 
-MAX_CV = 0.15
-"""Largest coefficient of variation (stdev / median over the repeats) a time may have; a
-noisier profile is refused, since the planner would be fitted to the noise."""
+MAX_ERROR = 0.1
+"""Largest relative standard error a recorded (median) time may keep; a noisier one gets more
+repeats, up to MAX_REPEATS, and a profile still noisier is refused, since the planner would be
+fitted to the noise."""
+MAX_REPEATS = 40
+"""Most repeats of one timed quantity."""
 
 
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+class Timed(NamedTuple):
+    """One timed quantity over its repeats (the slowest rank's time of each)."""
+
+    median_ms: float
+    error: float
+    """Relative standard error of the median (median_error)."""
+    repeats: int
+
+
+def median_error(samples: Sequence[float]) -> float:
+    """Relative standard error of the median of ``samples``: 1.2533 sigma / sqrt(n) / median,
+    sigma estimated robustly as 1.4826 x the median absolute deviation (both factors exact
+    for normal data), so that one spell of load does not count as spread."""
+    med = statistics.median(samples)
+    if med <= 0:
+        return 0.0
+    mad = statistics.median(abs(x - med) for x in samples)
+    return 1.2533 * 1.4826 * mad / math.sqrt(len(samples)) / med
 
 
 class Timings:
@@ -55,13 +79,28 @@ class Timings:
             fn()
         self.entries[key] = fn
 
-    def run(self) -> None:
-        """``repeats`` rounds, each timing every quantity once, every rank together, as in a
-        training step: a spell of load from other processes then falls on one repeat of many
-        quantities, not on every repeat of one."""
-        for _ in range(self.repeats):
-            for key, fn in self.entries.items():
-                self.samples.setdefault(key, []).append(self._once(fn))
+    def run(self, keys: Sequence[str] | None = None, rounds: int | None = None) -> None:
+        """``rounds`` (default: repeats) rounds, each timing every quantity of ``keys`` (default:
+        all) once, every rank together, as in a training step: a spell of load from other
+        processes then falls on one repeat of many quantities, not on every repeat of one."""
+        for _ in range(self.repeats if rounds is None else rounds):
+            for key in self.entries if keys is None else keys:
+                self.samples.setdefault(key, []).append(self._once(self.entries[key]))
+
+    def settle(self, max_error: float | None = MAX_ERROR, max_repeats: int = MAX_REPEATS) -> dict[str, Timed]:
+        """run(), then further rounds of ``repeats`` over the quantities whose median is still
+        less precise than ``max_error``, until none is or each has ``max_repeats`` repeats
+        (None: no further rounds). Every rank takes the same decisions: they follow from
+        reduce(), which is the same on all."""
+        self.run()
+        stats = self.reduce()
+        while max_error is not None:
+            noisy = [k for k, t in stats.items() if t.error > max_error and t.repeats < max_repeats]
+            if not noisy:
+                return stats
+            self.run(noisy, min(self.repeats, max_repeats - max(stats[k].repeats for k in noisy)))
+            stats = self.reduce()
+        return stats
 
     def _once(self, fn: Callable[[], float | None]) -> float:
         with collected_first():
@@ -73,18 +112,16 @@ class Timings:
             _sync(self.device)
             return (time.perf_counter() - (begin or start)) * 1e3
 
-    def reduce(self) -> dict[str, tuple[float, float]]:
-        """key -> (median ms, coefficient of variation) of the slowest rank per repeat (one
-        collective, after all timing); benchmarks.loop_accuracy measures steps the same way."""
+    def reduce(self) -> dict[str, Timed]:
+        """key -> Timed of the slowest rank per repeat (one collective);
+        benchmarks.loop_accuracy measures steps the same way."""
         keys = list(self.samples)
-        t = torch.tensor([self.samples[k] for k in keys], dtype=torch.float64)
+        t = torch.tensor([x for k in keys for x in self.samples[k]], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        out = {}
-        for k, row in zip(keys, t.tolist()):
-            med = statistics.median(row)
-            out[k] = (med, statistics.pstdev(row) / med if med > 0 else 0.0)
-        return out
+        rows = t.split([len(self.samples[k]) for k in keys])
+        return {k: Timed(statistics.median(row.tolist()), median_error(row.tolist()), len(row))
+                for k, row in zip(keys, rows)}
 
 
 def time_module(module: nn.Module, make_input, timings: Timings, key: str) -> None:
@@ -237,7 +274,8 @@ def time_optimizer(timings: Timings, dtype: torch.dtype, nparams: int = OPTIMIZE
 
 
 def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list[int], tps: list[int],
-                 device: str, dtype: torch.dtype, repeats: int, warmup: int, collective_bytes: int) -> dict:
+                 device: str, dtype: torch.dtype, repeats: int, warmup: int, collective_bytes: int,
+                 max_error: float | None = MAX_ERROR, max_repeats: int = MAX_REPEATS) -> dict:
     """What every launched rank runs: the compute timings in lockstep with the other ranks
     (their thread settings, their contention), then the collectives on the job's backend."""
     if device == "cuda":
@@ -252,8 +290,7 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
             time_layer(layer, i, batch_sizes, timings, dtype, zero3=True)
     vocab_bytes = time_vocab(model, batch_sizes, timings, dtype)
     time_optimizer(timings, dtype)
-    timings.run()
-    stats = timings.reduce()
+    stats = timings.settle(max_error, max_repeats)
     out = {"stats": stats, "vocab_bytes": vocab_bytes, "device_name": _device_name(device)}
     if world_size > 1:
         out["collectives"] = measure_collectives(rank, world_size, collective_bytes, repeats, device)
@@ -261,31 +298,34 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
 
 
 def _tables(stats: dict, key: str, batch_sizes: list[int]) -> tuple[dict, dict]:
-    return ({str(b): stats[f"{key}/{b}/fwd"][0] for b in batch_sizes},
-            {str(b): stats[f"{key}/{b}/bwd"][0] for b in batch_sizes})
+    return ({str(b): stats[f"{key}/{b}/fwd"].median_ms for b in batch_sizes},
+            {str(b): stats[f"{key}/{b}/bwd"].median_ms for b in batch_sizes})
 
 
-def noisy_entries(stats: dict[str, tuple[float, float]], max_cv: float) -> list[str]:
-    """Timed quantities whose spread over the repeats exceeds ``max_cv``."""
-    return [f"{k} cv {cv:.2f}" for k, (_, cv) in sorted(stats.items()) if cv > max_cv]
+def noisy_entries(stats: dict[str, Timed], max_error: float) -> list[str]:
+    """Timed quantities whose median is less precise than ``max_error``."""
+    return [f"{k} {t.error:.2f} ({t.repeats} repeats)" for k, t in sorted(stats.items()) if t.error > max_error]
 
 
 def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], device: str = "cpu",
                   dtype: torch.dtype = torch.float32, repeats: int = 5, warmup: int = 2, world_size: int = 1,
-                  collective_bytes: int = 1 << 22, timeout_s: float = 300.0, max_cv: float | None = MAX_CV):
+                  collective_bytes: int = 1 << 22, timeout_s: float = 300.0, max_error: float | None = MAX_ERROR,
+                  max_repeats: int = MAX_REPEATS):
     """The whole Profile object, measured inside ``world_size`` launched ranks (one thread
-    each, as training runs); refused with the noisy entries named if any time's coefficient of
-    variation exceeds ``max_cv`` (None: accept anything)."""
+    each, as training runs): ``repeats`` of every time, more (up to ``max_repeats``) of those
+    whose median is less precise than ``max_error`` (relative standard error); refused with the
+    noisy entries named if any still is (None: no more repeats, accept anything)."""
     from specs.profile_format import Profile, ProfileError
     backend = "nccl" if device.startswith("cuda") else "gloo"
     result = launch(profile_rank, world_size, model, batch_sizes, tps, device, dtype, repeats, warmup,
-                    collective_bytes, timeout_s=timeout_s, backend=backend)[0]
+                    collective_bytes, max_error, max(max_repeats, repeats), timeout_s=timeout_s, backend=backend)[0]
     stats = result["stats"]
-    noisy = noisy_entries(stats, max_cv) if max_cv is not None else []
+    noisy = noisy_entries(stats, max_error) if max_error is not None else []
     if noisy:
-        raise ProfileError("profile", f"timings too noisy (coefficient of variation > {max_cv}): "
-                           f"{', '.join(noisy[:4])}{' ...' if len(noisy) > 4 else ''}; the machine is "
-                           "probably loaded: rerun, or raise --max-cv")
+        raise ProfileError("profile", f"timings too noisy (relative standard error of the median > {max_error} "
+                           f"after up to {max(max_repeats, repeats)} repeats): {', '.join(noisy[:4])}"
+                           f"{' ...' if len(noisy) > 4 else ''}; the machine is probably loaded: rerun, or raise "
+                           "--max-error or --max-repeats")
     mem_device = "cpu" if device.startswith("cuda") else device  # activation bytes: same on any device
     layers = []
     for i, layer in enumerate(model.layer_types()):
@@ -300,16 +340,17 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
             entry["zero3_forward_ms"], entry["zero3_backward_ms"] = {str(world_size): fwd}, {str(world_size): bwd}
         layers.append(entry)
     fwd, bwd = _tables(stats, "vocab", batch_sizes)
-    cvs = [cv for _, cv in stats.values()]
+    errors = [t.error for t in stats.values()]
     raw = {"format": "hybridpar-profile", "version": 1,
            "hardware": {"device": result["device_name"], "world_size": world_size,
                         "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
                         "model": model.name, "threads_per_rank": 1, "statistic": "median of the slowest rank",
-                        "repeats": repeats, "warmup": warmup, "max_cv": round(max(cvs), 4),
-                        "median_cv": round(statistics.median(cvs), 4)},
+                        "repeats": repeats, "most_repeats": max(t.repeats for t in stats.values()),
+                        "warmup": warmup, "max_error": round(max(errors), 4),
+                        "median_error": round(statistics.median(errors), 4)},
            "layers": layers, "vocab": {"forward_ms": fwd, "backward_ms": bwd, "parameter_bytes": result["vocab_bytes"]}}
     raw.update(result.get("collectives", {}))
-    raw["optimizer_ms_per_mparam"] = stats["optimizer"][0] / (OPTIMIZER_PROBE_PARAMS / 1e6)
+    raw["optimizer_ms_per_mparam"] = stats["optimizer"].median_ms / (OPTIMIZER_PROBE_PARAMS / 1e6)
     return Profile.from_dict(raw)
 
 
@@ -330,10 +371,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: cuda when a CUDA GPU is visible, else cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                         help="default: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--repeats", type=count(10_000), default=5, help="timed repeats per measurement")
+    parser.add_argument("--repeats", type=count(10_000), default=5, help="timed repeats per measurement (at least)")
     parser.add_argument("--warmup", type=count(10_000, minimum=0), default=2, help="untimed runs before each measurement")
-    parser.add_argument("--max-cv", type=number(0.0, 100.0), default=MAX_CV,
-                        help="refuse the profile if a time's stdev/median over the repeats exceeds this")
+    parser.add_argument("--max-error", type=number(0.0, 100.0), default=MAX_ERROR,
+                        help="repeat a time until the relative standard error of its median is below this; "
+                             "refuse the profile if one is not after --max-repeats")
+    parser.add_argument("--max-repeats", type=count(10_000), default=MAX_REPEATS,
+                        help="most repeats of one time")
     parser.add_argument("--out", required=True, help="profile file to write")
     args = parser.parse_args(argv)
     output_file(args.out, "--out")  # before the timing runs, not after them
@@ -345,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     model = scaled_model(load_model(args.model), args.scale)
     profile = build_profile(model, batch_sizes=args.batch_sizes, tps=args.tp, device=device, dtype=dtype,
                             repeats=args.repeats, warmup=args.warmup, world_size=args.world_size,
-                            max_cv=args.max_cv)
+                            max_error=args.max_error, max_repeats=args.max_repeats)
     save_profile(profile, args.out)
     print(f"wrote {args.out}: {len(profile.layers)} layer types, "
           f"all-reduce {profile.allreduce_gbytes_per_s or '-'}, overlap {profile.overlap_coefficient:.2f}")

@@ -87,17 +87,54 @@ def test_validate_reports_predicted_and_measured_memory():
 
 def test_noisy_profiles_are_refused_with_the_entries_named():
     from specs.profile_format import ProfileError
-    from executor.profile import noisy_entries
-    stats = {"layer0/4/fwd": (10.0, 0.02), "layer0/4/bwd": (20.0, 0.4)}
-    assert noisy_entries(stats, 0.15) == ["layer0/4/bwd cv 0.40"]
+    from executor.profile import Timed, noisy_entries
+    stats = {"layer0/4/fwd": Timed(10.0, 0.02, 5), "layer0/4/bwd": Timed(20.0, 0.4, 40)}
+    assert noisy_entries(stats, 0.15) == ["layer0/4/bwd 0.40 (40 repeats)"]
     model = specs.load_model("tiny-gpt").scaled(num_layers=1)
-    with pytest.raises(ProfileError, match=r"timings too noisy \(coefficient of variation > 0.0\): layer0/1/bwd"):
-        build_profile(model, batch_sizes=[1], tps=[1], repeats=3, warmup=0, max_cv=0.0)
+    with pytest.raises(ProfileError, match=r"timings too noisy \(relative standard error of the median > 0.0 "
+                                           r"after up to 4 repeats\): layer0/1/bwd [0-9.]+ \(4 repeats\)"):
+        build_profile(model, batch_sizes=[1], tps=[1], repeats=3, warmup=0, max_error=0.0, max_repeats=4)
+
+
+def test_median_error_is_robust_to_one_outlier():
+    from executor.profile import median_error
+    # median 3, absolute deviations 2 1 0 1 97: MAD 1
+    assert median_error([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(1.2533 * 1.4826 / 5 ** 0.5 / 3)
+    assert median_error([2.0, 2.0, 2.0]) == 0.0
+
+
+class _Scripted:
+    """Timings whose quantities return scripted times in place of measured ones."""
+
+    def __init__(self, script: dict):
+        from executor.profile import Timings
+
+        class Fake(Timings):
+            def _once(self, fn):
+                return fn()
+        self.timings = Fake("cpu", repeats=3, warmup=0)
+        for key, values in script.items():
+            it = iter(values)
+            self.timings.time(key, lambda it=it: next(it))
+
+
+def test_timings_repeat_only_the_noisy_times_until_precise_or_at_the_limit():
+    steady = [1.0] * 100
+    noisy = [1.0, 2.0, 3.0] * 40  # never precise to 1%
+    settles = [1.0, 1.5, 2.0] + [1.5] * 100  # precise once the 1.5s dominate
+    t = _Scripted({"steady": steady, "noisy": noisy, "settles": settles}).timings
+    stats = t.settle(max_error=0.01, max_repeats=10)
+    assert stats["steady"].repeats == 3 and stats["steady"].error == 0.0
+    assert stats["noisy"].repeats == 10 and stats["noisy"].error > 0.01  # stopped at the limit
+    assert stats["settles"].repeats == 6 and stats["settles"].median_ms == 1.5 and stats["settles"].error == 0.0
+    assert len(t.samples["noisy"]) == 10
+    no_more = _Scripted({"noisy": noisy}).timings.settle(max_error=None)
+    assert no_more["noisy"].repeats == 3
 
 
 def test_profile_records_how_it_timed():
     model = specs.load_model("tiny-gpt").scaled(num_layers=1)
-    profile = build_profile(model, batch_sizes=[1, 2], tps=[1], repeats=2, warmup=1, world_size=2, max_cv=None)
+    profile = build_profile(model, batch_sizes=[1, 2], tps=[1], repeats=2, warmup=1, world_size=2, max_error=None)
     hw = profile.hardware
-    assert hw["threads_per_rank"] == 1 and hw["repeats"] == 2 and hw["world_size"] == 2
-    assert hw["max_cv"] >= hw["median_cv"] >= 0
+    assert hw["threads_per_rank"] == 1 and hw["repeats"] == 2 and hw["most_repeats"] == 2 and hw["world_size"] == 2
+    assert hw["max_error"] >= hw["median_error"] >= 0
