@@ -15,7 +15,7 @@ from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
 from cost_models.ops import forward_ops
-from cost_models.vocab import layout_for, vocab_dp_type, vocab_ends, weight_split
+from cost_models.vocab import layout_for, vocab_dp_type, vocab_ends, vocab_tp_comm_s, weight_split
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
 from cost_models import sequence as seq
@@ -364,7 +364,7 @@ class ProfiledModel(CostModel):
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         vocab = self.profile.vocab
         last = plan.pp - 1
-        tp, dp, mbs, _, dp_groups = layout_for(plan, world_size, stage)
+        tp, dp, mbs, tp_groups, dp_groups = layout_for(plan, world_size, stage)
         weight_tp, sync_dp = weight_split(plan, tp, dp)  # Ulysses: weights whole, tokens split
         share = (1.0 - VOCAB_HEAD_SHARE if stage == 0 else 0.0) + (VOCAB_HEAD_SHARE if stage == last else 0.0)
         if vocab is None or share == 0.0:
@@ -377,7 +377,9 @@ class ProfiledModel(CostModel):
             per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, dp_type, dp_groups)
             sync_s += once + plan.micro_batches * (per_mb_fwd + per_mb_bwd)
             update_s += self.update_time(params, dp_type, sync_dp)
-        return (LayerTime(forward_s=fwd, backward_s=bwd, dp_comm_s=sync_s, exposed_dp_comm_s=sync_s, update_s=update_s),
+        tp_comm_s = vocab_tp_comm_s(self, model, plan, stage, mbs, tp_groups)
+        return (LayerTime(forward_s=fwd, backward_s=bwd, tp_comm_s=tp_comm_s, dp_comm_s=sync_s, exposed_dp_comm_s=sync_s,
+                          update_s=update_s),
                 self._vocab_memory(model, plan, stage, mbs, tp, weight_tp, sync_dp))
 
     @staticmethod

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from cost_models import memory as mem
-from cost_models.base import BYTES_PER_ACTIVATION, LayerTime, MemoryBreakdown, in_flight
+from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
 from cost_models.collectives import RankGroups, layer_rank_groups, rank_groups
 from cost_models.memo import HashOnce, hash_once
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
@@ -88,13 +88,12 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     """Time and memory of what the stage holds besides its Transformer layers."""
     c = model_.constants
     model = padded_model(model, plan)
-    ulysses = plan.vocab_sp == "ulysses"
     tp, dp, mbs, tp_groups, dp_groups = layout_for(plan, world_size, stage)
     weight_tp, sync_dp = weight_split(plan, tp, dp)
     tokens = mbs * model.seq_len
     h = model.embedding.hidden_size
     fwd = c.micro_batch_overhead_s
-    bwd = tp_comm = dp_comm = exposed = 0.0
+    bwd = dp_comm = exposed = 0.0
     update = c.iteration_overhead_s
     memory = MemoryBreakdown()
     last = plan.pp - 1
@@ -102,8 +101,6 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         f = model_.ops_time(embedding_forward_ops(model.embedding, tokens, tp))
         b = model_.ops_time(embedding_backward_ops(model.embedding, tokens, tp))
         fwd, bwd = fwd + f, bwd + b
-        if tp > 1 and model.embedding.kind == "token" and not ulysses:
-            tp_comm += _vocab_tp_comm(model_, tokens * h * BYTES_PER_ACTIVATION, tp_groups, plan, "all_reduce")
         params = model.embedding.param_count() / weight_tp
         d_sync, d_exposed, d_update, states = _states(model_, params, plan, 0, sync_dp, dp_groups, b)
         dp_comm, exposed, update = dp_comm + d_sync, exposed + d_exposed, update + d_update
@@ -115,10 +112,6 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         b = model_.ops_time(head_backward_ops(head, model.seq_len, mbs, tp))
         fwd, bwd = fwd + f, bwd + b
         head_tokens = mbs * head.seq_len
-        if tp > 1 and not ulysses:
-            tp_comm += _vocab_tp_comm(model_, head_tokens * head.hidden_size * BYTES_PER_ACTIVATION, tp_groups,
-                                      plan, "all_reduce")
-            tp_comm += model_.collective_time("all_reduce", head_tokens * LOSS_ALLREDUCE_BYTES_PER_TOKEN, tp_groups)
         params = head_params(model, plan) / weight_tp
         d_sync, d_exposed, d_update, states = _states(model_, params, plan, len(plan.layers) - 1, sync_dp,
                                                       dp_groups, b)
@@ -132,11 +125,33 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     if plan.pp > 1 and model.head.tied_lm and stage in (0, last):
         sync = _tied_embedding_sync_s(model_, model, plan, world_size)
         dp_comm, exposed = dp_comm + sync, exposed + sync
+    tp_comm = vocab_tp_comm_s(model_, model, plan, stage, mbs, tp_groups)
     return (LayerTime(forward_s=fwd, backward_s=bwd, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
                       exposed_dp_comm_s=exposed, update_s=update), memory)
 
 
-def _vocab_tp_comm(model_: "AnalyticalModel", nbytes: float, groups: list, plan: Plan, kind: str) -> float:
+def vocab_tp_comm_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage: int, mbs: float,
+                    tp_groups: list) -> float:
+    """The vocabulary's tensor-parallel collectives of one micro-batch on ``stage`` (none at tp 1
+    or under Ulysses, whose group splits tokens): the embedding's partial lookups summed
+    (forward), the head's input gradient summed (backward) and the vocab-parallel
+    cross-entropy's three fp32 values per token."""
+    tp = max((len(g) for g in tp_groups), default=1)
+    if tp <= 1 or plan.vocab_sp == "ulysses":
+        return 0.0
+    comm_s = 0.0
+    if stage == 0 and model.embedding.kind == "token":
+        comm_s += _vocab_tp_comm(cost_model, mbs * model.seq_len * model.embedding.hidden_size * BYTES_PER_ACTIVATION,
+                                 tp_groups, plan, "all_reduce")
+    if stage == plan.pp - 1 and model.head.kind != "none":
+        head_tokens = mbs * model.head.seq_len
+        comm_s += _vocab_tp_comm(cost_model, head_tokens * model.head.hidden_size * BYTES_PER_ACTIVATION, tp_groups,
+                                 plan, "all_reduce")
+        comm_s += cost_model.collective_time("all_reduce", head_tokens * LOSS_ALLREDUCE_BYTES_PER_TOKEN, tp_groups)
+    return comm_s
+
+
+def _vocab_tp_comm(model_: CostModel, nbytes: float, groups: list, plan: Plan, kind: str) -> float:
     """The vocab layers' TP collective: an all-reduce, or with Megatron-SP a reduce-scatter
     (embedding output into sequence shards) plus an all-gather (head input) of the same bytes."""
     if plan.vocab_sp == "megatron":

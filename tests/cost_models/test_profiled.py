@@ -347,3 +347,21 @@ def test_our_profiles_charge_the_executors_adam_temporaries(galvatron_dir):
     assert cost.adam_temporary_bytes(n, "zero2", 2) == 4 * n
     assert cost.layer_memory(layer, LayerStrategy(dp=2), 1, 1).temporary_bytes == pytest.approx(8 * n)
     assert from_galvatron_dir(galvatron_dir, load_cluster("dgx-a100-80g:8")).adam_temporary_bytes(n, "ddp", 2) == 0
+
+
+def test_vocabulary_tensor_parallelism_pays_its_collectives():
+    """tiny-gpt (sequence 64, hidden 128, one stage of 2 GPUs) at vocab tp 2, micro-batch 4: the
+    embedding's partial lookups and the head's input gradient are each summed over the pair
+    (4 x 64 x 128 x 2 bytes = 65,536 bytes), and the vocab-parallel loss all-reduces 12 bytes
+    per token; at the documented 180 GB/s bus bandwidth and 20 us latency of 2 ranks an
+    all-reduce of B bytes takes 20 us + B / 180e9. Vocab tp 1 and Ulysses (tokens split,
+    weights whole) pay none. Before, the profiled model charged nothing for any of them."""
+    model = load_model("tiny-gpt")
+    cm = ProfiledModel(load_cluster("dgx-a100-80g:2"), profile=_profile_for(model.layers[0]))
+    ar = lambda nbytes: 20e-6 + nbytes / 180e9  # noqa: E731
+    plan = uniform_plan(model.num_layers, tp=2, dp=1, global_batch=4, micro_batches=1)
+    vocab, _ = cm.vocab_cost(model, replace(plan, vocab_tp=2), 0, 2)
+    assert vocab.tp_comm_s == pytest.approx(2 * ar(4 * 64 * 128 * 2) + ar(4 * 64 * 12))
+    assert cm.vocab_cost(model, replace(plan, vocab_tp=1), 0, 2)[0].tp_comm_s == 0.0
+    ulysses = replace(plan, vocab_tp=2, vocab_sp="ulysses")
+    assert cm.vocab_cost(model, ulysses, 0, 2)[0].tp_comm_s == 0.0
