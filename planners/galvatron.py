@@ -240,7 +240,7 @@ Galvatron2 = _variant(
 GalvatronMoE = _variant(
     "GalvatronMoE", "galvatron_moe",
     "Megatron-Core's MoE dimensions per layer (ZeRO-1/2, Megatron-SP, every recompute, interleaving, "
-    "ep with expert tp = tp or 1), up to pp 8 and 64 micro-batches.", space="moe")
+    "ep with expert tp = tp or 1), pp up to the layer count, micro-batches uncapped.", space="moe")
 GalvatronDpTp = _variant(
     "GalvatronDpTp", "galvatron_dp_tp",
     "The paper's ablation: data and tensor parallelism only (no pipeline).", space="dp+tp")

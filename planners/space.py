@@ -136,12 +136,13 @@ class SearchSpace:
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
                        micro_batch_degrees="divisors", expert_tp=(0, 1))
-        # Megatron-Core's MoE dimensions per layer: the megatron_moe grid up to pp 8 and 64
-        # micro-batches (classic's caps, which keep the DP in minutes at 32 GPUs)
+        # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
+        # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
+        # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach)
         moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=tuple(Recompute),
                       sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON), tp_consecutive=(True,),
                       virtual_stages=(1, 2, 4), vocab_sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON),
-                      expert_tp=(0, 1))
+                      expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20)
         presets = {
             "full": full, "moe": moe, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
             "dp+tp": replace(classic, pp_degrees=(1,), dp_types=(DPType.DDP,)),
