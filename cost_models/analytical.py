@@ -20,7 +20,7 @@ from cost_models.constants import AnalyticalConstants, constants_for
 from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops
 from cost_models.registry import register
-from cost_models.vocab import vocab_cost
+from cost_models.vocab import vocab_cost, vocab_relayout_s
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel
 
 TP_ALLREDUCES_PER_PASS = 2
@@ -318,6 +318,9 @@ class AnalyticalModel(CostModel):
         return PipelineMessage(send_bytes=whole / tp, gather_tp=tp, gather_bytes=whole)
 
     # -- embedding and head -------------------------------------------------------------------
+    def vocab_relayout_time(self, model: ModelSpec, plan: Plan, layer_index: int, strategy: LayerStrategy) -> float:
+        return vocab_relayout_s(self, model, plan, self.cluster.world_size, layer_index, strategy)
+
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         return vocab_cost(self, model, plan, stage, world_size)

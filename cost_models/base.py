@@ -250,7 +250,14 @@ class CostModel(ABC):
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         """Embedding (stage 0) and head + loss (last stage) of ``model`` on ``stage``: their
-        time and memory (zero on stages that hold neither)."""
+        time and memory (zero on stages that hold neither), the plan's vocab_relayout_time of
+        its first and last layers included."""
+
+    def vocab_relayout_time(self, model: ModelSpec, plan: Plan, layer_index: int, strategy: LayerStrategy) -> float:
+        """Per micro-batch: the relayout between the embedding's/head's layout and layer
+        ``layer_index`` (0, or the last) run under ``strategy``. Planners add it to that layer's
+        strategy choice; 0 where the model charges none."""
+        return 0.0
 
     # -- uncertainty -----------------------------------------------------------------------
     def error_band(self) -> tuple[float, float]:

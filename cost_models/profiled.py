@@ -15,7 +15,8 @@ from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
 from cost_models.ops import forward_ops
-from cost_models.vocab import layout_for, vocab_dp_type, vocab_ends, vocab_tp_comm_s, weight_split
+from cost_models.vocab import (layout_for, vocab_dp_type, vocab_ends, vocab_relayout_s, vocab_relayouts_s,
+                               vocab_tp_comm_s, weight_split)
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
 from cost_models.memo import Memo
 from cost_models import sequence as seq
@@ -360,6 +361,9 @@ class ProfiledModel(CostModel):
         return coll.p2p_time_s(nbytes * self.wire_scale, self.profile.allreduce_latency_us * 1e-6, table[key] * 1e9)
 
     # -- embedding and head -----------------------------------------------------------------------
+    def vocab_relayout_time(self, model: ModelSpec, plan: Plan, layer_index: int, strategy: LayerStrategy) -> float:
+        return vocab_relayout_s(self, model, plan, self.cluster.world_size, layer_index, strategy)
+
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         vocab = self.profile.vocab
@@ -377,7 +381,8 @@ class ProfiledModel(CostModel):
             per_mb_fwd, per_mb_bwd, once = self._dp_traffic_s(params, dp_type, dp_groups)
             sync_s += once + plan.micro_batches * (per_mb_fwd + per_mb_bwd)
             update_s += self.update_time(params, dp_type, sync_dp)
-        tp_comm_s = vocab_tp_comm_s(self, model, plan, stage, mbs, tp_groups)
+        tp_comm_s = (vocab_tp_comm_s(self, model, plan, stage, mbs, tp_groups)
+                     + vocab_relayouts_s(self, model, plan, stage))
         return (LayerTime(forward_s=fwd, backward_s=bwd, tp_comm_s=tp_comm_s, dp_comm_s=sync_s, exposed_dp_comm_s=sync_s,
                           update_s=update_s),
                 self._vocab_memory(model, plan, stage, mbs, tp, weight_tp, sync_dp))

@@ -13,7 +13,7 @@ from cost_models.collectives import RankGroups, layer_rank_groups, rank_groups
 from cost_models.memo import HashOnce, hash_once
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
-from specs import DPType, ModelSpec, Plan
+from specs import DPType, LayerStrategy, ModelSpec, Plan
 
 if TYPE_CHECKING:
     from cost_models.analytical import AnalyticalModel
@@ -31,6 +31,33 @@ def vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, flo
     dp = per_stage // tp
     tp_groups, dp_groups = layer_rank_groups(plan.stage_first_rank(stage, world_size), tp, dp)
     return tp, dp, plan.global_batch / (dp * plan.micro_batches), tp_groups, dp_groups
+
+
+def vocab_relayout_s(cost_model: CostModel, model: ModelSpec, plan: Plan, world_size: int, layer_index: int,
+                     strategy: LayerStrategy) -> float:
+    """Per micro-batch, forward and backward: the relayout between the vocabulary's layout and
+    layer ``layer_index`` (0: embedding -> first layer; the last: last layer -> head) run under
+    ``strategy`` (the cost model's transition_time), where embedding and head run in their own
+    layout (Plan.vocab_in_own_layout); else 0."""
+    per_stage = world_size // plan.pp
+    if not plan.vocab_in_own_layout(model, per_stage):
+        return 0.0
+    vocab = LayerStrategy(tp=plan.vocab_tp, dp=per_stage // plan.vocab_tp,
+                          sp=plan.vocab_sp if plan.vocab_tp > 1 else "none")
+    first = layer_index == 0
+    stage = 0 if first else plan.pp - 1
+    prev, nxt = (vocab, strategy) if first else (strategy, vocab)
+    return cost_model.transition_time(model.layers[layer_index], prev, nxt,
+                                      plan.global_batch // (prev.dp * plan.micro_batches),
+                                      plan.stage_first_rank(stage, world_size))
+
+
+def vocab_relayouts_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage: int) -> float:
+    """The cost model's vocab_relayout_time of the plan's own first (stage 0) and last (last
+    stage) layers."""
+    last = len(plan.layers) - 1
+    return ((cost_model.vocab_relayout_time(model, plan, 0, plan.layers[0]) if stage == 0 else 0.0)
+            + (cost_model.vocab_relayout_time(model, plan, last, plan.layers[last]) if stage == plan.pp - 1 else 0.0))
 
 
 def vocab_dp_type(plan: Plan, layer_index: int, dp: int) -> str:
@@ -125,7 +152,8 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     if plan.pp > 1 and model.head.tied_lm and stage in (0, last):
         sync = _tied_embedding_sync_s(model_, model, plan, world_size)
         dp_comm, exposed = dp_comm + sync, exposed + sync
-    tp_comm = vocab_tp_comm_s(model_, model, plan, stage, mbs, tp_groups)
+    tp_comm = (vocab_tp_comm_s(model_, model, plan, stage, mbs, tp_groups)
+               + vocab_relayouts_s(model_, model, plan, stage))
     return (LayerTime(forward_s=fwd, backward_s=bwd, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
                       exposed_dp_comm_s=exposed, update_s=update), memory)
 

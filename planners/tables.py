@@ -343,10 +343,23 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
     out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
     if stage == 0:
         delta = {d: _delta(_vocab_probe(cm, model, combo, stage, d, DPType.DDP), base) for d in types}
-        out.first_delta = np.array([delta[s.dp_type] for s in strategies])
+        out.first_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(cm, model, combo, 0,
+                                                                                              strategies)
     if stage == combo.pp - 1:
         delta = {d: _delta(_vocab_probe(cm, model, combo, stage, DPType.DDP, d), base) for d in types}
-        out.last_delta = np.array([delta[s.dp_type] for s in strategies])
+        out.last_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(
+            cm, model, combo, model.num_layers - 1, strategies)
+    return out
+
+
+def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
+                    strategies: list[LayerStrategy]) -> np.ndarray:
+    """[strategy, (T, 0, 0)]: the relayout between the vocabulary's layout and layer ``index``
+    under each strategy, less the probe layer's (which the base holds)."""
+    plan = _probe_plan(model, combo, cm.cluster.world_size, DPType.DDP, DPType.DDP)
+    probe = cm.vocab_relayout_time(model, plan, index, plan.layers[index])
+    out = np.zeros((len(strategies), 3))
+    out[:, 0] = [cm.vocab_relayout_time(model, plan, index, s) - probe for s in strategies]
     return out
 
 

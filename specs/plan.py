@@ -5,12 +5,15 @@ import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
 from specs.schema import PlanFile, check
+
+if TYPE_CHECKING:
+    from specs.model import ModelSpec
 
 PLAN_VERSION = 1
 
@@ -339,6 +342,18 @@ class Plan:
         if self.vocab_zero3 and per_stage // vtp == 1 and self.vocab_sp != SequenceParallel.ULYSSES:
             raise SpecError("vocab_zero3", f"vocab_zero3 needs data-parallel replicas: {per_stage} GPUs per "
                             f"stage / vocab_tp {vtp} = 1")
+
+    def vocab_in_own_layout(self, model: ModelSpec, per_stage: int) -> bool:
+        """Embedding and head run in the vocabulary's layout (vocab_tp ranks per group, the
+        stage's other ranks data parallel), relaid out to a first or last layer laid out
+        otherwise: when the plan asks for a split (vocab_tp > 1, vocab_sp or vocab_zero3) or, for
+        a token model with an LM head, when the micro-batch divides over that dp. Else they run in
+        the first/last layer's layout. The executor runs them so; the cost models charge so."""
+        if self.vocab_tp > 1 or self.vocab_sp != SequenceParallel.NONE or self.vocab_zero3:
+            return True
+        if model.embedding.kind != "token" or model.head.kind != "lm":
+            return False
+        return (self.global_batch // self.micro_batches) % (per_stage // self.vocab_tp) == 0
 
     def padded_vocab_size(self, vocab: int) -> int:
         """The embedding/head rows: ``vocab`` padded as Megatron pads it at vocab_tp."""

@@ -71,18 +71,16 @@ def asks_split(plan: Plan) -> bool:
 
 
 def wants_split(plan: Plan, model: ModelSpec, per_stage: int) -> bool:
-    """The plan asks for a vocabulary split, or a token model's vocabulary layout (vocab_tp ranks
-    per group, the stage's other ranks data parallel, as the cost models charge it) is not the
-    first or the last layer's, and its dp divides the micro-batch: then embedding and head run in
-    it, with relayouts to the layers. Else they run in the first/last layer's layout (and so do
-    every patch embedding and classification head)."""
+    """Embedding and head run in the vocabulary's layout (vocab_tp ranks per group, the stage's
+    other ranks data parallel), with relayouts to the layers, where Plan.vocab_in_own_layout says
+    so (the plan asks for a split, or a token model's micro-batch divides over that dp) and it is
+    not already the first and last layers' layout. Else they run in the first/last layer's
+    layout (and so do every patch embedding and classification head)."""
     if asks_split(plan):
         return True
-    if model.embedding.kind != "token" or model.head.kind != "lm":
+    if not plan.vocab_in_own_layout(model, per_stage):
         return False
     vocab = Layout(tp=plan.vocab_tp, dp=per_stage // plan.vocab_tp)
-    if (plan.global_batch // plan.micro_batches) % vocab.dp:  # a micro-batch it cannot split evenly
-        return False
     return any(Layout.of(plan.layers[i]) != vocab for i in (0, -1))
 
 

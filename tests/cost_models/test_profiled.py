@@ -350,18 +350,34 @@ def test_our_profiles_charge_the_executors_adam_temporaries(galvatron_dir):
 
 
 def test_vocabulary_tensor_parallelism_pays_its_collectives():
-    """tiny-gpt (sequence 64, hidden 128, one stage of 2 GPUs) at vocab tp 2, micro-batch 4: the
-    embedding's partial lookups and the head's input gradient are each summed over the pair
-    (4 x 64 x 128 x 2 bytes = 65,536 bytes), and the vocab-parallel loss all-reduces 12 bytes
-    per token; at the documented 180 GB/s bus bandwidth and 20 us latency of 2 ranks an
-    all-reduce of B bytes takes 20 us + B / 180e9. Vocab tp 1 and Ulysses (tokens split,
-    weights whole) pay none. Before, the profiled model charged nothing for any of them."""
+    """tiny-gpt (sequence 64, hidden 128, one stage of 2 GPUs) at vocab tp 2, micro-batch 4, layers
+    tp 2 (the same layout: no relayout): the embedding's partial lookups and the head's input
+    gradient are each summed over the pair (4 x 64 x 128 x 2 bytes = 65,536 bytes), and the
+    vocab-parallel loss all-reduces 12 bytes per token; at the documented 180 GB/s bus bandwidth
+    and 20 us latency of 2 ranks an all-reduce of B bytes takes 20 us + B / 180e9. Ulysses
+    (tokens split, weights whole) pays none. Before, the profiled model charged nothing."""
+    from cost_models.vocab import vocab_tp_comm_s
     model = load_model("tiny-gpt")
-    cm = ProfiledModel(load_cluster("dgx-a100-80g:2"), profile=_profile_for(model.layers[0]))
+    cm = ProfiledModel(replace(load_cluster("dgx-a100-80g"), gpus_per_node=2), profile=_profile_for(model.layers[0]))
     ar = lambda nbytes: 20e-6 + nbytes / 180e9  # noqa: E731
-    plan = uniform_plan(model.num_layers, tp=2, dp=1, global_batch=4, micro_batches=1)
-    vocab, _ = cm.vocab_cost(model, replace(plan, vocab_tp=2), 0, 2)
+    plan = replace(uniform_plan(model.num_layers, tp=2, dp=1, global_batch=4, micro_batches=1), vocab_tp=2)
+    vocab, _ = cm.vocab_cost(model, plan, 0, 2)
     assert vocab.tp_comm_s == pytest.approx(2 * ar(4 * 64 * 128 * 2) + ar(4 * 64 * 12))
-    assert cm.vocab_cost(model, replace(plan, vocab_tp=1), 0, 2)[0].tp_comm_s == 0.0
-    ulysses = replace(plan, vocab_tp=2, vocab_sp="ulysses")
-    assert cm.vocab_cost(model, ulysses, 0, 2)[0].tp_comm_s == 0.0
+    assert vocab_tp_comm_s(cm, model, replace(plan, vocab_sp="ulysses"), 0, 4, [[0, 1]]) == 0.0
+
+
+def test_embedding_and_head_in_their_own_layout_pay_the_relayout_to_the_layers():
+    """The same stage at vocab tp 1 (embedding and head data parallel over the pair, 2 samples
+    each) with tp 2 layers (the whole micro-batch of 4 on both): the embedding's output is
+    all-gathered into layer 0's layout and the last layer's output split back for the head,
+    each an all-gather of 65,536 bytes at the documented 170 GB/s (2 ranks: 20 us + half the
+    bytes / 170e9). With dp 2 layers, the vocabulary's own layout, nothing moves. The planners
+    see the same term per strategy of the first and last layer (vocab_relayout_time)."""
+    model = load_model("tiny-gpt")
+    cm = ProfiledModel(replace(load_cluster("dgx-a100-80g"), gpus_per_node=2), profile=_profile_for(model.layers[0]))
+    gather = 20e-6 + 0.5 * 65536 / 170e9
+    tp2 = uniform_plan(model.num_layers, tp=2, dp=1, global_batch=4, micro_batches=1)
+    assert cm.vocab_cost(model, tp2, 0, 2)[0].tp_comm_s == pytest.approx(2 * gather)
+    assert cm.vocab_relayout_time(model, tp2, 0, tp2.layers[0]) == pytest.approx(gather)
+    dp2 = uniform_plan(model.num_layers, tp=1, dp=2, global_batch=4, micro_batches=1)
+    assert cm.vocab_cost(model, dp2, 0, 2)[0].tp_comm_s == 0.0

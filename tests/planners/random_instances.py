@@ -3,7 +3,8 @@
 Layer i is told apart by its seq_len. Times are whole multiples of 0.1 us and memory whole KiB, so
 the float solvers and CP-SAT's integers see the same numbers. The embedding/head cost follows the
 structure the planners rely on: a base per (stage, pp, batch, micro-batches, vocab tp) plus terms
-that depend on the dp type of the first layer (stage 0) and of the last layer (last stage).
+that depend on the dp type of the first layer (stage 0) and of the last layer (last stage), and
+the relayout between the vocabulary's layout and the first/last layer's (vocab_relayout_time).
 """
 from __future__ import annotations
 
@@ -82,8 +83,16 @@ class RandomCostModel(CostModel):
             t += self._ticks(r, 0, 3000)
             d += self._ticks(r, 0, 3000)
             mem += int(r.integers(0, 1500)) * KIB
+        if stage == 0:
+            t += self.vocab_relayout_time(model, plan, 0, plan.layers[0])
+        if stage == plan.pp - 1:
+            t += self.vocab_relayout_time(model, plan, len(plan.layers) - 1, plan.layers[-1])
         return LayerTime(forward_s=t, backward_s=0.0, update_s=d), MemoryBreakdown(parameters_bytes=mem,
                                                                                   temporary_bytes=temp)
+
+    def vocab_relayout_time(self, model, plan: Plan, layer_index, strategy):
+        rng = self._rng("vr", layer_index == 0, plan.vocab_tp, strategy.tp, strategy.dp, strategy.tp_consecutive)
+        return self._ticks(rng, 0, 1500)
 
 
 def tiny_cluster(gpus: int = 4) -> ClusterSpec:
