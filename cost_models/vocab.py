@@ -42,14 +42,19 @@ def vocab_relayout_s(cost_model: CostModel, model: ModelSpec, plan: Plan, world_
     per_stage = world_size // plan.pp
     if not plan.vocab_in_own_layout(model, per_stage):
         return 0.0
-    vocab = LayerStrategy(tp=plan.vocab_tp, dp=per_stage // plan.vocab_tp,
-                          sp=plan.vocab_sp if plan.vocab_tp > 1 else "none")
+    vocab = _vocab_strategy(plan.vocab_tp, per_stage // plan.vocab_tp, plan.vocab_sp if plan.vocab_tp > 1 else "none")
     first = layer_index == 0
     stage = 0 if first else plan.pp - 1
     prev, nxt = (vocab, strategy) if first else (strategy, vocab)
     return cost_model.transition_time(model.layers[layer_index], prev, nxt,
                                       plan.global_batch // (prev.dp * plan.micro_batches),
                                       plan.stage_first_rank(stage, world_size))
+
+
+@lru_cache(maxsize=256)
+def _vocab_strategy(tp: int, dp: int, sp: str) -> LayerStrategy:
+    """The vocabulary's layout as a layer strategy (what a relayout to or from it moves)."""
+    return LayerStrategy(tp=tp, dp=dp, sp=sp)
 
 
 def vocab_relayouts_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage: int) -> float:

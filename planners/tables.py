@@ -355,11 +355,24 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
 def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
                     strategies: list[LayerStrategy]) -> np.ndarray:
     """[strategy, (T, 0, 0)]: the relayout between the vocabulary's layout and layer ``index``
-    under each strategy, less the probe layer's (which the base holds)."""
-    plan = _probe_plan(model, combo, cm.cluster.world_size, DPType.DDP, DPType.DDP)
-    probe = cm.vocab_relayout_time(model, plan, index, plan.layers[index])
+    under each strategy, less the probe layer's (which the base holds); computed once per
+    layout a strategy can have (tp, dp, tp order, sp) and micro-batch."""
+    cache = memo(cm)
+    plan_key = ("probe", hash_once(model), combo, DPType.DDP, DPType.DDP)  # _vocab_probe's
+    if plan_key not in cache:
+        cache[plan_key] = _probe_plan(model, combo, cm.cluster.world_size, DPType.DDP, DPType.DDP)
+    plan = cache[plan_key]
+    common = ("vocab relayout", plan_key[1], combo.pp, combo.vocab, combo.global_batch // combo.micro_batches, index)
+
+    def relayout(s: LayerStrategy) -> float:
+        key = common + (s.tp, s.dp, s.tp_consecutive, s.sp)
+        if key not in cache:
+            cache[key] = cm.vocab_relayout_time(model, plan, index, s)
+        return cache[key]
+
+    probe = relayout(plan.layers[index])
     out = np.zeros((len(strategies), 3))
-    out[:, 0] = [cm.vocab_relayout_time(model, plan, index, s) - probe for s in strategies]
+    out[:, 0] = [relayout(s) - probe for s in strategies]
     return out
 
 
