@@ -358,11 +358,9 @@ def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
     under each strategy, less the probe layer's (which the base holds); computed once per
     layout a strategy can have (tp, dp, tp order, sp) and micro-batch."""
     cache = memo(cm)
-    plan_key = ("probe", hash_once(model), combo, DPType.DDP, DPType.DDP)  # _vocab_probe's
-    if plan_key not in cache:
-        cache[plan_key] = _probe_plan(model, combo, cm.cluster.world_size, DPType.DDP, DPType.DDP)
-    plan = cache[plan_key]
-    common = ("vocab relayout", plan_key[1], combo.pp, combo.vocab, combo.global_batch // combo.micro_batches, index)
+    plan = _cached_probe_plan(cm, model, combo, DPType.DDP, DPType.DDP)
+    common = ("vocab relayout", hash_once(model), combo.pp, combo.vocab, combo.global_batch // combo.micro_batches,
+              index)
 
     def relayout(s: LayerStrategy) -> float:
         key = common + (s.tp, s.dp, s.tp_consecutive, s.sp)
@@ -387,14 +385,19 @@ def _vocab_probe(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, firs
     cache = memo(cm)
     key = ("vocab", hash_once(model), combo, stage, first, last)
     if key not in cache:
-        world = cm.cluster.world_size
-        plan_key = ("probe", key[1], combo, first, last)  # the same probe plan serves every stage
-        if plan_key not in cache:
-            cache[plan_key] = _probe_plan(model, combo, world, first, last)
-        plan = cache[plan_key]
-        lt, mem = cm.vocab_cost(model, plan, stage, world)
+        plan = _cached_probe_plan(cm, model, combo, first, last)
+        lt, mem = cm.vocab_cost(model, plan, stage, cm.cluster.world_size)
         cache[key] = np.array([lt.micro_batch_s, lt.tail_s, mem.states_bytes + mem.activations_bytes,
                                mem.temporary_bytes])
+    return cache[key]
+
+
+def _cached_probe_plan(cm: CostModel, model: ModelSpec, combo: Combo, first: str, last: str) -> Plan:
+    """_probe_plan, once per cost model (the same probe plan serves every stage)."""
+    cache = memo(cm)
+    key = ("probe", hash_once(model), combo, first, last)
+    if key not in cache:
+        cache[key] = _probe_plan(model, combo, cm.cluster.world_size, first, last)
     return cache[key]
 
 

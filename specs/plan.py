@@ -343,13 +343,18 @@ class Plan:
             raise SpecError("vocab_zero3", f"vocab_zero3 needs data-parallel replicas: {per_stage} GPUs per "
                             f"stage / vocab_tp {vtp} = 1")
 
+    @property
+    def vocab_asks_split(self) -> bool:
+        """The vocab_* fields ask for more than vocab_tp 1, no sp, no ZeRO-3."""
+        return self.vocab_tp > 1 or self.vocab_sp != SequenceParallel.NONE or self.vocab_zero3
+
     def vocab_in_own_layout(self, model: ModelSpec, per_stage: int) -> bool:
         """Embedding and head run in the vocabulary's layout (vocab_tp ranks per group, the
         stage's other ranks data parallel), relaid out to a first or last layer laid out
         otherwise: when the plan asks for a split (vocab_tp > 1, vocab_sp or vocab_zero3) or, for
         a token model with an LM head, when the micro-batch divides over that dp. Else they run in
         the first/last layer's layout. The executor runs them so; the cost models charge so."""
-        if self.vocab_tp > 1 or self.vocab_sp != SequenceParallel.NONE or self.vocab_zero3:
+        if self.vocab_asks_split:
             return True
         if model.embedding.kind != "token" or model.head.kind != "lm":
             return False

@@ -65,18 +65,13 @@ class VocabSplit:
         return self.sp != SequenceParallel.NONE
 
 
-def asks_split(plan: Plan) -> bool:
-    """The plan's vocab_* fields ask for more than vocab_tp 1, no sp, no ZeRO-3."""
-    return plan.vocab_tp > 1 or plan.vocab_sp != SequenceParallel.NONE or plan.vocab_zero3
-
-
 def wants_split(plan: Plan, model: ModelSpec, per_stage: int) -> bool:
     """Embedding and head run in the vocabulary's layout (vocab_tp ranks per group, the stage's
     other ranks data parallel), with relayouts to the layers, where Plan.vocab_in_own_layout says
     so (the plan asks for a split, or a token model's micro-batch divides over that dp) and it is
     not already the first and last layers' layout. Else they run in the first/last layer's
     layout (and so do every patch embedding and classification head)."""
-    if asks_split(plan):
+    if plan.vocab_asks_split:
         return True
     if not plan.vocab_in_own_layout(model, per_stage):
         return False
@@ -263,7 +258,7 @@ class VocabHead(nn.Module):
 
 def refuse_vocab(plan: Plan, model: ModelSpec, tied: bool) -> None:
     """What the vocabulary split cannot run here, in one line (SpecError)."""
-    if not asks_split(plan):
+    if not plan.vocab_asks_split:
         return
     if model.embedding.kind != "token" or model.head.kind != "lm":
         raise SpecError("vocab_tp", f"vocabulary parallelism needs a token embedding and an lm head, got "
