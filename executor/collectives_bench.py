@@ -1,140 +1,131 @@
 """Collective benchmarks for the profiler, run on every rank with the job's own backend and
 device (gloo on CPU tensors, NCCL on GPU tensors): all-reduce, all-gather and reduce-scatter
 bus bandwidth per group size and layout, p2p bandwidth per pipeline degree,
-compute/communication overlap."""
+compute/communication overlap.
+
+``collective_entries`` gives the operations to time; the profiler times them in its rounds
+(executor.profile.Timings: every entry once per round, more rounds for the noisy ones), so a
+spell of slow transport falls on one repeat of many entries, not on every repeat of one;
+``collective_fields`` turns the medians into the profile's fields. Every group comes from one
+GroupCache (one process group per set of ranks): on this project's 2-core machine gloo's
+transfers stalled for ~40 ms at a time once a dozen groups had been created, so the benchmark
+creates each group once, as the executor does.
+"""
 from __future__ import annotations
 
-import statistics
-import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from executor.parallel.layout import GroupCache
 
-DEVICE = {"name": "cpu"}
-"""Where the benchmark buffers live (set by measure_collectives for this rank)."""
-
-
-def _sync() -> None:
-    if DEVICE["name"].startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _buffer(numel: int) -> torch.Tensor:
-    return torch.ones(numel, device=DEVICE["name"])
-
-
-def _timed(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        _sync()
-        start = time.perf_counter()
-        fn()
-        _sync()
-        times.append(time.perf_counter() - start)
-    t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=DEVICE["name"])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-    return float(t)
-
-
-def _groups(world: int, size: int, consecutive: bool) -> list[list[int]]:
-    if consecutive:
-        return [list(range(i, i + size)) for i in range(0, world, size)]
-    stride = world // size
-    return [list(range(j, world, stride)) for j in range(stride)]
-
-
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
               "reduce_scatter": lambda g: (g - 1) / g}
 """Bytes each rank moves per byte of the full buffer, on a ring (nccl-tests' bus bandwidth)."""
-
-
-def _call(kind: str, nbytes: int, group, size: int):
-    """One ``kind`` over ``group`` on an ``nbytes`` buffer (the gathered / reduced whole)."""
-    whole = _buffer(nbytes // 4)
-    if kind == "all_reduce":
-        return lambda: dist.all_reduce(whole, group=group)
-    part = _buffer(nbytes // 4 // size)
-    whole = whole[:part.numel() * size]
-    if kind == "all_gather":
-        return lambda: _ALL_GATHER(whole, part, group=group)
-    return lambda: _REDUCE_SCATTER(part, whole, group=group)
-
+OVERLAP_MATMULS = 20
+"""256 x 256 matmuls of the overlap probe's compute."""
 
 # torch 2.13 renamed the flat-tensor collectives (the old names warn); older releases have only those
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def bus_table(kind: str, nbytes: int, repeats: int) -> dict[str, float]:
-    """Bus bandwidth GB/s of ``kind`` (BUS_FACTOR * bytes / time) keyed '<g>_consec' / '<g>_strided'."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    table = {}
-    size = 2
+def rank_sets(world: int, size: int, consecutive: bool) -> list[tuple[int, ...]]:
+    """The groups of ``size`` ranks that tile the world: consecutive ranks, or strided."""
+    if consecutive:
+        return [tuple(range(i, i + size)) for i in range(0, world, size)]
+    stride = world // size
+    return [tuple(range(j, world, stride)) for j in range(stride)]
+
+
+def layouts(world: int) -> list[tuple[int, bool]]:
+    """(group size, consecutive) of every table entry: powers of two up to the world, strided
+    too where that is another group."""
+    out, size = [], 2
     while size <= world:
-        for consecutive in (True, False):
-            if not consecutive and size == world:
-                continue  # the same group as consecutive
-            mine = None
-            for ranks in _groups(world, size, consecutive):  # every rank creates every group
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    mine = group
-            seconds = _timed(_call(kind, nbytes, mine, size), repeats)
-            key = f"{size}_{'consec' if consecutive else 'strided'}"
-            table[key] = BUS_FACTOR[kind](size) * nbytes / seconds / 1e9
+        out += [(size, True)] + ([(size, False)] if size < world else [])
         size *= 2
-    return table
+    return out
 
 
-def p2p_table(nbytes: int, repeats: int) -> dict[str, float]:
-    """Send/recv bandwidth GB/s between neighbouring stages, keyed by pipeline degree."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    table = {}
-    pp = 2
-    while pp <= world:
-        stride = world // pp
-        buf = _buffer(nbytes // 4)
-
-        def exchange():
-            if rank == 0:
-                dist.send(buf, stride)
-            elif rank == stride:
-                dist.recv(buf, 0)
-        table[str(pp)] = nbytes / _timed(exchange, repeats) / 1e9
-        pp *= 2
-    return table
+def _layout_key(size: int, consecutive: bool) -> str:
+    return f"{size}_{'consec' if consecutive else 'strided'}"
 
 
-def overlap_coefficient(nbytes: int, repeats: int) -> float:
-    """Galvatron's gamma as its formula uses it: compute B and communication C run together
-    in max(B, C) + (gamma - 1) min(B, C), so gamma = 1 + (together - max) / min (>= 1)."""
-    a = torch.randn(256, 256, device=DEVICE["name"])
+def _call(kind: str, nbytes: int, group, size: int, device: str) -> Callable[[], None]:
+    """One ``kind`` over ``group`` on an ``nbytes`` buffer (the gathered / reduced whole)."""
+    whole = torch.ones(nbytes // 4, device=device)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(whole, group=group)
+    part = torch.ones(nbytes // 4 // size, device=device)
+    whole = whole[:part.numel() * size]
+    if kind == "all_gather":
+        return lambda: _ALL_GATHER(whole, part, group=group)
+    return lambda: _REDUCE_SCATTER(part, whole, group=group)
+
+
+def _exchange(nbytes: int, stride: int, device: str) -> Callable[[], None]:
+    """Rank 0 sends ``nbytes`` to rank ``stride`` (its neighbour stage at pp = world / stride)."""
+    buf, rank = torch.ones(nbytes // 4, device=device), dist.get_rank()
+
+    def exchange():
+        if rank == 0:
+            dist.send(buf, stride)
+        elif rank == stride:
+            dist.recv(buf, 0)
+    return exchange
+
+
+def _overlap_entries(nbytes: int, device: str) -> dict[str, Callable[[], None]]:
+    """Compute alone, an all-reduce alone, and both at once (Galvatron's overlap probe)."""
+    a = torch.randn(256, 256, device=device)
+    buf = torch.ones(nbytes // 4, device=device)
 
     def compute():
-        for _ in range(20):
+        for _ in range(OVERLAP_MATMULS):
             a @ a
-    alone = _timed(compute, repeats)
-    buf = _buffer(nbytes // 4)
 
     def together():
         work = dist.all_reduce(buf, async_op=True)
         compute()
         work.wait()
-    both = _timed(together, repeats)
-    comm = _timed(lambda: dist.all_reduce(buf), repeats)
-    return max(1.0, 1.0 + (both - max(alone, comm)) / min(alone, comm))
+    return {"overlap/compute": compute, "overlap/comm": lambda: dist.all_reduce(buf), "overlap/together": together}
 
 
-def measure_collectives(rank: int, world_size: int, nbytes: int, repeats: int, device: str = "cpu") -> dict:
-    """Profile-file fields measured by this world (same result on every rank)."""
-    DEVICE["name"] = device
-    small = _buffer(1)
-    latency = _timed(lambda: dist.all_reduce(small), repeats)
-    return {"allreduce_gbytes_per_s": bus_table("all_reduce", nbytes, repeats),
-            "collective_gbytes_per_s": {kind: bus_table(kind, nbytes, repeats) for kind in ("all_gather", "reduce_scatter")},
-            "allreduce_latency_us": latency * 1e6,
-            "p2p_gbytes_per_s": p2p_table(nbytes, repeats),
-            "overlap_coefficient": overlap_coefficient(nbytes, repeats)}
+def collective_entries(world: int, nbytes: int, groups: GroupCache, device: str) -> dict[str, Callable[[], None]]:
+    """Key -> operation, for every rank to time together (the same keys, in the same order, on
+    every rank; groups are created here, collectively)."""
+    small = torch.ones(1, device=device)
+    entries: dict[str, Callable[[], None]] = {"all_reduce/latency": lambda: dist.all_reduce(small)}
+    for size, consecutive in layouts(world):
+        mine = groups.group(rank_sets(world, size, consecutive))
+        for kind in COLLECTIVE_KINDS:
+            entries[f"{kind}/{_layout_key(size, consecutive)}"] = _call(kind, nbytes, mine, size, device)
+    pp = 2
+    while pp <= world:
+        entries[f"p2p/{pp}"] = _exchange(nbytes, world // pp, device)
+        pp *= 2
+    return {**entries, **_overlap_entries(nbytes, device)}
+
+
+def collective_fields(median_ms: dict[str, float], world: int, nbytes: int) -> dict:
+    """The profile's collective fields from the entries' median times (ms)."""
+    def gbytes_per_s(kind: str) -> dict[str, float]:
+        return {_layout_key(size, c): BUS_FACTOR[kind](size) * nbytes / (median_ms[f"{kind}/{_layout_key(size, c)}"] / 1e3) / 1e9
+                for size, c in layouts(world)}
+
+    p2p, pp = {}, 2
+    while pp <= world:
+        p2p[str(pp)] = nbytes / (median_ms[f"p2p/{pp}"] / 1e3) / 1e9
+        pp *= 2
+    alone, comm, both = (median_ms[f"overlap/{k}"] for k in ("compute", "comm", "together"))
+    # Galvatron's gamma as its formula uses it: compute B and communication C run together in
+    # max(B, C) + (gamma - 1) min(B, C), so gamma = 1 + (together - max) / min (>= 1)
+    gamma = max(1.0, 1.0 + (both - max(alone, comm)) / min(alone, comm))
+    return {"allreduce_gbytes_per_s": gbytes_per_s("all_reduce"),
+            "collective_gbytes_per_s": {kind: gbytes_per_s(kind) for kind in ("all_gather", "reduce_scatter")},
+            "allreduce_latency_us": median_ms["all_reduce/latency"] * 1e3,
+            "p2p_gbytes_per_s": p2p,
+            "overlap_coefficient": gamma}

@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executor.collectives_bench import measure_collectives
+from executor.collectives_bench import collective_entries, collective_fields
 from executor.devices import resolve_device
 from executor.launch import LaunchError, launch
 from executor.model import Block, Embedding, Head
+from executor.parallel.layout import GroupCache
 from executor.run import scaled_model
 from executor.train import collected_first
 from specs import LayerSpec, ModelSpec, load_model
@@ -191,14 +192,13 @@ def layer_memory_entry(layer: LayerSpec, tps: list[int], batch: int, device: str
 
 
 def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype,
-               tp: int = 1, zero3: bool = False) -> None:
+               tp: int = 1, zero3: bool = False, groups: GroupCache | None = None) -> None:
     """The layer's forward and backward per batch size, as ``layer{index}/{b}``; at ``tp`` > 1 as
     the executor runs it tensor parallel (executor.parallel.tensor: DTensor column/row splits and
     their all-reduces) on consecutive groups of tp ranks, every group at once, as
     ``layer{index}/tp{tp}/{b}``; with ``zero3`` as the executor runs a ZeRO-3 layer over every
     rank (executor.parallel.data.apply_fsdp: FSDP2, gathered per pass, gradients reduce-scattered),
-    as ``layer{index}/zero3/{b}``."""
-    from torch.distributed.device_mesh import init_device_mesh
+    as ``layer{index}/zero3/{b}``. Their meshes take their groups from ``groups`` (required then)."""
     # a ZeRO-3 layer keeps fp32 shards and computes in the run's dtype (MixedPrecisionPolicy)
     block = Block(layer).to(device=timings.device, dtype=torch.float32 if zero3 else dtype)
     key = f"layer{index}"
@@ -206,11 +206,12 @@ def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Ti
     world = dist.get_world_size() if dist.is_initialized() else 1
     if tp > 1:
         from executor.parallel.tensor import apply_tp
-        mesh = init_device_mesh(kind, (world // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
+        mesh = groups.mesh(torch.arange(world).view(world // tp, tp), kind, ("dp", "tp"))["tp"]
         block, key = apply_tp(block, mesh), f"{key}/tp{tp}"
     elif zero3:
         from executor.parallel.data import DataParallel, apply_fsdp
-        apply_fsdp(block, init_device_mesh(kind, (world,)), DataParallel(1), dtype == torch.bfloat16, set())
+        apply_fsdp(block, groups.mesh(torch.arange(world), kind, ("dp",)), DataParallel(1),
+                   dtype == torch.bfloat16, set())
         key = f"{key}/zero3"
     shape = (layer.seq_len, layer.hidden_size)
     for b in batch_sizes:
@@ -277,28 +278,32 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
                  device: str, dtype: torch.dtype, repeats: int, warmup: int, collective_bytes: int,
                  max_error: float | None = MAX_ERROR, max_repeats: int = MAX_REPEATS) -> dict:
     """What every launched rank runs: the collectives on the job's backend, then the compute
-    timings in lockstep with the other ranks (their thread settings, their contention). The
-    collectives come first: measured after the layers' timings (FSDP2 and DTensor among them),
-    gloo's all-gather ran 8x slower here (0.06 against 0.47 GB/s, 2026-12-03), which a training
-    step does not see."""
+    timings in lockstep with the other ranks (their thread settings, their contention). Every
+    group comes from one GroupCache, as in the executor: a process that keeps creating groups
+    sees gloo's transfers stall (executor.collectives_bench, docs/executor.md)."""
     if device == "cuda":
         device = f"cuda:{rank}"
         torch.cuda.set_device(torch.device(device))
-    collectives = measure_collectives(rank, world_size, collective_bytes, repeats, device) if world_size > 1 else None
+    groups = GroupCache()
+    out: dict = {}
+    if world_size > 1:
+        comm = Timings(device, repeats, warmup)
+        for key, fn in collective_entries(world_size, collective_bytes, groups, device).items():
+            comm.time(f"comm/{key}", fn)
+        out["comm_stats"] = comm.settle(max_error, max_repeats)
+        out["collectives"] = collective_fields({k.removeprefix("comm/"): t.median_ms
+                                                for k, t in out["comm_stats"].items()}, world_size, collective_bytes)
     timings = Timings(device, repeats, warmup)
     kinds = model.layer_types()
     for i, layer in enumerate(kinds):
         for tp in [1, *tp_degrees(tps, world_size, layer)]:
-            time_layer(layer, i, batch_sizes, timings, dtype, tp)
+            time_layer(layer, i, batch_sizes, timings, dtype, tp, groups=groups)
         if world_size > 1:
-            time_layer(layer, i, batch_sizes, timings, dtype, zero3=True)
+            time_layer(layer, i, batch_sizes, timings, dtype, zero3=True, groups=groups)
     vocab_bytes = time_vocab(model, batch_sizes, timings, dtype)
     time_optimizer(timings, dtype)
-    stats = timings.settle(max_error, max_repeats)
-    out = {"stats": stats, "vocab_bytes": vocab_bytes, "device_name": _device_name(device)}
-    if collectives is not None:
-        out["collectives"] = collectives
-    return out
+    return {**out, "stats": timings.settle(max_error, max_repeats), "vocab_bytes": vocab_bytes,
+            "device_name": _device_name(device)}
 
 
 def _tables(stats: dict, key: str, batch_sizes: list[int]) -> tuple[dict, dict]:
@@ -354,6 +359,9 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
                         "median_error": round(statistics.median(errors), 4)},
            "layers": layers, "vocab": {"forward_ms": fwd, "backward_ms": bwd, "parameter_bytes": result["vocab_bytes"]}}
     raw.update(result.get("collectives", {}))
+    if "comm_stats" in result:  # settled like the compute times, but never refused: gloo's
+        # transfers on loopback come in two modes (ms, or ~40 ms stalls), spread that is no load
+        raw["hardware"]["collective_max_error"] = round(max(t.error for t in result["comm_stats"].values()), 4)
     raw["optimizer_ms_per_mparam"] = stats["optimizer"].median_ms / (OPTIMIZER_PROBE_PARAMS / 1e6)
     return Profile.from_dict(raw)
 

@@ -6,6 +6,7 @@ import gc
 import re
 import statistics
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -248,7 +249,10 @@ def _peak_memory(pm: ParallelModel, plan: Plan, opt, loss_fn, model: ModelSpec, 
                 "reserved_memory_bytes": int(torch.cuda.memory_reserved())}
     tracker = _micro_batch_tracker()
     tracker.track_external(pm.module, opt.adam, *[b.master for b in opt.buckets])
-    with tracker:
+    with tracker, warnings.catch_warnings():
+        # the gradient buckets take the gradients in a post-accumulate hook (p.grad = None)
+        # before MemTracker's own hook reads them, which then warns once per parameter
+        warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
         train_step(pm, plan, inputs, targets, loss_fn)
         opt.step()
         opt.zero_grad()
