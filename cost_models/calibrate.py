@@ -21,7 +21,7 @@ from scipy.optimize import least_squares
 from cost_models.analytical import AnalyticalModel
 from cost_models.base import pipeline_time
 from cost_models.constants import AnalyticalConstants, save_calibration
-from cost_models.measured_runs import Run, megatron_runs
+from cost_models.measured_runs import MEGATRON_SOFTWARE, Run, megatron_runs
 from specs import ClusterSpec, SpecError, load_cluster
 from specs.cli import ArgumentParser, count, output_file
 from specs.datasets import Dataset, data_path
@@ -218,7 +218,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     coll_values = {n: getattr(collective, n) for n in COLLECTIVE_PARAMS}
     print("collectives:", ", ".join(f"{k}={v:.4g}" for k, v in coll_values.items()))
     runs = megatron_runs("single")
-    start = collective.with_values({"dp_overlap_fraction": 0.0})
+    start = collective.with_values(MEGATRON_SOFTWARE)
     fitted = fit_compute(runs, start=start, max_evals=args.max_evals)
     comp_values = {n: getattr(fitted, n) for n in COMPUTE_PARAMS}
     print("compute:", ", ".join(f"{k}={v:.4g}" for k, v in comp_values.items()))
