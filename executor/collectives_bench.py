@@ -40,14 +40,16 @@ def rank_sets(world: int, size: int, consecutive: bool) -> list[tuple[int, ...]]
     return [tuple(range(j, world, stride)) for j in range(stride)]
 
 
+def degrees(world: int) -> list[int]:
+    """Group sizes (and pipeline degrees) the tables cover: the powers of two > 1 that divide
+    the world."""
+    return [1 << k for k in range(1, world.bit_length()) if world % (1 << k) == 0]
+
+
 def layouts(world: int) -> list[tuple[int, bool]]:
-    """(group size, consecutive) of every table entry: powers of two up to the world, strided
-    too where that is another group."""
-    out, size = [], 2
-    while size <= world:
-        out += [(size, True)] + ([(size, False)] if size < world else [])
-        size *= 2
-    return out
+    """(group size, consecutive) of every table entry (degrees), strided too where that is
+    another group."""
+    return [(size, c) for size in degrees(world) for c in (True, False) if c or size < world]
 
 
 def _layout_key(size: int, consecutive: bool) -> str:
@@ -103,10 +105,8 @@ def collective_entries(world: int, nbytes: int, groups: GroupCache, device: str)
         mine = groups.group(rank_sets(world, size, consecutive))
         for kind in COLLECTIVE_KINDS:
             entries[f"{kind}/{_layout_key(size, consecutive)}"] = _call(kind, nbytes, mine, size, device)
-    pp = 2
-    while pp <= world:
+    for pp in degrees(world):
         entries[f"p2p/{pp}"] = _exchange(nbytes, world // pp, device)
-        pp *= 2
     return {**entries, **_overlap_entries(nbytes, device)}
 
 
@@ -116,10 +116,7 @@ def collective_fields(median_ms: dict[str, float], world: int, nbytes: int) -> d
         return {_layout_key(size, c): BUS_FACTOR[kind](size) * nbytes / (median_ms[f"{kind}/{_layout_key(size, c)}"] / 1e3) / 1e9
                 for size, c in layouts(world)}
 
-    p2p, pp = {}, 2
-    while pp <= world:
-        p2p[str(pp)] = nbytes / (median_ms[f"p2p/{pp}"] / 1e3) / 1e9
-        pp *= 2
+    p2p = {str(pp): nbytes / (median_ms[f"p2p/{pp}"] / 1e3) / 1e9 for pp in degrees(world)}
     alone, comm, both = (median_ms[f"overlap/{k}"] for k in ("compute", "comm", "together"))
     # Galvatron's gamma as its formula uses it: compute B and communication C run together in
     # max(B, C) + (gamma - 1) min(B, C), so gamma = 1 + (together - max) / min (>= 1)

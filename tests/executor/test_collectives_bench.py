@@ -7,7 +7,7 @@ from torch.distributed import distributed_c10d as c10d
 
 import specs
 from executor import profile
-from executor.collectives_bench import collective_entries, collective_fields, layouts, rank_sets
+from executor.collectives_bench import collective_entries, collective_fields, degrees, layouts, rank_sets
 from executor.launch import launch
 from executor.parallel.layout import GroupCache
 
@@ -15,6 +15,8 @@ from executor.parallel.layout import GroupCache
 def test_layouts_tile_the_world_consecutively_and_strided():
     assert layouts(8) == [(2, True), (2, False), (4, True), (4, False), (8, True)]
     assert layouts(2) == [(2, True)]  # strided over the whole world is the same group
+    assert layouts(6) == [(2, True), (2, False)]  # only sizes that tile the world
+    assert degrees(12) == [2, 4] and degrees(3) == []
     assert rank_sets(8, 4, True) == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert rank_sets(8, 2, False) == [(0, 4), (1, 5), (2, 6), (3, 7)]
 
