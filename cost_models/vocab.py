@@ -18,8 +18,11 @@ from specs import DPType, LayerStrategy, ModelSpec, Plan
 if TYPE_CHECKING:
     from cost_models.analytical import AnalyticalModel
 
-LOSS_ALLREDUCE_BYTES_PER_TOKEN = 12
-"""Vocab-parallel cross-entropy all-reduces three fp32 values per token (max, sum, target logit)."""
+LOSS_ALLREDUCES = 3
+"""Vocab-parallel cross-entropy all-reduces the logits' max, the sum of their exponentials and the
+target's logit, one after the other (each needs the one before): three collectives of one fp32
+per token (Megatron's and executor.parallel.vocab's)."""
+LOSS_ALLREDUCE_BYTES_PER_TOKEN = 4
 LOGIT_KEPT_BYTES = 4
 """The loss keeps its fp32 softmax for backward (Megatron vocab-parallel cross-entropy)."""
 
@@ -168,7 +171,7 @@ def vocab_tp_comm_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage: 
     """The vocabulary's tensor-parallel collectives of one micro-batch on ``stage`` (none at tp 1
     or under Ulysses, whose group splits tokens): the embedding's partial lookups summed
     (forward), the head's input gradient summed (backward) and the vocab-parallel
-    cross-entropy's three fp32 values per token."""
+    cross-entropy's three all-reduces of one fp32 per token."""
     tp = max((len(g) for g in tp_groups), default=1)
     if tp <= 1 or plan.vocab_sp == "ulysses":
         return 0.0
@@ -180,7 +183,8 @@ def vocab_tp_comm_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage: 
         head_tokens = mbs * model.head.seq_len
         comm_s += _vocab_tp_comm(cost_model, head_tokens * model.head.hidden_size * BYTES_PER_ACTIVATION, tp_groups,
                                  plan, "all_reduce")
-        comm_s += cost_model.collective_time("all_reduce", head_tokens * LOSS_ALLREDUCE_BYTES_PER_TOKEN, tp_groups)
+        comm_s += LOSS_ALLREDUCES * cost_model.collective_time("all_reduce", head_tokens * LOSS_ALLREDUCE_BYTES_PER_TOKEN,
+                                                               tp_groups)
     return comm_s
 
 

@@ -353,7 +353,8 @@ def test_vocabulary_tensor_parallelism_pays_its_collectives():
     """tiny-gpt (sequence 64, hidden 128, one stage of 2 GPUs) at vocab tp 2, micro-batch 4, layers
     tp 2 (the same layout: no relayout): the embedding's partial lookups and the head's input
     gradient are each summed over the pair (4 x 64 x 128 x 2 bytes = 65,536 bytes), and the
-    vocab-parallel loss all-reduces 12 bytes per token; at the documented 180 GB/s bus bandwidth
+    vocab-parallel loss makes three all-reduces of 4 bytes per token (max, sum of exponentials,
+    target logit: each waits for the one before, so three latencies); at the documented 180 GB/s bus bandwidth
     and 20 us latency of 2 ranks an all-reduce of B bytes takes 20 us + B / 180e9. Ulysses
     (tokens split, weights whole) pays none. Before, the profiled model charged nothing."""
     from cost_models.vocab import vocab_tp_comm_s
@@ -362,7 +363,7 @@ def test_vocabulary_tensor_parallelism_pays_its_collectives():
     ar = lambda nbytes: 20e-6 + nbytes / 180e9  # noqa: E731
     plan = replace(uniform_plan(model.num_layers, tp=2, dp=1, global_batch=4, micro_batches=1), vocab_tp=2)
     vocab, _ = cm.vocab_cost(model, plan, 0, 2)
-    assert vocab.tp_comm_s == pytest.approx(2 * ar(4 * 64 * 128 * 2) + ar(4 * 64 * 12))
+    assert vocab.tp_comm_s == pytest.approx(2 * ar(4 * 64 * 128 * 2) + 3 * ar(4 * 64 * 4))
     assert vocab_tp_comm_s(cm, model, replace(plan, vocab_sp="ulysses"), 0, 4, [[0, 1]]) == 0.0
 
 
