@@ -230,10 +230,13 @@ def main(argv: Iterable[str] | None = None) -> int:
         cv_pred, _ = cross_validate(runs, folds=args.folds, start=start, max_evals=args.max_evals, jobs=args.jobs)
         band = error_band(cv_pred, np.array([r.measured_s for r in runs]))
         print(f"{args.folds}-fold CV error band: p10 {band['cv_error_p10']:+.3f}, p90 {band['cv_error_p90']:+.3f}")
+    fitted_on = {"collectives": f"nccl-tests all-reduce, {len(rows)} rows",
+                 "compute": f"vTrain single-node, {len(runs)} runs, in-sample MAPE {stats['mape']:.2f}%"}
+    if band:
+        fitted_on["error_band"] = (f"{args.folds}-fold CV residuals on the vTrain single-node set "
+                                   f"(max {args.max_evals} cost evaluations per fold)")
     save_calibration(args.out, {**coll_values, **comp_values, **band}, cluster=args.cluster,
-                     fitted_on={"collectives": f"nccl-tests all-reduce, {len(rows)} rows",
-                                "compute": f"vTrain single-node, {len(runs)} runs, in-sample MAPE "
-                                           f"{stats['mape']:.2f}%"},
+                     fitted_on=fitted_on,
                      procedure="python -m cost_models.calibrate (docs/cost_models.md)")
     print(f"wrote {args.out}")
     return 0
