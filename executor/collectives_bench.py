@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from executor.parallel.layout import GroupCache
+from specs import layer_groups
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
@@ -33,11 +34,9 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 
 def rank_sets(world: int, size: int, consecutive: bool) -> list[tuple[int, ...]]:
-    """The groups of ``size`` ranks that tile the world: consecutive ranks, or strided."""
-    if consecutive:
-        return [tuple(range(i, i + size)) for i in range(0, world, size)]
-    stride = world // size
-    return [tuple(range(j, world, stride)) for j in range(stride)]
+    """The groups of ``size`` ranks that tile the world, consecutive or strided: a layer's tp
+    groups at tp = size (specs.layer_groups)."""
+    return [tuple(g) for g in layer_groups(0, size, world // size, consecutive)[0]]
 
 
 def degrees(world: int) -> list[int]:
@@ -113,8 +112,9 @@ def collective_entries(world: int, nbytes: int, groups: GroupCache, device: str)
 def collective_fields(median_ms: dict[str, float], world: int, nbytes: int) -> dict:
     """The profile's collective fields from the entries' median times (ms)."""
     def gbytes_per_s(kind: str) -> dict[str, float]:
-        return {_layout_key(size, c): BUS_FACTOR[kind](size) * nbytes / (median_ms[f"{kind}/{_layout_key(size, c)}"] / 1e3) / 1e9
-                for size, c in layouts(world)}
+        keys = {_layout_key(size, c): size for size, c in layouts(world)}
+        return {key: BUS_FACTOR[kind](size) * nbytes / (median_ms[f"{kind}/{key}"] / 1e3) / 1e9
+                for key, size in keys.items()}
 
     p2p = {str(pp): nbytes / (median_ms[f"p2p/{pp}"] / 1e3) / 1e9 for pp in degrees(world)}
     alone, comm, both = (median_ms[f"overlap/{k}"] for k in ("compute", "comm", "together"))

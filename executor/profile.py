@@ -289,10 +289,10 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
     if world_size > 1:
         comm = Timings(device, repeats, warmup)
         for key, fn in collective_entries(world_size, collective_bytes, groups, device).items():
-            comm.time(f"comm/{key}", fn)
+            comm.time(key, fn)
         out["comm_stats"] = comm.settle(max_error, max_repeats)
-        out["collectives"] = collective_fields({k.removeprefix("comm/"): t.median_ms
-                                                for k, t in out["comm_stats"].items()}, world_size, collective_bytes)
+        out["collectives"] = collective_fields({k: t.median_ms for k, t in out["comm_stats"].items()},
+                                               world_size, collective_bytes)
     timings = Timings(device, repeats, warmup)
     kinds = model.layer_types()
     for i, layer in enumerate(kinds):
