@@ -79,9 +79,12 @@ def worst_rows(runs: Sequence, predicted: np.ndarray, cost_model_for: Callable, 
 def layer_slope_rows(runs: Sequence, predicted: np.ndarray) -> list[list]:
     """Time per layer and micro-batch at pp 1, measured against predicted, per (hidden size, tp,
     micro-batch size): within each group of runs that differ only in their layer count (3 or
-    more counts), the least-squares slope of iteration time over layers, divided by the
-    micro-batches. One row per (hidden, tp, micro-batch) with the groups' median slopes, their
-    ratio (predicted / measured) and the range of the measured slopes (small: not noise)."""
+    more counts), the least-squares line of iteration time over layers, divided by the
+    micro-batches. Its slope is a layer's time, its intercept what a micro-batch costs outside
+    the layers (embedding, LM head and loss, per-micro-batch overhead; per-iteration costs
+    shared out). One row per (hidden, tp, micro-batch) with the groups' median slopes, their
+    ratio (predicted / measured), the range of the measured slopes (small: not noise) and the
+    median intercepts."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
         if r.plan.pp == 1:
@@ -89,23 +92,24 @@ def layer_slope_rows(runs: Sequence, predicted: np.ndarray) -> list[list]:
             key = (h, s.tp, FEATURES["micro-batch"](r), s.dp, r.plan.micro_batches)
             groups.setdefault(key, []).append(i)
     measured = np.array([r.measured_s for r in runs])
-    slopes: dict[tuple, list[tuple[float, float]]] = {}
+    lines: dict[tuple, list[tuple[float, float, float, float]]] = {}
     for key, idx in groups.items():
         layers = np.array([runs[i].model.num_layers for i in idx])
         if len(set(layers)) < 3:
             continue
-        per = lambda t: np.polyfit(layers, t[idx], 1)[0] / key[4] * 1e3  # noqa: E731
-        slopes.setdefault(key[:3], []).append((per(measured), per(predicted)))
+        per = lambda t: np.polyfit(layers, t[idx], 1) / key[4] * 1e3  # noqa: E731  (slope, intercept)
+        (ms, mi), (ps, pi) = per(measured), per(predicted)
+        lines.setdefault(key[:3], []).append((ms, ps, mi, pi))
     rows = []
-    for (h, tp, mbs), pairs in sorted(slopes.items()):
-        m, p = np.median(np.array(pairs), axis=0)
-        lo, hi = min(x for x, _ in pairs), max(x for x, _ in pairs)
-        rows.append([h, tp, mbs, len(pairs), m, p, p / m, lo, hi])
+    for (h, tp, mbs), fits in sorted(lines.items()):
+        m, p, mi, pi = np.median(np.array(fits), axis=0)
+        lo, hi = min(f[0] for f in fits), max(f[0] for f in fits)
+        rows.append([h, tp, mbs, len(fits), m, p, p / m, lo, hi, mi, pi])
     return rows
 
 
 SLOPE_HEADERS = ["hidden", "tp", "mbs", "groups", "measured ms", "predicted ms", "ratio", "measured min",
-                 "measured max"]
+                 "measured max", "rest measured ms", "rest predicted ms"]
 WORST_HEADERS = ["size", "plan", "mbs", "m", "measured ms", "predicted ms", "error %", "compute ms", "TP ms",
                  "p2p ms", "bubble ms", "tail ms"]
 BY_HEADERS = ["value", "runs", "MAPE %", "signed %", "worst %"]
@@ -121,7 +125,8 @@ def print_analysis(title: str, features: Sequence[str], runs: Sequence, predicte
                        floatfmt=".2f"))
     slopes = layer_slope_rows(runs, predicted)
     if slopes:
-        print(f"\n{title}: ms per layer and micro-batch at pp 1 (slope over the layer counts; median over dp, m)")
+        print(f"\n{title}: ms per layer and micro-batch at pp 1 (slope over the layer counts; median over dp, m),"
+              " and the rest of a micro-batch (the intercept)")
         print(tabulate(slopes, headers=SLOPE_HEADERS, floatfmt=".2f"))
     print(f"\n{title}: {worst} worst runs (breakdown by the cost model, ms)")
     print(tabulate(worst_rows(runs, predicted, cost_model_for, worst), headers=WORST_HEADERS, floatfmt=".1f"))

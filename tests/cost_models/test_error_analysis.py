@@ -55,7 +55,9 @@ def test_layer_slope_is_time_per_layer_and_micro_batch_over_runs_differing_only_
     predicted += [1.0, 2.0]
     rows = ea.layer_slope_rows(runs, np.array(predicted))
     assert len(rows) == 1
-    hidden, tp, mbs, groups, measured_ms, predicted_ms, ratio, lo, hi = rows[0]
+    hidden, tp, mbs, groups, measured_ms, predicted_ms, ratio, lo, hi, rest_measured, rest_predicted = rows[0]
     assert (tp, mbs, groups) == (1, 2, 2)
     assert measured_ms == pytest.approx(3.0) and predicted_ms == pytest.approx(2.0)
     assert ratio == pytest.approx(2 / 3) and lo == pytest.approx(3.0) and hi == pytest.approx(3.0)
+    # intercepts 0.101 / 0.102 s (median 0.1015) and 0.05 s, over 2 micro-batches
+    assert rest_measured == pytest.approx(50.75) and rest_predicted == pytest.approx(25.0)
