@@ -16,11 +16,15 @@ ELEMENT_BYTES = 2
 """fp16/bf16 tensors."""
 MASK_BYTES = 1
 """A dropout mask element (PyTorch stores bool masks as one byte)."""
-LOSS_FORWARD_BYTES_PER_LOGIT = 26
-"""Vocab-parallel cross-entropy forward over fp16 logits (Megatron): read fp16 (2), write and
-read an fp32 copy (8), max-subtract (8), exp and sum (8): about 26 bytes per logit."""
-LOSS_BACKWARD_BYTES_PER_LOGIT = 10
-"""Its backward: read the fp32 softmax (4), write the fp32 gradient (4), cast to fp16 (2)."""
+LOSS_FORWARD_KERNELS = (("loss_to_fp32", 2 + 4), ("loss_max", 4), ("loss_subtract_max", 4 + 4),
+                        ("loss_exp", 4 + 4), ("loss_sum", 4), ("loss_normalise", 4 + 4))
+"""Megatron's vocab-parallel cross-entropy forward over the fp16 logits, one kernel per pass
+over them: ``output.float()``, the max, ``sub_`` of it, ``exp`` in place, the sum, ``div_`` by it
+(the softmax is kept for backward). (name, bytes read plus written per logit); the per-token
+kernels (target mask, gather of the target logit, log) are left out."""
+LOSS_BACKWARD_KERNELS = (("loss_scale_grad", 4 + 4), ("loss_to_fp16", 4 + 2))
+"""Its backward: ``mul_`` of the kept fp32 softmax by the output gradient, then the cast's
+backward to fp16."""
 
 
 @dataclass(frozen=True)
@@ -258,19 +262,18 @@ def head_forward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int
     ops = [elementwise("final_norm", tokens * h, tokens * h)] if head.final_norm else []
     if head.pooler or head.transform:
         ops.append(gemm("head_dense", tokens, h, h))
-    logits = tokens * head.output_size / tp
-    ops += [gemm("logits", tokens, head.output_size / tp, h),
-            Op("loss", 0.0, LOSS_FORWARD_BYTES_PER_LOGIT * logits)]
-    return ops
+    ops.append(gemm("logits", tokens, head.output_size / tp, h))
+    return ops + _loss_ops(LOSS_FORWARD_KERNELS, head, batch, tp)
 
 
 def head_backward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int) -> list[Op]:
-    fwd = head_forward_ops(head, tokens_per_sample, batch, tp)
-    out = []
-    for op in fwd:
-        if op.name == "loss":
-            logits = op.nbytes / LOSS_FORWARD_BYTES_PER_LOGIT
-            out.append(Op("loss_bwd", 0.0, LOSS_BACKWARD_BYTES_PER_LOGIT * logits))
-        else:
-            out += backward_ops([op])
-    return out
+    if head.kind == "none":
+        return []
+    return _loss_ops(LOSS_BACKWARD_KERNELS, head, batch, tp) + \
+        backward_ops(head_forward_ops(head, tokens_per_sample, batch, tp)[:-len(LOSS_FORWARD_KERNELS)])
+
+
+def _loss_ops(kernels: tuple[tuple[str, int], ...], head: HeadSpec, batch: int, tp: int) -> list[Op]:
+    """The loss's passes over one rank's logits (its vocabulary shard of every token)."""
+    logits = batch * head.seq_len * head.output_size / tp
+    return [Op(name, 0.0, nbytes * logits) for name, nbytes in kernels]

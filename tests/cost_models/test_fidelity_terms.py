@@ -6,9 +6,10 @@ import pytest
 from cost_models.analytical import AnalyticalModel
 from cost_models.constants import AnalyticalConstants
 from cost_models.memory import activation_bytes
-from cost_models.ops import FLASH_BACKWARD_FLOPS_FACTOR, backward_ops, forward_ops, fused_softmax_available
+from cost_models.ops import (FLASH_BACKWARD_FLOPS_FACTOR, backward_ops, forward_ops, fused_softmax_available,
+                             head_backward_ops, head_forward_ops)
 from cost_models.sequence import attention_core_ops
-from specs import LayerSpec, LayerStrategy, Recompute, SpecError, load_cluster, load_model
+from specs import HeadSpec, LayerSpec, LayerStrategy, Recompute, SpecError, load_cluster, load_model
 
 GPT = LayerSpec(kind="gpt", hidden_size=1024, num_heads=16, ffn_hidden_size=4096, seq_len=1024)
 
@@ -158,3 +159,19 @@ def test_unfused_softmax_makes_the_launch_bound_layer_slower():
     assert len(forward_ops(GPT, 8, 1)) - len(forward_ops(fused_heads, 8, 1)) == 4
     assert slow.forward_s - fast.forward_s == pytest.approx(4 * 1e-4, rel=1e-6)
     assert slow.backward_s - fast.backward_s == pytest.approx(2 * 4 * 1e-4, rel=1e-6)  # backward + recompute
+
+
+def test_vocab_parallel_loss_is_megatrons_passes_over_the_logits_worked_by_hand():
+    """2 samples of 8 tokens, vocabulary 1024 over tp 4: 16 x 256 = 4096 logits a rank.
+    Forward: cast to fp32 (2 + 4), max (4), subtract it (4 + 4), exp (4 + 4), sum (4), divide
+    (4 + 4) = 38 bytes a logit in 6 kernels; backward: scale by the output gradient (4 + 4), cast
+    back (4 + 2) = 14 bytes in 2. The logits GEMM is 2 x 16 x 256 x 64 FLOPs each way."""
+    head = HeadSpec(kind="lm", hidden_size=64, output_size=1024, seq_len=8)
+    fwd = head_forward_ops(head, 8, 2, 4)
+    assert [o.name for o in fwd] == ["logits", "loss_to_fp32", "loss_max", "loss_subtract_max", "loss_exp",
+                                     "loss_sum", "loss_normalise"]
+    assert fwd[0].flops == 2 * 16 * 256 * 64 and sum(o.nbytes for o in fwd[1:]) == 38 * 4096
+    bwd = head_backward_ops(head, 8, 2, 4)
+    assert [o.name for o in bwd] == ["loss_scale_grad", "loss_to_fp16", "logits_dgrad", "logits_wgrad"]
+    assert sum(o.nbytes for o in bwd[:2]) == 14 * 4096
+    assert bwd[2].flops == bwd[3].flops == fwd[0].flops
