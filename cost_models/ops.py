@@ -257,20 +257,23 @@ def head_forward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int
     """Final norm, logits GEMM (vocab split by tp) and the cross-entropy loss."""
     if head.kind == "none":
         return []
-    h = head.hidden_size
-    tokens = float(batch * head.seq_len)
-    ops = [elementwise("final_norm", tokens * h, tokens * h)] if head.final_norm else []
-    if head.pooler or head.transform:
-        ops.append(gemm("head_dense", tokens, h, h))
-    ops.append(gemm("logits", tokens, head.output_size / tp, h))
-    return ops + _loss_ops(LOSS_FORWARD_KERNELS, head, batch, tp)
+    return _head_ops(head, batch, tp) + _loss_ops(LOSS_FORWARD_KERNELS, head, batch, tp)
 
 
 def head_backward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int) -> list[Op]:
     if head.kind == "none":
         return []
-    return _loss_ops(LOSS_BACKWARD_KERNELS, head, batch, tp) + \
-        backward_ops(head_forward_ops(head, tokens_per_sample, batch, tp)[:-len(LOSS_FORWARD_KERNELS)])
+    return _loss_ops(LOSS_BACKWARD_KERNELS, head, batch, tp) + backward_ops(_head_ops(head, batch, tp))
+
+
+def _head_ops(head: HeadSpec, batch: int, tp: int) -> list[Op]:
+    """The head's kernels before the loss: final norm, pooler or MLM transform, logits GEMM."""
+    h = head.hidden_size
+    tokens = float(batch * head.seq_len)
+    ops = [elementwise("final_norm", tokens * h, tokens * h)] if head.final_norm else []
+    if head.pooler or head.transform:
+        ops.append(gemm("head_dense", tokens, h, h))
+    return ops + [gemm("logits", tokens, head.output_size / tp, h)]
 
 
 def _loss_ops(kernels: tuple[tuple[str, int], ...], head: HeadSpec, batch: int, tp: int) -> list[Op]:
