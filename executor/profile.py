@@ -192,13 +192,13 @@ def layer_memory_entry(layer: LayerSpec, tps: list[int], batch: int, device: str
 
 
 def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype,
-               tp: int = 1, zero3: bool = False, groups: GroupCache | None = None) -> None:
+               tp: int = 1, zero3: bool = False, *, groups: GroupCache) -> None:
     """The layer's forward and backward per batch size, as ``layer{index}/{b}``; at ``tp`` > 1 as
     the executor runs it tensor parallel (executor.parallel.tensor: DTensor column/row splits and
     their all-reduces) on consecutive groups of tp ranks, every group at once, as
     ``layer{index}/tp{tp}/{b}``; with ``zero3`` as the executor runs a ZeRO-3 layer over every
     rank (executor.parallel.data.apply_fsdp: FSDP2, gathered per pass, gradients reduce-scattered),
-    as ``layer{index}/zero3/{b}``. Their meshes take their groups from ``groups`` (required then)."""
+    as ``layer{index}/zero3/{b}``. Their meshes take their groups from ``groups``."""
     # a ZeRO-3 layer keeps fp32 shards and computes in the run's dtype (MixedPrecisionPolicy)
     block = Block(layer).to(device=timings.device, dtype=torch.float32 if zero3 else dtype)
     key = f"layer{index}"
