@@ -1,10 +1,11 @@
-"""How close the cost models' iteration times are to the vTrain measured A100 runs.
+"""How close the cost models' iteration times are to measured A100 runs.
 
 ``python -m benchmarks.cost_model_accuracy``: the analytical model with public-figure
-defaults, and calibrated by 5-fold cross-validation on the single-node set (each run predicted
-by constants fitted on the other folds); the multi-node set is never fitted, only predicted
-(by constants fitted on all single-node runs). Prints MAPE, median, worst, per set and model
-size, and Kendall's tau between predicted and measured times.
+defaults, and calibrated by 5-fold cross-validation on vTrain's single-node set (each run
+predicted by constants fitted on the other folds); vTrain's multi-node set and Megatron-LM's
+published runs (sequence parallelism, selective recomputation, interleaving) are never fitted,
+only predicted (by constants fitted on all single-node runs). Prints MAPE, median, worst, per
+set and model size, Kendall's tau between predicted and measured times, and each published run.
 """
 from __future__ import annotations
 
@@ -66,6 +67,16 @@ def galvatron_memory_rows() -> list[list]:
     return rows
 
 
+def published_rows(runs: list, predicted: np.ndarray) -> list[list]:
+    """One row per run: what it ran, measured and predicted seconds, signed error."""
+    rows = []
+    for run, pred in zip(runs, predicted):
+        s, plan = run.plan.layers[0], run.plan
+        rows.append([run.model_key, run.cluster.world_size, f"{s.tp} {plan.pp} {plan.virtual_stages}",
+                     f"{s.recompute} / {s.sp}", run.measured_s, pred, (pred / run.measured_s - 1) * 100])
+    return rows
+
+
 @one_line_errors()
 def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
@@ -82,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     features = error_analysis.parse_features(args.by)
     start = time.time()
-    single, multi = megatron_runs("single"), megatron_runs("multi")
+    single, multi, published = megatron_runs("single"), megatron_runs("multi"), megatron_runs("published")
     defaults = AnalyticalConstants().with_values(MEGATRON_SOFTWARE)
     calibration = load_cluster("dgx-a100-80g").calibration
     calibrated = constants_for(calibration).with_values(MEGATRON_SOFTWARE)
-    print(f"{len(single)} single-node and {len(multi)} multi-node runs; calibration file {calibration}")
+    print(f"{len(single)} single-node, {len(multi)} multi-node and {len(published)} published runs; "
+          f"calibration file {calibration}")
     cv_pred, fitted = cross_validate(single, folds=args.folds, start=calibrated.with_values(
         {k: getattr(defaults, k) for k in ("gemm_half_efficiency_flops", "memory_efficiency", "kernel_overhead_s",
                                            "host_time_per_kernel_s", "micro_batch_overhead_s",
@@ -96,8 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = (_table("analytical, public defaults / single", single, predict(defaults, single))
             + _table(f"analytical, {args.folds}-fold CV / single", single, cv_pred)
             + _table("analytical, public defaults / multi", multi, predict(defaults, multi))
-            + _table("analytical, a100.json (fit on single) / multi", multi, predict(calibrated, multi)))
+            + _table("analytical, a100.json (fit on single) / multi", multi, predict(calibrated, multi))
+            + _table("analytical, public defaults / published", published, predict(defaults, published))
+            + _table("analytical, a100.json (fit on single) / published", published,
+                     predict(calibrated, published)))
     print(tabulate(rows, headers=["model / set", "size", "runs", "MAPE %", "median %", "worst %", "Kendall tau"],
+                   floatfmt=".2f"))
+    print("\nMegatron-LM's published runs (data/megatron_a100), a100.json")
+    print(tabulate(published_rows(published, predict(calibrated, published)),
+                   headers=["size", "GPUs", "tp pp v", "recompute / sp", "measured s", "predicted s", "error %"],
                    floatfmt=".2f"))
     print("\nLLaMA-2 7B, one layer, MiB per GPU: Galvatron's measurement vs the analytical formulas")
     print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",

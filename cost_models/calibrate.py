@@ -70,7 +70,8 @@ def _structure_key(run: Run) -> tuple:
     """Runs that differ only in the number of micro-batches share their stage times."""
     plan = run.plan
     mbs = plan.global_batch // plan.micro_batches
-    rep = replace(plan, micro_batches=plan.pp, global_batch=mbs * plan.pp, schedule="gpipe")
+    schedule = "gpipe" if plan.virtual_stages == 1 else plan.schedule  # interleaving needs 1F1B
+    rep = replace(plan, micro_batches=plan.pp, global_batch=mbs * plan.pp, schedule=schedule)
     return run.model, run.cluster, rep
 
 
@@ -87,7 +88,7 @@ def predict(constants: AnalyticalConstants, runs: Sequence[Run]) -> np.ndarray:
             cost = model.plan_cost(key[0], key[2])
             stages[key] = (cost.stage_time_s, cost.stage_tail_s)
         times, tails = stages[key]
-        out[i] = pipeline_time(times, tails, run.plan.micro_batches)
+        out[i] = pipeline_time(times, tails, run.plan.micro_batches, run.plan.virtual_stages)
     return out
 
 

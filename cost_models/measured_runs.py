@@ -1,22 +1,29 @@
-"""Measured training iterations the cost models are fitted on and checked against: the vTrain
-A100 runs (data/vtrain_a100, via specs.datasets) as (model, cluster, plan, measured time).
+"""Measured training iterations the cost models are fitted on and checked against, as (model,
+cluster, plan, measured time), read via specs.datasets:
 
-Megatron-DeepSpeed, fp16, Adam, full recomputation, 1F1B, no ZeRO, no sequence parallelism:
-each row becomes a uniform Plan on a GPT model of the row's shape (vocabulary 50257).
+- the vTrain A100 runs (data/vtrain_a100): Megatron-DeepSpeed, fp16, Adam, full recomputation,
+  1F1B, no ZeRO, no sequence parallelism; sets 'single' (fitted) and 'multi' (never fitted);
+- Megatron-LM's published runs (data/megatron_a100): set 'published' (never fitted), with the
+  interleaving, recomputation and sequence parallelism each row gives.
+
+Each row becomes a uniform Plan on a GPT model of the row's shape (vocabulary 50257).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from specs import ClusterSpec, ModelSpec, Plan, Recompute, Schedule, load_cluster, model_from_dict, uniform_plan
+from specs import (ClusterSpec, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, load_cluster, model_from_dict,
+                   uniform_plan)
 from specs.cluster import InterNodeLink
 from specs.datasets import DATA_ROOT, Dataset, data_path
 
-SETS = {"single": Dataset.VTRAIN_SINGLE_NODE, "multi": Dataset.VTRAIN_MULTI_NODE}
+SETS = {"single": Dataset.VTRAIN_SINGLE_NODE, "multi": Dataset.VTRAIN_MULTI_NODE,
+        "published": Dataset.MEGATRON_PUBLISHED}
 """Set name -> data set."""
 VOCAB = 50257
-MULTI_NODE_NICS = 4
-"""The multi-node set's nodes have about 4 x 200 Gb/s InfiniBand (data/vtrain_a100/PROVENANCE.md)."""
+NICS_PER_NODE = {"multi": 4}
+"""InfiniBand NICs (200 Gb/s) per node where a set's nodes have fewer than dgx-a100-80g's 8:
+the vTrain multi-node set has about 4 (data/vtrain_a100/PROVENANCE.md)."""
 MEGATRON_VOCAB_MULTIPLE = 128
 """Megatron pads the vocabulary to a multiple of 128 * tp (make-vocab-size-divisible-by)."""
 MEGATRON_SOFTWARE = {"dp_overlap_fraction": 0.0}
@@ -37,7 +44,7 @@ class Run:
     measured_s: float
     """Measured iteration time."""
     set_name: str = ""
-    """The vTrain set ('single' or 'multi'), empty for runs from elsewhere."""
+    """The set ('single', 'multi' or 'published'; see SETS), empty for runs from elsewhere."""
 
     @property
     def model_key(self) -> str:
@@ -56,18 +63,22 @@ def _model(hidden: int, heads: int, layers: int, seq: int) -> ModelSpec:
                            name=f"gpt-h{hidden}-L{layers}")
 
 
-def _cluster(gpus: int) -> ClusterSpec:
+def _cluster(gpus: int, set_name: str) -> ClusterSpec:
     base = load_cluster("dgx-a100-80g")
     if gpus <= base.gpus_per_node:
         return replace(base, gpus_per_node=gpus, name=f"dgx-a100-{gpus}gpu")
-    nodes = gpus // base.gpus_per_node
-    inter = InterNodeLink(nics_per_node=MULTI_NODE_NICS, nic_bandwidth_gbytes_per_s=25.0,
+    cluster = base.with_nodes(gpus // base.gpus_per_node)
+    if set_name not in NICS_PER_NODE:
+        return cluster
+    inter = InterNodeLink(nics_per_node=NICS_PER_NODE[set_name], nic_bandwidth_gbytes_per_s=25.0,
                           latency_us=base.inter_node.latency_us)
-    return replace(base.with_nodes(nodes), inter_node=inter)
+    return replace(cluster, inter_node=inter)
 
 
 def load_cases(set_name: str) -> list[Run]:
-    """Every run of one set ('single' or 'multi') as the CSV describes it."""
+    """Every run of one set (a key of SETS) as the CSV describes it. The columns `virtual
+    stages`, `recompute` and `sequence parallelism` are optional (vTrain's files have none:
+    1, full, none)."""
     import pandas as pd
     frame = pd.read_csv(data_path(SETS[set_name]))
     cases = []
@@ -77,9 +88,11 @@ def load_cases(set_name: str) -> list[Run]:
         model = _model(int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"]),
                        int(row["sequence length"]))
         plan = uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, global_batch=gbs,
-                            micro_batches=gbs // (mbs * dp), recompute=Recompute.FULL, schedule=Schedule.ONE_F_ONE_B,
-                            model=model.name)
-        cases.append(Run(model, _cluster(int(row["# GPUs"])), plan,
+                            micro_batches=gbs // (mbs * dp), recompute=Recompute(row.get("recompute", "full")),
+                            sp=SequenceParallel(row.get("sequence parallelism", "none")),
+                            schedule=Schedule.ONE_F_ONE_B, model=model.name)
+        plan = replace(plan, virtual_stages=int(row.get("virtual stages", 1)))
+        cases.append(Run(model, _cluster(int(row["# GPUs"]), set_name), plan,
                          float(row["iteration time (ms)"]) / 1e3, set_name))
     return cases
 

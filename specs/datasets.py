@@ -20,6 +20,9 @@ class Dataset(StrEnum):
     """vTrain: 1,440 Megatron runs on one 8 x A100 node (iteration time, ms)."""
     VTRAIN_MULTI_NODE = "vtrain_a100/vtrain_a100_multi_node.csv"
     """vTrain: 109 Megatron runs on 64-512 A100s (validation only, never fitted)."""
+    MEGATRON_PUBLISHED = "megatron_a100/megatron_a100_published.csv"
+    """Megatron-LM's 8 published runs (22B-1T, 8-512 A100s; full recomputation vs sequence
+    parallelism + selective recomputation): validation only, never fitted."""
     NCCL_A100 = "nccl_a100"
     """nccl-tests all-reduce on 2..8 A100 SXM GPUs (folder of CSVs)."""
     GALVATRON_LLAMA2_7B = "galvatron_llama2_7b"

@@ -1,9 +1,13 @@
-"""The adaptation of vTrain runs to what Megatron executed; the memory rows of the accuracy benchmark."""
+"""The adaptation of measured runs to what Megatron executed; the memory rows of the accuracy
+benchmark; the calibrated model on Megatron-LM's published runs, which nothing is fitted to."""
+import numpy as np
 import pytest
 
 from benchmarks.cost_model_accuracy import galvatron_memory_rows
-from cost_models.measured_runs import _padded_vocab, as_megatron, load_cases
-from specs import load_model, model_from_dict, uniform_plan
+from cost_models.calibrate import predict
+from cost_models.constants import constants_for
+from cost_models.measured_runs import MEGATRON_SOFTWARE, _padded_vocab, as_megatron, load_cases, megatron_runs
+from specs import load_cluster, load_model, model_from_dict, uniform_plan
 
 
 def test_vocabulary_is_padded_to_128_times_tp_and_split():
@@ -39,3 +43,35 @@ def test_vtrain_sets_load_from_the_repository_data():
         s = run.plan.layers[0]
         assert s.tp * s.dp * run.plan.pp == run.cluster.world_size
         assert run.measured_s > 0 and run.model_key.startswith("h")
+
+
+def test_published_megatron_runs_load_with_their_recompute_sp_and_interleaving():
+    runs = load_cases("published")
+    assert len(runs) == 8  # four models, each with full recomputation and with SP + selective
+    modes = {(r.plan.layers[0].recompute, r.plan.layers[0].sp) for r in runs}
+    assert modes == {("full", "none"), ("selective", "megatron")}
+    assert {r.model_key: r.plan.virtual_stages for r in runs} == {
+        "h6144-L48": 1, "h12288-L96": 3, "h20480-L105": 3, "h25600-L128": 1}
+    for run in runs:
+        s = run.plan.layers[0]
+        assert s.tp * s.dp * run.plan.pp == run.cluster.world_size
+        if run.cluster.nodes > 1:  # dgx-a100-80g's 8 NICs, not the vTrain multi-node set's 4
+            assert run.cluster.inter_node.nics_per_node == 8
+    assert load_cases("multi")[0].cluster.inter_node.nics_per_node == 4
+
+
+def test_single_node_calibration_predicts_megatrons_published_runs():
+    """a100.json is fitted on vTrain's single-node Megatron-DeepSpeed runs only; Megatron-LM's
+    published 22B-1T runs test what that fit never saw: tp 8 with sequence parallelism,
+    selective recomputation, interleaved 1F1B and up to 64 pipeline stages."""
+    runs = megatron_runs("published")
+    constants = constants_for(load_cluster("dgx-a100-80g").calibration).with_values(MEGATRON_SOFTWARE)
+    predicted = predict(constants, runs)
+    measured = np.array([r.measured_s for r in runs])
+    error = predicted / measured - 1
+    assert np.abs(error).max() < 0.05 and np.abs(error).mean() < 0.03  # without interleaving: 5.9% and 3.1%
+    # what SP + selective recomputation buys over full recomputation, per model (measured 1.29-1.32x)
+    by_mode = {(r.model_key, r.plan.layers[0].recompute): (p, r.measured_s) for r, p in zip(runs, predicted)}
+    for key in {r.model_key for r in runs}:
+        (full_p, full_m), (sel_p, sel_m) = by_mode[key, "full"], by_mode[key, "selective"]
+        assert full_p / sel_p == pytest.approx(full_m / sel_m, rel=0.05), key

@@ -82,8 +82,8 @@ def test_cli_reports_a_missing_table_folder_in_one_line(tmp_path, capsys):
     assert err.startswith("error:") and len(err.strip().splitlines()) == 1
 
 
-def test_vtrain_cases_run_through_plan_cost():
-    runs = megatron_runs("multi")[:5]
+def test_measured_runs_run_through_plan_cost():
+    runs = megatron_runs("multi")[:5] + megatron_runs("published")  # published: interleaved, SP, selective
     constants = constants_for(load_cluster("dgx-a100-80g").calibration).with_values({"dp_overlap_fraction": 0.0})
     fast = predict(constants, runs)
     for run, t in zip(runs, fast):

@@ -1,4 +1,4 @@
-"""Simulated iteration times against the vTrain measured A100 runs (data/vtrain_a100)."""
+"""Simulated iteration times against measured A100 runs (data/vtrain_a100, data/megatron_a100)."""
 import numpy as np
 import pytest
 
@@ -15,6 +15,6 @@ def test_single_node_sample_within_the_required_error():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("set_name", ["single", "multi"])
+@pytest.mark.parametrize("set_name", ["single", "multi", "published"])
 def test_whole_set_within_the_required_error(set_name):
     assert _mape(set_name, None) <= REQUIRED_MAPE[set_name]
