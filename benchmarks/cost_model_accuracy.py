@@ -67,6 +67,22 @@ def galvatron_memory_rows() -> list[list]:
     return rows
 
 
+def capacity_rows(sets: dict[str, list], start, max_evals: int) -> list[list]:
+    """A diagnostic of the model form, not a calibration: the compute constants fitted in-sample
+    on the multi-node set, and on both vTrain sets, each scored on every set (MAPE, worst)."""
+    from cost_models.calibrate import fit_compute, predict
+    rows = []
+    for trained_on in ("multi", "single + multi"):
+        fitted = fit_compute([r for name in trained_on.split(" + ") for r in sets[name]], start=start,
+                             max_evals=max_evals)
+        row = [trained_on]
+        for runs in sets.values():
+            error = np.abs(predict(fitted, runs) / np.array([r.measured_s for r in runs]) - 1) * 100
+            row += [error.mean(), error.max()]
+        rows.append(row + [fitted.iteration_overhead_s, fitted.host_time_per_kernel_s * 1e6])
+    return rows
+
+
 def published_rows(runs: list, predicted: np.ndarray) -> list[list]:
     """One row per run: what it ran, measured and predicted seconds, signed error."""
     rows = []
@@ -88,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds on the single-node set")
     parser.add_argument("--max-evals", type=int, default=80, help="cost evaluations per fit")
     parser.add_argument("--jobs", type=int, default=1, help="cross-validation folds fitted at once (processes)")
+    parser.add_argument("--capacity", action="store_true",
+                        help="also fit the compute constants in-sample on the multi-node set, and on both vTrain "
+                             "sets, and print what each fit scores on every set: what any constants of this "
+                             "model form can reach (a diagnostic; a100.json is never fitted this way)")
     parser.add_argument("--by", default=None, help="also print the error grouped by these features "
                         f"(comma-separated: {', '.join(error_analysis.FEATURES)}; or all) and the 20 worst runs")
     args = parser.parse_args(argv)
@@ -127,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     spread = {n: (min(getattr(f, n) for f in fitted), max(getattr(f, n) for f in fitted))
               for n in ("gemm_half_efficiency_flops", "host_time_per_kernel_s", "micro_batch_overhead_s")}
     print("fold constants (min, max):", ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in spread.items()))
+    if args.capacity:
+        print("\nCapacity of the model form (in-sample fits on the set named; diagnostic only, never shipped)")
+        print(tabulate(capacity_rows({"single": single, "multi": multi, "published": published}, calibrated,
+                                     args.max_evals),
+                       headers=["fitted on", "single MAPE %", "worst %", "multi MAPE %", "worst %",
+                                "published MAPE %", "worst %", "per-iteration overhead s", "host us/kernel"],
+                       floatfmt=".2f"))
     if features:
         from cost_models.analytical import AnalyticalModel
         models: dict = {}

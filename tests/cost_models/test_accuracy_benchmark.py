@@ -3,11 +3,12 @@ benchmark; the calibrated model on Megatron-LM's published runs, which nothing i
 import numpy as np
 import pytest
 
-from benchmarks.cost_model_accuracy import galvatron_memory_rows
+from benchmarks.cost_model_accuracy import capacity_rows, galvatron_memory_rows
 from cost_models.calibrate import predict
-from cost_models.constants import constants_for
+from cost_models.constants import AnalyticalConstants, constants_for
 from cost_models.measured_runs import MEGATRON_SOFTWARE, _padded_vocab, as_megatron, load_cases, megatron_runs
 from specs import load_cluster, load_model, model_from_dict, uniform_plan
+from tests.cost_models.synthetic import synthetic_runs
 
 
 def test_vocabulary_is_padded_to_128_times_tp_and_split():
@@ -75,3 +76,17 @@ def test_single_node_calibration_predicts_megatrons_published_runs():
     for key in {r.model_key for r in runs}:
         (full_p, full_m), (sel_p, sel_m) = by_mode[key, "full"], by_mode[key, "selective"]
         assert full_p / sel_p == pytest.approx(full_m / sel_m, rel=0.05), key
+
+
+def test_capacity_check_tells_apart_sets_made_with_different_constants():
+    """The multi-node stand-in costs 0.2 s more per iteration than the single-node one: a fit on
+    it alone finds that (and then misses the other set); a fit on both cannot fit either."""
+    base = AnalyticalConstants(iteration_overhead_s=1e-3)
+    single, multi = synthetic_runs(base), synthetic_runs(base.with_values({"iteration_overhead_s": 0.2}))
+    rows = {row[0]: row for row in capacity_rows({"single": single, "multi": multi, "published": single},
+                                                 start=base, max_evals=40)}
+    _, single_mape, _, multi_mape, _, published_mape, _, overhead_s, _ = rows["multi"]
+    assert multi_mape < 1.0 < single_mape and published_mape == single_mape
+    assert overhead_s == pytest.approx(0.2, rel=0.05)
+    both = rows["single + multi"]
+    assert both[1] > 1.0 and both[3] > 1.0

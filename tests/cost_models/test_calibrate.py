@@ -7,10 +7,9 @@ import pytest
 from cost_models.analytical import AnalyticalModel
 from cost_models.calibrate import cross_validate, errors, fit_collectives, fit_compute, main, predict
 from cost_models.constants import AnalyticalConstants, constants_for, save_calibration
-from cost_models.measured_runs import Run, megatron_runs
-from dataclasses import replace
-
-from specs import load_cluster, model_from_dict, uniform_plan
+from cost_models.measured_runs import megatron_runs
+from specs import load_cluster
+from tests.cost_models.synthetic import synthetic_runs
 
 
 
@@ -25,26 +24,10 @@ def test_collective_fit_recovers_known_constants():
     assert fitted.collective_base_latency_s == pytest.approx(30e-6, rel=0.1)
 
 
-def _synthetic_runs(truth: AnalyticalConstants) -> list[Run]:
-    cluster = load_cluster("dgx-a100-80g")
-    runs = []
-    for hidden, layers in ((512, 4), (1024, 4)):
-        model = model_from_dict({"model_type": "gpt2", "n_embd": hidden, "n_head": 8, "n_layer": layers,
-                                 "n_positions": 512, "vocab_size": 8192}, name=f"gpt-{hidden}")
-        for tp, dp, pp, mbs, m in ((1, 8, 1, 1, 2), (2, 2, 2, 2, 4), (8, 1, 1, 4, 1), (4, 1, 2, 1, 8), (1, 2, 4, 8, 4)):
-            gpus = tp * dp * pp
-            cl = replace(cluster, gpus_per_node=gpus)
-            plan = uniform_plan(layers, tp=tp, dp=dp, pp=pp, global_batch=mbs * dp * m, micro_batches=m,
-                                recompute="full")
-            runs.append(Run(model, cl, plan, 0.0))
-    times = predict(truth, runs)
-    return [Run(r.model, r.cluster, r.plan, t) for r, t in zip(runs, times)]
-
-
 def test_compute_fit_recovers_data_made_by_the_model():
     truth = AnalyticalConstants(gemm_half_efficiency_flops=4e9, memory_efficiency=0.6, host_time_per_kernel_s=2e-5,
                                 micro_batch_overhead_s=5e-4, iteration_overhead_s=3e-3)
-    runs = _synthetic_runs(truth)
+    runs = synthetic_runs(truth)
     fitted = fit_compute(runs, names=("gemm_half_efficiency_flops", "memory_efficiency", "iteration_overhead_s"),
                          start=truth.with_values({"gemm_half_efficiency_flops": 1e9, "memory_efficiency": 0.9,
                                                   "iteration_overhead_s": 1e-4}), max_evals=60)
@@ -55,7 +38,7 @@ def test_compute_fit_recovers_data_made_by_the_model():
 
 def test_fast_predictor_equals_plan_cost():
     truth = AnalyticalConstants()
-    runs = _synthetic_runs(truth)
+    runs = synthetic_runs(truth)
     fast = predict(truth, runs)
     for run, t in zip(runs, fast):
         slow = AnalyticalModel(run.cluster, constants=truth).plan_cost(run.model, run.plan).iteration_time_s
@@ -64,7 +47,7 @@ def test_fast_predictor_equals_plan_cost():
 
 def test_cross_validation_predicts_every_run_once():
     truth = AnalyticalConstants(memory_efficiency=0.5)
-    runs = _synthetic_runs(truth)
+    runs = synthetic_runs(truth)
     predicted, fitted = cross_validate(runs, folds=2, max_evals=8)
     assert len(fitted) == 2 and predicted.shape == (len(runs),) and np.all(predicted > 0)
 
