@@ -70,15 +70,15 @@ def galvatron_memory_rows() -> list[list]:
 def capacity_rows(sets: dict[str, list], start, max_evals: int) -> list[list]:
     """A diagnostic of the model form, not a calibration: the compute constants fitted in-sample
     on the multi-node set, and on both vTrain sets, each scored on every set (MAPE, worst)."""
-    from cost_models.calibrate import fit_compute, predict
+    from cost_models.calibrate import errors, fit_compute, predict
     rows = []
     for trained_on in ("multi", "single + multi"):
         fitted = fit_compute([r for name in trained_on.split(" + ") for r in sets[name]], start=start,
                              max_evals=max_evals)
         row = [trained_on]
         for runs in sets.values():
-            error = np.abs(predict(fitted, runs) / np.array([r.measured_s for r in runs]) - 1) * 100
-            row += [error.mean(), error.max()]
+            stats = errors(predict(fitted, runs), np.array([r.measured_s for r in runs]))
+            row += [stats["mape"], stats["worst"]]
         rows.append(row + [fitted.iteration_overhead_s, fitted.host_time_per_kernel_s * 1e6])
     return rows
 
@@ -125,17 +125,17 @@ def main(argv: list[str] | None = None) -> int:
                                            "iteration_overhead_s")}),
         max_evals=args.max_evals, jobs=args.jobs, progress=lambda k: print(f"  fold {k + 1}/{args.folds} fitted "
                                                            f"({time.time() - start:.0f} s)", flush=True))
+    multi_pred, published_pred = predict(calibrated, multi), predict(calibrated, published)
     rows = (_table("analytical, public defaults / single", single, predict(defaults, single))
             + _table(f"analytical, {args.folds}-fold CV / single", single, cv_pred)
             + _table("analytical, public defaults / multi", multi, predict(defaults, multi))
-            + _table("analytical, a100.json (fit on single) / multi", multi, predict(calibrated, multi))
+            + _table("analytical, a100.json (fit on single) / multi", multi, multi_pred)
             + _table("analytical, public defaults / published", published, predict(defaults, published))
-            + _table("analytical, a100.json (fit on single) / published", published,
-                     predict(calibrated, published)))
+            + _table("analytical, a100.json (fit on single) / published", published, published_pred))
     print(tabulate(rows, headers=["model / set", "size", "runs", "MAPE %", "median %", "worst %", "Kendall tau"],
                    floatfmt=".2f"))
     print("\nMegatron-LM's published runs (data/megatron_a100), a100.json")
-    print(tabulate(published_rows(published, predict(calibrated, published)),
+    print(tabulate(published_rows(published, published_pred),
                    headers=["size", "GPUs", "tp pp v", "recompute / sp", "measured s", "predicted s", "error %"],
                    floatfmt=".2f"))
     print("\nLLaMA-2 7B, one layer, MiB per GPU: Galvatron's measurement vs the analytical formulas")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         models: dict = {}
         model_for = lambda cluster: models.setdefault(cluster, AnalyticalModel(cluster, constants=calibrated))
         error_analysis.print_analysis(f"single, {args.folds}-fold CV", features, single, cv_pred, model_for)
-        error_analysis.print_analysis("multi, a100.json", features, multi, predict(calibrated, multi), model_for)
+        error_analysis.print_analysis("multi, a100.json", features, multi, multi_pred, model_for)
     print(f"total {time.time() - start:.0f} s")
     return 0
 

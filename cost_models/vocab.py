@@ -23,6 +23,7 @@ LOSS_ALLREDUCES = 3
 target's logit, one after the other (each needs the one before): three collectives of one fp32
 per token (Megatron's and executor.parallel.vocab's)."""
 LOSS_ALLREDUCE_BYTES_PER_TOKEN = 4
+"""What each of those all-reduces carries: one fp32 per token."""
 LOGIT_KEPT_BYTES = 4
 """The loss keeps its fp32 softmax for backward (Megatron vocab-parallel cross-entropy)."""
 
