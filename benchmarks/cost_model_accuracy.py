@@ -19,6 +19,9 @@ from cost_models.measured_runs import MEGATRON_SOFTWARE, megatron_runs
 from specs.datasets import Dataset, data_path
 from specs.errors import one_line_errors
 
+TABLE_HEADERS = ["model / set", "size", "runs", "MAPE %", "median %", "worst %", "Kendall tau"]
+
+
 def _table(name: str, runs: list, predicted: np.ndarray) -> list[list]:
     """One row for the whole set, then one per model size."""
     from scipy.stats import kendalltau
@@ -132,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             + _table("analytical, a100.json (fit on single) / multi", multi, multi_pred)
             + _table("analytical, public defaults / published", published, predict(defaults, published))
             + _table("analytical, a100.json (fit on single) / published", published, published_pred))
-    print(tabulate(rows, headers=["model / set", "size", "runs", "MAPE %", "median %", "worst %", "Kendall tau"],
-                   floatfmt=".2f"))
+    print(tabulate(rows, headers=TABLE_HEADERS, floatfmt=".2f"))
     print("\nMegatron-LM's published runs (data/megatron_a100), a100.json")
     print(tabulate(published_rows(published, published_pred),
                    headers=["size", "GPUs", "tp pp v", "recompute / sp", "measured s", "predicted s", "error %"],
@@ -142,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",
                                                     "activations measured", "activations formula"],
                    floatfmt=".1f"))
+    composed = error_analysis.composition_check(single, fitted, args.folds)
+    print(f"\nThe composition alone ({args.folds}-fold, error_analysis.composition_check): each layer's time and the "
+          "rest of a micro-batch as the other folds' pp-1 runs measured them; pipeline, bubble and tails the model's")
+    print(tabulate(_table("layers measured at pp 1 / single", single, composed)[:1], headers=TABLE_HEADERS,
+                   floatfmt=".2f"))
+    print(tabulate(error_analysis.by_feature_rows("pp", single, composed),
+                   headers=["pp"] + error_analysis.BY_HEADERS[1:], floatfmt=".2f"))
     band = np.percentile(cv_pred / np.array([r.measured_s for r in single]) - 1, [10, 90])
     print(f"CV error band (p10, p90 of predicted/measured - 1): {band[0]:+.4f}, {band[1]:+.4f}")
     spread = {n: (min(getattr(f, n) for f in fitted), max(getattr(f, n) for f in fitted))

@@ -4,9 +4,13 @@ pipeline p2p, bubble, data-parallel tail). Used by ``--by`` of the two accuracy 
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
+from cost_models.analytical import AnalyticalModel
 
 FEATURES: dict[str, Callable] = {
     "tp": lambda r: r.plan.layers[0].tp,
@@ -76,15 +80,12 @@ def worst_rows(runs: Sequence, predicted: np.ndarray, cost_model_for: Callable, 
     return rows
 
 
-def layer_slope_rows(runs: Sequence, predicted: np.ndarray) -> list[list]:
-    """Time per layer and micro-batch at pp 1, measured against predicted, per (hidden size, tp,
-    micro-batch size): within each group of runs that differ only in their layer count (3 or
-    more counts), the least-squares line of iteration time over layers, divided by the
-    micro-batches. Its slope is a layer's time, its intercept what a micro-batch costs outside
-    the layers (embedding, LM head and loss, per-micro-batch overhead; per-iteration costs
-    shared out). One row per (hidden, tp, micro-batch) with the groups' median slopes, their
-    ratio (predicted / measured), the range of the measured slopes (small: not noise) and the
-    median intercepts."""
+def _pp1_lines(runs: Sequence, predicted: np.ndarray, min_layer_counts: int
+               ) -> dict[tuple[int, int, int], list[tuple[float, float, float, float]]]:
+    """(hidden size, tp, micro-batch size) -> one entry per group of pp-1 runs that differ only
+    in their layer count (``min_layer_counts`` counts or more): the least-squares lines of
+    measured and of predicted iteration time over layers, divided by the micro-batches, in
+    seconds: (measured slope, predicted slope, measured intercept, predicted intercept)."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
         if r.plan.pp == 1:
@@ -95,17 +96,89 @@ def layer_slope_rows(runs: Sequence, predicted: np.ndarray) -> list[list]:
     lines: dict[tuple, list[tuple[float, float, float, float]]] = {}
     for key, idx in groups.items():
         layers = np.array([runs[i].model.num_layers for i in idx])
-        if len(set(layers)) < 3:
+        if len(set(layers)) < min_layer_counts:
             continue
-        per = lambda t: np.polyfit(layers, t[idx], 1) / key[4] * 1e3  # noqa: E731  (slope, intercept)
-        (ms, mi), (ps, pi) = per(measured), per(predicted)
+        (ms, mi), (ps, pi) = (np.polyfit(layers, t[idx], 1) / key[4] for t in (measured, predicted))
         lines.setdefault(key[:3], []).append((ms, ps, mi, pi))
+    return lines
+
+
+def layer_slope_rows(runs: Sequence, predicted: np.ndarray) -> list[list]:
+    """Time per layer and micro-batch at pp 1, measured against predicted, per (hidden size, tp,
+    micro-batch size): within each group of runs that differ only in their layer count (3 or
+    more counts), the least-squares line of iteration time over layers, divided by the
+    micro-batches. Its slope is a layer's time, its intercept what a micro-batch costs outside
+    the layers (embedding, LM head and loss, per-micro-batch overhead; per-iteration costs
+    shared out). One row per (hidden, tp, micro-batch) with the groups' median slopes, their
+    ratio (predicted / measured), the range of the measured slopes (small: not noise) and the
+    median intercepts, in ms."""
     rows = []
-    for (h, tp, mbs), fits in sorted(lines.items()):
-        m, p, mi, pi = np.median(np.array(fits), axis=0)
-        lo, hi = min(f[0] for f in fits), max(f[0] for f in fits)
-        rows.append([h, tp, mbs, len(fits), m, p, p / m, lo, hi, mi, pi])
+    for (h, tp, mbs), fits in sorted(_pp1_lines(runs, predicted, 3).items()):
+        ms = np.array(fits) * 1e3
+        m, p, mi, pi = np.median(ms, axis=0)
+        rows.append([h, tp, mbs, len(fits), m, p, p / m, ms[:, 0].min(), ms[:, 0].max(), mi, pi])
     return rows
+
+
+@dataclass(frozen=True)
+class MeasuredCell:
+    """What the pp-1 runs of one (hidden size, tp, micro-batch size) measured, against the model."""
+
+    layer_delta_s: float
+    """Measured - predicted time of a Transformer layer and micro-batch: the slopes' difference
+    (median over the cell's groups)."""
+    rest_delta_s: float
+    """Measured - predicted rest of a micro-batch: the intercepts' difference (median over groups)."""
+
+
+def measured_cells(runs: Sequence, predicted: np.ndarray, min_layer_counts: int = 2
+                   ) -> dict[tuple[int, int, int], MeasuredCell]:
+    """(hidden size, tp, micro-batch size) -> the cell the pp-1 runs measured (see _pp1_lines)."""
+    return {key: MeasuredCell(float(np.median([ms - ps for ms, ps, _, _ in fits])),
+                              float(np.median([mi - pi for _, _, mi, pi in fits])))
+            for key, fits in _pp1_lines(runs, predicted, min_layer_counts).items()}
+
+
+class MeasuredLayers(AnalyticalModel):
+    """The analytical model with each Transformer layer's forward and the last stage's rest of a
+    micro-batch shifted by what the pp-1 runs measured for their (hidden size, tp, micro-batch
+    size) (MeasuredCell); cells not measured keep the model's own. Everything else (pipeline schedule, bubble, p2p, data-parallel tail) is the model's, so
+    its error on held-out runs is the error of the composition alone."""
+
+    def __init__(self, cluster, constants=None, *, cells: Mapping[tuple[int, int, int], MeasuredCell]):
+        super().__init__(cluster, constants=constants)
+        self.cells = dict(cells)
+
+    def layer_time(self, layer, strategy, micro_batch_size, micro_batches, first_rank=0):
+        lt = super().layer_time(layer, strategy, micro_batch_size, micro_batches, first_rank)
+        cell = self.cells.get((layer.hidden_size, strategy.tp, micro_batch_size))
+        if cell is None:
+            return lt
+        return replace(lt, forward_s=lt.forward_s + cell.layer_delta_s)
+
+    def vocab_cost(self, model, plan, stage, world_size):
+        time, memory = super().vocab_cost(model, plan, stage, world_size)
+        last = len(plan.layers) - 1
+        cell = self.cells.get((model.layers[last].hidden_size, plan.layers[last].tp, plan.micro_batch_size(last)))
+        if stage != plan.pp - 1 or cell is None:
+            return time, memory
+        return replace(time, forward_s=time.forward_s + cell.rest_delta_s), memory
+
+
+def composition_check(runs: Sequence, fitted: Sequence, folds: int, seed: int = 0,
+                      min_layer_counts: int = 2) -> np.ndarray:
+    """Held-out predictions of the composition alone: per fold of cost_models.calibrate's
+    cross-validation (same split, that fold's fitted constants), the cells measured on the other
+    folds' pp-1 runs, and each held-out run predicted by MeasuredLayers with them."""
+    from cost_models.calibrate import fold_indices, predict
+    fold_of = fold_indices(len(runs), folds, seed)
+    out = np.empty(len(runs))
+    for k, constants in enumerate(fitted):
+        train = [r for r, f in zip(runs, fold_of) if f != k]
+        cells = measured_cells(train, predict(constants, train), min_layer_counts)
+        test = np.flatnonzero(fold_of == k)
+        out[test] = predict(constants, [runs[i] for i in test], partial(MeasuredLayers, cells=cells))
+    return out
 
 
 SLOPE_HEADERS = ["hidden", "tp", "mbs", "groups", "measured ms", "predicted ms", "ratio", "measured min",

@@ -75,16 +75,18 @@ def _structure_key(run: Run) -> tuple:
     return run.model, run.cluster, rep
 
 
-def predict(constants: AnalyticalConstants, runs: Sequence[Run]) -> np.ndarray:
+def predict(constants: AnalyticalConstants, runs: Sequence[Run],
+            model_class: Callable[..., AnalyticalModel] = AnalyticalModel) -> np.ndarray:
     """Iteration time of each run: plan_cost once per distinct structure, then the pipeline
-    formula for each run's micro-batch count (exactly what plan_cost would give)."""
+    formula for each run's micro-batch count (exactly what plan_cost would give).
+    ``model_class(cluster, constants=...)`` makes the cost model (an AnalyticalModel)."""
     stages: dict[tuple, tuple] = {}
     models: dict[ClusterSpec, AnalyticalModel] = {}
     out = np.empty(len(runs))
     for i, run in enumerate(runs):
         key = _structure_key(run)
         if key not in stages:
-            model = models.setdefault(run.cluster, AnalyticalModel(run.cluster, constants=constants))
+            model = models.setdefault(run.cluster, model_class(run.cluster, constants=constants))
             cost = model.plan_cost(key[0], key[2])
             stages[key] = (cost.stage_time_s, cost.stage_tail_s)
         times, tails = stages[key]
@@ -112,15 +114,22 @@ def _fit_fold(train: Sequence[Run], start: AnalyticalConstants | None, max_evals
     return fit_compute(train, start=start, max_evals=max_evals)
 
 
+def fold_indices(count: int, folds: int, seed: int = 0) -> np.ndarray:
+    """The fold (0 .. folds-1) of each of ``count`` runs: a seeded random permutation dealt out
+    in turn, so fold sizes differ by at most one."""
+    order = np.random.default_rng(seed).permutation(count)
+    fold_of = np.empty(count, dtype=int)
+    fold_of[order] = np.arange(count) % folds
+    return fold_of
+
+
 def cross_validate(runs: Sequence[Run], folds: int = 5, seed: int = 0, start: AnalyticalConstants | None = None,
                    max_evals: int = 80, progress: Callable[[int], None] | None = None, jobs: int = 1
                    ) -> tuple[np.ndarray, list[AnalyticalConstants]]:
     """Held-out predictions: each run predicted by constants fitted on the other folds
     (``jobs`` folds fitted at once in separate processes; same result as one at a time)."""
     from concurrent.futures import ProcessPoolExecutor
-    order = np.random.default_rng(seed).permutation(len(runs))
-    fold_of = np.empty(len(runs), dtype=int)
-    fold_of[order] = np.arange(len(runs)) % folds
+    fold_of = fold_indices(len(runs), folds, seed)
     trains = [[r for r, f in zip(runs, fold_of) if f != k] for k in range(folds)]
     predicted = np.empty(len(runs))
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Inline() as pool:
