@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from cost_models.analytical import AnalyticalModel
+from cost_models.calibrate import fold_indices, predict
 
 FEATURES: dict[str, Callable] = {
     "tp": lambda r: r.plan.layers[0].tp,
@@ -142,8 +143,9 @@ def measured_cells(runs: Sequence, predicted: np.ndarray, min_layer_counts: int 
 class MeasuredLayers(AnalyticalModel):
     """The analytical model with each Transformer layer's forward and the last stage's rest of a
     micro-batch shifted by what the pp-1 runs measured for their (hidden size, tp, micro-batch
-    size) (MeasuredCell); cells not measured keep the model's own. Everything else (pipeline schedule, bubble, p2p, data-parallel tail) is the model's, so
-    its error on held-out runs is the error of the composition alone."""
+    size) (MeasuredCell); cells not measured keep the model's own. Everything else (pipeline
+    schedule, bubble, p2p, data-parallel tail) is the model's, so its error on held-out runs is
+    the error of the composition alone."""
 
     def __init__(self, cluster, constants=None, *, cells: Mapping[tuple[int, int, int], MeasuredCell]):
         super().__init__(cluster, constants=constants)
@@ -170,7 +172,6 @@ def composition_check(runs: Sequence, fitted: Sequence, folds: int, seed: int = 
     """Held-out predictions of the composition alone: per fold of cost_models.calibrate's
     cross-validation (same split, that fold's fitted constants), the cells measured on the other
     folds' pp-1 runs, and each held-out run predicted by MeasuredLayers with them."""
-    from cost_models.calibrate import fold_indices, predict
     fold_of = fold_indices(len(runs), folds, seed)
     out = np.empty(len(runs))
     for k, constants in enumerate(fitted):
