@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(galvatron_memory_rows(), headers=["strategy", "states measured", "states formula",
                                                     "activations measured", "activations formula"],
                    floatfmt=".1f"))
-    composed = error_analysis.composition_check(single, fitted, args.folds)
+    composed = error_analysis.composition_check(single, fitted)
     print(f"\nThe composition alone ({args.folds}-fold, error_analysis.composition_check): each layer's time and the "
           "rest of a micro-batch as the other folds' pp-1 runs measured them; pipeline, bubble and tails the model's")
     print(tabulate(_table("layers measured at pp 1 / single", single, composed)[:1], headers=TABLE_HEADERS,

@@ -160,19 +160,21 @@ class MeasuredLayers(AnalyticalModel):
 
     def vocab_cost(self, model, plan, stage, world_size):
         time, memory = super().vocab_cost(model, plan, stage, world_size)
+        if stage != plan.pp - 1:
+            return time, memory
         last = len(plan.layers) - 1
         cell = self.cells.get((model.layers[last].hidden_size, plan.layers[last].tp, plan.micro_batch_size(last)))
-        if stage != plan.pp - 1 or cell is None:
+        if cell is None:
             return time, memory
         return replace(time, forward_s=time.forward_s + cell.rest_delta_s), memory
 
 
-def composition_check(runs: Sequence, fitted: Sequence, folds: int, seed: int = 0,
-                      min_layer_counts: int = 2) -> np.ndarray:
+def composition_check(runs: Sequence, fitted: Sequence, seed: int = 0, min_layer_counts: int = 2) -> np.ndarray:
     """Held-out predictions of the composition alone: per fold of cost_models.calibrate's
-    cross-validation (same split, that fold's fitted constants), the cells measured on the other
-    folds' pp-1 runs, and each held-out run predicted by MeasuredLayers with them."""
-    fold_of = fold_indices(len(runs), folds, seed)
+    cross-validation (same split, one fold per entry of ``fitted``, that fold's fitted
+    constants), the cells measured on the other folds' pp-1 runs, and each held-out run
+    predicted by MeasuredLayers with them."""
+    fold_of = fold_indices(len(runs), len(fitted), seed)
     out = np.empty(len(runs))
     for k, constants in enumerate(fitted):
         train = [r for r, f in zip(runs, fold_of) if f != k]

@@ -89,8 +89,9 @@ def test_measured_layers_shifts_a_pp1_iteration_by_m_times_layers_and_rest():
     # pp 1, 6 layers, 4 micro-batches: + 4 x (6 x 1 ms + 3 ms) = 36 ms; another cell: no change
     run = _cell_runs(1, [(6, 1)])[0]
     h = run.model.layers[0].hidden_size
-    shifted = predict(AnalyticalConstants(), [run], partial(ea.MeasuredLayers, cells={(h, 1, 2): ea.MeasuredCell(1e-3, 3e-3)}))
-    other = predict(AnalyticalConstants(), [run], partial(ea.MeasuredLayers, cells={(h, 2, 2): ea.MeasuredCell(1e-3, 3e-3)}))
+    shift = ea.MeasuredCell(1e-3, 3e-3)
+    shifted, other = (predict(AnalyticalConstants(), [run], partial(ea.MeasuredLayers, cells={cell: shift}))
+                      for cell in ((h, 1, 2), (h, 2, 2)))
     plain = predict(AnalyticalConstants(), [run])
     assert shifted[0] - plain[0] == pytest.approx(0.036, rel=1e-9) and other[0] == plain[0]
 
@@ -123,6 +124,6 @@ def test_composition_check_predicts_held_out_pipelines_from_pp1_cells():
     h = pp1[0].model.layers[0].hidden_size
     runs = _measured(pp1 + pp2, {(h, 1, 2): ea.MeasuredCell(2e-3, 1e-3)})
     measured = np.array([r.measured_s for r in runs])
-    composed = ea.composition_check(runs, [AnalyticalConstants()] * 3, folds=3)
+    composed = ea.composition_check(runs, [AnalyticalConstants()] * 3)
     assert composed == pytest.approx(measured, rel=1e-6)
     assert not predict(AnalyticalConstants(), runs[-3:]) == pytest.approx(measured[-3:], rel=1e-2)
