@@ -253,14 +253,14 @@ def embedding_backward_ops(embedding: EmbeddingSpec, tokens: float, tp: int) -> 
             elementwise("emb_grad_zero", 0, rows * h), elementwise("emb_grad_scatter", 2 * tokens * h, tokens * h)]
 
 
-def head_forward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int) -> list[Op]:
+def head_forward_ops(head: HeadSpec, batch: int, tp: int) -> list[Op]:
     """Final norm, logits GEMM (vocab split by tp) and the cross-entropy loss."""
     if head.kind == "none":
         return []
     return _head_ops(head, batch, tp) + _loss_ops(LOSS_FORWARD_KERNELS, head, batch, tp)
 
 
-def head_backward_ops(head: HeadSpec, tokens_per_sample: int, batch: int, tp: int) -> list[Op]:
+def head_backward_ops(head: HeadSpec, batch: int, tp: int) -> list[Op]:
     if head.kind == "none":
         return []
     return _loss_ops(LOSS_BACKWARD_KERNELS, head, batch, tp) + backward_ops(_head_ops(head, batch, tp))

@@ -144,8 +144,8 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         memory = memory + states + MemoryBreakdown(activations_bytes=held * tokens * h * mem.MASK_BYTES)
     if stage == last and model.head.kind != "none":
         head = model.head
-        f = model_.ops_time(head_forward_ops(head, model.seq_len, mbs, tp))
-        b = model_.ops_time(head_backward_ops(head, model.seq_len, mbs, tp))
+        f = model_.ops_time(head_forward_ops(head, mbs, tp))
+        b = model_.ops_time(head_backward_ops(head, mbs, tp))
         fwd, bwd = fwd + f, bwd + b
         head_tokens = mbs * head.seq_len
         params = head_params(model, plan) / weight_tp
