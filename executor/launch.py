@@ -333,10 +333,12 @@ def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: An
         store = dist.TCPStore(LOOPBACK, setup.port, world, is_master=rank == 0, wait_for_workers=False,
                               master_listen_fd=listener.fileno() if listener is not None else None,
                               timeout=timedelta(seconds=setup.timeout_s))
-        if setup.backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = None
+        if setup.backend == "nccl":  # rank r on local GPU r, told to NCCL rather than guessed
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
         dist.init_process_group(setup.backend, rank=rank, world_size=world, store=store,
-                                timeout=timedelta(seconds=setup.timeout_s))
+                                timeout=timedelta(seconds=setup.timeout_s), device_id=device)
         result = fn(rank, world, *args)
         stop.set()
         channel.send(("ok", result))

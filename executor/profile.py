@@ -117,10 +117,10 @@ class Timings:
         """key -> Timed of the slowest rank per repeat (one collective);
         benchmarks.loop_accuracy measures steps the same way."""
         keys = list(self.samples)
-        t = torch.tensor([x for k in keys for x in self.samples[k]], dtype=torch.float64)
+        t = torch.tensor([x for k in keys for x in self.samples[k]], dtype=torch.float64, device=self.device)
         if dist.is_initialized():
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        rows = t.split([len(self.samples[k]) for k in keys])
+        rows = t.cpu().split([len(self.samples[k]) for k in keys])
         return {k: Timed(statistics.median(row.tolist()), median_error(row.tolist()), len(row))
                 for k, row in zip(keys, rows)}
 
@@ -254,24 +254,44 @@ def time_vocab(model: ModelSpec, batch_sizes: list[int], timings: Timings, dtype
     return sum(p.numel() * p.element_size() for p in vocab.parameters())
 
 
-OPTIMIZER_PROBE_PARAMS = 1 << 21
-"""Parameters of the buffer the optimizer step is timed on (the step is linear in them)."""
+OPTIMIZER_PROBE_PARAMS = {"cpu": 1 << 20, "cuda": 1 << 24}
+"""Parameters of the smaller of the two buffers the optimizer step is timed on, by device kind;
+the larger holds OPTIMIZER_PROBE_RATIO times as many. The slope between the two is the step's
+cost per parameter without its fixed cost (kernel launches, Adam's Python). On an H200 one
+2M-parameter probe was launch-bound: scaled to a 333M-parameter model it charged 79 ms of
+optimizer to a step measured at 21.8 ms (benchmarks.gpu_check, 2026-12-04)."""
+OPTIMIZER_PROBE_RATIO = 4
 
 
-def time_optimizer(timings: Timings, dtype: torch.dtype, nparams: int = OPTIMIZER_PROBE_PARAMS) -> None:
+def optimizer_probe_sizes(device: str) -> tuple[int, int]:
+    """The two buffer sizes (parameters) the optimizer step is timed on."""
+    small = OPTIMIZER_PROBE_PARAMS["cuda" if device.startswith("cuda") else "cpu"]
+    return small, small * OPTIMIZER_PROBE_RATIO
+
+
+def time_optimizer(timings: Timings, dtype: torch.dtype) -> None:
     """The executor's optimizer step (executor.parallel.data: Adam, foreach off, over a flat fp32
-    master copy, then the copy back into the model's parameters) on ``nparams`` parameters."""
+    master copy, then the copy back into the model's parameters), as ``optimizer/N`` for each
+    probe size N."""
     device = timings.device
-    master = torch.zeros(nparams, device=device, requires_grad=True)
-    master.grad = torch.randn(nparams, device=device)
-    weights = torch.zeros(nparams, device=device, dtype=dtype)
-    adam = torch.optim.Adam([master], lr=1e-3, foreach=False)
+    for nparams in optimizer_probe_sizes(device):
+        master = torch.zeros(nparams, device=device, requires_grad=True)
+        master.grad = torch.randn(nparams, device=device)
+        weights = torch.zeros(nparams, device=device, dtype=dtype)
+        adam = torch.optim.Adam([master], lr=1e-3, foreach=False)
 
-    def step():
-        adam.step()
-        weights.copy_(master.detach())
+        def step(adam=adam, master=master, weights=weights):
+            adam.step()
+            weights.copy_(master.detach())
 
-    timings.time("optimizer", step)
+        timings.time(f"optimizer/{nparams}", step)
+
+
+def optimizer_ms_per_mparam(stats: dict[str, Timed], device: str) -> float:
+    """Slope of the optimizer step's median time over the two probe sizes, ms per million."""
+    small, large = optimizer_probe_sizes(device)
+    extra_ms = stats[f"optimizer/{large}"].median_ms - stats[f"optimizer/{small}"].median_ms
+    return extra_ms / ((large - small) / 1e6)
 
 
 def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list[int], tps: list[int],
@@ -362,7 +382,7 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
     if "comm_stats" in result:  # settled like the compute times, but never refused: gloo's
         # transfers on loopback come in two modes (ms, or ~40 ms stalls), spread that is no load
         raw["hardware"]["collective_max_error"] = round(max(t.error for t in result["comm_stats"].values()), 4)
-    raw["optimizer_ms_per_mparam"] = stats["optimizer"].median_ms / (OPTIMIZER_PROBE_PARAMS / 1e6)
+    raw["optimizer_ms_per_mparam"] = optimizer_ms_per_mparam(stats, device)
     return Profile.from_dict(raw)
 
 

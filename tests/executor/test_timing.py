@@ -44,3 +44,19 @@ def test_profile_repeats_run_in_rounds_over_every_quantity_and_keep_the_median(m
     stats = timings.reduce()
     assert stats["a"][0] == pytest.approx(2.0)  # median of 1, 2 and 9 ms (3 was the warm-up)
     assert stats["b"][0] == pytest.approx(6.0)  # of 6, 4 and 8 ms
+
+
+def test_the_optimizer_cost_per_parameter_is_the_slope_between_two_probes_not_a_launch_bound_ratio():
+    """A step of 0.5 ms fixed plus 0.02 ms per million parameters: probes of 16.8M and 67.1M
+    take 0.84 and 1.84 ms. The slope is 1.01 ms / 50.3M = 0.02 ms per million; one probe's time
+    over its size (what the profiler did) would give 0.84 / 16.8 = 0.050 ms."""
+    from executor.profile import Timed, optimizer_ms_per_mparam, optimizer_probe_sizes
+    small, large = optimizer_probe_sizes("cuda:0")
+
+    def step_ms(n):
+        return 0.5 + 0.02 * n / 1e6
+
+    stats = {f"optimizer/{n}": Timed(step_ms(n), 0.0, 5) for n in (small, large)}
+    assert optimizer_ms_per_mparam(stats, "cuda:0") == pytest.approx(0.02, rel=1e-9)
+    assert step_ms(small) / (small / 1e6) > 2 * 0.02  # the old ratio, for contrast
+    assert optimizer_probe_sizes("cpu")[1] < small  # a CPU rank times far smaller buffers
