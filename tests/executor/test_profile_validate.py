@@ -53,6 +53,7 @@ def test_profile_file_round_trips_and_has_the_tables(tmp_path):
     assert {kind: set(t) for kind, t in profile.collective_gbytes_per_s.items()} == {
         "all_gather": {"2_consec"}, "reduce_scatter": {"2_consec"}}
     assert profile.overlap_coefficient >= 1.0
+    assert profile.optimizer_ms_per_mparam > 0  # the slope between the two optimizer probes
     assert json.loads(out.read_text())["hardware"]["world_size"] == 2
 
 
