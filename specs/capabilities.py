@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from specs.model import LayerSpec, ModelSpec
 
 OFF = "off"
-"""The value of an axis that a layer or plan leaves unused (e.g. no expert split)."""
+"""The ``expert_parallel`` value of a layer without an expert split."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ import pytest
 import cost_models
 from planners.space import SearchSpace
 from specs import DPType, SequenceParallel, SpecError, load_cluster, load_model, uniform_plan
-from specs.capabilities import EVERYTHING, NO_INTERLEAVING, OFF, Capabilities, check_supported, layer_supported
+from specs.capabilities import (EVERYTHING, LAYER_AXES, NO_INTERLEAVING, OFF, PLAN_AXES, Capabilities, check_supported,
+                                layer_supported)
 
 ONE_F_ONE_B_ZERO = Capabilities(dp_type={DPType.ZERO2, DPType.ZERO3}, sp={"none", "megatron"},
                                 schedule={"1f1b"}, virtual_stages=NO_INTERLEAVING, expert_parallel={OFF})
@@ -17,6 +18,11 @@ ONE_F_ONE_B_ZERO = Capabilities(dp_type={DPType.ZERO2, DPType.ZERO3}, sp={"none"
 @pytest.fixture(scope="module")
 def gpt():
     return load_model("tiny-gpt")
+
+
+def test_every_axis_has_one_reader():
+    assert set(Capabilities.__dataclass_fields__) == set(LAYER_AXES) | set(PLAN_AXES)
+    assert not set(LAYER_AXES) & set(PLAN_AXES)
 
 
 def test_everything_passes_and_the_first_unsupported_value_is_named(gpt):
