@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import planners
-from analysis.evaluate import cost_model_metrics, plan_and_predict, run_planner, simulator_metrics, spec_dict
+from analysis.plan_metrics import cost_model_metrics, plan_and_predict, run_planner, simulator_metrics, spec_dict
 from analysis.results import ResultStore, RunRecord, cell_key
 from analysis.sweep import SweepReport, run_sweep
 from analysis.timeline import memory_csv, spans_csv, stage_memory
-from analysis.validation import vtrain_cell, vtrain_cells
+from analysis.vtrain_validation import vtrain_cell, vtrain_cells
 from specs import load_cluster, load_model
 
 PAPER_MODELS = ("bert-huge-32", "bert-huge-48", "t5-large-48", "vit-huge-32", "swin-huge-32")

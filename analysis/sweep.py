@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from analysis.results import ResultStore, RunRecord, cell_key
-from planners.cells import check_ray, ray_map
+from runners.cells import check_ray, ray_map
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -200,7 +200,7 @@ def cli_simulator(s: dict, tmp: Path, rng: random.Random) -> Case:
 
 
 def cli_compare(s: dict, tmp: Path, rng: random.Random) -> Case:
-    from planners.compare import main
+    from runners.compare import main
     base = ["--planners", "ddp", "zero3", "--budget-gib", "8", "--no-progress", "--json"]
     model, cluster, batch = [PLAN_MODEL], [PLAN_CLUSTER], ["--global-batch", "8"]
     roll = rng.random()

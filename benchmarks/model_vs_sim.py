@@ -17,7 +17,7 @@ from typing import Iterable
 
 import cost_models
 import planners
-from planners.compare import default_budget
+from runners.compare import default_budget
 from specs import load_cluster, load_model
 from specs.errors import one_line_errors
 

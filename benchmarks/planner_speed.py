@@ -91,7 +91,7 @@ def issue16(args) -> None:
         print(_row([cluster.world_size, model.num_layers, name, f"{tolerance:g}", f"{st.wall_time_s:.2f}", thr,
                     st.solver_status,
                     f"{gap} | {split}"]), flush=True)
-    from planners import cells, compare
+    from runners import cells, compare
     walls = []
     for _ in range(args.repeats):
         cells.forget_contexts()  # each run builds its own cost model and tables, as a fresh process does

@@ -27,6 +27,7 @@ from typing import ClassVar, Sequence
 
 from cost_models.collectives import layer_rank_groups
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
+from specs.capabilities import EVERYTHING, Capabilities
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
 
@@ -179,6 +180,10 @@ class CostModel(ABC):
     interleaved: ClassVar[bool] = True
     """True when ``plan_cost`` scores interleaved 1F1B (``virtual_stages`` > 1); planners search
     interleaved plans only under such a model."""
+    capabilities: ClassVar[Capabilities] = EVERYTHING
+    """The axes and values ``plan_cost`` scores (specs.capabilities; ``virtual_stages`` agrees
+    with ``interleaved``): it refuses the rest with ``check_supported``'s one line, and planners
+    leave the rest out of their search (SearchSpace.within)."""
     linear_in_flight: ClassVar[bool] = False
     """True when ``layer_memory_in`` is states and temporaries that do not depend on ``in_flight``
     plus ``in_flight`` times one micro-batch's activations: planners then ask once per group."""

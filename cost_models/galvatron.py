@@ -15,7 +15,8 @@ import numpy as np
 
 from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from cost_models.registry import register
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SequenceParallel, SpecError
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, SequenceParallel, SpecError
+from specs.capabilities import NO_INTERLEAVING, OFF, Capabilities, check_supported
 from specs.datasets import Dataset, data_path
 from specs.errors import read_json
 
@@ -423,6 +424,12 @@ class GalvatronModel(CostModel):
     sum charges (m - 1) x the slowest stage's: bounds on that sum do not bound this score."""
     interleaved = False
     """Galvatron's pipedream_flush is 1F1B: plan_cost refuses virtual_stages > 1."""
+    capabilities = Capabilities(
+        dp_type={DPType.ZERO2, DPType.ZERO3}, schedule={Schedule.ONE_F_ONE_B}, virtual_stages=NO_INTERLEAVING,
+        expert_parallel={OFF}, vocab_sp={SequenceParallel.NONE, SequenceParallel.ULYSSES})
+    """What its plan files say: zero2/zero3 layers (DDP/ZeRO-1 with dp > 1 has no file), 1F1B
+    (pipedream_flush) without interleaving, no expert parallelism (its engine has no such term),
+    a vocabulary under tp or Ulysses (vsp), not Megatron-SP."""
     runtime_overhead_bytes = 0.0
     """The 1 GB CUDA context is in each stage's other memory, as Galvatron counts it."""
 
@@ -445,22 +452,9 @@ class GalvatronModel(CostModel):
     def gplan(self, plan: Plan, strict: bool = True) -> GPlan:
         """``plan`` in Galvatron's terms in the tightest search task that holds it; ``strict``: a
         SpecError for what its files cannot say (DDP/ZeRO-1 with dp > 1 beside ZeRO-2, GPipe)."""
-        split = next((i for i, s in enumerate(plan.layers) if s.has_expert_split), None)
-        if split is not None:  # Galvatron's engine has no expert-parallel term
-            s = plan.layers[split]
-            raise SpecError(f"layer {split}", f"ep {s.ep} (expert_tp {s.expert_tp}, expert_dp_type "
-                            f"{s.expert_dp_type}): the galvatron cost model cannot express expert parallelism")
-        if strict:
-            bad = sorted({s.dp_type for s in plan.layers if s.dp > 1} - {"zero2", "zero3"})
-            if bad or plan.schedule != "1f1b":
-                raise SpecError("plan", f"the galvatron cost model scores zero2/zero3 layers under 1f1b; "
-                                f"got {bad or plan.schedule}")
-        if plan.vocab_sp == SequenceParallel.MEGATRON:
-            raise SpecError("vocab_sp", "megatron: the galvatron cost model scores the vocabulary under tp or "
-                            "Ulysses (Galvatron's vsp) only")
-        if plan.virtual_stages > 1:
-            raise SpecError("virtual_stages", f"{plan.virtual_stages}: the galvatron cost model has no "
-                            "interleaved schedule (Galvatron's pipedream_flush is 1F1B)")
+        # the layers' dp types and the schedule do not matter to the embedding/head (not strict)
+        check_supported(plan, self.model_spec, self.capabilities if strict else
+                        self.capabilities.without("dp_type", "schedule"), "galvatron cost model")
         layers = tuple(_glayer(s) for s in plan.layers)
         tps = [g.tp for g in layers] + [plan.vocab_tp]
         return GPlan(pp=plan.pp, division=tuple(plan.stage_layers), layers=layers, global_batch=plan.global_batch,

@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 from executor.model import is_tied
+from executor.parallel.expert import EXPERT_DP_TYPES
+from executor.parallel.pipeline import SCHEDULE_CLASSES
 from executor.parallel.vocab import refuse_vocab
 from specs import ModelSpec, Plan, SpecError
+from specs.capabilities import Capabilities, check_supported
+
+CAPABILITIES = Capabilities(schedule=frozenset(SCHEDULE_CLASSES), expert_dp_type=frozenset(EXPERT_DP_TYPES))
+"""The axes the executor runs in part: the schedules torch.distributed.pipelining gives it, and
+expert states held as flat buckets (no ZeRO-3 of the experts). Every other value runs."""
 
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
-    """SpecError naming the first field the executor cannot honour for ``model``."""
+    """SpecError naming the first field the executor cannot honour for ``model``: its
+    capabilities first, then what depends on the model (Ulysses beside experts, the vocabulary)."""
+    check_supported(plan, model, CAPABILITIES, "executor")
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
         if s.ulysses and spec.moe is not None:
             raise SpecError(f"layer {i}", f"sp ulysses on a MoE layer is not run: the experts would see "

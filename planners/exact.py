@@ -139,7 +139,7 @@ class ExactPlanner(Planner):
         if opts["formulation"] not in FORMULATIONS:
             raise SpecError("formulation", f"must be one of {', '.join(FORMULATIONS)}, got {opts['formulation']!r}")
         self.check_options(opts)
-        space, even = resolve_space(opts["space"]), opts["partition"] == "even"
+        space, even = resolve_space(opts["space"], cost_model), opts["partition"] == "even"
         log, state = SolveLog(), OuterState()
         if opts["warm_start"]:
             seed = GalvatronPlanner().plan(model, cluster, budget, cost_model,

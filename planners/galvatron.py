@@ -52,12 +52,13 @@ seconds, so that a call returns the same plan and gap on every machine (0: no pr
 memory_granularity_mib or max_temp_levels, where the DP is inexact)."""
 
 
-def resolve_space(space: Any) -> SearchSpace:
-    if isinstance(space, SearchSpace):
-        return space
+def resolve_space(space: Any, cost_model: CostModel | None = None) -> SearchSpace:
+    """The SearchSpace (or preset name) ``space``, less what ``cost_model`` cannot score."""
     if isinstance(space, str):
-        return SearchSpace.preset(space)
-    raise SpecError("space", f"must be a SearchSpace or a preset name, got {space!r}")
+        space = SearchSpace.preset(space)
+    if not isinstance(space, SearchSpace):
+        raise SpecError("space", f"must be a SearchSpace or a preset name, got {space!r}")
+    return space if cost_model is None else space.within(cost_model.capabilities)
 
 
 @register
@@ -71,7 +72,7 @@ class GalvatronPlanner(Planner):
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                 options: dict[str, Any]) -> PlanResult:
         opts = pop_options(options, self.defaults, self.name)
-        space = resolve_space(opts["space"])
+        space = resolve_space(opts["space"], cost_model)
         if opts["mode"] not in ("fast", "exact"):
             raise SpecError("mode", f"must be fast or exact, got {opts['mode']!r}")
         if opts["partition"] not in ("search", "even"):

@@ -10,6 +10,7 @@ from typing import Iterator, NamedTuple
 
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
+from specs.capabilities import OFF, Capabilities
 
 DEGREE_RULES = ("powers_of_two", "divisors")
 """How degrees and micro-batch counts are enumerated: Galvatron's powers of two, or every divisor."""
@@ -163,6 +164,20 @@ class SearchSpace:
         if checkpoint and Recompute.FULL not in out.recompute:
             out = replace(out, recompute=out.recompute + (Recompute.FULL,))
         return out
+
+    def within(self, capabilities: Capabilities) -> "SearchSpace":
+        """The same space less the values ``capabilities`` lacks (what the cost model cannot
+        score), so no table is built for them; an axis that would be left empty stays as it is
+        (the cost model then refuses it, or gives it infinite memory)."""
+        changes: dict = {}
+        for field, axis in (("dp_types", "dp_type"), ("recompute", "recompute"), ("sp", "sp"),
+                            ("vocab_sp", "vocab_sp"), ("virtual_stages", "virtual_stages")):
+            kept = tuple(v for v in getattr(self, field) if capabilities.supports(axis, v))
+            if kept and kept != getattr(self, field):
+                changes[field] = kept
+        if capabilities.expert_parallel == frozenset({OFF}):
+            changes["expert_parallel"] = (1,)  # a consumer without any expert split
+        return replace(self, **changes) if changes else self
 
     def _degrees(self, n: int, limit: int, rule: str | None = None) -> list[int]:
         if (rule or self.degrees) == "divisors":

@@ -16,10 +16,12 @@ from simulator.collectives import Fabric, LinkCalibration, Rendezvous
 from simulator.hardware import GPU, Channel, Contention, Recorder, union_length
 from simulator.network import Network
 from simulator.result import SimResult
+from simulator.schedules import SCHEDULES
 from simulator.trace import resource_name, write_trace
 from simulator.work import build_stages
 from simulator.worker import Worker, WorkerConfig
 from specs import ClusterSpec, ModelSpec, Plan
+from specs.capabilities import Capabilities, check_supported
 from specs.units import GIB
 
 
@@ -39,6 +41,11 @@ class CountingEnvironment(simpy.Environment):
         super().step()
 
 
+CAPABILITIES = Capabilities(schedule=frozenset(SCHEDULES))
+"""The simulator plays the schedules it has op orders for (simulator.schedules), interleaved or
+not; every other axis value runs (its costs come from the cost model, which checks its own)."""
+
+
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: CostModel | None = None, *,
              full: bool = False, trace_path: str | Path | None = None, record_memory: bool = True,
              overlap_dp: bool = True, bucket_bytes: float = 25 * 2**20, prefetch: bool = True,
@@ -52,6 +59,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
     (gpu, stream, name, start, end) in the result.
     """
     plan.validate(model, cluster)
+    check_supported(plan, model, CAPABILITIES, "simulator")
     if cost_model is None:
         import cost_models
         cost_model = cost_models.get("analytical", cluster)

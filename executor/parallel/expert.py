@@ -17,7 +17,8 @@ from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
 from specs.ranks import expert_coords, expert_groups, expert_rank
 
 EXPERT_DP_TYPES = (DPType.DDP, DPType.ZERO1, DPType.ZERO2)
-"""How the expert-data-parallel group may hold the experts' states (flat buckets)."""
+"""How the expert-data-parallel group may hold the experts' states (flat buckets); the
+executor's capabilities (executor/unsupported.py) refuse the others."""
 
 
 def check_moe(i: int, spec: LayerSpec, s: LayerStrategy) -> None:
@@ -33,9 +34,6 @@ def check_moe(i: int, spec: LayerSpec, s: LayerStrategy) -> None:
     if s.megatron_sp and s.tp > 1:
         raise SpecError(f"layer {i}", f"sp megatron with tp {s.tp} on a MoE layer: the executor does not "
                         "sequence-split the tokens it dispatches")
-    if s.expert_dp > 1 and s.expert_dp_kind not in EXPERT_DP_TYPES:
-        raise SpecError(f"layer {i}", f"expert dp type {s.expert_dp_kind} over expert_dp {s.expert_dp}: the "
-                        f"executor holds experts as {'/'.join(EXPERT_DP_TYPES)} only")
     if spec.moe.shared_ffn_hidden_size % s.tp:
         raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide the shared experts' width "
                         f"({spec.moe.shared_ffn_hidden_size})")

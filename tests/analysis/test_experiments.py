@@ -84,7 +84,7 @@ def test_cli_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch, capsys
 def test_vtrain_cell_keeps_every_case_and_its_mape_matches_the_predictions(vtrain_data):
     import io
 
-    from analysis.validation import vtrain_cell
+    from analysis.vtrain_validation import vtrain_cell
     record = vtrain_cell(dataset="single", predictor="analytical", stride=240, chunk=0)
     frame = pd.read_csv(io.StringIO(record.files["predictions.csv"]))
     m = record.metrics

@@ -83,7 +83,8 @@ def test_moe_block_matches_a_per_token_loop(tiny_moe):
 
 @pytest.mark.parametrize("strategy, message", [
     (L(tp=2, dp=2, ep=2, expert_tp=1), "layer 0: expert_tp 1 != tp 2"),
-    (L(dp=4, ep=2, dp_type="zero3"), "layer 0: expert dp type zero3 over expert_dp 2"),
+    (L(dp=4, ep=2, dp_type="zero3"),
+     r"executor cannot run layer 0: expert_dp_type zero3 \(supported: ddp, zero1, zero2\)"),
     (L(tp=2, dp=2, ep=2, sp="megatron"), "layer 0: sp megatron with tp 2 on a MoE layer"),
 ])
 def test_what_the_executor_cannot_run_on_experts_is_refused_in_one_line(tiny_moe, strategy, message):

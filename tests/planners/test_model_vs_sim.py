@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.model_vs_sim import TOLERANCE, simulated_throughputs
 from planners import Budget
-from planners.compare import default_budget
+from runners.compare import default_budget
 from specs import load_cluster, load_model
 
 def _simulated_throughputs(model, cluster, budget: Budget) -> tuple[float, dict[str, float]]:

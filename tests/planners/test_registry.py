@@ -9,7 +9,7 @@ import pytest
 
 import cost_models
 
-from planners import compare
+from runners import compare
 from planners.registry import PLANNERS
 from specs import SpecError
 from specs.registry import Registry

@@ -6,7 +6,7 @@ import pytest
 import cost_models
 import planners
 from planners import Budget
-from planners.compare import DEFAULT_BUDGETS, DEFAULT_PLANNERS, default_budget
+from runners.compare import DEFAULT_BUDGETS, DEFAULT_PLANNERS, default_budget
 from specs import load_cluster, load_model
 
 MODERN = ("megatron_3d", "deepspeed_3d", "megatron_sp_selective")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from planners import compare
+from runners import compare
 from planners.registry import available
 
 FAST = ["--model", "tiny-gpt", "--cluster", "cpu-4", "--global-batch", "8", "--no-progress"]
@@ -114,7 +114,7 @@ def test_profile_options_need_the_profiled_cost_model(capsys):
 
 
 def test_plans_within_the_model_error_of_the_best_are_marked_ties():
-    from planners.records import mark_ties
+    from runners.records import mark_ties
     rows = [{"feasible": True, "budget_gib": 16, "throughput_samples_per_s": t} for t in (100.0, 96.0, 80.0)]
     rows.append({"feasible": False, "budget_gib": 16, "throughput_samples_per_s": 0.0})
     rows.append({"feasible": True, "budget_gib": 32, "throughput_samples_per_s": 50.0})

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from planners import compare
-from planners.cells import Grid
+from runners import compare
+from runners.cells import Grid
 from specs import SpecError
 
 GRID = ["--model", "tiny-gpt", "--cluster", "cpu-4", "--global-batch", "8", "--no-progress", "--json",

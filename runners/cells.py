@@ -11,10 +11,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import cost_models
 from planners.base import Budget
-from planners.evaluate import EVALUATORS
-from planners.records import add_evaluation, mark_ties, record
+from runners.evaluators import EVALUATORS
+from runners.records import add_evaluation, mark_ties, record
 from planners.registry import DEFAULT_PLANNERS, get
-from planners.report import save_plan, write_tables
+from runners.report import save_plan, write_tables
 from specs import SpecError, load_cluster, load_model
 
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)

@@ -8,7 +8,7 @@ from specs import ClusterSpec, ModelSpec, Plan
 
 
 class SimulatorEvaluator:
-    """planners.evaluate.Evaluator, by shape."""
+    """runners.evaluators.Evaluator, by shape."""
 
     name = "sim"
     help = "re-score each plan with simulator.simulate (the discrete-event model)"

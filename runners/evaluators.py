@@ -1,6 +1,6 @@
 """Re-scoring a chosen plan with another predictor (``compare --evaluate NAME``): the interface
 here; implementations live in packages beside or above planners (the simulator's is
-``simulator.evaluate``) and join through the ``hybridpar.evaluators`` entry-point group."""
+``simulator.evaluator``) and join through the ``hybridpar.evaluators`` entry-point group."""
 from __future__ import annotations
 
 from typing import ClassVar, Protocol, Sequence

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from planners.base import Budget, PlanResult
-from planners.records import COLUMNS
+from runners.records import COLUMNS
 from specs.cli import dumps, finite
 from specs.files import atomic_write_text
 

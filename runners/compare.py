@@ -1,0 +1,150 @@
+"""python -m planners.compare: planners x memory budgets on one model and cluster, printed as a
+table, as JSON records (--json) or written as files (--out DIR: one Plan JSON per feasible cell
+plus results.csv and results.json). --list shows what the names below can be."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import cost_models
+from planners.base import Budget
+from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
+from runners.evaluators import EVALUATORS
+from planners.registry import available
+from runners.report import table
+from specs import SpecError, cluster_names, model_names
+from specs.cli import ArgumentParser, count, dumps, number, output_dir
+from specs.errors import one_line_errors
+from specs.limits import MAX_GLOBAL_BATCH
+
+__all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options"]
+LISTINGS = {"models": model_names, "clusters": cluster_names, "planners": available,
+            "cost-models": cost_models.available, "evaluators": EVALUATORS.available}
+"""What --list can print."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog="python -m planners.compare", description=__doc__)
+    p.add_argument("--list", choices=sorted(LISTINGS), help="print the zoo's models or clusters, or the "
+                   "registered planners, cost models or evaluators, one a line, and exit")
+    p.add_argument("--model", default="bert-huge-32", help="zoo model name or a config.json path")
+    p.add_argument("--cluster", default="titan-8", help="zoo cluster name (name:nodes) or a cluster file")
+    p.add_argument("--budget-gib", type=number(0.0, 1e6), nargs="+", default=list(DEFAULT_BUDGETS),
+                   help="memory budgets per GPU, GiB")
+    p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
+                   help="registered planner names, comma or space separated (see --list planners)")
+    p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
+                   help="a planner option, e.g. galvatron.mode=exact (repeatable; VALUE is read as "
+                   "int, float, true/false, else text)")
+    batch = p.add_mutually_exclusive_group()  # one silently overriding the other was a trap
+    batch.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), help="fix the global batch (else it "
+                       f"is searched: powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
+    batch.add_argument("--global-batch-range", type=count(MAX_GLOBAL_BATCH), nargs=2, metavar=("LO", "HI"),
+                       help="search the global batch over the powers of two in [LO, HI]")
+    p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
+                   help="the cost model the planners minimise")
+    p.add_argument("--profile", help="for --cost-model profiled: a hybridpar profile file "
+                   "(python -m executor.profile)")
+    p.add_argument("--galvatron-dir", help="for --cost-model profiled: a folder of Galvatron's own "
+                   "profile files; the model is then the zoo model at the files' sequence length")
+    p.add_argument("--evaluate", choices=("cost", *EVALUATORS.available()), default="cost",
+                   help="cost: the cost model's figures only; "
+                   + "; ".join(f"{n}: {EVALUATORS.get(n).help}" for n in EVALUATORS.available()))
+    p.add_argument("--out", type=Path, help="folder for the plan JSONs and results.csv/results.json")
+    p.add_argument("--json", action="store_true", help="print a JSON list of records instead of the table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--workers", type=int, default=1, help="cells run at once in a local process pool "
+                   "(the table is the same as with 1); with --ray local, the CPUs of the Ray instance")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the cells as Ray tasks on this cluster ('auto', "
+                   "'ray://host:10001'; 'local' starts one here); needs pip install -e '.[ray]'")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def _planner_names(raw: list[str]) -> tuple[str, ...]:
+    names = tuple(n for item in raw for n in item.split(",") if n)
+    if not names:
+        raise SpecError("planners", f"no planner named in {' '.join(raw)!r}; choose from {', '.join(available())}")
+    for n in names:
+        if n not in available():
+            raise SpecError("planners", f"unknown {n!r}; choose from {', '.join(available())}")
+    return names
+
+
+def _typed(text: str) -> Any:
+    """An option value: int, float, bool (true/false), else the text itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_options(items: Sequence[str], planners: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["galvatron.mode=exact", ...]`` -> ``{"galvatron": {"mode": "exact"}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        head, eq, value = item.partition("=")
+        name, dot, key = head.partition(".")
+        if not (eq and dot and name and key):
+            raise SpecError("--option", f"{item!r} is not PLANNER.KEY=VALUE")
+        if name not in available():
+            raise SpecError("--option", f"unknown planner {name!r} in {item!r}; choose from {', '.join(available())}")
+        if name not in planners:
+            raise SpecError("--option", f"{item!r} is for {name}, which --planners does not run")
+        out.setdefault(name, {})[key] = _typed(value)
+    return out
+
+
+def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Where the profiled model reads its numbers from (the analytical model takes none)."""
+    if args.cost_model != "profiled":
+        if args.profile or args.galvatron_dir:
+            raise SpecError("--profile", "--profile/--galvatron-dir need --cost-model profiled")
+        return {}
+    if args.galvatron_dir:
+        return {"galvatron_dir": args.galvatron_dir, "model": args.model}
+    return {"profile_path": args.profile} if args.profile else {}
+
+
+def _budget(gib: float, args: argparse.Namespace) -> Budget:
+    if args.global_batch is not None:
+        return Budget(memory_gib=gib, global_batch=args.global_batch)
+    return default_budget(gib, tuple(args.global_batch_range or DEFAULT_BATCH_RANGE))
+
+
+def grid_from_args(args: argparse.Namespace) -> Grid:
+    names = _planner_names(args.planners)
+    lo, hi = args.global_batch_range or DEFAULT_BATCH_RANGE
+    if lo > hi:
+        raise SpecError("global-batch-range", f"LO({lo}) > HI({hi})")
+    output_dir(args.out, "--out")  # before the work, so a bad folder never costs a search
+    return Grid(model=args.model, cluster=args.cluster, budgets=tuple(_budget(b, args) for b in args.budget_gib),
+                planners=names, options=parse_options(args.option, names), cost_model=args.cost_model,
+                cost_model_options=_cost_model_options(args),
+                evaluator=None if args.evaluate == "cost" else args.evaluate, out=args.out,
+                progress=not args.no_progress, workers=args.workers, ray_address=args.ray)
+
+
+@one_line_errors()
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        print("\n".join(LISTINGS[args.list]()))
+        return 0
+    grid = grid_from_args(args)
+    records = run(grid)
+    print(dumps(records, indent=1) if args.json else table(records, grid.evaluator))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

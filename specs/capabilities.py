@@ -1,0 +1,117 @@
+"""What a consumer of plans (a cost model, the simulator, the executor) can run, declared once per
+consumer as a Capabilities record; ``check_supported`` refuses the rest in one line."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Callable
+
+from specs.errors import SpecError
+from specs.plan import DPType, LayerStrategy, Plan, Recompute, Schedule, SequenceParallel
+
+if TYPE_CHECKING:
+    from specs.model import LayerSpec, ModelSpec
+
+OFF = "off"
+"""The ``expert_parallel`` value of a layer without an expert split."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """Per axis, the values a consumer supports; None: every value. An axis is read from the plan
+    by the reader of the same name (LAYER_AXES, PLAN_AXES), as text, or None when not in use."""
+
+    dp_type: frozenset[str] | None = None
+    """How a layer with dp > 1 holds its states (DPType values)."""
+    sp: frozenset[str] | None = None
+    """A layer's sequence parallelism (SequenceParallel values)."""
+    recompute: frozenset[str] | None = None
+    """A layer's activation recomputation (Recompute values)."""
+    expert_parallel: frozenset[str] | None = None
+    """A layer's expert split: ``off``, or ``ep<e>/etp<t>`` (any split when None)."""
+    expert_dp_type: frozenset[str] | None = None
+    """How a MoE layer's expert data-parallel group of more than one rank holds the experts."""
+    schedule: frozenset[str] | None = None
+    """The pipeline schedule (Schedule values)."""
+    virtual_stages: frozenset[str] | None = None
+    """Model chunks per rank, as text (``1``: no interleaving)."""
+    vocab_sp: frozenset[str] | None = None
+    """The embedding/head's sequence parallelism (SequenceParallel values)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                object.__setattr__(self, f.name, frozenset(str(v) for v in value))
+
+    def supports(self, axis: str, value: object) -> bool:
+        """Whether ``value`` of ``axis`` (None: the axis is not in use) can be run."""
+        allowed = getattr(self, axis)
+        return value is None or allowed is None or str(value) in allowed
+
+    def without(self, *axes: str) -> Capabilities:
+        """The same record with ``axes`` supported in full (a check that leaves them to others)."""
+        return replace(self, **{a: None for a in axes})
+
+
+EVERYTHING = Capabilities()
+"""A consumer that runs every value of every axis."""
+NO_INTERLEAVING = frozenset({"1"})
+"""``virtual_stages`` of a consumer without interleaved 1F1B."""
+
+
+def _expert_split(spec: LayerSpec, s: LayerStrategy) -> str:
+    return f"ep{s.ep}/etp{s.etp}" if s.has_expert_split else OFF
+
+
+LAYER_AXES: dict[str, Callable[[LayerSpec, LayerStrategy], object]] = {
+    "dp_type": lambda spec, s: s.dp_type if s.dp > 1 else None,  # as SearchSpace.dp_types reads it
+    "sp": lambda spec, s: s.sp,
+    "recompute": lambda spec, s: s.recompute,
+    "expert_parallel": _expert_split,
+    "expert_dp_type": lambda spec, s: s.expert_dp_kind if spec.moe is not None and s.expert_dp > 1 else None,
+}
+"""How each per-layer axis reads its value from a layer and its strategy."""
+PLAN_AXES: dict[str, Callable[[Plan], object]] = {
+    "schedule": lambda plan: plan.schedule,
+    "virtual_stages": lambda plan: plan.virtual_stages,
+    "vocab_sp": lambda plan: plan.vocab_sp,
+}
+"""How each whole-plan axis reads its value."""
+
+
+def refusal(who: str, where: str, axis: str, value: object, capabilities: Capabilities) -> SpecError:
+    """The one-line refusal every consumer gives: ``<who> cannot run <where>: <axis> <value>
+    (supported: ...)``, e.g. ``galvatron cost model cannot run layer 3: sp ulysses (supported:
+    none, megatron)``."""
+    allowed = ", ".join(sorted(getattr(capabilities, axis) or (), key=_in_enum_order)) or "nothing"
+    return SpecError(f"{who} cannot run {where}", f"{axis} {value} (supported: {allowed})")
+
+
+_ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule) for v in enum]
+
+
+def _in_enum_order(value: str) -> tuple[int, str]:
+    return (_ENUM_ORDER.index(value) if value in _ENUM_ORDER else len(_ENUM_ORDER), value)
+
+
+def check_supported(plan: Plan, model: ModelSpec, capabilities: Capabilities, who: str) -> None:
+    """SpecError (``refusal``) for the first axis value of ``plan`` on ``model`` that
+    ``capabilities`` lacks: whole-plan axes first, then layer by layer."""
+    for axis, read in PLAN_AXES.items():
+        value = read(plan)
+        if not capabilities.supports(axis, value):
+            raise refusal(who, "the plan", axis, value, capabilities)
+    for i, (spec, s) in enumerate(zip(model.layers, plan.layers)):
+        for axis, read in LAYER_AXES.items():
+            value = read(spec, s)
+            if not capabilities.supports(axis, value):
+                raise refusal(who, f"layer {i}", axis, value, capabilities)
+
+
+def layer_supported(spec: LayerSpec, s: LayerStrategy, capabilities: Capabilities) -> bool:
+    """Whether every per-layer axis of ``s`` on ``spec`` is supported (for planners' choices)."""
+    return all(capabilities.supports(axis, read(spec, s)) for axis, read in LAYER_AXES.items())
+
+
+__all__ = ["Capabilities", "EVERYTHING", "NO_INTERLEAVING", "OFF", "LAYER_AXES", "PLAN_AXES", "check_supported",
+           "layer_supported", "refusal"]
