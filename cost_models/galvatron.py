@@ -15,7 +15,7 @@ import numpy as np
 
 from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from cost_models.registry import register
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, SequenceParallel, SpecError
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, SequenceParallel, SpecError
 from specs.datasets import Dataset, data_path
 from specs.errors import read_json
 
@@ -421,8 +421,8 @@ class GalvatronModel(CostModel):
     objective_is_plan_cost = False
     """Galvatron's pipeline formula charges (m - 1) x the last stage's time where the planners'
     sum charges (m - 1) x the slowest stage's: bounds on that sum do not bound this score."""
-    interleaved = False
-    """Galvatron's pipedream_flush is 1F1B: plan_cost refuses virtual_stages > 1."""
+    schedules = frozenset({Schedule.ONE_F_ONE_B})
+    """Galvatron's pipedream_flush is 1F1B: plan_cost refuses the others."""
     runtime_overhead_bytes = 0.0
     """The 1 GB CUDA context is in each stage's other memory, as Galvatron counts it."""
 
@@ -450,17 +450,17 @@ class GalvatronModel(CostModel):
             s = plan.layers[split]
             raise SpecError(f"layer {split}", f"ep {s.ep} (expert_tp {s.expert_tp}, expert_dp_type "
                             f"{s.expert_dp_type}): the galvatron cost model cannot express expert parallelism")
+        if plan.virtual_stages > 1:
+            raise SpecError("virtual_stages", f"{plan.virtual_stages}: the galvatron cost model has no "
+                            "interleaved schedule (Galvatron's pipedream_flush is 1F1B)")
         if strict:
             bad = sorted({s.dp_type for s in plan.layers if s.dp > 1} - {"zero2", "zero3"})
-            if bad or plan.schedule != "1f1b":
+            if bad or plan.schedule not in self.schedules:
                 raise SpecError("plan", f"the galvatron cost model scores zero2/zero3 layers under 1f1b; "
                                 f"got {bad or plan.schedule}")
         if plan.vocab_sp == SequenceParallel.MEGATRON:
             raise SpecError("vocab_sp", "megatron: the galvatron cost model scores the vocabulary under tp or "
                             "Ulysses (Galvatron's vsp) only")
-        if plan.virtual_stages > 1:
-            raise SpecError("virtual_stages", f"{plan.virtual_stages}: the galvatron cost model has no "
-                            "interleaved schedule (Galvatron's pipedream_flush is 1F1B)")
         layers = tuple(_glayer(s) for s in plan.layers)
         tps = [g.tp for g in layers] + [plan.vocab_tp]
         return GPlan(pp=plan.pp, division=tuple(plan.stage_layers), layers=layers, global_batch=plan.global_batch,

@@ -10,6 +10,7 @@ from typing import Iterator, NamedTuple
 
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
+from specs.schedules import PipelineFormula, schedule_entry
 
 DEGREE_RULES = ("powers_of_two", "divisors")
 """How degrees and micro-batch counts are enumerated: Galvatron's powers of two, or every divisor."""
@@ -213,8 +214,8 @@ class SearchSpace:
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
         limit = min(self.max_micro_batches, global_batch)
         base = self.micro_batches or tuple(self._degrees(global_batch, limit, self.micro_batch_degrees))
-        return [m for m in base if global_batch % m == 0 and (self.schedule == Schedule.GPIPE or m >= pp)
-                and (virtual_stages == 1 or m % pp == 0)]
+        entry = schedule_entry(self.schedule if virtual_stages == 1 else Schedule.INTERLEAVED_1F1B)
+        return [m for m in base if global_batch % m == 0 and entry.micro_batch_error(pp, m) is None]
 
     def vocab_tp_choices(self, model: ModelSpec, gpus: int) -> list[int]:
         base = self.vocab_tp or tuple(self._degrees(gpus, min(gpus, self.max_tp)))
@@ -288,6 +289,12 @@ class Combo:
     @property
     def vocab_tp(self) -> int:
         return self.vocab.tp
+
+    @property
+    def formula(self) -> PipelineFormula:
+        """The schedule's iteration-time formula at these micro-batches (one chunk per rank: the
+        segment search's bounds, m T_k + D_k per stage among them, rest on fill 1 and steady m - 1)."""
+        return schedule_entry(self.schedule).formula(self.micro_batches)
 
 
 def combos(model: ModelSpec, cluster: ClusterSpec, global_batches: tuple[int, ...],
