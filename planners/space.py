@@ -69,7 +69,9 @@ class SearchSpace:
     tp_consecutive: tuple[bool, ...] = (True, False)
     """TP rank layouts tried when tp > 1 and dp > 1."""
     schedule: str = Schedule.ONE_F_ONE_B
-    """Pipeline schedule; 1f1b needs micro_batches >= pp."""
+    """Pipeline schedule of one chunk per rank (specs.schedules gives its micro-batch rule); the
+    groups whose layers and micro-batches allow it are also tried under interleaved_1f1b with
+    each ``virtual_stages`` > 1 when that schedule is 1f1b."""
     micro_batches: tuple[int, ...] | None = None
     """Explicit micro-batch counts; None: powers of two dividing the batch, up to max_micro_batches."""
     max_micro_batches: int = 64
@@ -98,8 +100,10 @@ class SearchSpace:
         bad = [t for t in self.dp_types if t not in DP_TYPES]
         if bad or not self.dp_types:
             raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES)}; got {self.dp_types!r}")
-        if self.schedule not in SCHEDULES:
-            raise SpecError("schedule", f"must be 1f1b or gpipe, got {self.schedule!r}")
+        flat = [s for s in SCHEDULES if schedule_entry(s).max_virtual_stages == 1]
+        if self.schedule not in flat:
+            raise SpecError("schedule", f"must be one of {', '.join(flat)} (interleaving is searched through "
+                            f"virtual_stages), got {self.schedule!r}")
         if not self.recompute or not self.tp_consecutive or not self.sp or not self.virtual_stages:
             raise SpecError("recompute", "recompute, sp, virtual_stages and tp_consecutive need at least one choice")
         bad = [r for r in self.recompute if r not in tuple(Recompute)] + [x for x in self.sp + self.vocab_sp

@@ -72,8 +72,10 @@ def test_each_vocabulary_split_on_4_ranks(name, kwargs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,p", [
-    ("interleaved dp", plan([2, 2], [L(dp=2)] * 4, global_batch=8, micro_batches=4, schedule="interleaved_1f1b", virtual_stages=2)),
-    ("interleaved pp4 v2", plan([2] * 4, [L()] * 8, global_batch=4, micro_batches=4, schedule="interleaved_1f1b", virtual_stages=2)),
+    ("interleaved dp", plan([2, 2], [L(dp=2)] * 4, global_batch=8, micro_batches=4,
+                            schedule="interleaved_1f1b", virtual_stages=2)),
+    ("interleaved pp4 v2", plan([2] * 4, [L()] * 8, global_batch=4, micro_batches=4,
+                                schedule="interleaved_1f1b", virtual_stages=2)),
     ("ulysses alone", plan([4], [L(tp=4, sp="ulysses")] * 4, micro_batches=1)),
     ("ulysses full recompute zero2", plan([4], [L(tp=2, dp=2, sp="ulysses", dp_type="zero2", recompute="full")] * 4)),
 ])

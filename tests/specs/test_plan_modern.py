@@ -13,7 +13,8 @@ GPT12 = model_from_dict({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_l
 
 def test_new_fields_round_trip_through_json():
     plan = uniform_plan(30, tp=2, dp=2, pp=2, global_batch=16, micro_batches=4, recompute="selective",
-                        sp="megatron", vocab_tp=4, vocab_zero3=True, vocab_sp="ulysses", schedule="interleaved_1f1b", virtual_stages=3)
+                        sp="megatron", vocab_tp=4, vocab_zero3=True, vocab_sp="ulysses", schedule="interleaved_1f1b",
+                        virtual_stages=3)
     back = Plan.from_dict(json.loads(plan.to_json()))
     assert back == plan
     assert back.layers[0].recompute == "selective" and back.layers[0].sp == "megatron"
@@ -63,16 +64,19 @@ def test_sequence_parallel_rules(kw, message):
 def test_interleaving_rules_print_the_numbers():
     model = load_model("bert-huge-32")
     with pytest.raises(SpecError, match=r"virtual_stages 2 needs layers per stage divisible: 30 layers / \(pp 4 \* v 2\)"):
-        uniform_plan(30, dp=2, pp=4, global_batch=8, micro_batches=4, schedule="interleaved_1f1b", virtual_stages=2).validate(
+        uniform_plan(30, dp=2, pp=4, global_batch=8, micro_batches=4, schedule="interleaved_1f1b",
+                     virtual_stages=2).validate(
             model_from_dict({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 30, "n_positions": 64,
                              "vocab_size": 100}), TITAN)
     with pytest.raises(SpecError, match="interleaved 1F1B needs micro-batches a multiple of pp: micro_batches 6, pp 4"):
-        uniform_plan(32, dp=2, pp=4, global_batch=12, micro_batches=6, schedule="interleaved_1f1b", virtual_stages=2).validate(model, TITAN)
+        uniform_plan(32, dp=2, pp=4, global_batch=12, micro_batches=6, schedule="interleaved_1f1b",
+                     virtual_stages=2).validate(model, TITAN)
     with pytest.raises(SpecError, match=r"virtual_stages 2 needs schedule interleaved_1f1b \(gpipe runs one model "
                                         r"chunk per rank\)"):
         uniform_plan(32, dp=2, pp=4, global_batch=8, micro_batches=4, virtual_stages=2,
                      schedule="gpipe").validate(model, TITAN)
-    uniform_plan(32, dp=2, pp=4, global_batch=16, micro_batches=8, schedule="interleaved_1f1b", virtual_stages=2).validate(model, TITAN)
+    uniform_plan(32, dp=2, pp=4, global_batch=16, micro_batches=8, schedule="interleaved_1f1b",
+                 virtual_stages=2).validate(model, TITAN)
 
 
 def test_interleaved_stages_hold_round_robin_chunks():
