@@ -206,10 +206,10 @@ def test_every_registered_schedule_resolves_to_its_pipelining_class():
     """The executor runs the class the registry names: each is a torch.distributed.pipelining
     schedule, multi-stage exactly where the schedule runs several chunks per rank."""
     from torch.distributed import pipelining
-    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _PipelineSchedule
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
     from specs.schedules import REGISTRY
     for entry in REGISTRY.values():
         cls = getattr(pipelining, entry.torch_class)
-        assert issubclass(cls, _PipelineSchedule)
+        assert issubclass(cls, (PipelineScheduleSingle, PipelineScheduleMulti))
         assert issubclass(cls, PipelineScheduleMulti) == (entry.max_virtual_stages > 1)
