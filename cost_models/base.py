@@ -9,14 +9,12 @@ with one formula that every planner optimises and every test checks:
             + pipeline sends + embedding/head on the first/last stage)
     D_k   = per-iteration tail of stage k (gradient sync not hidden behind backward,
             optimizer step)
-    time  = m * max_k T_k + (sum_k T_k - max_k T_k) / v + max_k D_k
-            (= sum_k T_k + (m - 1) * max_k T_k for GPipe and 1F1B, v = 1; interleaved 1F1B
-            with v chunks per stage shrinks the fill and drain to (p - 1) / (v m) of the ideal)
+    time  = the schedule's formula (specs.schedules): m * max_k T_k + (sum_k T_k - max_k T_k) / v
+            + max_k D_k (v = 1 but under interleaved 1F1B)
     mem_k = sum_l (states_l + in_flight_k * activations_l) + max_l temporary_l
             + vocab states/activations on the first/last stage + runtime overhead
 
-with in_flight_k = min(pp - k, m) under 1F1B, m under GPipe, and under interleaving
-(2 (pp - k - 1) + (v - 1) pp + 1) / v stage-equivalents (Megatron's warm-up), at most m.
+with in_flight_k the schedule's (specs.schedules): min(pp - k, m) under 1F1B, m under GPipe.
 """
 from __future__ import annotations
 
@@ -28,20 +26,8 @@ from typing import ClassVar, Sequence
 from cost_models.collectives import layer_rank_groups
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
 from specs.capabilities import EVERYTHING, Capabilities
+from specs.schedules import schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
-
-
-
-def chunk_sends(pp: int, virtual_stages: int, stage: int) -> tuple[list[int], list[int]]:
-    """Global chunk indices of ``stage`` that send forward and that send a gradient back.
-
-    Chunk j = c * pp + stage runs on stage j % pp; every chunk but the last sends its output to
-    chunk j + 1 (the next stage, wrapping from the last stage to the first); every chunk but
-    the first sends its input gradient to chunk j - 1 (Megatron's interleaving)."""
-    chunks = [c * pp + stage for c in range(virtual_stages)]
-    total = pp * virtual_stages
-    return [j for j in chunks if j < total - 1], [j for j in chunks if j > 0]
-
 
 ALLOCATOR_RESERVE_FRACTION = 0.2
 """Share of a budget kept free for PyTorch's caching allocator (cached, fragmented blocks)."""
@@ -147,21 +133,14 @@ class PlanCost:
 def in_flight(schedule: str, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole
     stage's activations (interleaving holds chunk-micro-batches: 1/v of a stage each)."""
-    if schedule == Schedule.GPIPE:
-        return micro_batches
-    v = virtual_stages
-    if v == 1:
-        return min(pp - stage, micro_batches)
-    chunks = min(2 * (pp - stage - 1) + (v - 1) * pp + 1, micro_batches * v)
-    return chunks / v
+    return schedule_entry(schedule).in_flight(pp, stage, micro_batches, virtual_stages)
 
 
 def pipeline_time(stage_time_s: Sequence[float], stage_tail_s: Sequence[float], micro_batches: int,
-                  virtual_stages: int = 1) -> float:
-    """m max_k T_k + (sum_k T_k - max_k T_k) / v + max_k D_k (v = 1: sum + (m - 1) max + tail)."""
-    slowest = max(stage_time_s)
-    fill = (sum(stage_time_s) - slowest) / virtual_stages
-    return micro_batches * slowest + fill + max(stage_tail_s)
+                  schedule: str, virtual_stages: int = 1) -> float:
+    """The schedule's iteration time: m max_k T_k + (sum_k T_k - max_k T_k) / v + max_k D_k."""
+    formula = schedule_entry(schedule).formula(micro_batches, virtual_stages)
+    return formula.time_s(max(stage_time_s), sum(stage_time_s), max(stage_tail_s))
 
 
 class CostModel(ABC):
@@ -177,12 +156,8 @@ class CostModel(ABC):
     answers (sum_k T_k + (m - 1) max_k T_k + max_k D_k of 1F1B): their lower bounds, pruning and
     "optimal" then hold for ``plan_cost``. A model with its own pipeline formula sets False; the
     planners then search every group without pruning and call their plans heuristic."""
-    interleaved: ClassVar[bool] = True
-    """True when ``plan_cost`` scores interleaved 1F1B (``virtual_stages`` > 1); planners search
-    interleaved plans only under such a model."""
     capabilities: ClassVar[Capabilities] = EVERYTHING
-    """The axes and values ``plan_cost`` scores (specs.capabilities; ``virtual_stages`` agrees
-    with ``interleaved``): it refuses the rest with ``check_supported``'s one line, and planners
+    """The axes and values ``plan_cost`` scores (specs.capabilities): it refuses the rest with ``check_supported``'s one line, and planners
     leave the rest out of their search (SearchSpace.within)."""
     linear_in_flight: ClassVar[bool] = False
     """True when ``layer_memory_in`` is states and temporaries that do not depend on ``in_flight``
@@ -302,7 +277,7 @@ class CostModel(ABC):
             times.append(t)
             tails.append(d)
             memories.append(mem)
-        total = pipeline_time(times, tails, plan.micro_batches, plan.virtual_stages)
+        total = pipeline_time(times, tails, plan.micro_batches, plan.schedule, plan.virtual_stages)
         busy = sum(times) * plan.micro_batches / plan.pp
         return PlanCost(iteration_time_s=total, throughput_samples_per_s=plan.global_batch / total,
                         stage_time_s=tuple(times), stage_tail_s=tuple(tails),
@@ -335,7 +310,7 @@ class CostModel(ABC):
         stage (one each way per stage without interleaving, v each way with it)."""
         per_stage = world // plan.pp
         chunks = plan.chunk_ranges()
-        forward, backward = chunk_sends(plan.pp, plan.virtual_stages, stage)
+        forward, backward = schedule_entry(plan.schedule).chunk_sends(stage, plan.pp, plan.virtual_stages)
         total = 0.0
         for j in forward:
             last = chunks[j][-1]

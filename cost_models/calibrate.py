@@ -70,7 +70,7 @@ def _structure_key(run: Run) -> tuple:
     """Runs that differ only in the number of micro-batches share their stage times."""
     plan = run.plan
     mbs = plan.global_batch // plan.micro_batches
-    schedule = "gpipe" if plan.virtual_stages == 1 else plan.schedule  # interleaving needs 1F1B
+    schedule = "gpipe" if plan.virtual_stages == 1 else plan.schedule  # interleaving keeps its own
     rep = replace(plan, micro_batches=plan.pp, global_batch=mbs * plan.pp, schedule=schedule)
     return run.model, run.cluster, rep
 
@@ -90,7 +90,7 @@ def predict(constants: AnalyticalConstants, runs: Sequence[Run],
             cost = model.plan_cost(key[0], key[2])
             stages[key] = (cost.stage_time_s, cost.stage_tail_s)
         times, tails = stages[key]
-        out[i] = pipeline_time(times, tails, run.plan.micro_batches, run.plan.virtual_stages)
+        out[i] = pipeline_time(times, tails, run.plan.micro_batches, run.plan.schedule, run.plan.virtual_stages)
     return out
 
 

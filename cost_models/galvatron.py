@@ -16,7 +16,7 @@ import numpy as np
 from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from cost_models.registry import register
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, SequenceParallel, SpecError
-from specs.capabilities import NO_INTERLEAVING, OFF, Capabilities, check_supported
+from specs.capabilities import OFF, Capabilities, check_supported
 from specs.datasets import Dataset, data_path
 from specs.errors import read_json
 
@@ -422,10 +422,8 @@ class GalvatronModel(CostModel):
     objective_is_plan_cost = False
     """Galvatron's pipeline formula charges (m - 1) x the last stage's time where the planners'
     sum charges (m - 1) x the slowest stage's: bounds on that sum do not bound this score."""
-    interleaved = False
-    """Galvatron's pipedream_flush is 1F1B: plan_cost refuses virtual_stages > 1."""
     capabilities = Capabilities(
-        dp_type={DPType.ZERO2, DPType.ZERO3}, schedule={Schedule.ONE_F_ONE_B}, virtual_stages=NO_INTERLEAVING,
+        dp_type={DPType.ZERO2, DPType.ZERO3}, schedule={Schedule.ONE_F_ONE_B},
         expert_parallel={OFF}, vocab_sp={SequenceParallel.NONE, SequenceParallel.ULYSSES})
     """What its plan files say: zero2/zero3 layers (DDP/ZeRO-1 with dp > 1 has no file), 1F1B
     (pipedream_flush) without interleaving, no expert parallelism (its engine has no such term),
@@ -452,9 +450,9 @@ class GalvatronModel(CostModel):
     def gplan(self, plan: Plan, strict: bool = True) -> GPlan:
         """``plan`` in Galvatron's terms in the tightest search task that holds it; ``strict``: a
         SpecError for what its files cannot say (DDP/ZeRO-1 with dp > 1 beside ZeRO-2, GPipe)."""
-        # the layers' dp types and the schedule do not matter to the embedding/head (not strict)
-        check_supported(plan, self.model_spec, self.capabilities if strict else
-                        self.capabilities.without("dp_type", "schedule"), "galvatron cost model")
+        # the layers' dp types and GPipe vs 1F1B do not matter to the embedding/head (not strict)
+        lenient = replace(self.capabilities, dp_type=None, schedule={Schedule.GPIPE, Schedule.ONE_F_ONE_B})
+        check_supported(plan, self.model_spec, self.capabilities if strict else lenient, "galvatron cost model")
         layers = tuple(_glayer(s) for s in plan.layers)
         tps = [g.tp for g in layers] + [plan.vocab_tp]
         return GPlan(pp=plan.pp, division=tuple(plan.stage_layers), layers=layers, global_batch=plan.global_batch,

@@ -91,7 +91,9 @@ def load_cases(set_name: str) -> list[Run]:
                             micro_batches=gbs // (mbs * dp), recompute=Recompute(row.get("recompute", "full")),
                             sp=SequenceParallel(row.get("sequence parallelism", "none")),
                             schedule=Schedule.ONE_F_ONE_B, model=model.name)
-        plan = replace(plan, virtual_stages=int(row.get("virtual stages", 1)))
+        v = int(row.get("virtual stages", 1))
+        if v > 1:
+            plan = replace(plan, schedule=Schedule.INTERLEAVED_1F1B, virtual_stages=v)
         cases.append(Run(model, _cluster(int(row["# GPUs"]), set_name), plan,
                          float(row["iteration time (ms)"]) / 1e3, set_name))
     return cases

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from executor.model import is_tied
 from executor.parallel.expert import EXPERT_DP_TYPES
-from executor.parallel.pipeline import SCHEDULE_CLASSES
 from executor.parallel.vocab import refuse_vocab
 from specs import ModelSpec, Plan, SpecError
 from specs.capabilities import Capabilities, check_supported
+from specs.schedules import REGISTRY
 
-CAPABILITIES = Capabilities(schedule=frozenset(SCHEDULE_CLASSES), expert_dp_type=frozenset(EXPERT_DP_TYPES))
-"""The axes the executor runs in part: the schedules torch.distributed.pipelining gives it, and
+CAPABILITIES = Capabilities(schedule=frozenset(s for s, e in REGISTRY.items() if e.torch_class),
+                            expert_dp_type=frozenset(EXPERT_DP_TYPES))
+"""The axes the executor runs in part: the registered schedules torch.distributed.pipelining has a class for, and
 expert states held as flat buckets (no ZeRO-3 of the experts). Every other value runs."""
 
 

@@ -14,7 +14,8 @@ from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats,
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
 from planners.tables import memo
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
+from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, even_stage_layers, uniform_plan
+from specs.schedules import schedule_entry
 from specs.units import GIB
 
 DEFAULTS = {"top_k": 3}
@@ -177,6 +178,7 @@ class Megatron3d(GridPlanner):
     dp_type = DPType.DDP
 
     def candidates(self, model, cluster, batch):
+        n = model.num_layers
         for pp in megatron_pp_degrees(model, cluster):
             gpus = cluster.world_size // pp
             for tp in megatron_tp_degrees(model, cluster, gpus):
@@ -185,12 +187,13 @@ class Megatron3d(GridPlanner):
                 for b in micro_batch_sizes(batch, dp):
                     m = batch // (dp * b)
                     for v in MEGATRON_VIRTUAL_STAGES:
-                        if v > 1 and (pp == 1 or model.num_layers % (pp * v) or m % pp):
+                        schedule = Schedule.ONE_F_ONE_B if v == 1 else Schedule.INTERLEAVED_1F1B
+                        if v > 1 and not schedule_entry(schedule).allows(pp, m, v, even_stage_layers(n, pp)):
                             continue
                         for recompute in MEGATRON_RECOMPUTE:
                             yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": m, "recompute": recompute,
                                    "sp": sp, "dp_type": self.dp_type if dp > 1 else DPType.DDP, "vocab_tp": tp,
-                                   "vocab_sp": sp, "virtual_stages": v}
+                                   "vocab_sp": sp, "schedule": schedule, "virtual_stages": v}
 
 
 @register

@@ -116,7 +116,7 @@ def _slot_count(t: ComboTables, k: int, ty: int, most: int) -> int:
 def build(t: ComboTables, v, even: bool = False, cutoff_s: float | None = None) -> Formulation:
     """The count MILP of group ``t`` under vocab choice ``v`` (call only where ``applies``)."""
     # data
-    n_layers, pp, m = len(t.layer_type), t.combo.pp, t.combo.micro_batches
+    n_layers, pp = len(t.layer_type), t.combo.pp
     runs = layer_runs(t.layer_type)
     where = blocks(n_layers, pp, even, runs)
     pairs = {(k, runs[j].type) for k, j in where}
@@ -142,7 +142,7 @@ def build(t: ComboTables, v, even: bool = False, cutoff_s: float | None = None) 
     _between_runs(f, t, index, T)
     _stage_rows(f, t, v, index, T, D, M)
     # objective
-    objective_rows(f, pp, m, cutoff_s)
+    objective_rows(f, pp, t.combo.formula, cutoff_s)
     return f
 
 

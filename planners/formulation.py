@@ -5,7 +5,8 @@ solve the same model. w[l,k,s]: layer l on stage k under strategy s. e[l,k,G,H]:
 both on stage k, l-1 in relayout class G and l in class H (marginals tie it to w; classes group
 strategies with identical relayout costs). z[l,k,g]: layer l ends stage k in send class g (pays
 the pipeline sends). T[k], D[k], tmp[k]: stage time, tail and largest temporary; Tmax, Dmax.
-Objective: sum_k T_k + (m-1) Tmax + Dmax, or m T_0 + D_0 when pp = 1 (plan_cost's formula).
+Objective: the schedule's formula in its linear form fill sum_k T_k + steady Tmax + Dmax, or
+m T_0 + D_0 when pp = 1 (specs.schedules.PipelineFormula, as plan_cost scores it).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from planners.partition import stage_windows
 from planners.tables import ComboTables
+from specs.schedules import PipelineFormula
 
 
 @dataclass
@@ -61,7 +63,7 @@ def _classes(R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def build(t: ComboTables, v: int, even: bool = False, cutoff_s: float | None = None) -> Formulation:
     """The MILP of group ``t`` under vocab tp ``v``; ``cutoff_s`` adds objective <= cutoff."""
     f = Formulation()
-    n, pp, m = len(t.layer_type), t.combo.pp, t.combo.micro_batches
+    n, pp = len(t.layer_type), t.combo.pp
     wins = stage_windows(n, pp, even)
     stage_of = [sorted({l for a, b in wins[k] for l in range(a, b)}) for k in range(pp)]
     T = {k: {} for k in range(pp)}
@@ -75,21 +77,21 @@ def build(t: ComboTables, v: int, even: bool = False, cutoff_s: float | None = N
         _sends(f, t, stage_of, T, n, pp)
     _vocab_terms(f, t, v, T, D, M, n, pp)
     _stage_rows(f, t, v, stage_of, T, D, M, pp)
-    objective_rows(f, pp, m, cutoff_s)
+    objective_rows(f, pp, t.combo.formula, cutoff_s)
     return f
 
 
-def objective_rows(f: Formulation, pp: int, m: int, cutoff_s: float | None) -> None:
+def objective_rows(f: Formulation, pp: int, formula: PipelineFormula, cutoff_s: float | None) -> None:
     """plan_cost's objective over the stage variables T_k, D_k; ``cutoff_s`` adds objective <= it."""
     if pp == 1:
-        f.objective = {"T_0": float(m), "D_0": 1.0}
+        f.objective = {"T_0": float(formula.micro_batches), "D_0": 1.0}
     else:
         f.var("Tmax", 0.0, np.inf, False, unit="time")
         f.var("Dmax", -np.inf, np.inf, False, unit="time")
         for k in range(pp):
             f.row({"Tmax": 1.0, f"T_{k}": -1.0}, ">=", 0.0, unit="time")
             f.row({"Dmax": 1.0, f"D_{k}": -1.0}, ">=", 0.0, unit="time")
-        f.objective = {**{f"T_{k}": 1.0 for k in range(pp)}, "Tmax": float(m - 1), "Dmax": 1.0}
+        f.objective = {**{f"T_{k}": formula.fill for k in range(pp)}, "Tmax": formula.steady, "Dmax": 1.0}
     if cutoff_s is not None:
         f.row(dict(f.objective), "<=", cutoff_s, unit="time")
 

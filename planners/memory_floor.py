@@ -51,7 +51,7 @@ def memory_floor(t: ComboTables, v, windows: tuple[Windows, ...], recv: list, co
         o = sums[0]
         return float(m * np.min(o.T[(o.a == 0) & (o.b == n)], initial=np.inf))
     least_recv = [None] + [r.min(axis=1, keepdims=True) for r in recv[1:]]
-    return partition_floor(sums, maxes, least_recv, n, 1, m)
+    return partition_floor(sums, maxes, least_recv, n, 1, t.combo.formula)
 
 
 def _options(a: np.ndarray, b: np.ndarray, bound: np.ndarray) -> StageOptions:

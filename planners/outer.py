@@ -21,7 +21,8 @@ from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables, temp_levels
-from specs import ModelSpec, even_stage_layers
+from specs import ModelSpec, Schedule, even_stage_layers
+from specs.schedules import PipelineFormula, schedule_entry
 from specs.units import GIB
 
 RESCORE_RTOL = 1e-6
@@ -118,13 +119,14 @@ def build_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, s
 
 
 def lower_bound_s(t: ComboTables) -> float:
-    """sum_k T_k >= sum of each layer's fastest strategy (+ embedding/head); max_k T_k >= mean."""
-    pp, m = t.combo.pp, t.combo.micro_batches
+    """The schedule's linear form with sum_k T_k >= sum of each layer's fastest strategy
+    (+ embedding/head) and max_k T_k >= their mean."""
+    pp, formula = t.combo.pp, t.combo.formula
     per_type = np.min([np.min(s.time_s, axis=1) for s in t.stages], axis=0)
     layers = float(per_type[t.layer_type].sum())
     vocab = min(sum(vc.time_s for vc in v) + _least_delta(v) for v in t.vocab.values())
     total = layers + vocab
-    return total + (m - 1) * total / pp
+    return formula.fill * total + formula.steady * total / pp
 
 
 def _least_delta(vocab) -> float:
@@ -208,7 +210,7 @@ def _refine(tables: list[ComboTables], bounds: list[float], order: list[int], re
 
 def _all_interleaved(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,
                      space: SearchSpace, top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
-    if not cost_model.interleaved:  # it cannot score them
+    if not cost_model.capabilities.supports("schedule", Schedule.INTERLEAVED_1F1B):  # it cannot score them
         return
     for t in tables:
         for v in space.virtual_stages:
@@ -240,11 +242,11 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
     the vocabulary sharded like the layers, an even partition: how Megatron runs it), scored by
     plan_cost. Strategies go in order of a lower bound from the tables and stop once it cannot
     reach the top_k plans found so far; plans the tables show cannot fit are not scored."""
-    c, n = t.combo, len(t.layer_type)
-    if c.pp == 1 or n % (c.pp * v) or c.micro_batches % c.pp or c.schedule != "1f1b":
+    c, n, entry = t.combo, len(t.layer_type), schedule_entry(Schedule.INTERLEAVED_1F1B)
+    if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v, even_stage_layers(n, c.pp)):
         return
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    floor, fits = _interleaved_floor(t, uniform, v, cost_model.linear_in_flight)
+    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), cost_model.linear_in_flight)
     order = np.argsort(floor)
     for pos, i in enumerate(order):
         threshold = state.throughputs(top_k)[1]
@@ -262,10 +264,10 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
         vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
         state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
-                                              virtual_stages=v), budget_bytes)
+                                              schedule=entry.name, virtual_stages=v), budget_bytes)
 
 
-def _interleaved_floor(t: ComboTables, uniform: np.ndarray, v: int, linear_in_flight: bool
+def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, linear_in_flight: bool
                        ) -> tuple[np.ndarray, np.ndarray]:
     """Per uniform strategy: a lower bound on its interleaved plan's time, and whether it can fit.
 
@@ -277,8 +279,7 @@ def _interleaved_floor(t: ComboTables, uniform: np.ndarray, v: int, linear_in_fl
     T, D, mem, temp = uniform_layer_sums(t, uniform)
     # infinite memory: a layout the cost model cannot score (whatever the in-flight count)
     fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear_in_flight else np.isfinite(mem + temp).all(axis=0)
-    slowest = T.max(axis=0)
-    return t.combo.micro_batches * slowest + (T.sum(axis=0) - slowest) / v + D.max(axis=0), fits
+    return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), fits
 
 
 def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],

@@ -2,10 +2,11 @@
 
 Each stage k offers options (a, b, g, T, D): layers a..b-1 on stage k ending in a layer of dp g,
 with per-micro-batch time T and tail D. Stage k > 0 also pays ``recv[k][a, g']``, the gradient sent
-back to it, which depends on the dp g' of the previous stage's last layer. The objective is
-plan_cost's sum_k T_k + (m-1) max_k T_k + max_k D_k. For a bottleneck cap tau (and a tail cap
-delta) the min-sum partition is a shortest path; enumerating the caps in increasing order with the
-bound S_min + (m-1) tau + delta >= best makes the search exact over the given options.
+back to it, which depends on the dp g' of the previous stage's last layer. The objective is the
+schedule's formula in its linear form fill sum_k T_k + steady max_k T_k + max_k D_k (specs.schedules;
+sum + (m-1) max + max D with one chunk per rank). For a bottleneck cap tau (and a tail cap delta)
+the min-sum partition is a shortest path; enumerating the caps in increasing order with the bound
+fill S_min + steady tau + delta >= best makes the search exact over the given options.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from specs import even_stage_layers
+from specs.schedules import PipelineFormula
 
 
 class Windows(tuple):
@@ -185,7 +187,7 @@ def _min_sum(cells: list[np.ndarray], recv: list[np.ndarray], tau: float, n: int
     return value, steps[::-1]
 
 
-def _objective(path, whichs, opts, recv, m) -> tuple[float, list[int]]:
+def _objective(path, whichs, opts, recv, formula: PipelineFormula) -> tuple[float, list[int]]:
     Ts, Ds, chosen = [], [], []
     for k, (a, b, g) in enumerate(path):
         o = int(whichs[k][a, b - a - 1, g])
@@ -193,16 +195,16 @@ def _objective(path, whichs, opts, recv, m) -> tuple[float, list[int]]:
         Ts.append(opts[k].T[o] + r)
         Ds.append(opts[k].D[o])
         chosen.append(o)
-    return sum(Ts) + (m - 1) * max(Ts) + max(Ds), chosen
+    return formula.linear_s(sum(Ts), max(Ts), max(Ds)), chosen
 
 
-def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G: int, m: int,
+def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G: int, formula: PipelineFormula,
                      exact: bool, deltas: np.ndarray | None = None) -> PartitionChoice | None:
     """Best partition over the options; exact in both caps when ``exact``, else in tau only
     (the tail max is then evaluated, not optimised). ``deltas``: tail caps to try instead of
     every distinct tail (then exact in tau for each of them only)."""
     if len(opts) == 1:
-        return _single_stage(opts[0], n, m)
+        return _single_stage(opts[0], n, formula.micro_batches)
     if deltas is None:
         deltas = np.unique(np.concatenate([o.D for o in opts])) if exact else np.array([np.inf])
     deltas = np.sort(np.asarray(deltas, dtype=float))
@@ -214,7 +216,8 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
     if _min_sum(loose, recv, np.inf, n) is None:
         return None
     least_tau = _least_bottleneck(loose, recv, n)
-    floor = _min_sum(loose, recv, np.inf, n)[0] + (m - 1) * least_tau
+    fill, steady = formula.fill, formula.steady
+    floor = fill * _min_sum(loose, recv, np.inf, n)[0] + steady * least_tau
     capped = [_TailCapped(o, n, G) for o in opts] if exact else None
     for delta in deltas:
         d_lb = delta if exact else 0.0
@@ -228,82 +231,87 @@ def search_partition(opts: list[StageOptions], recv: list[np.ndarray], n: int, G
         base = _min_sum(T_cells, recv, np.inf, n, path=False)
         if base is None:
             continue
-        if base[0] + (m - 1) * least_tau + d_lb >= best_value:
+        base_s = fill * base[0]
+        if base_s + steady * least_tau + d_lb >= best_value:
             continue  # this tail cap's min sum alone cannot win
         lowest = _least_bottleneck(T_cells, recv, n)  # below it nothing is feasible (a tight cap: most caps)
-        taus = _caps(T_cells, recv, lowest, lambda tau: base[0] + (m - 1) * tau + d_lb < best_value)
+        taus = _caps(T_cells, recv, lowest, lambda tau: base_s + steady * tau + d_lb < best_value)
         if not len(taus):
             continue
-        if exact:  # S(tau, delta) + (m-1) tau + delta: its minimum is the optimum
-            best_value, best_caps, seen = _exact_caps(T_cells, recv, taus, n, m, base[0], delta,
+        if exact:  # fill S(tau, delta) + steady tau + delta: its minimum is the optimum
+            best_value, best_caps, seen = _exact_caps(T_cells, recv, taus, n, formula, base_s, delta,
                                                       best_value, best_caps)
             explored += seen
             continue
         for tau in taus:
-            bound = base[0] + (m - 1) * tau + d_lb
+            bound = base_s + steady * tau + d_lb
             if best_value <= bound:
                 break
             res = _min_sum(T_cells, recv, tau, n)
             explored += 1
             if res is None:
                 continue
-            value, chosen = _objective(res[1], whichs, opts, recv, m)
+            value, chosen = _objective(res[1], whichs, opts, recv, formula)
             if value < best_value:
                 best_value, best = value, PartitionChoice(chosen, value, 0)
     if exact and best_caps is not None:
         tau, delta = best_caps
         cells = [_cells(o, n, G, delta) for o in opts]
         res = _min_sum([c[0] for c in cells], recv, tau, n)
-        value, chosen = _objective(res[1], [c[1] for c in cells], opts, recv, m)
+        value, chosen = _objective(res[1], [c[1] for c in cells], opts, recv, formula)
         best = PartitionChoice(chosen, value, 0)
     if best is not None:
         best.cells_explored = explored
     return best
 
 
-def _exact_caps(T_cells, recv, taus: np.ndarray, n: int, m: int, base_s: float, delta: float,
+def _exact_caps(T_cells, recv, taus: np.ndarray, n: int, formula: PipelineFormula, base_s: float, delta: float,
                 best_value: float, best_caps) -> tuple[float, tuple | None, int]:
     """The bottleneck caps of one tail cap in increasing order, S(tau) for a block of them per
-    numpy call (blocks growing from 4), until S_min + (m-1) tau + delta cannot win: (best value,
-    its caps, caps evaluated). The same caps and values as one _min_sum call per cap."""
+    numpy call (blocks growing from 4), until fill S_min + steady tau + delta (``base_s``: fill
+    S_min) cannot win: (best value, its caps, caps evaluated). The same caps and values as one
+    _min_sum call per cap."""
     seen, start, block = 0, 0, 4
+    steady = formula.steady
     limit = _batch_limit(T_cells, n)
     while start < len(taus):
         chunk = taus[start:start + block]
-        sums = _capped_sums(T_cells, T_cells, recv, chunk, n)
+        sums = formula.fill * _capped_sums(T_cells, T_cells, recv, chunk, n)
         for tau, total in zip(chunk, sums):
-            if best_value <= base_s + (m - 1) * tau + delta:
+            if best_value <= base_s + steady * tau + delta:
                 return best_value, best_caps, seen
             seen += 1
-            if np.isfinite(total) and total + (m - 1) * tau + delta < best_value:
-                best_value, best_caps = float(total + (m - 1) * tau + delta), (tau, delta)
+            if np.isfinite(total) and total + steady * tau + delta < best_value:
+                best_value, best_caps = float(total + steady * tau + delta), (tau, delta)
         start, block = start + len(chunk), min(2 * block, limit)
     return best_value, best_caps, seen
 
 
 def partition_floor(sum_opts: list[StageOptions], max_opts: list[StageOptions], recv: list[np.ndarray],
-                    n: int, G: int, m: int) -> float:
-    """A lower bound on sum_k S_k + (m - 1) max_k T_k over partitions, where each segment's S is
-    at least its ``sum_opts`` T and its T at least its ``max_opts`` T (same segments): the least
-    over bottleneck caps tau of [least sum of S over partitions whose every stage can be <= tau]
-    + (m - 1) tau (inf when nothing is feasible). A partition whose bottleneck is tau* is counted at
-    tau = tau*, so the minimum is a bound."""
+                    n: int, G: int, formula: PipelineFormula) -> float:
+    """A lower bound on fill sum_k S_k + steady max_k T_k over partitions, where each segment's S
+    is at least its ``sum_opts`` T and its T at least its ``max_opts`` T (same segments): the least
+    over bottleneck caps tau of fill [least sum of S over partitions whose every stage can be
+    <= tau] + steady tau (inf when nothing is feasible). A partition whose bottleneck is tau* is
+    counted at tau = tau*, so the minimum is a bound."""
     lengths = [max(_longest(a), _longest(b)) for a, b in zip(sum_opts, max_opts)]
     sum_cells = [_cells(o, n, G, np.inf, L)[0] for o, L in zip(sum_opts, lengths)]
     max_cells = [_cells(o, n, G, np.inf, L)[0] for o, L in zip(max_opts, lengths)]
     base = _min_sum(sum_cells, recv, np.inf, n, path=False)
     if base is None or _min_sum(max_cells, recv, np.inf, n, path=False) is None:
         return np.inf
+    fill, steady = formula.fill, formula.steady
     least = _least_bottleneck(max_cells, recv, n)  # the first cap: it bounds which others can win
-    best = float(_capped_sums(sum_cells, max_cells, recv, np.array([least]), n)[0] + (m - 1) * least)
-    taus = _caps(max_cells, recv, least, lambda tau: (tau > least) & (base[0] + (m - 1) * tau < best))
+    best = float(fill * _capped_sums(sum_cells, max_cells, recv, np.array([least]), n)[0] + steady * least)
+    base_s = fill * base[0]
+    taus = _caps(max_cells, recv, least, lambda tau: (tau > least) & (base_s + steady * tau < best))
     limit = _batch_limit(max_cells, n)
     lo, batch = 0, min(8, limit)  # blocks growing from 8: the first caps usually settle it
     while lo < len(taus):
         chunk = taus[lo:lo + batch]
-        if base[0] + (m - 1) * chunk[0] >= best:
+        if base_s + steady * chunk[0] >= best:
             break
-        best = min(best, float(np.min(_capped_sums(sum_cells, max_cells, recv, chunk, n) + (m - 1) * chunk)))
+        best = min(best, float(np.min(fill * _capped_sums(sum_cells, max_cells, recv, chunk, n) + steady * chunk)))
         lo, batch = lo + len(chunk), min(2 * batch, limit)
     return best
 

@@ -27,7 +27,6 @@ def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
     if parts is None:
         return None
     S, layer_T, layer_D, layer_mem, layer_temp = parts
-    m = t.combo.micro_batches
     Ts, Ds, fits = [], [], np.ones(len(S), dtype=bool)
     for k, vc in enumerate(t.vocab[v]):
         T, D = layer_T[k] + vc.time_s, layer_D[k] + vc.tail_s
@@ -39,7 +38,7 @@ def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
         Ds.append(D)
         fits &= mem <= t.budget_bytes
     Ts, Ds = np.array(Ts), np.array(Ds)
-    value = np.where(fits, Ts.sum(axis=0) + (m - 1) * Ts.max(axis=0) + Ds.max(axis=0), np.inf)
+    value = np.where(fits, t.combo.formula.linear_s(Ts.sum(axis=0), Ts.max(axis=0), Ds.max(axis=0)), np.inf)
     i = int(np.argmin(value))
     return (float(value[i]), int(S[i])) if np.isfinite(value[i]) else None
 

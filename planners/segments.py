@@ -55,6 +55,8 @@ class GroupDP:
         self.candidates = 0
         self.n = len(t.layer_type)
         self.m = t.combo.micro_batches
+        self.formula = t.combo.formula
+        """The schedule's iteration-time formula: the partition search's objective."""
         self.weight = 1.0 / self.m
         # fast mode offers each segment's best under several time/tail weights (T + lam * D):
         # 1/m is exact when pp = 1; 0 and 1 cover bottleneck stages and tail-heavy stages.
@@ -332,7 +334,7 @@ class GroupDP:
         deltas = np.unique(D_all)
         if len(deltas) > MIXED_ALL_TAILS:
             deltas = np.unique(np.concatenate((np.quantile(D_all, np.linspace(0, 1, MIXED_TAIL_CAPS)), tails)))
-        choice = search_partition(opts, recv, self.n, len(self.t.dp_values), self.m, exact=True, deltas=deltas)
+        choice = search_partition(opts, recv, self.n, len(self.t.dp_values), self.formula, exact=True, deltas=deltas)
         if choice is not None and choice.objective_s < choice0.objective_s:
             return choice, opts, refs
         return best
@@ -368,11 +370,11 @@ class GroupDP:
 
         G = len(self.t.dp_values)
         if len(self.windows) == 1:
-            choice = search_partition(options(self.weight), recv, self.n, G, self.m, exact=False)
+            choice = search_partition(options(self.weight), recv, self.n, G, self.formula, exact=False)
             return np.inf if choice is None else choice.objective_s
         lam = 1.0 / len(self.windows)  # max_k D_k >= the mean over the pp stages
         summed = [StageOptions(o.a, o.b, o.g, o.T + lam * o.D, np.zeros_like(o.D)) for o in options(lam)]
-        return partition_floor(summed, options(0.0), recv, self.n, G, self.m)
+        return partition_floor(summed, options(0.0), recv, self.n, G, self.formula)
 
     def any_vocab_floor(self, incumbent_s: float | None = None, tails: bool = True) -> float:
         """A lower bound for every vocab choice at once: ``relaxed_objective`` with each stage's
@@ -423,7 +425,7 @@ class GroupDP:
         def options(lam: float) -> list[StageOptions]:
             return [self.relaxed_options(k, v, lam)[0] for k in range(len(self.windows))]
 
-        return tail_floor(options, recv, self.n, self.m, self.t.combo.pp, incumbent_s, known_s)
+        return tail_floor(options, recv, self.n, self.formula, self.t.combo.pp, incumbent_s, known_s)
 
     def solve(self, v: int, incumbent_s: float = np.inf, bound: bool = True) -> GroupSolution | None:
         """Best plan of this group under vocab tp ``v``. Fast mode runs the partition search once
@@ -459,7 +461,7 @@ class GroupDP:
             built = [self._options(k, v, caches[k], lam) for k in range(len(self.windows))]
             opts, refs = [b[0] for b in built], [b[1] for b in built]
             runs.append((opts, refs))
-            choice = search_partition(opts, recv, self.n, len(self.t.dp_values), self.m, exact=self.exact)
+            choice = search_partition(opts, recv, self.n, len(self.t.dp_values), self.formula, exact=self.exact)
             if choice is not None and (best is None or choice.objective_s < best[0].objective_s):
                 best = (choice, opts, refs)
         if best is None:

@@ -11,6 +11,7 @@ from typing import Iterator, NamedTuple
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
 from specs.capabilities import OFF, Capabilities
+from specs.schedules import PipelineFormula, schedule_entry
 
 DEGREE_RULES = ("powers_of_two", "divisors")
 """How degrees and micro-batch counts are enumerated: Galvatron's powers of two, or every divisor."""
@@ -69,7 +70,9 @@ class SearchSpace:
     tp_consecutive: tuple[bool, ...] = (True, False)
     """TP rank layouts tried when tp > 1 and dp > 1."""
     schedule: str = Schedule.ONE_F_ONE_B
-    """Pipeline schedule; 1f1b needs micro_batches >= pp."""
+    """Pipeline schedule of one chunk per rank (specs.schedules gives its micro-batch rule); the
+    groups whose layers and micro-batches allow it are also tried under interleaved_1f1b with
+    each ``virtual_stages`` > 1 when that schedule is 1f1b."""
     micro_batches: tuple[int, ...] | None = None
     """Explicit micro-batch counts; None: powers of two dividing the batch, up to max_micro_batches."""
     max_micro_batches: int = 64
@@ -98,8 +101,10 @@ class SearchSpace:
         bad = [t for t in self.dp_types if t not in DP_TYPES]
         if bad or not self.dp_types:
             raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES)}; got {self.dp_types!r}")
-        if self.schedule not in SCHEDULES:
-            raise SpecError("schedule", f"must be 1f1b or gpipe, got {self.schedule!r}")
+        flat = [s for s in SCHEDULES if schedule_entry(s).max_virtual_stages == 1]
+        if self.schedule not in flat:
+            raise SpecError("schedule", f"must be one of {', '.join(flat)} (interleaving is searched through "
+                            f"virtual_stages), got {self.schedule!r}")
         if not self.recompute or not self.tp_consecutive or not self.sp or not self.virtual_stages:
             raise SpecError("recompute", "recompute, sp, virtual_stages and tp_consecutive need at least one choice")
         bad = [r for r in self.recompute if r not in tuple(Recompute)] + [x for x in self.sp + self.vocab_sp
@@ -171,10 +176,12 @@ class SearchSpace:
         (the cost model then refuses it, or gives it infinite memory)."""
         changes: dict = {}
         for field, axis in (("dp_types", "dp_type"), ("recompute", "recompute"), ("sp", "sp"),
-                            ("vocab_sp", "vocab_sp"), ("virtual_stages", "virtual_stages")):
+                            ("vocab_sp", "vocab_sp")):
             kept = tuple(v for v in getattr(self, field) if capabilities.supports(axis, v))
             if kept and kept != getattr(self, field):
                 changes[field] = kept
+        if not capabilities.supports("schedule", Schedule.INTERLEAVED_1F1B):
+            changes["virtual_stages"] = (1,)
         if capabilities.expert_parallel == frozenset({OFF}):
             changes["expert_parallel"] = (1,)  # a consumer without any expert split
         return replace(self, **changes) if changes else self
@@ -228,8 +235,8 @@ class SearchSpace:
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
         limit = min(self.max_micro_batches, global_batch)
         base = self.micro_batches or tuple(self._degrees(global_batch, limit, self.micro_batch_degrees))
-        return [m for m in base if global_batch % m == 0 and (self.schedule == Schedule.GPIPE or m >= pp)
-                and (virtual_stages == 1 or m % pp == 0)]
+        entry = schedule_entry(self.schedule if virtual_stages == 1 else Schedule.INTERLEAVED_1F1B)
+        return [m for m in base if global_batch % m == 0 and entry.micro_batch_error(pp, m) is None]
 
     def vocab_tp_choices(self, model: ModelSpec, gpus: int) -> list[int]:
         base = self.vocab_tp or tuple(self._degrees(gpus, min(gpus, self.max_tp)))
@@ -303,6 +310,12 @@ class Combo:
     @property
     def vocab_tp(self) -> int:
         return self.vocab.tp
+
+    @property
+    def formula(self) -> PipelineFormula:
+        """The schedule's iteration-time formula at these micro-batches (one chunk per rank: the
+        segment search's bounds, m T_k + D_k per stage among them, rest on fill 1 and steady m - 1)."""
+        return schedule_entry(self.schedule).formula(self.micro_batches)
 
 
 def combos(model: ModelSpec, cluster: ClusterSpec, global_batches: tuple[int, ...],

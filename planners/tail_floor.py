@@ -5,7 +5,7 @@ stages' tails differ (T5: encoder and decoder stages) that is several percent lo
 cap delta on every stage's tail, each segment's time is bounded by its memory-blind optima under
 weights lam >= 0: a stage with D_k <= delta has T_k >= min (T + lam D) - lam delta (the minimum
 over its plans, so also at this plan). For a plan whose largest tail lies in [lo, hi],
-  sum_k T_k + (m - 1) max_k T_k + max_k D_k >= F(hi) + lo,
+  fill sum_k T_k + steady max_k T_k + max_k D_k >= F(hi) + lo (the schedule's linear form),
 F(hi) the least over partitions and bottleneck caps of those stage bounds at delta = hi
 (partition.partition_floor). Intervals of delta covering [0, inf) give a bound (the least over
 them); those below the incumbent are halved, the lowest first, while evaluations last.
@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from planners.partition import StageOptions, partition_floor
+from specs.schedules import PipelineFormula
 
 TAIL_WEIGHTS = (0.0, 0.25, 1.0, 4.0, 64.0)
 """lam values whose memory-blind segment optima bound a stage's time under a tail cap (with 1/pp,
@@ -36,7 +37,7 @@ CLOSE_ENOUGH = 1e-3
 target gap is 0.5%)."""
 
 
-def tail_floor(options: Callable[[float], list[StageOptions]], recv: list, n: int, m: int, pp: int,
+def tail_floor(options: Callable[[float], list[StageOptions]], recv: list, n: int, formula: PipelineFormula, pp: int,
                incumbent_s: float = np.inf, known_s: float = -np.inf) -> float:
     """The bound above: ``options(lam)``: each stage's memory-blind segment options under weight
     lam (GroupDP.relaxed_options; the same segments and dp indices for every lam), ``recv`` as
@@ -53,7 +54,7 @@ def tail_floor(options: Callable[[float], list[StageOptions]], recv: list, n: in
 
     def evaluate(cap: float) -> bool:
         """F(cap) computed; whether the bound can still exceed ``known_s``."""
-        F[cap] = _capped(by_weight, weights if np.isfinite(cap) else [0.0], cap, recv, n, m)  # inf: lam 0
+        F[cap] = _capped(by_weight, weights if np.isfinite(cap) else [0.0], cap, recv, n, formula)  # inf: lam 0
         return F[cap] + cap > known_s
 
     if not all(evaluate(c) for c in [*caps[1:], np.inf]):
@@ -80,8 +81,8 @@ def _aligned(by_weight: list[list[StageOptions]]) -> bool:
 
 
 def _capped(by_weight: list[list[StageOptions]], weights: list[float], cap_s: float, recv: list, n: int,
-            m: int) -> float:
-    """F(cap): the least over partitions and bottleneck caps of sum_k T_k + (m - 1) max_k T_k with
+            formula: PipelineFormula) -> float:
+    """F(cap): the least over partitions and bottleneck caps of fill sum_k T_k + steady max_k T_k with
     every stage's T_k at least max over lam of (its option under lam) - lam cap, the least over
     the dp of the segment's last layer (``recv`` at its least over the sender's dp)."""
     stages = []
@@ -92,4 +93,4 @@ def _capped(by_weight: list[list[StageOptions]], weights: list[float], cap_s: fl
         np.minimum.at(least, (base.a, base.b), np.max(lows, axis=0))
         a, b = np.nonzero(np.isfinite(least))
         stages.append(StageOptions(a, b, np.zeros(len(a), dtype=int), least[a, b], np.zeros(len(a))))
-    return partition_floor(stages, stages, recv, n, 1, m)
+    return partition_floor(stages, stages, recv, n, 1, formula)

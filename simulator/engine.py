@@ -16,12 +16,12 @@ from simulator.collectives import Fabric, LinkCalibration, Rendezvous
 from simulator.hardware import GPU, Channel, Contention, Recorder, union_length
 from simulator.network import Network
 from simulator.result import SimResult
-from simulator.schedules import SCHEDULES
 from simulator.trace import resource_name, write_trace
 from simulator.work import build_stages
 from simulator.worker import Worker, WorkerConfig
 from specs import ClusterSpec, ModelSpec, Plan
 from specs.capabilities import Capabilities, check_supported
+from specs.schedules import REGISTRY
 from specs.units import GIB
 
 
@@ -41,9 +41,8 @@ class CountingEnvironment(simpy.Environment):
         super().step()
 
 
-CAPABILITIES = Capabilities(schedule=frozenset(SCHEDULES))
-"""The simulator plays the schedules it has op orders for (simulator.schedules), interleaved or
-not; every other axis value runs (its costs come from the cost model, which checks its own)."""
+CAPABILITIES = Capabilities(schedule=frozenset(REGISTRY))
+"""The simulator plays every registered schedule (specs.schedules gives each stage's op order); every other axis value runs (its costs come from the cost model, which checks its own)."""
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: CostModel | None = None, *,

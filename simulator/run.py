@@ -13,6 +13,7 @@ from specs.cli import ArgumentParser, count, dumps, output_file
 from specs.errors import one_line_errors
 from specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS
 from specs.plan import Plan, Recompute, Schedule, SequenceParallel
+from specs.schedules import upgrade_schedule
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 LISTINGS = {"models": model_names, "clusters": cluster_names, "cost-models": cost_models.available}
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sp", choices=[s.value for s in SequenceParallel], default=SequenceParallel.NONE.value,
                    help="uniform plan: sequence parallelism over the tp group")
     p.add_argument("--virtual-stages", type=count(MAX_GPUS), default=1,
-                   help="uniform plan: interleaved 1F1B model chunks per rank")
+                   help="uniform plan: model chunks per rank of --schedule interleaved_1f1b (> 1 with the "
+                        "default 1f1b means interleaved_1f1b, as in plan files)")
     p.add_argument("--vocab-tp", type=count(MAX_GPUS), default=1, help="uniform plan: tp degree of the embedding and head")
     p.add_argument("--ep", type=count(MAX_GPUS), default=1,
                    help="uniform plan: expert-parallel degree of the MoE layers (experts over ep of the dp ranks)")
@@ -73,9 +75,9 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
         raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 (dp is 1)")
     plan = uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
                         micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],
-                        recompute=args.recompute, sp=args.sp, schedule=args.schedule,
-                        virtual_stages=args.virtual_stages, vocab_tp=args.vocab_tp, model=str(args.model),
-                        cluster=str(args.cluster))
+                        recompute=args.recompute, sp=args.sp, vocab_tp=args.vocab_tp, model=str(args.model),
+                        cluster=str(args.cluster),
+                        **upgrade_schedule({"schedule": args.schedule, "virtual_stages": args.virtual_stages}))
     if args.ep == 1:
         return plan
     if all(layer.moe is None for layer in model.layers):

@@ -15,9 +15,9 @@ import simpy
 from cost_models.base import in_flight
 from simulator.collectives import Fabric, Rendezvous
 from simulator.hardware import GPU, Channel
-from simulator.schedules import schedule_ops
 from simulator.work import LayerWork, StageWork, SyncWork
 from specs import DPType
+from specs.schedules import OpKind, schedule_entry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,12 +25,13 @@ class WorkerConfig:
     """Iteration-wide settings every worker shares."""
 
     schedule: str
+    """A registered schedule (specs.schedules): its op order is what each stage plays."""
     pp: int
     micro_batches: int
     full: bool
     """One worker per rank (True) or per stage (False)."""
     virtual_stages: int = 1
-    """Model chunks per stage (interleaved 1F1B when > 1)."""
+    """The schedule's model chunks per stage."""
     overlap_dp: bool = True
     """Start gradient sync of a bucket as soon as its last backward is done; False waits
     for the whole backward (the cost-model formula's assumption)."""
@@ -79,11 +80,11 @@ class Worker:
     # -- the iteration -------------------------------------------------------------------
     def _run(self):
         self._allocate_states()
-        ops = schedule_ops(self.cfg.schedule, self.work.stage, self.cfg.pp, self.cfg.micro_batches,
-                           self.cfg.virtual_stages)
+        ops = schedule_entry(self.cfg.schedule).ops(self.work.stage, self.cfg.pp, self.cfg.micro_batches,
+                                                    self.cfg.virtual_stages)
+        play = {OpKind.FORWARD: self._forward, OpKind.BACKWARD: self._backward}  # no schedule splits B yet
         for kind, mb, c in ops:
-            chunk = self.work.chunks[c]
-            yield from (self._forward(mb, chunk) if kind == "F" else self._backward(mb, chunk))
+            yield from play[kind](mb, self.work.chunks[c])
         yield from self._finish()
         self.end_s = self.env.now
 

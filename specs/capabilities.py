@@ -32,8 +32,6 @@ class Capabilities:
     """How a MoE layer's expert data-parallel group of more than one rank holds the experts."""
     schedule: frozenset[str] | None = None
     """The pipeline schedule (Schedule values)."""
-    virtual_stages: frozenset[str] | None = None
-    """Model chunks per rank, as text (``1``: no interleaving)."""
     vocab_sp: frozenset[str] | None = None
     """The embedding/head's sequence parallelism (SequenceParallel values)."""
 
@@ -55,8 +53,6 @@ class Capabilities:
 
 EVERYTHING = Capabilities()
 """A consumer that runs every value of every axis."""
-NO_INTERLEAVING = frozenset({"1"})
-"""``virtual_stages`` of a consumer without interleaved 1F1B."""
 
 
 def _expert_split(spec: LayerSpec, s: LayerStrategy) -> str:
@@ -73,7 +69,6 @@ LAYER_AXES: dict[str, Callable[[LayerSpec, LayerStrategy], object]] = {
 """How each per-layer axis reads its value from a layer and its strategy."""
 PLAN_AXES: dict[str, Callable[[Plan], object]] = {
     "schedule": lambda plan: plan.schedule,
-    "virtual_stages": lambda plan: plan.virtual_stages,
     "vocab_sp": lambda plan: plan.vocab_sp,
 }
 """How each whole-plan axis reads its value."""
@@ -113,5 +108,5 @@ def layer_supported(spec: LayerSpec, s: LayerStrategy, capabilities: Capabilitie
     return all(capabilities.supports(axis, read(spec, s)) for axis, read in LAYER_AXES.items())
 
 
-__all__ = ["Capabilities", "EVERYTHING", "NO_INTERLEAVING", "OFF", "LAYER_AXES", "PLAN_AXES", "check_supported",
+__all__ = ["Capabilities", "EVERYTHING", "OFF", "LAYER_AXES", "PLAN_AXES", "check_supported",
            "layer_supported", "refusal"]

@@ -103,8 +103,9 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
         if s.has_expert_split:
             raise SpecError(f"layer {i}", f"{s.short()}: expert parallelism has no field in Galvatron's "
                             "dense plan files")
-    if plan.virtual_stages > 1:
-        raise SpecError("virtual_stages", f"virtual_stages {plan.virtual_stages} has no field in Galvatron files")
+    if plan.schedule not in _SCHEDULE_TO:
+        raise SpecError("schedule", f"{plan.schedule} (virtual_stages {plan.virtual_stages}) has no field in "
+                        "Galvatron files")
     if plan.vocab_sp == SequenceParallel.MEGATRON:
         raise SpecError("vocab_sp", "vocab_sp megatron has no field in Galvatron files (vsp is Ulysses)")
     join = lambda xs: ",".join(str(int(x)) for x in xs)  # noqa: E731

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
+from specs.schedules import SCHEDULES, Schedule, schedule_entry, upgrade_schedule
 from specs.schema import PlanFile, check
 
 if TYPE_CHECKING:
@@ -29,15 +30,6 @@ class DPType(StrEnum):
     """ZeRO-1 plus gradients sharded."""
     ZERO3 = "zero3"
     """ZeRO-2 plus parameters sharded (FSDP)."""
-
-
-class Schedule(StrEnum):
-    """Pipeline schedule of the micro-batches."""
-
-    GPIPE = "gpipe"
-    """All forwards, then all backwards."""
-    ONE_F_ONE_B = "1f1b"
-    """One forward, one backward in the steady state (PipeDream-flush)."""
 
 
 VOCAB_PAD_MULTIPLE = 128
@@ -71,7 +63,6 @@ class SequenceParallel(StrEnum):
 
 
 DP_TYPES = tuple(DPType)
-SCHEDULES = tuple(Schedule)
 
 
 def padded_vocab(vocab: int, tp: int, multiple: int = VOCAB_PAD_MULTIPLE) -> int:
@@ -205,7 +196,7 @@ class Plan:
     micro_batches: int
     """Micro-batches per iteration (Galvatron's 'chunks')."""
     schedule: Schedule = Schedule.ONE_F_ONE_B
-    """One of Schedule (a plain string is converted)."""
+    """One of Schedule (a plain string is converted); specs.schedules defines each."""
     vocab_tp: int = 1
     """Tensor parallel degree of the embedding and the head (vocabulary padded as Megatron
     pads it, so any degree dividing the stage works)."""
@@ -216,7 +207,8 @@ class Plan:
     """Sequence parallelism of the embedding and head over the vocab_tp group (Galvatron's
     vsp is Ulysses: tokens split, weights replicated)."""
     virtual_stages: int = 1
-    """Model chunks per pipeline rank (interleaved 1F1B when > 1; layers round-robin)."""
+    """The schedule's parameter: model chunks per pipeline rank (> 1 only under
+    interleaved_1f1b; layers round-robin)."""
     model: str = ""
     """Zoo name or config path of the model this plan is for (informative)."""
     cluster: str = ""
@@ -233,6 +225,7 @@ class Plan:
         at_most(self.micro_batches, MAX_MICRO_BATCHES, "micro_batches", "each is played per stage")
         at_most(len(self.layers), MAX_LAYERS, "layers", "planners keep per-layer tables")
         object.__setattr__(self, "schedule", Schedule(one_of(self.schedule, SCHEDULES, "schedule")))
+        schedule_entry(self.schedule).check_virtual_stages(self.virtual_stages)
         if not isinstance(self.vocab_zero3, bool):
             raise SpecError("vocab_zero3", f"must be true or false, got {self.vocab_zero3!r}")
         object.__setattr__(self, "vocab_sp", SequenceParallel(one_of(self.vocab_sp, tuple(SequenceParallel),
@@ -306,30 +299,10 @@ class Plan:
         if world % self.pp:
             raise SpecError("pp", f"pp({self.pp}) does not divide the world size {world}")
         per_stage = world // self.pp
-        if self.schedule == Schedule.ONE_F_ONE_B and self.micro_batches < self.pp:
-            raise SpecError("micro_batches", f"1f1b needs micro_batches({self.micro_batches}) >= pp({self.pp})")
-        self._check_interleaving(n_layers)
+        schedule_entry(self.schedule).check(self.pp, self.micro_batches, self.virtual_stages, self.stage_layers)
         for i, (s, spec) in enumerate(zip(self.layers, model.layers)):
             _check_layer(i, s, spec, per_stage, self.global_batch, self.micro_batches)
         self._check_vocab(model, per_stage)
-
-    def _check_interleaving(self, n_layers: int) -> None:
-        v, pp = self.virtual_stages, self.pp
-        if v == 1:
-            return
-        if pp == 1:
-            raise SpecError("virtual_stages", f"virtual_stages {v} needs pp > 1 (pp is 1)")
-        if self.schedule != "1f1b":
-            raise SpecError("virtual_stages", f"virtual_stages {v} needs schedule 1f1b, got {self.schedule}")
-        if n_layers % (pp * v):
-            raise SpecError("virtual_stages", f"virtual_stages {v} needs layers per stage divisible: "
-                            f"{n_layers} layers / (pp {pp} * v {v})")
-        if any(n != n_layers // pp for n in self.stage_layers):
-            raise SpecError("stage_layers", f"virtual_stages {v} needs {n_layers // pp} layers per stage, "
-                            f"got {list(self.stage_layers)}")
-        if self.micro_batches % pp:
-            raise SpecError("micro_batches", f"interleaved 1F1B needs micro-batches a multiple of pp: "
-                            f"micro_batches {self.micro_batches}, pp {pp}")
 
     def _check_vocab(self, model: Any, per_stage: int) -> None:
         vtp = self.vocab_tp
@@ -383,7 +356,7 @@ class Plan:
         if not isinstance(layers_raw, list):
             raise SpecError("layers", f"must be a list of strategies, got {layers_raw!r}")
         layers = tuple(_strategy(i, _upgrade_layer(item)) for i, item in enumerate(layers_raw))
-        fields = {k: v for k, v in raw.items() if k != "layers"}
+        fields = {k: v for k, v in upgrade_schedule(raw).items() if k != "layers"}
         check_fields(cls, [*fields, "layers"])
         return cls(layers=layers, **fields)
 

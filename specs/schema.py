@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from specs.errors import SpecError
 from specs.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MICRO_BATCHES,
                           MAX_NODES, MAX_WIDTH)
+from specs.schedules import SCHEDULES
+
+_SCHEDULE_NAMES = tuple(s.value for s in SCHEDULES)
+"""The registered pipeline schedules (specs.schedules)."""
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 _OPEN = ConfigDict(strict=True, extra="allow", frozen=True)
@@ -137,7 +141,7 @@ class PlanFile(BaseModel):
     layers: Annotated[list[StrategyFile], Field(min_length=1, max_length=MAX_LAYERS)]
     global_batch: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH)]
     micro_batches: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)]
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    schedule: Literal[_SCHEDULE_NAMES] = "1f1b"  # type: ignore[valid-type]
     vocab_tp: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     vocab_zero3: bool = False
     vocab_sp: Literal["none", "megatron", "ulysses"] = "none"

@@ -1,6 +1,6 @@
-"""Pipeline parallelism with torch.distributed.pipelining: one model chunk per rank (GPipe or
-1F1B, uneven layer partitions as the plan says) or v chunks per rank, layers round-robin
-(interleaved 1F1B: chunk j is pipeline stage j of pp * v and runs on rank j % pp)."""
+"""Pipeline parallelism with torch.distributed.pipelining, the plan's schedule's class (named in
+specs.schedules): one model chunk per rank (uneven layer partitions as the plan says) or v chunks
+per rank, layers round-robin (chunk j is pipeline stage j of pp * v and runs on rank j % pp)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,27 +8,26 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed import pipelining
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
-from specs import Schedule
-
-SCHEDULE_CLASSES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}
+from specs.schedules import schedule_entry
 
 
 def apply_pp(chunks: dict[int, nn.Module], num_chunks: int, group: dist.ProcessGroup,
              device: torch.device, micro_batches: int, schedule: str,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
-    """The schedule that runs this rank's ``chunks`` ({pipeline stage index: module}) of
-    ``num_chunks`` over the lane ``group``: the plan's schedule for one chunk per rank,
-    ScheduleInterleaved1F1B (depth first, Megatron's order) for several.
+    """The plan's ``schedule`` (its torch class) running this rank's ``chunks`` ({pipeline
+    stage index: module}) of ``num_chunks`` over the lane ``group``; a multi-stage class takes
+    them all, a single-stage class the one.
 
     Gradients are not rescaled by the schedule: the loss already carries 1/global_batch.
     """
     stages = [PipelineStage(module, j, num_chunks, device, group=group) for j, module in sorted(chunks.items())]
-    if len(stages) > 1:
-        return ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=False)
-    return SCHEDULE_CLASSES[schedule](stages[0], n_microbatches=micro_batches, loss_fn=loss_fn,
-                                      scale_grads=False)
+    cls = getattr(pipelining, schedule_entry(schedule).torch_class)
+    held = stages if issubclass(cls, PipelineScheduleMulti) else stages[0]
+    return cls(held, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=False)
 
 
 def run_schedule(schedule, stage: int, pp: int, inputs: torch.Tensor, targets: torch.Tensor

@@ -89,4 +89,4 @@ def test_two_stage_pipeline_with_two_micro_batches(schedule, held):
     assert tuple(m.activations_bytes for m in cost.stage_memory) == tuple(10.0 * h for h in held)
     assert cost.bubble_fraction == pytest.approx(1 - 6.0 / 9.5)
     assert in_flight(schedule, 2, 0, 2) == held[0]
-    assert pipeline_time([1.0, 2.0], [0.1, 0.3], 4) == pytest.approx(1 + 2 + 3 * 2 + 0.3)
+    assert pipeline_time([1.0, 2.0], [0.1, 0.3], 4, schedule) == pytest.approx(1 + 2 + 3 * 2 + 0.3)

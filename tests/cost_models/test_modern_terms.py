@@ -111,12 +111,13 @@ def test_ulysses_weights_whole_and_synchronised_over_the_stage():
 
 def test_interleaved_bubble_and_in_flight():
     # uniform T = 1 s on p = 2 stages, m = 4: 1F1B takes m + p - 1 = 5 s; v = 2 chunks: m + (p - 1)/v
-    assert pipeline_time([1.0, 1.0], [0.0, 0.0], 4) == pytest.approx(5.0)
-    assert pipeline_time([1.0, 1.0], [0.0, 0.0], 4, 2) == pytest.approx(4.5)  # bubble (p-1)/(v m) = 1/8 of 4
+    assert pipeline_time([1.0, 1.0], [0.0, 0.0], 4, "1f1b") == pytest.approx(5.0)
+    # bubble (p-1)/(v m) = 1/8 of 4
+    assert pipeline_time([1.0, 1.0], [0.0, 0.0], 4, "interleaved_1f1b", 2) == pytest.approx(4.5)
     # Megatron's warm-up: stage k holds 2 (p - k - 1) + (v - 1) p + 1 chunk micro-batches
-    assert in_flight("1f1b", 2, 0, 4, 2) == pytest.approx(5 / 2)  # = p (1 + (p-1)/(p v))
-    assert in_flight("1f1b", 2, 1, 4, 2) == pytest.approx(3 / 2)
-    assert in_flight("1f1b", 4, 0, 8, 4) == pytest.approx(4 * (1 + 3 / 16))
+    assert in_flight("interleaved_1f1b", 2, 0, 4, 2) == pytest.approx(5 / 2)  # = p (1 + (p-1)/(p v))
+    assert in_flight("interleaved_1f1b", 2, 1, 4, 2) == pytest.approx(3 / 2)
+    assert in_flight("interleaved_1f1b", 4, 0, 8, 4) == pytest.approx(4 * (1 + 3 / 16))
 
 
 class CountingModel(CostModel):
@@ -153,7 +154,8 @@ def test_interleaving_sends_at_every_chunk_boundary():
     model = model_from_dict({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 8, "n_positions": 64,
                              "vocab_size": 128})
     strategies = [LayerStrategy(tp=1, dp=4), LayerStrategy(tp=2, dp=2)] * 4  # strategies alternate
-    plan = replace(uniform_plan(8, dp=4, pp=2, global_batch=8, micro_batches=2, virtual_stages=2),
+    plan = replace(uniform_plan(8, dp=4, pp=2, global_batch=8, micro_batches=2,
+                                schedule="interleaved_1f1b", virtual_stages=2),
                    layers=tuple(strategies))
     cm = CountingModel(cluster)
     cost = cm.plan_cost(model, plan)
@@ -163,7 +165,8 @@ def test_interleaving_sends_at_every_chunk_boundary():
     # 4 layers x 1 s + one re-layout inside each chunk (100 s) x 2 chunks + 3 sends
     assert cost.stage_time_s == pytest.approx((4 + 200 + 0.375, 4 + 200 + 0.375))
     assert cost.iteration_time_s == pytest.approx(2 * 204.375 + 204.375 / 2)
-    assert cost.stage_memory[0].activations_bytes == pytest.approx(8 * in_flight("1f1b", 2, 0, 2, 2) / 2 * 1)
+    held = in_flight("interleaved_1f1b", 2, 0, 2, 2)
+    assert cost.stage_memory[0].activations_bytes == pytest.approx(8 * held / 2 * 1)
 
 
 def test_vocab_parallel_head_keeps_logits_over_tp_of_the_padded_vocabulary():

@@ -36,7 +36,7 @@ def plan(stage_layers, layers, **kwargs):
 INTERLEAVED_ULYSSES_VOCAB_TP = plan(
     [2, 2], [L(tp=2, sp="ulysses", dp_type="zero1"), L(tp=2, sp="ulysses", recompute="selective"),
              L(dp=2, recompute="selective"), L(tp=2, sp="megatron", recompute="selective")],
-    virtual_stages=2, vocab_tp=2, vocab_sp="megatron")
+    schedule="interleaved_1f1b", virtual_stages=2, vocab_tp=2, vocab_sp="megatron")
 """pp 2 x v 2 (chunks of one layer, round-robin), Ulysses with ZeRO-1 and with selective
 recomputation, relayouts to dp and Megatron-SP, the tied vocabulary split over 2 ranks with the
 sequence split around it, on a 500-token vocabulary padded to 512 rows."""
@@ -72,8 +72,10 @@ def test_each_vocabulary_split_on_4_ranks(name, kwargs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,p", [
-    ("interleaved dp", plan([2, 2], [L(dp=2)] * 4, global_batch=8, micro_batches=4, virtual_stages=2)),
-    ("interleaved pp4 v2", plan([2] * 4, [L()] * 8, global_batch=4, micro_batches=4, virtual_stages=2)),
+    ("interleaved dp", plan([2, 2], [L(dp=2)] * 4, global_batch=8, micro_batches=4,
+                            schedule="interleaved_1f1b", virtual_stages=2)),
+    ("interleaved pp4 v2", plan([2] * 4, [L()] * 8, global_batch=4, micro_batches=4,
+                                schedule="interleaved_1f1b", virtual_stages=2)),
     ("ulysses alone", plan([4], [L(tp=4, sp="ulysses")] * 4, micro_batches=1)),
     ("ulysses full recompute zero2", plan([4], [L(tp=2, dp=2, sp="ulysses", dp_type="zero2", recompute="full")] * 4)),
 ])

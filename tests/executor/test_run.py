@@ -200,3 +200,16 @@ def test_the_pipeline_keeps_no_stage_output_for_the_caller():
     for stage in range(3):
         run_schedule(schedule, stage, 3, inputs=None, targets=None)
     assert [c["return_outputs"] for c in schedule.calls] == [False, False, False]
+
+
+def test_every_registered_schedule_resolves_to_its_pipelining_class():
+    """The executor runs the class the registry names: each is a torch.distributed.pipelining
+    schedule, multi-stage exactly where the schedule runs several chunks per rank."""
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+
+    from specs.schedules import REGISTRY
+    for entry in REGISTRY.values():
+        cls = getattr(pipelining, entry.torch_class)
+        assert issubclass(cls, (PipelineScheduleSingle, PipelineScheduleMulti))
+        assert issubclass(cls, PipelineScheduleMulti) == (entry.max_virtual_stages > 1)

@@ -9,6 +9,7 @@ import pytest
 from planners.pareto import prune_exact, prune_fast
 from planners import partition
 from planners.partition import StageOptions, search_partition
+from specs.schedules import schedule_entry
 
 
 def _dominated(p, q):
@@ -63,7 +64,7 @@ def test_prune_exact_matches_definition_across_blocks(seed):
     assert np.array_equal(prune_exact(level, mem, T, D), expect)
 
 
-def _brute(opts, recv, n, m):
+def _brute(opts, recv, n, formula):
     best = np.inf
     pp = len(opts)
     for cuts in itertools.combinations(range(1, n), pp - 1):
@@ -78,12 +79,15 @@ def _brute(opts, recv, n, m):
                 r = recv[k][opts[k].a[i], opts[k - 1].g[pick[k - 1]]] if k else 0.0
                 Ts.append(opts[k].T[i] + r)
                 Ds.append(opts[k].D[i])
-            best = min(best, sum(Ts) + (m - 1) * max(Ts) + max(Ds))
+            best = min(best, formula.linear_s(sum(Ts), max(Ts), max(Ds)))
     return best
 
 
+@pytest.mark.parametrize("v", [1, 2])
 @pytest.mark.parametrize("seed", range(25))
-def test_partition_search_is_exact_over_its_options(seed):
+def test_partition_search_is_exact_over_its_options(seed, v):
+    """Under 1F1B (sum T + (m - 1) max T + max D) and under the interleaved schedule's linear
+    form (fill 1/v on the sum), against every partition and option."""
     rng = np.random.default_rng(seed)
     n, pp, G, m = int(rng.integers(2, 7)), int(rng.integers(1, 4)), 2, int(rng.integers(1, 9))
     pp = min(pp, n)
@@ -100,8 +104,9 @@ def test_partition_search_is_exact_over_its_options(seed):
         a, b, g, T, D = (np.array(c) for c in zip(*rows))
         opts.append(StageOptions(a.astype(int), b.astype(int), g.astype(int), T.astype(float), D.astype(float)))
     recv = [None] + [rng.integers(0, 5, (n + 1, G)).astype(float) for _ in range(pp - 1)]
-    got = search_partition(opts, recv, n, G, m, exact=True)
-    want = _brute(opts, recv, n, m)
+    formula = schedule_entry("1f1b" if v == 1 else "interleaved_1f1b").formula(m, v)
+    got = search_partition(opts, recv, n, G, formula, exact=True)
+    want = _brute(opts, recv, n, formula)
     if not np.isfinite(want):
         assert got is None
     else:

@@ -210,7 +210,7 @@ def test_interleaved_1f1b_two_stages_two_chunks_four_micro_batches():
     # 27 s = m T + (p - 1) T / v with T = 6 s per stage: the cost model's formula; 1F1B would
     # take (m + p - 1) T = 30 s.
     cluster = hand_cluster(2, bytes_per_s=1e15)
-    plan = uniform_plan(4, pp=2, global_batch=4, micro_batches=4, virtual_stages=2)
+    plan = uniform_plan(4, pp=2, global_batch=4, micro_batches=4, schedule="interleaved_1f1b", virtual_stages=2)
     cm = HandCostModel(cluster, activation_bytes=GIB)
     result = simulate(tiny_model(4), cluster, plan, cm, keep_spans=True)
     assert timeline(result, 0) == [

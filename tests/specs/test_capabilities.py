@@ -8,11 +8,11 @@ import pytest
 import cost_models
 from planners.space import SearchSpace
 from specs import DPType, SequenceParallel, SpecError, load_cluster, load_model, uniform_plan
-from specs.capabilities import (EVERYTHING, LAYER_AXES, NO_INTERLEAVING, OFF, PLAN_AXES, Capabilities, check_supported,
+from specs.capabilities import (EVERYTHING, LAYER_AXES, OFF, PLAN_AXES, Capabilities, check_supported,
                                 layer_supported)
 
 ONE_F_ONE_B_ZERO = Capabilities(dp_type={DPType.ZERO2, DPType.ZERO3}, sp={"none", "megatron"},
-                                schedule={"1f1b"}, virtual_stages=NO_INTERLEAVING, expert_parallel={OFF})
+                                schedule={"1f1b"}, expert_parallel={OFF})
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +39,6 @@ def test_plan_axes_come_before_layers_and_unused_axes_are_not_checked(gpt):
         check_supported(plan, gpt, ONE_F_ONE_B_ZERO, "toy cost model")
     check_supported(replace(plan, schedule="1f1b"), gpt, ONE_F_ONE_B_ZERO, "toy cost model")
     assert not layer_supported(gpt.layers[0], replace(plan.layers[0], dp=2), ONE_F_ONE_B_ZERO)
-
-
-def test_each_cost_model_declares_interleaving_as_its_interleaved_flag():
-    from cost_models.registry import COST_MODELS
-    for name in COST_MODELS.available():
-        cls = COST_MODELS.get(name)
-        assert cls.interleaved == cls.capabilities.supports("virtual_stages", 2), name
 
 
 def test_the_galvatron_cost_model_refuses_in_the_shared_wording():

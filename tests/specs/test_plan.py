@@ -26,12 +26,14 @@ def plans(draw):
                                 unique=True))) if pp > 1 else []
     bounds = [0, *cuts, len(layers)]
     stage_layers = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    v = draw(st.sampled_from([1, 2, 4]))  # the interleaved schedule's parameter
     return Plan(pp=len(stage_layers), stage_layers=stage_layers, layers=tuple(layers),
                 global_batch=draw(st.integers(1, 512)), micro_batches=draw(st.integers(1, 16)),
-                schedule=draw(st.sampled_from(["gpipe", "1f1b"])), model="m", cluster="c",
+                schedule=draw(st.sampled_from(["gpipe", "1f1b"])) if v == 1 else "interleaved_1f1b",
+                model="m", cluster="c",
                 vocab_tp=draw(st.sampled_from([1, 2, 8])), vocab_zero3=draw(st.booleans()),
                 vocab_sp=draw(st.sampled_from(["none", "megatron", "ulysses"])),
-                virtual_stages=draw(st.sampled_from([1, 2, 4])))
+                virtual_stages=v)
 
 
 @settings(max_examples=60, deadline=None)

@@ -13,7 +13,8 @@ GPT12 = model_from_dict({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_l
 
 def test_new_fields_round_trip_through_json():
     plan = uniform_plan(30, tp=2, dp=2, pp=2, global_batch=16, micro_batches=4, recompute="selective",
-                        sp="megatron", vocab_tp=4, vocab_zero3=True, vocab_sp="ulysses", virtual_stages=3)
+                        sp="megatron", vocab_tp=4, vocab_zero3=True, vocab_sp="ulysses", schedule="interleaved_1f1b",
+                        virtual_stages=3)
     back = Plan.from_dict(json.loads(plan.to_json()))
     assert back == plan
     assert back.layers[0].recompute == "selective" and back.layers[0].sp == "megatron"
@@ -46,7 +47,7 @@ def test_bad_enum_values_name_the_field():
 @pytest.mark.parametrize("kw, message", [
     (dict(tp=8, dp=1, sp="ulysses", global_batch=8), "layer 0: ulysses degree 8 does not divide heads 12"),
     (dict(tp=1, dp=8, sp="megatron", global_batch=8), r"layer 0: sp megatron needs tp > 1 \(tp is 1\)"),
-    (dict(tp=4, dp=1, pp=2, virtual_stages=2, global_batch=8, micro_batches=4),
+    (dict(tp=4, dp=1, pp=2, schedule="interleaved_1f1b", virtual_stages=2, global_batch=8, micro_batches=4),
      None),  # valid: 30 layers, pp 2 * v 2 does not divide -> below
 ])
 def test_sequence_parallel_rules(kw, message):
@@ -63,19 +64,23 @@ def test_sequence_parallel_rules(kw, message):
 def test_interleaving_rules_print_the_numbers():
     model = load_model("bert-huge-32")
     with pytest.raises(SpecError, match=r"virtual_stages 2 needs layers per stage divisible: 30 layers / \(pp 4 \* v 2\)"):
-        uniform_plan(30, dp=2, pp=4, global_batch=8, micro_batches=4, virtual_stages=2).validate(
+        uniform_plan(30, dp=2, pp=4, global_batch=8, micro_batches=4, schedule="interleaved_1f1b",
+                     virtual_stages=2).validate(
             model_from_dict({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 30, "n_positions": 64,
                              "vocab_size": 100}), TITAN)
     with pytest.raises(SpecError, match="interleaved 1F1B needs micro-batches a multiple of pp: micro_batches 6, pp 4"):
-        uniform_plan(32, dp=2, pp=4, global_batch=12, micro_batches=6, virtual_stages=2).validate(model, TITAN)
-    with pytest.raises(SpecError, match="virtual_stages 2 needs schedule 1f1b, got gpipe"):
+        uniform_plan(32, dp=2, pp=4, global_batch=12, micro_batches=6, schedule="interleaved_1f1b",
+                     virtual_stages=2).validate(model, TITAN)
+    with pytest.raises(SpecError, match=r"virtual_stages 2 needs schedule interleaved_1f1b \(gpipe runs one model "
+                                        r"chunk per rank\)"):
         uniform_plan(32, dp=2, pp=4, global_batch=8, micro_batches=4, virtual_stages=2,
                      schedule="gpipe").validate(model, TITAN)
-    uniform_plan(32, dp=2, pp=4, global_batch=16, micro_batches=8, virtual_stages=2).validate(model, TITAN)
+    uniform_plan(32, dp=2, pp=4, global_batch=16, micro_batches=8, schedule="interleaved_1f1b",
+                 virtual_stages=2).validate(model, TITAN)
 
 
 def test_interleaved_stages_hold_round_robin_chunks():
-    plan = uniform_plan(8, dp=4, pp=2, global_batch=8, micro_batches=2, virtual_stages=2)
+    plan = uniform_plan(8, dp=4, pp=2, global_batch=8, micro_batches=2, schedule="interleaved_1f1b", virtual_stages=2)
     assert [list(r) for r in plan.chunk_ranges()] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [list(r) for r in plan.stage_ranges()] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert plan.chunk_starts() == {0, 2, 4, 6}
@@ -131,7 +136,8 @@ def test_galvatron_import_refuses_what_has_no_meaning(raw, message):
 @pytest.mark.parametrize("kw, message", [
     (dict(sp="megatron", tp=2, dp=4), "layer 0: sp megatron has no field in Galvatron files"),
     (dict(recompute="selective", dp=8), "layer 0: recompute selective has no field"),
-    (dict(dp=4, pp=2, micro_batches=2, virtual_stages=2), "virtual_stages 2 has no field"),
+    (dict(dp=4, pp=2, micro_batches=2, schedule="interleaved_1f1b", virtual_stages=2),
+     r"interleaved_1f1b \(virtual_stages 2\) has no field"),
 ])
 def test_galvatron_export_refuses_what_it_cannot_say(kw, message):
     with pytest.raises(SpecError, match=message):

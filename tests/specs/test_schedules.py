@@ -1,0 +1,137 @@
+"""The schedule registry: op orders, in-flight counts and the formula on cases worked out by hand,
+the micro-batch rules' messages, and the upgrade of plan files that spelled interleaving as 1f1b."""
+import pytest
+
+from specs import Plan, SpecError, uniform_plan
+from specs.schedules import REGISTRY, Op, OpKind, Schedule, schedule_entry, upgrade_schedule
+
+F, B = OpKind.FORWARD, OpKind.BACKWARD
+
+
+def ops(kind_mb_chunk: str) -> list[Op]:
+    """'F0 B0.1' -> [Op(F, 0, 0), Op(B, 0, 1)] (micro-batch, then the chunk after a dot)."""
+    out = []
+    for token in kind_mb_chunk.split():
+        mb, _, chunk = token[1:].partition(".")
+        out.append(Op(OpKind(token[0]), int(mb), int(chunk or 0)))
+    return out
+
+
+@pytest.mark.parametrize("schedule, stage0, stage1", [
+    ("gpipe", "F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 F3 B0 B1 B2 B3"),
+    # stage 0 warms up with pp - 0 - 1 = 1 forward; the last stage alternates from the start
+    ("1f1b", "F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"),
+])
+def test_op_order_on_2_stages_and_4_micro_batches(schedule, stage0, stage1):
+    entry = schedule_entry(schedule)
+    assert entry.ops(0, 2, 4) == ops(stage0)
+    assert entry.ops(1, 2, 4) == ops(stage1)
+
+
+def test_interleaved_op_order_on_2_stages_2_chunks_and_4_micro_batches():
+    """Forwards take micro-batches in groups of pp = 2 through chunk 0, then chunk 1; backwards
+    walk the chunks in reverse. Warm-up: 2 (pp - k - 1) + (v - 1) pp = 4 on stage 0, 2 on stage 1."""
+    entry = schedule_entry("interleaved_1f1b")
+    assert entry.ops(0, 2, 4, 2) == ops("F0.0 F1.0 F0.1 F1.1 "
+                                        "F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 "
+                                        "B2.1 B3.1 B2.0 B3.0")
+    assert entry.ops(1, 2, 4, 2) == ops("F0.0 F1.0 "
+                                        "F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 "
+                                        "B2.0 B3.0")
+
+
+def test_in_flight_counts_by_hand():
+    """GPipe holds every micro-batch; 1F1B pp - k; interleaving (2 (pp - k - 1) + (v - 1) pp + 1)
+    chunk-micro-batches of 1/v of the stage each: 5/2 and 3/2 on 2 stages, v 2."""
+    assert [schedule_entry("gpipe").in_flight(2, k, 4) for k in (0, 1)] == [4, 4]
+    assert [schedule_entry("1f1b").in_flight(2, k, 4) for k in (0, 1)] == [2, 1]
+    assert [schedule_entry("interleaved_1f1b").in_flight(2, k, 4, 2) for k in (0, 1)] == [2.5, 1.5]
+
+
+@pytest.mark.parametrize("schedule, pp, m, v", [
+    ("gpipe", 2, 4, 1), ("gpipe", 4, 3, 1), ("1f1b", 2, 4, 1), ("1f1b", 4, 8, 1),
+    ("interleaved_1f1b", 2, 4, 2), ("interleaved_1f1b", 4, 8, 2), ("interleaved_1f1b", 2, 6, 3),
+])
+def test_in_flight_is_the_peak_of_the_op_order(schedule, pp, m, v):
+    """The count the cost models charge is the most chunk-micro-batches forwarded and not yet
+    backwarded at any point of the stage's program (in stage units: / v)."""
+    entry = schedule_entry(schedule)
+    for stage in range(pp):
+        held, peak = 0, 0
+        for op in entry.ops(stage, pp, m, v):
+            held += 1 if op.kind == F else -1
+            peak = max(peak, held)
+        assert entry.in_flight(pp, stage, m, v) == pytest.approx(peak / v)
+
+
+def test_every_stage_runs_each_forward_and_backward_once():
+    for entry in REGISTRY.values():
+        v = entry.min_virtual_stages
+        for stage in range(4):
+            program = entry.ops(stage, 4, 8, v)
+            assert sorted(program) == sorted(Op(k, mb, c) for k in (F, B) for mb in range(8) for c in range(v))
+
+
+def test_the_formula_and_its_linear_form():
+    """T = (1, 2) s, D = (0.1, 0.3) s, m = 4: 4 * 2 + (3 - 2) / v + 0.3."""
+    one = schedule_entry("1f1b").formula(4)
+    assert (one.fill, one.steady) == (1.0, 3.0)
+    assert one.time_s(2.0, 3.0, 0.3) == pytest.approx(9.3)
+    assert one.linear_s(3.0, 2.0, 0.3) == pytest.approx(9.3)  # sum + (m - 1) max + max D
+    two = schedule_entry("interleaved_1f1b").formula(4, 2)
+    assert (two.fill, two.steady) == (0.5, 3.5)
+    assert two.time_s(2.0, 3.0, 0.3) == pytest.approx(8.8)
+    assert two.linear_s(3.0, 2.0, 0.3) == pytest.approx(8.8)
+
+
+@pytest.mark.parametrize("schedule, pp, m, v, stages, message", [
+    ("1f1b", 4, 3, 1, [2] * 4, r"micro_batches: 1f1b needs micro_batches\(3\) >= pp\(4\)"),
+    ("interleaved_1f1b", 4, 6, 2, [2] * 4,
+     "micro_batches: interleaved 1F1B needs micro-batches a multiple of pp: micro_batches 6, pp 4"),
+    ("interleaved_1f1b", 1, 4, 2, [8], r"virtual_stages: virtual_stages 2 needs pp > 1 \(pp is 1\)"),
+    ("interleaved_1f1b", 4, 4, 2, [3, 3, 3, 3],
+     r"virtual_stages: virtual_stages 2 needs layers per stage divisible: 12 layers / \(pp 4 \* v 2\)"),
+    ("interleaved_1f1b", 2, 4, 2, [3, 5], r"stage_layers: virtual_stages 2 needs 4 layers per stage, got \[3, 5\]"),
+    ("interleaved_1f1b", 2, 4, 1, [4, 4], "virtual_stages: interleaved_1f1b needs virtual_stages >= 2, got 1"),
+    ("gpipe", 2, 4, 2, [4, 4],
+     r"virtual_stages: virtual_stages 2 needs schedule interleaved_1f1b \(gpipe runs one model chunk per rank\)"),
+])
+def test_rules_name_the_numbers(schedule, pp, m, v, stages, message):
+    entry = schedule_entry(schedule)
+    with pytest.raises(SpecError, match=f"^{message}$"):
+        entry.check(pp, m, v, stages)
+    assert not entry.allows(pp, m, v, stages)
+
+
+def test_gpipe_takes_any_micro_batches():
+    assert schedule_entry("gpipe").allows(8, 1, 1, [1] * 8)
+
+
+def test_unknown_schedule_lists_the_registered_ones():
+    with pytest.raises(SpecError, match="schedule: must be one of gpipe, 1f1b, interleaved_1f1b; got 'zb'"):
+        schedule_entry("zb")
+
+
+def test_every_schedule_names_its_torch_class():
+    assert {s: e.torch_class for s, e in REGISTRY.items()} == {
+        Schedule.GPIPE: "ScheduleGPipe", Schedule.ONE_F_ONE_B: "Schedule1F1B",
+        Schedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B"}
+
+
+def test_old_spelling_of_interleaving_upgrades():
+    assert upgrade_schedule({"schedule": "1f1b", "virtual_stages": 2})["schedule"] == "interleaved_1f1b"
+    assert upgrade_schedule({"virtual_stages": 4})["schedule"] == "interleaved_1f1b"  # 1f1b was the default
+    assert upgrade_schedule({"schedule": "1f1b", "virtual_stages": 1}) == {"schedule": "1f1b", "virtual_stages": 1}
+    assert upgrade_schedule({"schedule": "gpipe", "virtual_stages": 2})["schedule"] == "gpipe"  # still refused
+    raw = {"schedule": "1f1b", "virtual_stages": 2}
+    upgrade_schedule(raw)
+    assert raw["schedule"] == "1f1b"  # a copy: the caller's dict is kept
+
+
+def test_an_old_plan_file_loads_as_interleaved_1f1b():
+    new = uniform_plan(8, pp=2, global_batch=8, micro_batches=4, schedule="interleaved_1f1b", virtual_stages=2)
+    old = {**new.to_dict(), "schedule": "1f1b"}
+    assert Plan.from_dict(old) == new
+    assert Plan.from_dict(new.to_dict()) == new
+    with pytest.raises(SpecError, match="virtual_stages 2 needs schedule interleaved_1f1b"):
+        Plan.from_dict({**new.to_dict(), "schedule": "gpipe"})
