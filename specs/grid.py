@@ -61,9 +61,16 @@ class RankGrid:
         """Concurrent groups over the axes ``names`` (a name or several, e.g. ("ulysses", "dp")):
         each group's ranks ascending; groups ordered by the other axes' indices, the first axis
         of the documented order fastest."""
-        key = (names,) if isinstance(names, str) else tuple(names)
-        owner = self._owner(key)
-        return _groups(owner.first_rank, owner.axes, owner.order, frozenset(key))
+        cache = self.__dict__.get("_cache")
+        if cache is None:  # per grid: layer_grid hands out one grid per layout
+            cache = {}
+            object.__setattr__(self, "_cache", cache)
+        found = cache.get(names)
+        if found is None:
+            key = (names,) if isinstance(names, str) else tuple(names)
+            owner = self._owner(key)
+            found = cache[names] = _groups(owner.first_rank, owner.axes, owner.order, frozenset(key))
+        return found
 
     def group_of(self, names: str | Iterable[str], rank: int) -> tuple[int, ...]:
         """The group over ``names`` that holds ``rank``."""
