@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 
+import specs
 from executor.checks import check_runnable
 from executor.parallel.layout import Layout
 from specs import LayerStrategy, SpecError, stage_grid, uniform_plan
@@ -36,7 +37,7 @@ def test_only_different_slices_need_a_relayout():
     (dict(tp=8, global_batch=8), 8, r"tp\(8\) does not divide heads\(4\)"),
     (dict(dp=4, global_batch=6), 4, r"global_batch\(6\) is not divisible"),
     (dict(dp=2, pp=2, global_batch=8, micro_batches=1), 4, r"1f1b needs micro_batches\(1\) >= pp\(2\)"),
-    (dict(dp=2, global_batch=8), 4, r"tp\(1\)\*dp\(2\) = 2 != 4 GPUs per stage"),
+    (dict(dp=2, global_batch=8), 4, r"dp\(2\) \* tp\(1\) = 2 != 4 GPUs of stage 0"),
 ])
 def test_unrunnable_plans_are_rejected_with_the_reason(tiny_gpt, plan_kwargs, world, message):
     with pytest.raises(SpecError, match=message):

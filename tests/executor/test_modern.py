@@ -75,7 +75,8 @@ def test_each_vocabulary_split_on_4_ranks(name, kwargs):
     ("interleaved dp", plan([2, 2], [L(dp=2)] * 4, global_batch=8, micro_batches=4, virtual_stages=2)),
     ("interleaved pp4 v2", plan([2] * 4, [L()] * 8, global_batch=4, micro_batches=4, virtual_stages=2)),
     ("ulysses alone", plan([4], [L(ulysses=4, sp="ulysses")] * 4, micro_batches=1)),
-    ("ulysses full recompute zero2", plan([4], [L(ulysses=2, dp=2, sp="ulysses", dp_type="zero2", recompute="full")] * 4)),
+    ("ulysses full recompute zero2",
+     plan([4], [L(ulysses=2, dp=2, sp="ulysses", dp_type="zero2", recompute="full")] * 4)),
 ])
 def test_more_modern_plans_on_4_ranks(tiny_gpt, name, p):
     model = tiny_gpt if len(p.layers) == 4 else dataclasses.replace(tiny_gpt, layers=tiny_gpt.layers * 2)
