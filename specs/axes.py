@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from specs.errors import SpecError
+from specs.errors import SpecError, one_of, positive_int
 
 DENSE_AXES = ("tp", "cp", "ulysses", "dp")
 """The axes that split a stage's ranks, in the documented order: tensor (the weights), context
@@ -77,6 +77,12 @@ class Degrees:
     edp_type: DPType = DPType.DDP
     """How the expert data-parallel group holds the expert states."""
 
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "ulysses", "cp", "ep", "etp"):
+            positive_int(getattr(self, name), name)
+        for name, kind in (("dp_type", DPType), ("sp", SequenceParallel), ("edp_type", DPType)):
+            object.__setattr__(self, name, kind(one_of(getattr(self, name), tuple(kind), name)))
+
     def __hash__(self) -> int:  # keys the grid cache, asked for thousands of times
         cached = self.__dict__.get("_hash")
         if cached is None:
@@ -84,6 +90,9 @@ class Degrees:
                            self.cp, self.ep, self.etp, self.edp_type))
             object.__setattr__(self, "_hash", cached)
         return cached
+
+    def __getstate__(self) -> dict:  # the cached hash is per process (str hashes are salted)
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
     def gpus(self) -> int:

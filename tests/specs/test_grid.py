@@ -1,5 +1,7 @@
 """RankGrid: groups by axis name, worked out by hand on 8 ranks (consecutive and strided tp,
 Ulysses, gradient sync over combined axes, the expert view over the same ranks)."""
+import pickle
+
 import pytest
 
 from specs import Degrees, LayerStrategy, SpecError, layer_grid, stage_grid
@@ -75,3 +77,10 @@ def test_unknown_or_mixed_axes_are_refused_by_name():
 def test_groups_are_cached_and_hash_once():
     d = Degrees(tp=2, dp=4)
     assert layer_grid(0, d).groups("tp") is layer_grid(0, Degrees(tp=2, dp=4)).groups("tp")
+
+
+def test_degrees_pickle_without_their_cached_hash():
+    d = Degrees(tp=2, dp=4, dp_type="zero1")
+    hash(d)
+    back = pickle.loads(pickle.dumps(d))
+    assert back == d and "_hash" not in back.__dict__ and hash(back) == hash(d)
