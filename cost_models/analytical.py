@@ -137,7 +137,7 @@ class AnalyticalModel(CostModel):
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
-        fwd, bwd = self._pass_kernels(layer, strategy.tp, mbs,
+        fwd, bwd = self._pass_kernels(layer, strategy.degrees.split, mbs,
                                       experts.compute_split(layer, strategy, self.expert_imbalance))
         forward_s = self._launch_bound(fwd, pass_comm_s)
         backward_s = self._launch_bound(bwd, pass_comm_s) + self.recompute_time(layer, strategy, mbs, pass_comm_s)
@@ -160,7 +160,7 @@ class AnalyticalModel(CostModel):
         host launches as in the forward) or the attention core (selective: no collective inside)."""
         if strategy.recompute == Recompute.FULL:  # the forward again, experts split as in it
             split = experts.compute_split(layer, strategy, self.expert_imbalance)
-            return self._launch_bound(self._pass_kernels(layer, strategy.tp, mbs, split)[0], pass_comm_s)
+            return self._launch_bound(self._pass_kernels(layer, strategy.degrees.split, mbs, split)[0], pass_comm_s)
         ops = seq.recompute_ops(layer, strategy, mbs)
         return self.ops_time(ops) if ops else 0.0
 
@@ -310,7 +310,7 @@ class AnalyticalModel(CostModel):
         their tp group (NVLink); under sequence parallelism the output is already split by
         tp and nothing is gathered."""
         whole = super().pipeline_message(layer, strategy, micro_batch_size).send_bytes
-        tp = strategy.tp
+        tp = strategy.degrees.split
         if tp == 1:
             return PipelineMessage(send_bytes=whole)
         if strategy.sp != SequenceParallel.NONE:
@@ -338,20 +338,20 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
     shard (p2p, forward and backward). Different dp (ratio r): the smaller-dp side
     all-gathers r shards (forward when dp shrinks, gradients in backward when it grows)."""
     gather_s = _sequence_gather_s(model, layer, prev, nxt, mbs, first_rank)
-    layout_matters = prev.tp > 1 and prev.dp > 1
-    if gather_s > 0 and prev.tp == nxt.tp and prev.dp == nxt.dp:
+    layout_matters = prev.degrees.split > 1 and prev.dp > 1
+    if gather_s > 0 and prev.degrees.split == nxt.degrees.split and prev.dp == nxt.dp:
         return gather_s
-    if prev.tp == nxt.tp and prev.dp == nxt.dp and (prev.tp_consecutive == nxt.tp_consecutive
+    if prev.degrees.split == nxt.degrees.split and prev.dp == nxt.dp and (prev.tp_consecutive == nxt.tp_consecutive
                                                     or not layout_matters):
         return 0.0
     nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-    gpus = prev.tp * prev.dp
+    gpus = prev.degrees.split * prev.dp
     if prev.dp == nxt.dp:
         return 2 * model.p2p_time(nbytes, first_rank, first_rank + gpus - 1)
     ratio = max(prev.dp, nxt.dp) // min(prev.dp, nxt.dp)
     gathered = nbytes * ratio if prev.dp > nxt.dp else nbytes
     ranks = list(range(first_rank, first_rank + gpus))
-    consecutive = nxt.tp_consecutive if nxt.tp > prev.tp else prev.tp_consecutive
+    consecutive = nxt.tp_consecutive if nxt.degrees.split > prev.degrees.split else prev.tp_consecutive
     if consecutive:
         groups = [ranks[i:i + ratio] for i in range(0, gpus, ratio)]
     else:
@@ -364,7 +364,7 @@ def _sequence_gather_s(model: CostModel, layer: LayerSpec, prev: LayerStrategy, 
     """A sequence-split output (Megatron-SP, Ulysses) feeding a layer that wants whole
     sequences, or the reverse: one all-gather over the split side's group (the activation in
     forward or its gradient in backward; the other direction is a local slice)."""
-    split = [s for s in (prev, nxt) if s.sp != "none" and s.tp > 1]
+    split = [s for s in (prev, nxt) if s.sp != "none" and s.degrees.split > 1]
     if len(split) != 1:
         return 0.0
     side = split[0]

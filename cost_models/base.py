@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Sequence
 
-from cost_models.collectives import layer_rank_groups
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule
+from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, stage_grid
 from specs.capabilities import EVERYTHING, Capabilities
 from specs.schedules import schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
@@ -353,7 +352,7 @@ class PipelineMessage:
     def gather_groups(self, first_rank: int, ranks: int) -> tuple[tuple[int, ...], ...]:
         """The receiving stage's all-gather groups (its first rank, its number of ranks): its
         consecutive tp groups of gather_tp ranks."""
-        return layer_rank_groups(first_rank, self.gather_tp, ranks // self.gather_tp)[0]
+        return stage_grid(first_rank, ranks, self.gather_tp).groups("tp")
 
 
 BYTES_PER_ACTIVATION = 2

@@ -6,10 +6,9 @@ choose alpha and B from the cluster topology. Formulas: docs/cost_models.md (for
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Sequence
 
-from specs import SpecError, layer_groups
+from specs import RankGroups, SpecError
 
 BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
               "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
@@ -22,27 +21,9 @@ RING_STEPS = {"all_reduce": lambda p: 2 * (p - 1), "all_gather": lambda p: p - 1
 """Latency-bound steps of the ring (pairwise for all-to-all) algorithm."""
 
 
-class RankGroups(tuple):
-    """Concurrent groups of ranks as a tuple of rank tuples whose hash is computed once: the
-    cost models' caches are keyed on groups the planners ask about thousands of times (a
-    1024-rank layout takes microseconds to rebuild and hash)."""
-
-    def __hash__(self) -> int:
-        cached = self.__dict__.get("hash")
-        if cached is None:
-            cached = self.__dict__["hash"] = tuple.__hash__(self)
-        return cached
-
-
 def rank_groups(groups: Sequence[Sequence[int]]) -> RankGroups:
     """``groups`` as RankGroups (itself when it already is one)."""
     return groups if type(groups) is RankGroups else RankGroups(map(tuple, groups))
-
-
-@lru_cache(maxsize=65536)
-def layer_rank_groups(first_rank: int, tp: int, dp: int, tp_consecutive: bool = True) -> tuple[RankGroups, RankGroups]:
-    """specs.layer_groups as RankGroups, built once per layout."""
-    return tuple(rank_groups(g) for g in layer_groups(first_rank, tp, dp, tp_consecutive))
 
 
 def check_kind(kind: str) -> None:

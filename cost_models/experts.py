@@ -13,8 +13,7 @@ from typing import Callable, Sequence
 
 from cost_models import collectives as coll
 from cost_models.ops import ExpertSplit
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, SequenceParallel, SpecError
-from specs.ranks import expert_groups
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, SequenceParallel, SpecError, layer_grid
 
 BYTES_PER_ACTIVATION = 2
 """Dispatched tokens are 16-bit activations."""
@@ -54,13 +53,13 @@ def busiest_passes_per_token(layer: LayerSpec, strategy: LayerStrategy, override
 
 
 def _seq_split(strategy: LayerStrategy) -> bool:
-    return strategy.sp != SequenceParallel.NONE and strategy.tp > 1
+    return strategy.sp != SequenceParallel.NONE and strategy.degrees.split > 1
 
 
 def dispatch_tokens(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
     """Tokens one rank dispatches per micro-batch: its micro-batch's, split by tp under
     sequence parallelism (Megatron-SP or Ulysses), else whole on every tp rank."""
-    return mbs * layer.seq_len / (strategy.tp if _seq_split(strategy) else 1)
+    return mbs * layer.seq_len / (strategy.degrees.split if _seq_split(strategy) else 1)
 
 
 def compute_split(layer: LayerSpec, strategy: LayerStrategy, override: float | None = None) -> ExpertSplit | None:
@@ -72,7 +71,7 @@ def compute_split(layer: LayerSpec, strategy: LayerStrategy, override: float | N
     holds them all."""
     if not applies(layer, strategy):
         return None
-    share = min(1.0, strategy.etp / strategy.tp) if _seq_split(strategy) else 1.0
+    share = min(1.0, strategy.etp / strategy.degrees.split) if _seq_split(strategy) else 1.0
     return ExpertSplit(passes_per_token=busiest_passes_per_token(layer, strategy, override),
                        etp=strategy.etp, tokens_factor=share)
 
@@ -130,7 +129,7 @@ def dispatch_time_s(all_to_all: Callable[[float, Sequence[Sequence[int]]], float
     if not applies(layer, strategy) or strategy.ep == 1:
         return 0.0
     nbytes = all_to_all_bytes(layer, strategy, mbs, override)
-    groups = expert_groups(first_rank, strategy).ep
+    groups = layer_grid(first_rank, strategy.degrees).groups("ep")
     return passes(strategy) * ALL_TO_ALLS_PER_PASS * all_to_all(nbytes, groups)
 
 
@@ -156,16 +155,16 @@ def expert_params(layer: LayerSpec) -> float:
 def sync_parts(layer: LayerSpec, strategy: LayerStrategy, first_rank: int, dp_groups: Sequence[Sequence[int]],
                params: float | None = None) -> list[SyncPart]:
     """The layer's states by sync group: all of it over ``dp_groups`` (no expert split), or the
-    dense part (attention, norms, router, shared experts) / weight_tp over dp and the routed
+    dense part (attention, norms, router, shared experts) / tp over dp and the routed
     experts / (ep * etp) over the expert-dp groups with ``expert_dp_kind``. ``params``: the
     layer's total (a profile's count) split in the spec's proportion; default the spec's."""
     total = float(layer.param_count()) if params is None else float(params)
     groups = tuple(tuple(g) for g in dp_groups)
     if not applies(layer, strategy):
-        return [SyncPart(total / strategy.weight_tp, strategy.dp_type, groups, strategy.grad_dp)]
+        return [SyncPart(total / strategy.tp, strategy.dp_type, groups, strategy.degrees.grad_sync)]
     expert = total * expert_params(layer) / layer.param_count()
-    edp = expert_groups(first_rank, strategy).edp
-    return [SyncPart((total - expert) / strategy.weight_tp, strategy.dp_type, groups, strategy.grad_dp),
+    edp = layer_grid(first_rank, strategy.degrees).groups("edp")
+    return [SyncPart((total - expert) / strategy.tp, strategy.dp_type, groups, strategy.degrees.grad_sync),
             SyncPart(expert / (strategy.ep * strategy.etp), strategy.expert_dp_kind, edp, strategy.expert_dp)]
 
 
@@ -183,7 +182,7 @@ def activation_correction_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: 
     new = copies * (BYTES_PER_ACTIVATION * h + per_width * f / split.etp)
     plain = tokens * layer.moe.expert_passes_per_token
     if _seq_split(strategy):
-        old = plain * (BYTES_PER_ACTIVATION * h + per_width * f) / strategy.tp
+        old = plain * (BYTES_PER_ACTIVATION * h + per_width * f) / strategy.degrees.split
     else:
-        old = plain * (BYTES_PER_ACTIVATION * h + per_width * f / strategy.tp)
+        old = plain * (BYTES_PER_ACTIVATION * h + per_width * f / strategy.degrees.split)
     return new - old

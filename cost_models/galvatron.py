@@ -399,7 +399,7 @@ class Engine:
 
 
 def _glayer(s: LayerStrategy) -> GLayer:
-    return GLayer(tp=s.tp, dp=s.dp, fsdp=s.dp_type == "zero3" and s.dp > 1, consecutive=s.tp_consecutive,
+    return GLayer(tp=s.degrees.split, dp=s.dp, fsdp=s.dp_type == "zero3" and s.dp > 1, consecutive=s.tp_consecutive,
                   ulysses=False, checkpoint=s.checkpoint)
 
 
@@ -498,7 +498,7 @@ class GalvatronModel(CostModel):
         pp = self.cluster.world_size // strategy.gpus
         p = GPlan(pp=pp, division=(1,) * pp, layers=(_glayer(strategy),), global_batch=micro_batch_size * strategy.dp
                   * micro_batches, chunks=micro_batches, vtp=1, vsp=False, embed_sdp=False, min_tp=1,
-                  max_tp=strategy.tp, sp_search=1)
+                  max_tp=strategy.degrees.split, sp_search=1)
         mb = math.ceil(self.engine.layer_memory_mb(p, p.layers[0], pp - min(in_flight, pp)))
         return MemoryBreakdown(parameters_bytes=mb * MB, temporary_bytes=self.engine.global_buffer_mb(p) * MB)
 

@@ -119,7 +119,7 @@ def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size
     (Megatron-SP, or Ulysses of degree t) all of it / t: s b h (34 + 5 a s / h) / t; selective
     recomputation drops the attention core (5 a s / h): s b h 34 / t; full: the layer input
     only (2 s b h, / t when the sequence is split)."""
-    tp, b = strategy.tp, micro_batch_size
+    tp, b = strategy.degrees.split, micro_batch_size
     tokens = b * layer.seq_len
     seq_split = strategy.sp != SequenceParallel.NONE
     if strategy.recompute == Recompute.FULL:
@@ -148,7 +148,7 @@ def attention_core_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_
     core = _attention_bytes_per_token(layer, layer.attention_span)[2]
     if layer.cross_attention_seq_len:
         core += _attention_bytes_per_token(layer, layer.cross_attention_seq_len)[2]
-    return micro_batch_size * layer.seq_len * core / strategy.tp
+    return micro_batch_size * layer.seq_len * core / strategy.degrees.split
 
 
 def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int, in_flight: int,

@@ -70,7 +70,7 @@ def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> floa
         return 0.0
     if strategy.checkpoint:
         return 1.0
-    ops = forward_ops(layer, strategy.tp, mbs)
+    ops = forward_ops(layer, strategy.degrees.split, mbs)
     core = seq.attention_core_ops(ops)
     weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
     return weight(core) / weight(ops)
@@ -90,7 +90,8 @@ def expert_compute_ratio(layer: LayerSpec, strategy: LayerStrategy, mbs: int, im
     if split is None:
         return 1.0
     weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
-    return weight(forward_ops(layer, strategy.tp, mbs, split)) / weight(forward_ops(layer, strategy.tp, mbs))
+    ranks = strategy.degrees.split
+    return weight(forward_ops(layer, ranks, mbs, split)) / weight(forward_ops(layer, ranks, mbs))
 
 
 @register
@@ -159,12 +160,13 @@ class ProfiledModel(CostModel):
         are the executor's Megatron TP), less the TP collectives of the pass that the model
         charges on its own; else Galvatron's line, slope * b / tp + intercept (every tp rank
         launches the same kernels, so the fixed part does not shrink with tp)."""
-        fits = self._fits(layer, strategy.tp) if strategy.tp > 1 and strategy.sp == "none" else None
+        split = strategy.degrees.split  # the ranks sharing the replica's work (tp, or Ulysses')
+        fits = self._fits(layer, split) if split > 1 and strategy.sp == "none" else None
         if fits is not None:
             (fa, fb), (ba, bb) = fits
             return (max(0.0, (fa * mbs + fb) * 1e-3 - pass_comm_s), max(0.0, (ba * mbs + bb) * 1e-3 - pass_comm_s))
         (fa, fb), (ba, bb) = self._fits(layer)
-        return (fa * mbs / strategy.tp + fb) * 1e-3, (ba * mbs / strategy.tp + bb) * 1e-3
+        return (fa * mbs / split + fb) * 1e-3, (ba * mbs / split + bb) * 1e-3
 
     def bus_bytes_per_s(self, kind: str, size: int, consecutive: bool) -> float:
         """Profiled bus bandwidth of ``kind`` (its own table, else the all-reduce's) over a
@@ -220,7 +222,7 @@ class ProfiledModel(CostModel):
         the ZeRO-3 table less the plain layer less those collectives, never below 0."""
         entry = self.profile.layer(layer)
         dp = strategy.dp
-        if (strategy.dp_type != DPType.ZERO3 or strategy.tp > 1 or layer.moe is not None
+        if (strategy.dp_type != DPType.ZERO3 or strategy.degrees.split > 1 or layer.moe is not None
                 or dp not in entry.zero3_forward_ms or dp not in entry.zero3_backward_ms):
             return 0.0, 0.0
         (fa, fb), (ba, bb) = self._fits(layer)
@@ -288,13 +290,14 @@ class ProfiledModel(CostModel):
     def _compute_layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                               in_flight: int) -> MemoryBreakdown:
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
-        kept = mbs * self._activation_per_sample(layer, strategy.tp, strategy.checkpoint)
+        split = strategy.degrees.split
+        kept = mbs * self._activation_per_sample(layer, split, strategy.checkpoint)
         if not strategy.checkpoint:  # the measured table is tp-only: scale by the formula's ratio
             kept *= activation_ratio(layer, strategy, mbs)
         memory = mem.layer_memory(layer, strategy, mbs, in_flight, params=params, kept_bytes=kept,
-                                  recomputed_bytes=mbs * self._activation_per_sample(layer, strategy.tp, False),
+                                  recomputed_bytes=mbs * self._activation_per_sample(layer, split, False),
                                   weight_bytes=self.bytes_per_param)
-        adam = self.adam_temporary_bytes(params / strategy.tp, strategy.dp_type, strategy.dp)
+        adam = self.adam_temporary_bytes(params / split, strategy.dp_type, strategy.dp)
         return replace(memory, temporary_bytes=max(memory.temporary_bytes, adam))
 
     def transition_time(self, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
@@ -369,7 +372,7 @@ class ProfiledModel(CostModel):
         vocab = self.profile.vocab
         last = plan.pp - 1
         tp, dp, mbs, tp_groups, dp_groups = layout_for(plan, world_size, stage)
-        weight_tp, sync_dp = weight_split(plan, tp, dp)  # Ulysses: weights whole, tokens split
+        weight_tp, sync_dp = weight_split(plan, world_size)  # Ulysses: weights whole, tokens split
         share = (1.0 - VOCAB_HEAD_SHARE if stage == 0 else 0.0) + (VOCAB_HEAD_SHARE if stage == last else 0.0)
         if vocab is None or share == 0.0:
             return LayerTime(0.0, 0.0), MemoryBreakdown()

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from cost_models.ops import Op, forward_ops
-from cost_models.collectives import RankGroups, layer_rank_groups
-from specs import LayerSpec, LayerStrategy, Recompute
+from specs import SPLIT_AXES, LayerSpec, LayerStrategy, RankGroups, Recompute, layer_grid
 
 BYTES_PER_ACTIVATION = 2
 ATTENTION_CORE_OPS = ("scores", "softmax", "attn_dropout", "context")
@@ -31,7 +30,7 @@ def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> list[O
     """Kernels re-run in backward: the whole forward (full), the attention core (selective)."""
     if strategy.recompute == Recompute.NONE:
         return []
-    ops = forward_ops(layer, strategy.tp, mbs)
+    ops = forward_ops(layer, strategy.degrees.split, mbs)
     return ops if strategy.recompute == Recompute.FULL else attention_core_ops(ops)
 
 
@@ -51,7 +50,7 @@ def tp_message_bytes(layer: LayerSpec, mbs: int) -> float:
 def ulysses_message_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> tuple[float, float]:
     """Send buffer per rank of the (QKV, output) all-to-alls: the rank's s/u tokens of Q, K, V
     and of the attention output."""
-    tokens = mbs * layer.seq_len / strategy.tp
+    tokens = mbs * layer.seq_len / strategy.ulysses
     return (tokens * (layer.q_width + 2 * layer.kv_width) * BYTES_PER_ACTIVATION,
             tokens * layer.q_width * BYTES_PER_ACTIVATION)
 
@@ -61,10 +60,10 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
     """TP-group traffic of one micro-batch, forward and backward (and a full recompute):
     Megatron TP all-reduces; Megatron-SP replaces each by a reduce-scatter and an all-gather
     (same bytes on the ring, twice the latency steps); Ulysses all-to-alls instead."""
-    if strategy.tp <= 1:
+    if strategy.degrees.split <= 1:
         return 0.0
     passes = forward_passes(strategy)
-    if strategy.ulysses:
+    if strategy.ulysses > 1:
         qkv, out = ulysses_message_bytes(layer, strategy, mbs)
         return passes * (collective("all_to_all", qkv, tp_groups) + collective("all_to_all", out, tp_groups))
     nbytes = tp_message_bytes(layer, mbs)
@@ -76,9 +75,7 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
 
 
 def sync_groups(first_rank: int, strategy: LayerStrategy) -> tuple[RankGroups, RankGroups]:
-    """(tp groups, gradient-sync groups): under Ulysses the weights are whole on every rank of
-    the stage, so gradients (and ZeRO shards) span tp * dp ranks."""
-    tp_groups, dp_groups = layer_rank_groups(first_rank, strategy.tp, strategy.dp, strategy.tp_consecutive)
-    if strategy.ulysses:
-        dp_groups = layer_rank_groups(first_rank, 1, strategy.gpus)[1]
-    return tp_groups, dp_groups
+    """(groups splitting one replica's work: tp, or Ulysses' all-to-all groups; gradient-sync
+    groups: the ranks holding the same weight shard, ulysses * dp under Ulysses)."""
+    grid = layer_grid(first_rank, strategy.degrees)
+    return grid.groups(SPLIT_AXES), grid.groups(strategy.degrees.grad_sync_axes)

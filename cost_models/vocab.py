@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from cost_models import memory as mem
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
-from cost_models.collectives import RankGroups, layer_rank_groups, rank_groups
+from cost_models.collectives import rank_groups
 from cost_models.memo import HashOnce, hash_once
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
-from specs import DPType, LayerStrategy, ModelSpec, Plan
+from specs import GRAD_SYNC_AXES, SPLIT_AXES, DPType, LayerStrategy, ModelSpec, Plan, RankGroups, layer_grid
 
 if TYPE_CHECKING:
     from cost_models.analytical import AnalyticalModel
@@ -28,13 +28,14 @@ LOGIT_KEPT_BYTES = 4
 """The loss keeps its fp32 softmax for backward (Megatron vocab-parallel cross-entropy)."""
 
 
-def vocab_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
-    """(tp, dp, micro-batch size, tp groups, dp groups) of the vocabulary layers on ``stage``."""
-    per_stage = world_size // plan.pp
-    tp = plan.vocab_tp
-    dp = per_stage // tp
-    tp_groups, dp_groups = layer_rank_groups(plan.stage_first_rank(stage, world_size), tp, dp)
-    return tp, dp, plan.global_batch / (dp * plan.micro_batches), tp_groups, dp_groups
+def layout_for(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, RankGroups, RankGroups]:
+    """(split, dp, micro-batch size, split groups, gradient-sync groups) of the vocabulary layers on
+    ``stage``, from Plan.vocab_degrees: the split groups are vocab_tp's (or Ulysses' under
+    vocab_sp ulysses, whose gradients then sync over the whole stage)."""
+    d = plan.vocab_degrees(world_size // plan.pp)
+    grid = layer_grid(plan.stage_first_rank(stage, world_size), d)
+    return d.split, d.dp, plan.global_batch / (d.dp * plan.micro_batches), grid.groups(SPLIT_AXES), \
+        grid.groups(GRAD_SYNC_AXES)
 
 
 def vocab_relayout_s(cost_model: CostModel, model: ModelSpec, plan: Plan, world_size: int, layer_index: int,
@@ -97,26 +98,11 @@ def _with_vocab(model: HashOnce, vocab: int, output: int) -> ModelSpec:
     return replace(spec, **changes)
 
 
-def layout_for(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
-    """vocab_layout, or _ulysses_layout where the plan's vocab_sp is ulysses."""
-    return (_ulysses_layout if plan.vocab_sp == "ulysses" else vocab_layout)(plan, world_size, stage)
-
-
-def weight_split(plan: Plan, tp: int, dp: int) -> tuple[int, int]:
-    """(ranks the embedding/head weights are split over, ranks their gradients sync over) for the
-    layout's tp and dp: (1, tp x dp) under Ulysses (weights whole on every rank of the stage),
-    else (tp, dp)."""
-    return (1, dp * tp) if plan.vocab_sp == "ulysses" else (tp, dp)
-
-
-def _ulysses_layout(plan: Plan, world_size: int, stage: int) -> tuple[int, int, float, list, list]:
-    """Vocab layers under Ulysses (Galvatron's vsp): weights whole on every rank of the stage,
-    tokens split over vocab_tp; one gradient group over the stage."""
-    per_stage = world_size // plan.pp
-    tp, dp = plan.vocab_tp, per_stage // plan.vocab_tp
-    first = plan.stage_first_rank(stage, world_size)
-    return (tp, dp, plan.global_batch / (dp * plan.micro_batches), layer_rank_groups(first, tp, dp)[0],
-            layer_rank_groups(first, 1, per_stage)[1])
+def weight_split(plan: Plan, world_size: int) -> tuple[int, int]:
+    """(ranks the embedding/head weights are split over, ranks their gradients sync over):
+    Plan.vocab_degrees' tp and grad_sync (1 and the whole stage under Ulysses)."""
+    d = plan.vocab_degrees(world_size // plan.pp)
+    return d.tp, d.grad_sync
 
 
 def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: int,
@@ -125,7 +111,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     c = model_.constants
     model = padded_model(model, plan)
     tp, dp, mbs, tp_groups, dp_groups = layout_for(plan, world_size, stage)
-    weight_tp, sync_dp = weight_split(plan, tp, dp)
+    weight_tp, sync_dp = weight_split(plan, world_size)
     tokens = mbs * model.seq_len
     h = model.embedding.hidden_size
     fwd = c.micro_batch_overhead_s
@@ -233,6 +219,6 @@ def _tied_embedding_sync_s(model_: "AnalyticalModel", model: ModelSpec, plan: Pl
     per_stage = world_size // plan.pp
     first, last = plan.stage_first_rank(0, world_size), plan.stage_first_rank(plan.pp - 1, world_size)
     groups = _pair_groups(first, last, per_stage)
-    weight_tp = 1 if plan.vocab_sp == "ulysses" else plan.vocab_tp
+    weight_tp = plan.vocab_degrees(per_stage).tp
     nbytes = model.head.hidden_size * plan.padded_vocab_size(model.head.output_size) / weight_tp * mem.GRAD_BYTES_PER_PARAM
     return model_.collective_time("all_reduce", nbytes, groups)

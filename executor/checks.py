@@ -23,9 +23,9 @@ def check_runnable(model: ModelSpec, plan: Plan, world_size: int) -> None:
             raise SpecError(f"layer {i}", "sp is not supported on blocks with cross-attention or patch merging")
         if s.megatron_sp and spec.seq_len % s.tp:
             raise SpecError(f"layer {i}", f"sp: tp({s.tp}) does not divide seq_len({spec.seq_len})")
-        if spec.kv_heads % s.weight_tp:  # Ulysses splits tokens, not weights (kv heads repeated first)
+        if spec.kv_heads % s.tp:  # Ulysses splits tokens, not weights (kv heads repeated first)
             raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide kv heads({spec.kv_heads})")
-        if spec.ffn_hidden_size % s.weight_tp:
+        if spec.ffn_hidden_size % s.tp:
             raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide ffn_hidden_size({spec.ffn_hidden_size})")
     _check_chain(model)
 

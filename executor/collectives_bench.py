@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from executor.parallel.layout import GroupCache
-from specs import layer_groups
+from specs import stage_grid
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
@@ -35,8 +35,8 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 def rank_sets(world: int, size: int, consecutive: bool) -> list[tuple[int, ...]]:
     """The groups of ``size`` ranks that tile the world, consecutive or strided: a layer's tp
-    groups at tp = size (specs.layer_groups)."""
-    return [tuple(g) for g in layer_groups(0, size, world // size, consecutive)[0]]
+    groups at tp = size (specs.grid)."""
+    return list(stage_grid(0, world, size, consecutive).groups("tp"))
 
 
 def degrees(world: int) -> list[int]:

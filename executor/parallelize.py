@@ -164,7 +164,7 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
         shard = apply_ep(block, model.layers[i], strategy, i, stage, local, groups, device_type)
         if shard is not None:
             experts[i] = shard
-        if strategy.ulysses:
+        if strategy.ulysses > 1:
             block = apply_ulysses(block, meshes[layout]["tp"].get_group())
         else:
             block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp)
@@ -228,7 +228,7 @@ def _tie(embed: nn.Module | None, head: nn.Module | None, model: ModelSpec, plan
 def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split: VocabSplit | None
               ) -> list[tuple[str, nn.Module, object, int, str, nn.Module | None]]:
     """(unit name, module, data-parallel mesh, degree, dp type, a submodule that is a unit of
-    its own, listed before) of every block (its gradient group: dp, or tp * dp under Ulysses), the
+    its own, listed before) of every block (its gradient group: dp, or ulysses * dp under Ulysses), the
     embedding (like the first layer's replicas) and the head (like the last's), in the order
     the chunks run them."""
     parts = []
@@ -241,8 +241,8 @@ def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split:
             parts.append(("embedding", chunk.embed, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
         for i in ids:
             s = plan.layers[i]
-            mesh = smesh["stage"] if s.ulysses else meshes[Layout.of(s)]["dp"]
-            parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.grad_dp, s.dp_type, None))
+            mesh = smesh["stage"] if s.ulysses > 1 else meshes[Layout.of(s)]["dp"]  # the grad-sync group
+            parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.degrees.grad_sync, s.dp_type, None))
         if chunk.head is not None and split is not None:
             parts += vocab_dp_parts("head", chunk.head, split, meshes, smesh, plan.layers[ids[-1]].dp_type)
         elif chunk.head is not None:

@@ -70,7 +70,7 @@ def run_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None, ste
     one-process CPU reference (tolerance ``check_atol``, default by precision). ``rank_fn``
     is what each rank runs (tests pass deliberately broken variants of ``worker``);
     ``progress_path``: each rank's finished steps, as they finish."""
-    world_size = world_size or plan.pp * plan.layers[0].tp * plan.layers[0].dp
+    world_size = world_size or plan.pp * plan.layers[0].gpus
     check_runnable(model, plan, world_size)
     cfg = TrainConfig(steps=steps, warmup=0 if check else warmup, seed=seed, check=check,
                       track_memory=track_memory, bf16=bf16, device=device)

@@ -19,7 +19,7 @@ def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
     capabilities first, then what depends on the model (Ulysses beside experts, the vocabulary)."""
     check_supported(plan, model, CAPABILITIES, "executor")
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
-        if s.ulysses and spec.moe is not None:
+        if s.ulysses > 1 and spec.moe is not None:
             raise SpecError(f"layer {i}", f"sp ulysses on a MoE layer is not run: the experts would see "
-                            f"sequence chunks of degree {s.tp} that their groups do not sum over")
+                            f"sequence chunks of degree {s.ulysses} that their groups do not sum over")
     refuse_vocab(plan, model, is_tied(model))

@@ -261,7 +261,7 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
             state.bound(c.global_batch, floor[i])
             return
         s = t.strategies[uniform[i]]
-        vocab = VocabChoice(s.tp, False, s.sp if s.sp in space.vocab_sp else "none")
+        vocab = VocabChoice(s.degrees.split, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
         state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
                                               schedule=entry.name, virtual_stages=v), budget_bytes)

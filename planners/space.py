@@ -224,12 +224,14 @@ class SearchSpace:
             dp = gpus // tp
             layouts = self.tp_consecutive if tp > 1 and dp > 1 else (True,)
             for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
-                sharded = dp > 1 or sp == SequenceParallel.ULYSSES  # Ulysses shards over tp * dp
+                # a Ulysses group of this size splits tokens, not weights: its own axis, tp 1
+                split = {"tp": 1, "ulysses": tp} if sp == SequenceParallel.ULYSSES else {"tp": tp}
+                sharded = dp > 1 or sp == SequenceParallel.ULYSSES  # Ulysses shards over ulysses * dp
                 for dp_type in (self.dp_types if sharded else (DPType.DDP,)):
                     for consec in layouts:
                         for recompute in self.recompute:
-                            out.append(LayerStrategy(tp=tp, dp=dp, dp_type=dp_type, tp_consecutive=consec,
-                                                     recompute=recompute, sp=sp))
+                            out.append(LayerStrategy(dp=dp, dp_type=dp_type, tp_consecutive=consec,
+                                                     recompute=recompute, sp=sp, **split))
         return out
 
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
@@ -257,15 +259,15 @@ class SearchSpace:
 
 def _expert_tp_fits(s: LayerStrategy, ep: int, etp: int) -> bool:
     """ep * etp divides the stage; an explicit etp differs from the layer's own (else it is 0)."""
-    if etp and etp == s.weight_tp:
+    if etp and etp == s.tp:
         return False
-    return s.gpus % (ep * (etp or s.weight_tp)) == 0
+    return s.gpus % (ep * (etp or s.tp)) == 0
 
 
 def with_ep(s: LayerStrategy, ep: int, expert_tp: int = 0) -> LayerStrategy:
     """``s`` with its routed experts over ``ep`` ranks at expert tp ``expert_tp`` (0 = the layer's);
     with no expert-dp replicas left the experts cannot be ZeRO-sharded, so their dp type is DDP."""
-    lone = s.gpus // (ep * (expert_tp or s.weight_tp)) == 1
+    lone = s.gpus // (ep * (expert_tp or s.tp)) == 1
     return replace(s, ep=ep, expert_tp=expert_tp,
                    expert_dp_type=DPType.DDP if lone and s.dp_type != DPType.DDP else None)
 
@@ -279,9 +281,10 @@ def tp_splits(layer: LayerSpec, tp: int) -> bool:
 def layer_allows(layer: LayerSpec, s: LayerStrategy, global_batch: int, micro_batches: int) -> bool:
     """The per-layer rules of Plan.validate and the executor: tp_splits, batch divisible by dp*m,
     sequence parallelism only on plain blocks whose sequence the degree divides."""
-    if not tp_splits(layer, s.tp):
+    split = s.degrees.split  # Ulysses' degree divides the heads, kv heads and width as tp's would
+    if not tp_splits(layer, split):
         return False
-    if s.sp != SequenceParallel.NONE and (layer.seq_len % s.tp or layer.cross_attention_seq_len
+    if s.sp != SequenceParallel.NONE and (layer.seq_len % split or layer.cross_attention_seq_len
                                           or layer.downsample_to):
         return False
     if s.has_expert_split and not expert_split_allowed(layer, s):

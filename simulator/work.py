@@ -13,8 +13,7 @@ from cost_models import CostModel, LayerTime, MemoryBreakdown
 from cost_models import experts
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import sync_groups, ulysses_message_bytes
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_groups
-from specs.ranks import expert_groups
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid, stage_grid
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
@@ -128,7 +127,7 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
         layers = tuple(_layer_work(model, plan, cost_model, i, first, i in ends) for i in layer_ids)
         vocab_time, vocab_mem = cost_model.vocab_cost(model, plan, stage, world)
         vocab_dp = per_stage // plan.vocab_tp
-        _, vocab_groups = layer_groups(first, plan.vocab_tp, vocab_dp, True)
+        vocab_groups = stage_grid(first, per_stage, plan.vocab_tp).groups("dp")
         tied_bytes, tied_groups = _tied(model, plan, stage, world) if vocab_mem.gradients_bytes > 0 else (0.0, ())
         stages.append(StageWork(stage=stage, ranks=ranks, layers=layers, vocab=vocab_time,
                                 vocab_memory=vocab_mem, vocab_groups=_tuples(vocab_groups),
@@ -226,15 +225,15 @@ def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, f
     if not experts.applies(layer, s) or s.ep == 1:
         return (), ()
     nbytes = experts.all_to_all_bytes(layer, s, mbs, cm.expert_imbalance)
-    groups = expert_groups(first_rank, s).ep
+    groups = layer_grid(first_rank, s.degrees).groups("ep")
     return groups, (("all_to_all", nbytes, experts.ALL_TO_ALLS_PER_PASS),)
 
 
 def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int) -> tuple[tuple[str, float, int], ...]:
     """The forward pass's TP-group collectives (see LayerWork.tp_calls)."""
-    if s.tp <= 1:
+    if s.degrees.split <= 1:
         return ()
-    if s.ulysses:
+    if s.ulysses > 1:
         qkv, out = ulysses_message_bytes(layer, s, mbs)
         return (("all_to_all", qkv, 1), ("all_to_all", out, 1))
     n, count = tp_allreduce_bytes(layer, mbs), tp_allreduces_per_forward(layer)

@@ -1,22 +1,24 @@
 """The shared vocabulary: ModelSpec (what), ClusterSpec (on what), Plan (how), and the zoo."""
-from specs.cluster import ClusterSpec, GPUSpec, GroupLink, InterNodeLink, IntraNodeLink, layer_groups
+from specs.axes import DENSE_AXES, EXPERT_AXES, GRAD_SYNC_AXES, SPLIT_AXES, Degrees
+from specs.cluster import ClusterSpec, GPUSpec, GroupLink, InterNodeLink, IntraNodeLink
 from specs.errors import SpecError
 from specs.galvatron_io import load_galvatron_plan, plan_from_galvatron, plan_to_galvatron, save_galvatron_plan
+from specs.grid import RankGrid, RankGroups, layer_grid, stage_grid
 from specs.hf_config import from_hf_config, model_from_dict
 from specs.layer_parts import MLASpec, MoESpec
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
-from specs.plan import (DP_TYPES, SCHEDULES, DPType, LayerStrategy, Plan, Recompute, Schedule, SequenceParallel,
-                        even_stage_layers, padded_vocab,
-                        uniform_plan)
+from specs.plan import (DP_TYPES, PLAN_VERSION, SCHEDULES, DPType, LayerStrategy, Plan, Recompute, Schedule,
+                        SequenceParallel, even_stage_layers, padded_vocab, uniform_plan)
 from specs.zoo import cluster_names, load_cluster, load_model, model_names
 
 ModelSpec.from_hf_config = staticmethod(from_hf_config)  # type: ignore[attr-defined]
 
 __all__ = [
-    "ClusterSpec", "GPUSpec", "GroupLink", "InterNodeLink", "IntraNodeLink", "layer_groups",
+    "ClusterSpec", "GPUSpec", "GroupLink", "InterNodeLink", "IntraNodeLink", "DENSE_AXES", "EXPERT_AXES",
+    "GRAD_SYNC_AXES", "SPLIT_AXES", "Degrees", "RankGrid", "RankGroups", "layer_grid", "stage_grid",
     "SpecError", "load_galvatron_plan", "plan_from_galvatron", "plan_to_galvatron",
     "save_galvatron_plan", "from_hf_config", "model_from_dict", "EmbeddingSpec", "HeadSpec",
-    "LayerSpec", "ModelSpec", "DP_TYPES", "SCHEDULES", "DPType", "LayerStrategy", "Plan", "Recompute", "Schedule",
-    "SequenceParallel", "even_stage_layers", "padded_vocab", "uniform_plan",
+    "LayerSpec", "ModelSpec", "DP_TYPES", "PLAN_VERSION", "SCHEDULES", "DPType", "LayerStrategy", "Plan", "Recompute",
+    "Schedule", "SequenceParallel", "even_stage_layers", "padded_vocab", "uniform_plan",
     "cluster_names", "load_cluster", "load_model", "model_names", "MLASpec", "MoESpec",
 ]

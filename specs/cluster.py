@@ -177,23 +177,6 @@ class ClusterSpec:
         return self.ring_link([ranks])
 
 
-def layer_groups(first_rank: int, tp: int, dp: int, tp_consecutive: bool = True
-                 ) -> tuple[list[list[int]], list[list[int]]]:
-    """TP groups and DP groups of one layer on the ranks first_rank .. first_rank+tp*dp-1.
-
-    Consecutive TP puts each TP group on neighbouring ranks (inside a node) and strides the
-    DP groups; strided TP does the opposite.
-    """
-    ranks = list(range(first_rank, first_rank + tp * dp))
-    if tp_consecutive:
-        tp_groups = [ranks[i * tp:(i + 1) * tp] for i in range(dp)]
-        dp_groups = [ranks[j::tp] for j in range(tp)]
-    else:
-        dp_groups = [ranks[i * dp:(i + 1) * dp] for i in range(tp)]
-        tp_groups = [ranks[j::dp] for j in range(dp)]
-    return tp_groups, dp_groups
-
-
 def cluster_from_dict(raw: Any, name: str = "cluster") -> ClusterSpec:
     """A ClusterSpec from a parsed JSON object; errors name the field."""
     check(ClusterFile, raw)  # types, ranges, limits and cross-field rules, before any dataclass

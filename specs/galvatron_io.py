@@ -82,9 +82,10 @@ def _layer(i: int, tp: int, sp: int, use_sp: int, per_stage: int, sdp: bool, def
     if degree <= 0 or per_stage % degree:
         raise SpecError("tp_sizes_enc", f"layer {i}: tp({degree}) does not divide {per_stage} GPUs per stage")
     dp = per_stage // degree
-    sharded = dp > 1 or (use_sp and degree > 1)  # Ulysses shards states over tp * dp
+    tp, ulysses = (1, degree) if use_sp else (degree, 1)
+    sharded = dp * ulysses > 1  # Ulysses shards states over ulysses * dp
     dp_type = ("zero3" if sdp else default_dp) if sharded else "ddp"
-    return LayerStrategy(tp=degree, dp=dp, dp_type=dp_type, tp_consecutive=consecutive,
+    return LayerStrategy(tp=tp, ulysses=ulysses, dp=dp, dp_type=dp_type, tp_consecutive=consecutive,
                          recompute=Recompute.FULL if ckpt else Recompute.NONE,
                          sp=SequenceParallel.ULYSSES if use_sp else SequenceParallel.NONE)
 
@@ -92,7 +93,7 @@ def _layer(i: int, tp: int, sp: int, use_sp: int, per_stage: int, sdp: bool, def
 def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
     """Galvatron's plan dict for ``plan`` (ZeRO-2 layers set default_dp_type zero2); what a
     Galvatron file cannot say (ZeRO-1, Megatron-SP, selective recompute, interleaving) is refused."""
-    types = {s.dp_type for s in plan.layers if s.dp > 1 or s.ulysses}  # Ulysses syncs over tp * dp
+    types = {s.dp_type for s in plan.layers if s.degrees.grad_sync > 1}
     if DPType.ZERO1 in types or (DPType.ZERO2 in types and DPType.DDP in types):
         raise SpecError("dp_type", f"Galvatron files express one default dp type besides zero3; plan mixes {sorted(types)}")
     for i, s in enumerate(plan.layers):
@@ -111,11 +112,11 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
     join = lambda xs: ",".join(str(int(x)) for x in xs)  # noqa: E731
     return {
         "pp_deg": plan.pp,
-        "tp_sizes_enc": join(1 if s.ulysses else s.tp for s in plan.layers),
+        "tp_sizes_enc": join(s.tp for s in plan.layers),
         "tp_consecutive_flags": join(s.tp_consecutive for s in plan.layers),
         "dp_types_enc": join(s.dp_type == DPType.ZERO3 for s in plan.layers),
-        "use_sp": join(s.ulysses for s in plan.layers),
-        "sp_sizes_enc": join(s.tp if s.ulysses else 1 for s in plan.layers),
+        "use_sp": join(s.sp == SequenceParallel.ULYSSES for s in plan.layers),
+        "sp_sizes_enc": join(s.ulysses for s in plan.layers),
         "checkpoint": join(s.checkpoint for s in plan.layers),
         "global_bsz": plan.global_batch,
         "chunks": plan.micro_batches,

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specs.axes import DPType, Degrees, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
@@ -16,20 +18,9 @@ from specs.schema import PlanFile, check
 if TYPE_CHECKING:
     from specs.model import ModelSpec
 
-PLAN_VERSION = 1
-
-
-class DPType(StrEnum):
-    """How a data-parallel group holds the model states (the JSON value is the lower-case name)."""
-
-    DDP = "ddp"
-    """Full replicas; gradients all-reduced."""
-    ZERO1 = "zero1"
-    """Optimizer states sharded (Megatron/DeepSpeed distributed optimizer)."""
-    ZERO2 = "zero2"
-    """ZeRO-1 plus gradients sharded."""
-    ZERO3 = "zero3"
-    """ZeRO-2 plus parameters sharded (FSDP)."""
+PLAN_VERSION = 2
+"""2: a Ulysses layer has its own degree (``ulysses``) and tp 1; version 1 files gave the Ulysses
+degree as ``tp`` and are upgraded on load (a file without a version key is version 1)."""
 
 
 VOCAB_PAD_MULTIPLE = 128
@@ -48,20 +39,6 @@ class Recompute(StrEnum):
     """Keep the layer's input only; recompute its whole forward in backward."""
 
 
-class SequenceParallel(StrEnum):
-    """Sequence parallelism of a layer over its tp group (the group of size ``tp``)."""
-
-    NONE = "none"
-    """Tokens replicated over the tp group."""
-    MEGATRON = "megatron"
-    """Megatron-SP: tensor parallel, with norms and dropouts split along the sequence; the
-    all-reduces become reduce-scatter + all-gather (needs tp > 1)."""
-    ULYSSES = "ulysses"
-    """DeepSpeed-Ulysses: the group of size ``tp`` splits the sequence instead of the weights
-    (replicated, synchronised over tp * dp); all-to-alls switch to a head split around the
-    attention core (needs the degree to divide heads and seq)."""
-
-
 DP_TYPES = tuple(DPType)
 
 
@@ -76,23 +53,25 @@ class LayerStrategy:
     """How one layer is split over the GPUs of its pipeline stage."""
 
     tp: int = 1
-    """Tensor (Megatron column/row) parallel degree."""
+    """Tensor (Megatron column/row) parallel degree: the weights' split."""
     dp: int = 1
-    """Data parallel degree; tp * dp = GPUs of the stage."""
+    """Data parallel degree; dp * tp * ulysses = GPUs of the stage."""
     dp_type: DPType = DPType.DDP
     """One of DPType (a plain string is converted)."""
     tp_consecutive: bool = True
-    """TP group on neighbouring ranks (True) or strided across the stage (False)."""
+    """TP (or Ulysses) group on neighbouring ranks (True) or strided across the stage (False)."""
     recompute: Recompute = Recompute.NONE
     """Activation recomputation in backward (none, selective, full)."""
     sp: SequenceParallel = SequenceParallel.NONE
-    """Sequence parallelism over the tp group (none, megatron, ulysses)."""
+    """Sequence parallelism: none, megatron (over the tp group), ulysses (over ``ulysses``)."""
+    ulysses: int = 1
+    """DeepSpeed-Ulysses degree (> 1 exactly when sp is ulysses; tp is then 1)."""
     ep: int = 1
     """Expert-parallel degree of a MoE layer: its routed experts are split over ``ep`` groups
     carved out of the stage's data-parallel ranks (Megatron-Core and DeepSpeed-MoE); tokens
     reach their experts by all-to-all. 1 = every rank holds every expert."""
     expert_tp: int = 0
-    """Tensor-parallel degree of each expert's MLP; 0 = the dense part's (``weight_tp``,
+    """Tensor-parallel degree of each expert's MLP; 0 = the dense part's (``tp``,
     Megatron-Core's default). ``ep * expert_tp`` must divide the stage's GPUs."""
     expert_dp_type: DPType | None = None
     """How the expert data-parallel group holds the expert states; None = ``dp_type``."""
@@ -105,6 +84,7 @@ class LayerStrategy:
             raise SpecError("tp_consecutive", f"must be true or false, got {self.tp_consecutive!r}")
         object.__setattr__(self, "recompute", Recompute(one_of(self.recompute, tuple(Recompute), "recompute")))
         object.__setattr__(self, "sp", SequenceParallel(one_of(self.sp, tuple(SequenceParallel), "sp")))
+        positive_int(self.ulysses, "ulysses")
         positive_int(self.ep, "ep")
         if isinstance(self.expert_tp, bool) or not isinstance(self.expert_tp, int) or self.expert_tp < 0:
             raise SpecError("expert_tp", f"must be an integer >= 0 (0 = tp), got {self.expert_tp!r}")
@@ -112,9 +92,15 @@ class LayerStrategy:
             object.__setattr__(self, "expert_dp_type", DPType(one_of(self.expert_dp_type, DP_TYPES,
                                                                      "expert_dp_type")))
 
+    @cached_property
+    def degrees(self) -> Degrees:
+        """The named degrees of this layer (specs.axes); built once per strategy."""
+        return Degrees(dp=self.dp, dp_type=self.dp_type, tp=self.tp, tp_consecutive=self.tp_consecutive, sp=self.sp,
+                       ulysses=self.ulysses, ep=self.ep, etp=self.etp, edp_type=self.expert_dp_kind)
+
     @property
     def gpus(self) -> int:
-        return self.tp * self.dp
+        return self.degrees.gpus
 
     @property
     def checkpoint(self) -> bool:
@@ -126,30 +112,15 @@ class LayerStrategy:
         return self.sp == SequenceParallel.MEGATRON
 
     @property
-    def ulysses(self) -> bool:
-        return self.sp == SequenceParallel.ULYSSES
-
-    @property
-    def weight_tp(self) -> int:
-        """Degree the weights are split by: tp, or 1 under Ulysses (the group splits tokens)."""
-        return 1 if self.ulysses else self.tp
-
-    @property
-    def grad_dp(self) -> int:
-        """Ranks holding the same weight shard (the gradient-sync and ZeRO group): dp, or
-        tp * dp under Ulysses."""
-        return self.tp * self.dp if self.ulysses else self.dp
-
-    @property
     def etp(self) -> int:
-        """Tensor-parallel degree of the experts (``expert_tp``, or ``weight_tp`` when 0)."""
-        return self.expert_tp or self.weight_tp
+        """Tensor-parallel degree of the experts (``expert_tp``, or ``tp`` when 0)."""
+        return self.expert_tp or self.tp
 
     @property
     def expert_dp(self) -> int:
         """Ranks holding the same expert shard (the experts' gradient-sync and ZeRO group):
         the stage's GPUs / (ep * etp)."""
-        return self.gpus // (self.ep * self.etp)
+        return self.degrees.edp
 
     @property
     def expert_dp_kind(self) -> DPType:
@@ -165,16 +136,16 @@ class LayerStrategy:
         """Compact text, e.g. ``tp2/dp2 zero3 ckpt``."""
         parts = [f"tp{self.tp}" + ("" if self.tp_consecutive or self.tp == 1 or self.dp == 1 else "s")
                  + f"/dp{self.dp}"]
-        if self.grad_dp > 1 and self.dp_type != DPType.DDP:
+        if self.degrees.grad_sync > 1 and self.dp_type != DPType.DDP:
             parts.append(self.dp_type)
         if self.recompute == Recompute.FULL:
             parts.append("ckpt")
         elif self.recompute == Recompute.SELECTIVE:
             parts.append("sel")
         if self.sp != SequenceParallel.NONE:
-            parts.append("sp" if self.megatron_sp else "uly")
+            parts.append("sp" if self.megatron_sp else f"uly{self.ulysses}")
         if self.has_expert_split:
-            expert = f"ep{self.ep}" + (f"/etp{self.etp}" if self.etp != self.weight_tp else "")
+            expert = f"ep{self.ep}" + (f"/etp{self.etp}" if self.etp != self.tp else "")
             if self.expert_dp_type is not None and self.expert_dp > 1:
                 expert += f" e:{self.expert_dp_kind}"
             parts.append(expert)
@@ -214,8 +185,12 @@ class Plan:
     cluster: str = ""
     """Zoo name or file of the cluster (informative)."""
     version: int = PLAN_VERSION
+    """The file format; a Plan in memory is always the current one (older files upgrade on load)."""
 
     def __post_init__(self) -> None:
+        if self.version != PLAN_VERSION:
+            raise SpecError("version", f"a Plan is format {PLAN_VERSION}, got {self.version!r} (load older files "
+                            f"with Plan.from_dict)")
         positive_int(self.pp, "pp")
         positive_int(self.global_batch, "global_batch")
         positive_int(self.micro_batches, "micro_batches")
@@ -300,8 +275,10 @@ class Plan:
             raise SpecError("pp", f"pp({self.pp}) does not divide the world size {world}")
         per_stage = world // self.pp
         schedule_entry(self.schedule).check(self.pp, self.micro_batches, self.virtual_stages, self.stage_layers)
+        stage_of = {i: k for k, ids in enumerate(self.stage_ranges()) for i in ids}
         for i, (s, spec) in enumerate(zip(self.layers, model.layers)):
-            _check_layer(i, s, spec, per_stage, self.global_batch, self.micro_batches)
+            s.degrees.check(per_stage, f"layer {i}", stage_of[i])
+            _check_layer(i, s, spec, self.global_batch, self.micro_batches)
         self._check_vocab(model, per_stage)
 
     def _check_vocab(self, model: Any, per_stage: int) -> None:
@@ -315,6 +292,11 @@ class Plan:
         if self.vocab_zero3 and per_stage // vtp == 1 and self.vocab_sp != SequenceParallel.ULYSSES:
             raise SpecError("vocab_zero3", f"vocab_zero3 needs data-parallel replicas: {per_stage} GPUs per "
                             f"stage / vocab_tp {vtp} = 1")
+
+    def vocab_degrees(self, per_stage: int) -> Degrees:
+        """The embedding/head's degrees on a stage of ``per_stage`` GPUs: vocab_tp splits the rows,
+        or, under vocab_sp ulysses, is the Ulysses degree (rows whole); the rest data parallel."""
+        return _vocab_degrees(self.vocab_tp, self.vocab_sp, self.vocab_zero3, per_stage)
 
     @property
     def vocab_asks_split(self) -> bool:
@@ -349,14 +331,14 @@ class Plan:
     @classmethod
     def from_dict(cls, raw: Any) -> "Plan":
         check(PlanFile, raw)
-        version = raw.get("version", PLAN_VERSION)
-        if version != PLAN_VERSION:
-            raise SpecError("version", f"unsupported plan version {version!r} (this code reads {PLAN_VERSION})")
+        version = raw.get("version", 1)  # files before version 2 carry no version key
+        if version not in (1, PLAN_VERSION):
+            raise SpecError("version", f"unsupported plan version {version!r} (this code reads 1 and {PLAN_VERSION})")
         layers_raw = raw.get("layers")
         if not isinstance(layers_raw, list):
             raise SpecError("layers", f"must be a list of strategies, got {layers_raw!r}")
-        layers = tuple(_strategy(i, _upgrade_layer(item)) for i, item in enumerate(layers_raw))
-        fields = {k: v for k, v in upgrade_schedule(raw).items() if k != "layers"}
+        layers = tuple(_strategy(i, _upgrade_layer(item, version)) for i, item in enumerate(layers_raw))
+        fields = {k: v for k, v in upgrade_schedule(raw).items() if k not in ("layers", "version")}
         check_fields(cls, [*fields, "layers"])
         return cls(layers=layers, **fields)
 
@@ -381,22 +363,28 @@ def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
 def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, global_batch: int,
                  micro_batches: int = 1, dp_type: str = DPType.DDP, recompute: str = Recompute.NONE,
                  sp: str = SequenceParallel.NONE, schedule: str = Schedule.ONE_F_ONE_B, tp_consecutive: bool = True,
-                 **meta: Any) -> Plan:
+                 ulysses: int = 1, **meta: Any) -> Plan:
     """Every layer the same strategy; layers split as evenly as possible over pp stages."""
     positive_int(pp, "pp")
     if num_layers < pp:
         raise SpecError("pp", f"pp({pp}) exceeds the {num_layers} layers")
     stage_layers = even_stage_layers(num_layers, pp)
     strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp > 1 else DPType.DDP,
-                             tp_consecutive=tp_consecutive, recompute=recompute, sp=sp)
+                             tp_consecutive=tp_consecutive, recompute=recompute, sp=sp, ulysses=ulysses)
     return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,
                 global_batch=global_batch, micro_batches=micro_batches, schedule=schedule, **meta)
 
 
-def _check_layer(i: int, s: LayerStrategy, spec: Any, per_stage: int, batch: int, micro: int) -> None:
-    if s.tp * s.dp != per_stage:
-        raise SpecError(f"layer {i}", f"tp({s.tp})*dp({s.dp}) = {s.tp * s.dp} != {per_stage} GPUs per stage")
-    if s.sp != SequenceParallel.NONE:
+@lru_cache(maxsize=4096)
+def _vocab_degrees(vocab_tp: int, sp: SequenceParallel, zero3: bool, per_stage: int) -> Degrees:
+    dp_type = DPType.ZERO3 if zero3 else DPType.DDP
+    if sp == SequenceParallel.ULYSSES:
+        return Degrees(ulysses=vocab_tp, dp=per_stage // vocab_tp, sp=sp, dp_type=dp_type)
+    return Degrees(tp=vocab_tp, dp=per_stage // vocab_tp, sp=sp, dp_type=dp_type)
+
+
+def _check_layer(i: int, s: LayerStrategy, spec: Any, batch: int, micro: int) -> None:
+    if s.sp != SequenceParallel.NONE or s.ulysses > 1:
         _check_sequence_parallel(i, s, spec)
     if spec.num_heads % s.tp:
         raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide heads({spec.num_heads})")
@@ -405,7 +393,7 @@ def _check_layer(i: int, s: LayerStrategy, spec: Any, per_stage: int, batch: int
     if batch % (s.dp * micro):
         raise SpecError(f"layer {i}", f"global_batch({batch}) is not divisible by "
                         f"dp({s.dp})*micro_batches({micro}) = {s.dp * micro}")
-    if s.grad_dp == 1 and s.dp_type != DPType.DDP:
+    if s.degrees.grad_sync == 1 and s.dp_type != DPType.DDP:
         raise SpecError(f"layer {i}", f"dp_type {s.dp_type} needs dp > 1 (dp is 1)")
     if s.has_expert_split:
         _check_experts(i, s, spec)
@@ -431,24 +419,37 @@ def _check_experts(i: int, s: LayerStrategy, spec: Any) -> None:
 
 
 def _check_sequence_parallel(i: int, s: LayerStrategy, spec: Any) -> None:
-    """Ulysses: the degree (tp) must divide heads and seq; Megatron-SP: tp > 1 and divides seq."""
-    name = "ulysses degree" if s.ulysses else "sp megatron: tp"
-    if s.tp == 1:
+    """Ulysses: its own degree > 1, tp 1, the degree divides heads and seq; Megatron-SP: tp > 1
+    and divides seq."""
+    uly = s.sp == SequenceParallel.ULYSSES
+    if uly != (s.ulysses > 1):
+        raise SpecError(f"layer {i}", f"sp {s.sp} with ulysses {s.ulysses}: a Ulysses degree > 1 goes with "
+                        f"sp ulysses only")
+    if uly and s.tp > 1:
+        raise SpecError(f"layer {i}", f"ulysses({s.ulysses}) with tp({s.tp}) > 1 is not modelled "
+                        f"(Ulysses keeps the weights whole)")
+    degree, name = (s.ulysses, "ulysses degree") if uly else (s.tp, "sp megatron: tp")
+    if not uly and s.tp == 1:
         raise SpecError(f"layer {i}", f"sp {s.sp} needs tp > 1 (tp is 1)")
-    if s.ulysses and spec.num_heads % s.tp:
-        raise SpecError(f"layer {i}", f"ulysses degree {s.tp} does not divide heads {spec.num_heads}")
-    if spec.seq_len % s.tp:
-        raise SpecError(f"layer {i}", f"{name} {s.tp} does not divide seq {spec.seq_len}")
+    if uly and spec.num_heads % degree:
+        raise SpecError(f"layer {i}", f"ulysses degree {degree} does not divide heads {spec.num_heads}")
+    if spec.seq_len % degree:
+        raise SpecError(f"layer {i}", f"{name} {degree} does not divide seq {spec.seq_len}")
     if spec.cross_attention_seq_len or spec.downsample_to:
         raise SpecError(f"layer {i}", f"sp {s.sp} is not modelled for blocks with cross-attention or patch merging")
 
 
-def _upgrade_layer(item: Any) -> Any:
-    """Plan files written before recompute/sp were enums: boolean ``checkpoint`` -> recompute
-    full/none, boolean ``sp`` -> megatron/none (same PLAN_VERSION: both spellings load)."""
+def _upgrade_layer(item: Any, version: int) -> Any:
+    """Older spellings of a strategy: boolean ``checkpoint`` -> recompute full/none, boolean
+    ``sp`` -> megatron/none (both spellings load in version 1); version 1's Ulysses degree in
+    ``tp`` -> ``ulysses``, tp 1."""
     if not isinstance(item, dict):
         return item
     out = dict(item)
+    if version == 1 and out.get("sp") == SequenceParallel.ULYSSES:
+        if "ulysses" in out:
+            raise SpecError("ulysses", "version 1 plans give the Ulysses degree as tp; ulysses is a version 2 field")
+        out["ulysses"], out["tp"] = out.get("tp", 1), 1
     if "checkpoint" in out:
         flag = out.pop("checkpoint")
         if not isinstance(flag, bool):

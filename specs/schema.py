@@ -26,6 +26,8 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Version1 = Annotated[int, Field(ge=1, le=1)]
 """Format version 1 (an int field, so that ``true`` is not taken for 1)."""
+PlanVersion = Annotated[int, Field(ge=1, le=2)]
+"""Plan format 1 (Ulysses degree in tp) or 2 (its own ``ulysses`` field)."""
 
 
 def check(schema: type[BaseModel], raw: Any) -> BaseModel:
@@ -128,6 +130,7 @@ class StrategyFile(BaseModel):
     """Before issue 15 (still read): true = recompute full."""
     sp: bool | Literal["none", "megatron", "ulysses"] = "none"
     """Before issue 15 a boolean (true = megatron)."""
+    ulysses: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     ep: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     expert_tp: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
     expert_dp_type: Literal["ddp", "zero1", "zero2", "zero3"] | None = None
@@ -135,7 +138,7 @@ class StrategyFile(BaseModel):
 
 class PlanFile(BaseModel):
     model_config = _STRICT
-    version: Version1 = 1
+    version: PlanVersion = 1
     pp: Annotated[int, Field(ge=1, le=MAX_GPUS)]
     stage_layers: list[Layers]
     layers: Annotated[list[StrategyFile], Field(min_length=1, max_length=MAX_LAYERS)]

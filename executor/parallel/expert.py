@@ -13,8 +13,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from executor.moe import Experts, MoE
 from executor.parallel.layout import GroupCache
-from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
-from specs.ranks import expert_coords, expert_groups, expert_rank
+from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, layer_grid
 
 EXPERT_DP_TYPES = (DPType.DDP, DPType.ZERO1, DPType.ZERO2)
 """How the expert-data-parallel group may hold the experts' states (flat buckets); the
@@ -48,9 +47,9 @@ def _moe_strategies(model: ModelSpec, plan: Plan) -> list[LayerStrategy]:
 def build_expert_groups(model: ModelSpec, plan: Plan, groups: GroupCache) -> None:
     """Create every ep and expert-dp group of every stage (collective: all ranks, same order)."""
     for s in _moe_strategies(model, plan):
-        stages = [expert_groups(stage * s.gpus, s) for stage in range(plan.pp)]
-        groups.group([g for x in stages for g in x.ep])
-        groups.group([g for x in stages for g in x.edp])
+        grids = [layer_grid(stage * s.gpus, s.degrees) for stage in range(plan.pp)]
+        groups.group([g for grid in grids for g in grid.groups("ep")])
+        groups.group([g for grid in grids for g in grid.groups("edp")])
 
 
 @dataclass
@@ -75,14 +74,15 @@ def apply_ep(block: nn.Module, spec: LayerSpec, s: LayerStrategy, i: int, stage:
     if not isinstance(moe, MoE):
         return None
     check_moe(i, spec, s)
-    d, e, t = expert_coords(s, local)
     base = stage * s.gpus
-    grid = torch.tensor([[expert_rank(base, s, k, j, d) for k in range(s.etp)] for j in range(s.ep)])
-    mesh = groups.mesh(grid, device, ("ep", "etp"))  # its groups exist: build_expert_groups, layout meshes
+    grid = layer_grid(base, s.degrees)
+    d = grid.coords(base + local, view="edp")["edp"]
+    ranks = torch.tensor([[grid.rank(etp=k, ep=j, edp=d) for k in range(s.etp)] for j in range(s.ep)])
+    mesh = groups.mesh(ranks, device, ("ep", "etp"))  # its groups exist: build_expert_groups, layout meshes
     _shard_experts(moe.experts, mesh)
     moe.dispatch = AllToAllDispatch(mesh["ep"].get_group() if s.ep > 1 else None,
                                     mesh["etp"].get_group() if s.tp > 1 else None, s.ep)
-    dp_group = groups.groups[tuple(expert_rank(base, s, t, e, j) for j in range(s.expert_dp))]
+    dp_group = groups.groups[grid.group_of("edp", base + local)]
     dp_type = s.expert_dp_kind if s.expert_dp > 1 else DPType.DDP
     numel = spec.moe.num_experts // s.ep * 3 * spec.hidden_size * spec.moe.expert_ffn_hidden_size // s.tp
     return ExpertShard(params=[moe.experts.gate, moe.experts.up, moe.experts.down], group=dp_group,

@@ -1,4 +1,5 @@
-"""Where a layer's shards live: the (tp, dp, consecutive) layout of a stage and its device meshes."""
+"""Where a layer's shards live: the batch-slice layout of a stage (a view of specs.grid's RankGrid)
+and the device meshes built from the grid's groups."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,15 +8,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from specs import LayerStrategy
+from specs import LayerStrategy, RankGrid, stage_grid
 
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
-    """How the G ranks of a stage are split into TP groups (same batch slice) and DP replicas."""
+    """How the G ranks of a stage are split into groups that share a batch slice (tp, or a
+    Ulysses group) and DP replicas: the key of the meshes, a view of the layer's RankGrid."""
 
     tp: int
-    """Tensor parallel degree."""
+    """Ranks sharing one batch slice: the tp degree, or the Ulysses degree (Degrees.split)."""
     dp: int
     """Data parallel degree (tp * dp = ranks per stage)."""
     consecutive: bool = True
@@ -27,17 +29,21 @@ class Layout:
 
     @classmethod
     def of(cls, strategy: LayerStrategy) -> "Layout":
-        return cls(tp=strategy.tp, dp=strategy.dp, consecutive=strategy.tp_consecutive)
+        return cls(tp=strategy.degrees.split, dp=strategy.dp, consecutive=strategy.tp_consecutive)
+
+    def grid(self, first_rank: int = 0) -> RankGrid:
+        """The (tp, dp) grid of a stage starting at ``first_rank``."""
+        return stage_grid(first_rank, self.tp * self.dp, self.tp, self.consecutive)
 
     def local_rank(self, dp_index: int, tp_index: int) -> int:
         """Position inside the stage of the rank holding batch slice dp_index, shard tp_index."""
-        return dp_index * self.tp + tp_index if self.consecutive else tp_index * self.dp + dp_index
+        return self.grid().rank(tp=tp_index, dp=dp_index)
 
     def dp_index(self, local: int) -> int:
-        return local // self.tp if self.consecutive else local % self.dp
+        return self.grid().coords(local)["dp"]
 
     def tp_index(self, local: int) -> int:
-        return local % self.tp if self.consecutive else local // self.dp
+        return self.grid().coords(local)["tp"]
 
     def same_slices(self, other: "Layout") -> bool:
         """True when every rank holds the same batch slice under both layouts (no relayout)."""
@@ -46,10 +52,10 @@ class Layout:
 
     def mesh(self, pp: int, device: str, groups: "GroupCache") -> DeviceMesh:
         """A (pp, dp, tp) mesh over the whole world; every rank must build it, in the same order."""
-        g = self.tp * self.dp
-        grid = torch.tensor([[[s * g + self.local_rank(d, t) for t in range(self.tp)]
-                              for d in range(self.dp)] for s in range(pp)])
-        return groups.mesh(grid, device, ("pp", "dp", "tp"))
+        g, grid = self.tp * self.dp, self.grid()
+        ranks = torch.tensor([[[s * g + grid.rank(tp=t, dp=d) for t in range(self.tp)]
+                               for d in range(self.dp)] for s in range(pp)])
+        return groups.mesh(ranks, device, ("pp", "dp", "tp"))
 
 
 class GroupCache:

@@ -6,7 +6,7 @@ import pytest
 import cost_models
 from cost_models.analytical import AnalyticalModel
 from cost_models.constants import AnalyticalConstants, load_calibration
-from specs import LayerStrategy, SpecError, layer_groups, load_cluster, load_model, uniform_plan
+from specs import LayerStrategy, SpecError, load_cluster, load_model, stage_grid, uniform_plan
 
 EXACT = dict(bus_efficiency=1.0, network_efficiency=1.0, step_latency_factor=1.0, collective_base_latency_s=0.0)
 
@@ -45,7 +45,7 @@ def test_gpus_behind_one_pcie_switch_share_its_uplink():
 def test_inter_node_allreduce_uses_the_nics():
     cluster = load_cluster("dgx-a100-80g:4")
     model = AnalyticalModel(cluster, constants=AnalyticalConstants(**EXACT))
-    _, dp_groups = layer_groups(0, 8, 4, True)  # 8 rings of 4 ranks, one rank per node
+    dp_groups = stage_grid(0, 32, tp=8).groups("dp")  # 8 rings of 4 ranks, one rank per node
     t = model.collective_time("all_reduce", 1e9, dp_groups)
     nic_share = 8 * 25.0 / 8  # 8 NICs of 25 GB/s per node shared by 8 rings
     assert t == pytest.approx(1.5 * 1e9 / (nic_share * 1e9), rel=0.05)

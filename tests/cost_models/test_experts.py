@@ -13,7 +13,6 @@ from cost_models.ops import forward_ops
 from specs import (ClusterSpec, GPUSpec, InterNodeLink, IntraNodeLink, LayerSpec, LayerStrategy, SpecError,
                    load_cluster, load_model, uniform_plan)
 from specs.layer_parts import MoESpec
-from specs.ranks import expert_groups
 
 # 2 nodes x 2 GPUs: 100 GB/s GPU ports, one 10 GB/s NIC per node; 5 us inside a node, 10 us across
 TWO_BY_TWO = ClusterSpec(
@@ -40,13 +39,6 @@ def test_all_to_all_across_two_nodes_by_hand():
     # one NIC: n = 4e8 B at 10 GB/s = 40 ms (twice one group alone, which would take 20 ms)
     assert cm.all_to_all_time(n, [[0, 2], [1, 3]]) == pytest.approx(0.040 + 10e-6)
     assert cm.all_to_all_time(n, [[0, 2]]) == pytest.approx(0.020 + 10e-6)
-
-
-def test_expert_groups_follow_megatron_core_order():
-    g = expert_groups(8, LayerStrategy(tp=2, dp=4, ep=2))  # etp 2, ep 2, expert dp 2 on ranks 8..15
-    assert g.etp == ((8, 9), (10, 11), (12, 13), (14, 15))
-    assert g.ep == ((8, 10), (9, 11), (12, 14), (13, 15))
-    assert g.edp == ((8, 12), (9, 13), (10, 14), (11, 15))
 
 
 def test_dispatch_bytes_and_time_of_a_layer_by_hand():

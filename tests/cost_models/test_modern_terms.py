@@ -27,7 +27,7 @@ SP_TIME = data_path("galvatron_llama2_7b") / "sp_time_1nodes_8gpus_per_node.json
     (LayerStrategy(tp=1), SBH * (34 + 5 * A * S / H)),
     (LayerStrategy(tp=T), SBH * (10 + 24 / T + 5 * A * S / (H * T))),
     (LayerStrategy(tp=T, sp="megatron"), SBH * (34 + 5 * A * S / H) / T),
-    (LayerStrategy(tp=T, sp="ulysses"), SBH * (34 + 5 * A * S / H) / T),
+    (LayerStrategy(ulysses=T, sp="ulysses"), SBH * (34 + 5 * A * S / H) / T),
     (LayerStrategy(tp=T, sp="megatron", recompute="selective"), SBH * 34 / T),
     (LayerStrategy(tp=T, recompute="selective"), SBH * (10 + 24 / T)),
     (LayerStrategy(tp=T, sp="megatron", recompute="full"), 2 * SBH / T),
@@ -90,9 +90,9 @@ def test_same_bytes_on_the_ring_for_sp_and_tp():
 def test_ulysses_all_to_all_volume_and_topology():
     u = 4
     tokens = S * B / u
-    qkv, out = seq.ulysses_message_bytes(GPT, LayerStrategy(tp=u, sp="ulysses"), B)
+    qkv, out = seq.ulysses_message_bytes(GPT, LayerStrategy(ulysses=u, sp="ulysses"), B)
     assert (qkv, out) == (tokens * 3 * H * 2, tokens * H * 2)
-    assert seq.tp_comm_time(_fake, GPT, LayerStrategy(tp=u, sp="ulysses"), B, [[0, 1, 2, 3]], 2) \
+    assert seq.tp_comm_time(_fake, GPT, LayerStrategy(ulysses=u, sp="ulysses"), B, [[0, 1, 2, 3]], 2) \
         == pytest.approx(2 * 3.0 * (qkv + out))
     cm = cost_models.get("analytical", load_cluster("dgx-a100-80g:2"))
     inside = cm.collective_time("all_to_all", qkv, [[0, 1, 2, 3]])
@@ -102,7 +102,7 @@ def test_ulysses_all_to_all_volume_and_topology():
 
 def test_ulysses_weights_whole_and_synchronised_over_the_stage():
     cm = cost_models.get("analytical", load_cluster("dgx-a100-80g"))
-    uly = cm.layer_memory(GPT, LayerStrategy(tp=4, dp=2, sp="ulysses", dp_type="zero3"), B, 1)
+    uly = cm.layer_memory(GPT, LayerStrategy(ulysses=4, dp=2, sp="ulysses", dp_type="zero3"), B, 1)
     assert uly.parameters_bytes == pytest.approx(2 * GPT.param_count() / 8)  # 16-bit weights / (tp * dp)
     assert uly.optimizer_bytes == pytest.approx(12 * GPT.param_count() / 8)
     tp = cm.layer_memory(GPT, LayerStrategy(tp=4, dp=2, dp_type="zero3"), B, 1)

@@ -1,4 +1,4 @@
-"""Layouts agree with specs.layer_groups, and plans the executor cannot run are rejected."""
+"""Layouts are views of specs.grid's RankGrid, and plans the executor cannot run are rejected."""
 import dataclasses
 
 import pytest
@@ -6,18 +6,23 @@ import pytest
 import specs
 from executor.checks import check_runnable
 from executor.parallel.layout import Layout
-from specs import SpecError, uniform_plan
+from specs import LayerStrategy, SpecError, stage_grid, uniform_plan
 
 
 @pytest.mark.parametrize("tp,dp,consecutive", [(2, 2, True), (2, 2, False), (2, 4, False), (4, 2, True), (1, 8, True)])
-def test_layout_groups_match_specs_layer_groups(tp, dp, consecutive):
-    layout = Layout(tp=tp, dp=dp, consecutive=consecutive)
-    tp_groups, dp_groups = specs.layer_groups(0, tp, dp, consecutive)
-    for d, group in enumerate(tp_groups):  # a TP group holds one batch slice
-        assert [layout.local_rank(d, t) for t in range(tp)] == group
+def test_layout_is_the_grid_s_batch_slices(tp, dp, consecutive):
+    layout, grid = Layout(tp=tp, dp=dp, consecutive=consecutive), stage_grid(0, tp * dp, tp, consecutive)
+    for d in range(dp):  # the d-th TP group holds batch slice d
+        group = grid.groups("tp")[d]
+        assert tuple(layout.local_rank(d, t) for t in range(tp)) == group
         assert {layout.dp_index(r) for r in group} == {d}
-    for group in dp_groups:
+    for group in grid.groups("dp"):
         assert len({layout.tp_index(r) for r in group}) == 1
+
+
+def test_a_ulysses_layer_s_layout_is_its_ulysses_group():
+    s = LayerStrategy(ulysses=4, dp=2, sp="ulysses")
+    assert Layout.of(s) == Layout(tp=4, dp=2)
 
 
 def test_only_different_slices_need_a_relayout():
@@ -32,7 +37,7 @@ def test_only_different_slices_need_a_relayout():
     (dict(tp=8, global_batch=8), 8, r"tp\(8\) does not divide heads\(4\)"),
     (dict(dp=4, global_batch=6), 4, r"global_batch\(6\) is not divisible"),
     (dict(dp=2, pp=2, global_batch=8, micro_batches=1), 4, r"1f1b needs micro_batches\(1\) >= pp\(2\)"),
-    (dict(dp=2, global_batch=8), 4, r"tp\(1\)\*dp\(2\) = 2 != 4 GPUs per stage"),
+    (dict(dp=2, global_batch=8), 4, r"dp\(2\) \* tp\(1\) = 2 != 4 GPUs of stage 0"),
 ])
 def test_unrunnable_plans_are_rejected_with_the_reason(tiny_gpt, plan_kwargs, world, message):
     with pytest.raises(SpecError, match=message):

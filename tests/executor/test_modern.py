@@ -34,7 +34,7 @@ def plan(stage_layers, layers, **kwargs):
 
 
 INTERLEAVED_ULYSSES_VOCAB_TP = plan(
-    [2, 2], [L(tp=2, sp="ulysses", dp_type="zero1"), L(tp=2, sp="ulysses", recompute="selective"),
+    [2, 2], [L(ulysses=2, sp="ulysses", dp_type="zero1"), L(ulysses=2, sp="ulysses", recompute="selective"),
              L(dp=2, recompute="selective"), L(tp=2, sp="megatron", recompute="selective")],
     schedule="interleaved_1f1b", virtual_stages=2, vocab_tp=2, vocab_sp="megatron")
 """pp 2 x v 2 (chunks of one layer, round-robin), Ulysses with ZeRO-1 and with selective
@@ -42,7 +42,7 @@ recomputation, relayouts to dp and Megatron-SP, the tied vocabulary split over 2
 sequence split around it, on a 500-token vocabulary padded to 512 rows."""
 
 ULYSSES_VOCAB_ZERO3 = plan(
-    [4], [L(tp=2, dp=2, sp="ulysses", dp_type="zero3"), L(tp=4, sp="ulysses", recompute="selective"),
+    [4], [L(ulysses=2, dp=2, sp="ulysses", dp_type="zero3"), L(ulysses=4, sp="ulysses", recompute="selective"),
           L(tp=2, dp=2), L(dp=4, dp_type="zero2")], micro_batches=1, vocab_tp=2, vocab_sp="ulysses", vocab_zero3=True)
 """LLaMA (grouped-query heads repeated before the all-to-all), Ulysses of degree 2 and 4, with
 ZeRO-3 and beside TP, and the embedding/head Ulysses-split with ZeRO-3 over the whole stage."""
@@ -76,8 +76,8 @@ def test_each_vocabulary_split_on_4_ranks(name, kwargs):
                             schedule="interleaved_1f1b", virtual_stages=2)),
     ("interleaved pp4 v2", plan([2] * 4, [L()] * 8, global_batch=4, micro_batches=4,
                                 schedule="interleaved_1f1b", virtual_stages=2)),
-    ("ulysses alone", plan([4], [L(tp=4, sp="ulysses")] * 4, micro_batches=1)),
-    ("ulysses full recompute zero2", plan([4], [L(tp=2, dp=2, sp="ulysses", dp_type="zero2", recompute="full")] * 4)),
+    ("ulysses alone", plan([4], [L(ulysses=4, sp="ulysses")] * 4, micro_batches=1)),
+    ("ulysses full recompute zero2", plan([4], [L(ulysses=2, dp=2, sp="ulysses", dp_type="zero2", recompute="full")] * 4)),
 ])
 def test_more_modern_plans_on_4_ranks(tiny_gpt, name, p):
     model = tiny_gpt if len(p.layers) == 4 else dataclasses.replace(tiny_gpt, layers=tiny_gpt.layers * 2)
@@ -87,7 +87,7 @@ def test_more_modern_plans_on_4_ranks(tiny_gpt, name, p):
 @pytest.mark.slow
 def test_bert_vocabulary_split_with_transform_bias_and_token_types():
     bert = specs.load_model("tiny-bert")
-    assert_matches_reference(plan([2, 2], [L(dp=2), L(tp=2), L(tp=2, sp="ulysses"), L(dp=2)], vocab_tp=2,
+    assert_matches_reference(plan([2, 2], [L(dp=2), L(tp=2), L(ulysses=2, sp="ulysses"), L(dp=2)], vocab_tp=2,
                                   vocab_sp="megatron"), bert, 4)
 
 
@@ -104,7 +104,7 @@ def ulysses_without_transpose(rank, world_size, model, plan, cfg):
 
 
 def test_the_check_fails_on_ulysses_without_the_head_transpose(tiny_gpt):
-    m = run_plan(plan([4], [L(tp=2, sp="ulysses")] * 4, global_batch=2, micro_batches=1), tiny_gpt, world_size=2,
+    m = run_plan(plan([4], [L(ulysses=2, sp="ulysses")] * 4, global_batch=2, micro_batches=1), tiny_gpt, world_size=2,
                  steps=2, check=True, track_memory=False, timeout_s=120, rank_fn=ulysses_without_transpose)
     assert not m.check.passed and m.check.grad_max_abs_diff > 1e-4 and not m.check.state_bytes_errors
 
@@ -163,7 +163,7 @@ def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt
     """Per layer and micro-batch: q, k, v and the output go out (4) and their gradients come back
     (4); full recomputation re-runs the forward's 4, the selective policy keeps them."""
     from executor.launch import launch
-    p = plan([4], [L(tp=2, sp="ulysses", recompute=recompute)] * 4, global_batch=2, micro_batches=1)
+    p = plan([4], [L(ulysses=2, sp="ulysses", recompute=recompute)] * 4, global_batch=2, micro_batches=1)
     per_rank = launch(count_all_to_alls, 2, tiny_gpt, p, train.TrainConfig(steps=1, warmup=0, track_memory=False),
                       timeout_s=120)
     assert [r["all_to_alls"] for r in per_rank] == [4 * per_layer] * 2
@@ -173,7 +173,7 @@ def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt
 @pytest.mark.parametrize("name,p,message", [
     ("tiny-gpt", plan([4], [L(dp=4)] * 4, micro_batches=1, vocab_zero3=True),
      "vocab_zero3: vocab_zero3 with tied embeddings is not run"),
-    ("tiny-moe", plan([4], [L(tp=2, dp=2, sp="ulysses", expert_tp=2)] * 4, micro_batches=1),
+    ("tiny-moe", plan([4], [L(ulysses=2, dp=2, sp="ulysses", expert_tp=2)] * 4, micro_batches=1),
      "layer 0: sp ulysses on a MoE layer is not run"),
     ("vit-large-24", plan([24], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
      "vocab_tp: vocabulary parallelism needs a token embedding and an lm head, got patch embedding and classifier"),

@@ -34,7 +34,10 @@ class RandomCostModel(CostModel):
         self.runtime_overhead_bytes = 64 * KIB
 
     def _rng(self, *key) -> np.random.Generator:
-        return np.random.default_rng([self.seed, zlib.crc32(repr(key).encode())])
+        # the default Ulysses degree left out of the key: the instances stay those the tests' seeds
+        # were chosen on (before LayerStrategy had the field)
+        text = repr(key).replace(" ulysses=1,", "")
+        return np.random.default_rng([self.seed, zlib.crc32(text.encode())])
 
     def _ticks(self, rng, lo: int, hi: int) -> float:
         return int(rng.integers(lo, hi)) * TICK_S

@@ -53,9 +53,10 @@ def test_combos_respect_divisibility_and_1f1b():
 def test_galvatron2_and_full_presets_add_the_new_dimensions():
     g2 = SearchSpace.preset("galvatron2").stage_strategies(8)
     assert {s.sp for s in g2} == {"none", "megatron", "ulysses"} and {s.recompute for s in g2} == {"none", "full"}
-    assert all(s.sp == "none" for s in g2 if s.tp == 1)  # sp needs a tp group
+    assert all(s.sp == "none" for s in g2 if s.degrees.split == 1)  # sp needs a tp or Ulysses group
+    assert all(s.tp == 1 and s.ulysses > 1 for s in g2 if s.sp == "ulysses")  # Ulysses on its own axis
     # Ulysses shards states over its whole group: ZeRO with dp 1 is a choice there
-    assert any(s.ulysses and s.dp == 1 and s.dp_type == "zero3" for s in g2)
+    assert any(s.ulysses > 1 and s.dp == 1 and s.dp_type == "zero3" for s in g2)
     full = SearchSpace.preset("full")
     assert "selective" in {s.recompute for s in full.stage_strategies(8)}
     assert full.virtual_stages == (1, 2, 4)

@@ -13,9 +13,8 @@ from simulator import simulate
 from simulator.collectives import Fabric, LinkCalibration
 from simulator.network import Network
 from simulator.work import build_stages
-from specs import (ClusterSpec, GPUSpec, InterNodeLink, IntraNodeLink, LayerStrategy, layer_groups, model_from_dict,
+from specs import (ClusterSpec, GPUSpec, InterNodeLink, IntraNodeLink, LayerStrategy, layer_grid, model_from_dict,
                    uniform_plan)
-from specs.ranks import expert_groups
 from tests.simulator.handmade import HandCostModel, timeline
 
 
@@ -49,7 +48,7 @@ def test_one_all_to_all_alone_takes_the_nic_time():
     # k=1 sends 1->2 over node 0's NIC (1 stream: 1 GB at 1 GB/s = 1 s), k=2 sends 0->2 and 1->3
     # (2 streams: 2 s), k=3 sends 0->3 (1 s): 4 s = 4 GB through a 1 GB/s NIC, as the cost model says.
     cluster = two_by_two(nic_bytes_per_s=1e9, port_bytes_per_s=10e9)
-    groups = expert_groups(0, LayerStrategy(dp=4, ep=4)).ep
+    groups = layer_grid(0, LayerStrategy(dp=4, ep=4).degrees).groups("ep")
     assert groups == ((0, 1, 2, 3),)
     assert _play(cluster, ("a2a", "all_to_all", 4e9, groups)) == {"a2a": 4.0}
 
@@ -61,9 +60,9 @@ def test_dispatch_and_dp_all_reduce_sharing_a_nic_slow_each_other():
     # at 2 s with the all-reduce's first step, whose second step then runs alone: 3 s.
     cluster = two_by_two(nic_bytes_per_s=1e9, port_bytes_per_s=10e9)
     strategy = LayerStrategy(tp=2, dp=2, ep=2)
-    ep_group = expert_groups(0, strategy).ep[0]
-    dp_group = layer_groups(0, 2, 2)[1][1]
-    assert (ep_group, dp_group) == ((0, 2), [1, 3])
+    ep_group = layer_grid(0, strategy.degrees).groups("ep")[0]
+    dp_group = layer_grid(0, strategy.degrees).groups("dp")[1]
+    assert (ep_group, dp_group) == ((0, 2), (1, 3))
     a2a, ar = ("a2a", "all_to_all", 2e9, [ep_group]), ("ar", "all_reduce", 2e9, [dp_group])
     assert _play(cluster, a2a) == {"a2a": 1.0}
     assert _play(cluster, ar) == {"ar": 2.0}

@@ -234,7 +234,8 @@ def test_sequence_parallel_and_ulysses_collectives_on_the_tp_channel():
     cm = cost_models.get("analytical", cluster)
     names = {}
     for sp, recompute in (("none", "none"), ("megatron", "none"), ("ulysses", "none"), ("megatron", "full")):
-        plan = uniform_plan(1, tp=2, global_batch=2, sp=sp, recompute=recompute)
+        group = {"ulysses": 2} if sp == "ulysses" else {"tp": 2}  # a pair splits the layer either way
+        plan = uniform_plan(1, global_batch=2, sp=sp, recompute=recompute, **group)
         result = simulate(tiny_model(1, hidden=64, seq=8, heads=2), cluster, plan, cm, keep_spans=True)
         # (the embedding and head, data parallel over the pair, relayout to the tp 2 layer: "vocab tp")
         names[sp, recompute] = [n for n, _, _ in timeline(result, 0, "tp") if "vocab" not in n]

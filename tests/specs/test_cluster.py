@@ -4,7 +4,7 @@ import json
 import pytest
 
 import specs
-from specs import SpecError, layer_groups, load_cluster
+from specs import SpecError, load_cluster
 from specs.cluster import cluster_from_dict
 
 
@@ -36,13 +36,6 @@ def test_pcie_switch_uplink_is_shared():
     assert cluster.group_link(range(8)).bandwidth_gbytes_per_s == 5.0       # crosses the uplinks
     # two strided rings at once: each crosses the uplinks twice per direction
     assert cluster.ring_link([[0, 2, 4, 6], [1, 3, 5, 7]]).bandwidth_gbytes_per_s == 2.5
-
-
-def test_layer_groups_consecutive_and_strided():
-    tp, dp = layer_groups(8, tp=2, dp=4, tp_consecutive=True)
-    assert tp == [[8, 9], [10, 11], [12, 13], [14, 15]] and dp[0] == [8, 10, 12, 14]
-    tp, dp = layer_groups(0, tp=2, dp=4, tp_consecutive=False)
-    assert dp == [[0, 1, 2, 3], [4, 5, 6, 7]] and tp[0] == [0, 4]
 
 
 @pytest.mark.parametrize("mutate, field", [

@@ -46,7 +46,7 @@ def test_save_and_load(tmp_path):
     plan = uniform_plan(32, tp=2, dp=4, global_batch=32, micro_batches=2, model="bert-huge-32")
     plan.save(tmp_path / "p.json")
     assert Plan.load(tmp_path / "p.json") == plan
-    assert json.loads((tmp_path / "p.json").read_text())["version"] == 1
+    assert json.loads((tmp_path / "p.json").read_text())["version"] == 2
 
 
 def test_valid_plan_passes():
@@ -54,7 +54,7 @@ def test_valid_plan_passes():
 
 
 @pytest.mark.parametrize("plan, message", [
-    (uniform_plan(32, tp=4, dp=4, global_batch=32), r"layer 0: tp\(4\)\*dp\(4\) = 16 != 8 GPUs per stage"),
+    (uniform_plan(32, tp=4, dp=4, global_batch=32), r"layer 0: dp\(4\) \* tp\(4\) = 16 != 8 GPUs of stage 0"),
     (uniform_plan(32, tp=2, dp=4, global_batch=10, micro_batches=1),
      r"global_batch\(10\) is not divisible by dp\(4\)\*micro_batches\(1\) = 4"),
     (uniform_plan(32, tp=1, dp=2, pp=4, global_batch=16, micro_batches=2),
@@ -128,10 +128,12 @@ def galvatron_plans(draw, world: int = 8):
         tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if per_stage % t == 0]))
         dp = per_stage // tp
         sp = draw(st.sampled_from(["none", "ulysses"])) if tp > 1 else "none"
-        synced = dp > 1 or sp == "ulysses"  # Ulysses layers sync gradients over tp * dp ranks
+        synced = dp > 1 or sp == "ulysses"  # Ulysses layers sync gradients over ulysses * dp ranks
         dp_type = draw(st.sampled_from([default, "zero3"])) if synced else "ddp"
-        layers.append(LayerStrategy(tp=tp, dp=dp, dp_type=dp_type, recompute=draw(st.sampled_from(["none", "full"])),
-                                    tp_consecutive=draw(st.booleans()) if 1 < tp < per_stage else True, sp=sp))
+        split = {"tp": 1, "ulysses": tp} if sp == "ulysses" else {"tp": tp}  # a group of tp ranks either way
+        layers.append(LayerStrategy(dp=dp, dp_type=dp_type, recompute=draw(st.sampled_from(["none", "full"])),
+                                    tp_consecutive=draw(st.booleans()) if 1 < tp < per_stage else True, sp=sp,
+                                    **split))
     return Plan(pp=pp, stage_layers=tuple(b - a for a, b in zip(bounds, bounds[1:])), layers=tuple(layers),
                 global_batch=draw(st.integers(1, 512)), micro_batches=draw(st.integers(1, 16)),
                 schedule=draw(st.sampled_from(["gpipe", "1f1b"])), vocab_tp=draw(st.sampled_from([1, 2])),

@@ -5,7 +5,6 @@ from dataclasses import replace
 import pytest
 
 from specs import LayerStrategy, Plan, SpecError, load_cluster, load_model, plan_to_galvatron, uniform_plan
-from specs.ranks import expert_coords, expert_groups, expert_rank
 
 MOE = load_model("tiny-moe")      # 4 MoE layers, 8 experts, expert width 256
 DENSE = load_model("tiny-llama")
@@ -33,21 +32,7 @@ def test_expert_groups_follow_megatron_core():
     assert (s.etp, s.expert_dp) == (2, 1)          # etp defaults to tp: ep carved from dp
     s = LayerStrategy(tp=2, dp=4, ep=8, expert_tp=1, dp_type="zero3")
     assert (s.etp, s.expert_dp, s.expert_dp_kind) == (1, 1, "zero3")
-    assert LayerStrategy(tp=2, dp=2, sp="ulysses", ep=2).etp == 1   # Ulysses replicates weights
-
-
-def test_expert_ranks_follow_the_layer_layout_and_invert():
-    # strided tp 2 over dp 4: tp index t sits at t * 4 + dp index, dp index = d * ep + e
-    s = LayerStrategy(tp=2, dp=4, ep=2, tp_consecutive=False)
-    g = expert_groups(8, s)
-    assert g.etp == ((8, 12), (9, 13), (10, 14), (11, 15))
-    assert g.ep == ((8, 9), (12, 13), (10, 11), (14, 15))
-    assert g.edp == ((8, 10), (12, 14), (9, 11), (13, 15))
-    # whole experts (etp 1) under tp 2: Megatron-Core's expert order over the stage
-    assert expert_groups(0, LayerStrategy(tp=2, dp=4, ep=4, expert_tp=1)).ep == ((0, 1, 2, 3), (4, 5, 6, 7))
-    for strategy in (s, LayerStrategy(tp=2, dp=4, ep=2), LayerStrategy(tp=2, dp=4, ep=8, expert_tp=1)):
-        for local in range(8):
-            assert expert_rank(0, strategy, *reversed(expert_coords(strategy, local))) == local
+    assert LayerStrategy(ulysses=2, dp=2, sp="ulysses", ep=2).etp == 1   # Ulysses replicates weights
 
 
 def test_valid_expert_plan_passes():

@@ -45,7 +45,7 @@ def test_bad_enum_values_name_the_field():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(tp=8, dp=1, sp="ulysses", global_batch=8), "layer 0: ulysses degree 8 does not divide heads 12"),
+    (dict(ulysses=8, dp=1, sp="ulysses", global_batch=8), "layer 0: ulysses degree 8 does not divide heads 12"),
     (dict(tp=1, dp=8, sp="megatron", global_batch=8), r"layer 0: sp megatron needs tp > 1 \(tp is 1\)"),
     (dict(tp=4, dp=1, pp=2, schedule="interleaved_1f1b", virtual_stages=2, global_batch=8, micro_batches=4),
      None),  # valid: 30 layers, pp 2 * v 2 does not divide -> below
@@ -101,9 +101,9 @@ def test_vocabulary_is_padded_so_any_stage_divisor_shards_it():
 
 
 def test_ulysses_can_shard_states_over_its_whole_group():
-    s = LayerStrategy(tp=8, dp=1, sp="ulysses", dp_type="zero3")
-    assert (s.weight_tp, s.grad_dp) == (1, 8)
-    uniform_plan(32, tp=8, dp=1, sp="ulysses", dp_type="zero3", global_batch=8).validate(
+    s = LayerStrategy(ulysses=8, dp=1, sp="ulysses", dp_type="zero3")
+    assert (s.tp, s.degrees.grad_sync) == (1, 8)
+    uniform_plan(32, ulysses=8, dp=1, sp="ulysses", dp_type="zero3", global_batch=8).validate(
         load_model("llama2-7b"), load_cluster("dgx-a100-80g"))
 
 
@@ -113,7 +113,7 @@ def test_galvatron_sp_fields_import_and_export():
            "default_dp_type": "zero2"}
     plan = plan_from_galvatron(raw, world_size=8)
     a, b = plan.layers
-    assert (a.tp, a.dp, a.sp, a.dp_type, a.recompute) == (4, 2, "ulysses", "zero3", "none")
+    assert (a.tp, a.ulysses, a.dp, a.sp, a.dp_type, a.recompute) == (1, 4, 2, "ulysses", "zero3", "none")
     assert (b.tp, b.dp, b.sp, b.dp_type, b.recompute) == (2, 4, "none", "zero2", "full")
     assert (plan.vocab_tp, plan.vocab_sp, plan.vocab_zero3) == (2, "ulysses", True)
     out = plan_to_galvatron(plan)

@@ -1,0 +1,139 @@
+"""Degrees: the named parallel axes of one layer (or of the embedding/head) on its pipeline stage,
+and the one invariant they obey (their product is the stage's GPUs)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from specs.errors import SpecError, one_of, positive_int
+
+DENSE_AXES = ("tp", "cp", "ulysses", "dp")
+"""The axes that split a stage's ranks, in the documented order: tensor (the weights), context
+(the sequence, ring attention; always 1 for now), Ulysses (the sequence, head-split all-to-alls),
+data (replicas). With consecutive tp the first axis varies fastest over the ranks (Megatron-Core's
+tp-cp-dp order); strided tp moves dp to the front (specs.grid)."""
+
+SPLIT_AXES = ("tp", "cp", "ulysses")
+"""The axes that split one data-parallel replica's work (Ulysses' all-to-all group, tp's group)."""
+
+GRAD_SYNC_AXES = ("cp", "ulysses", "dp")
+"""The axes of the ranks holding the same weight shard: the gradient-sync and ZeRO group."""
+
+EXPERT_AXES = ("etp", "ep", "edp")
+"""A MoE layer's expert view over the same ranks: expert tensor, expert, expert data parallel."""
+
+
+class DPType(StrEnum):
+    """How a data-parallel group holds the model states (the JSON value is the lower-case name)."""
+
+    DDP = "ddp"
+    """Full replicas; gradients all-reduced."""
+    ZERO1 = "zero1"
+    """Optimizer states sharded (Megatron/DeepSpeed distributed optimizer)."""
+    ZERO2 = "zero2"
+    """ZeRO-1 plus gradients sharded."""
+    ZERO3 = "zero3"
+    """ZeRO-2 plus parameters sharded (FSDP)."""
+
+
+class SequenceParallel(StrEnum):
+    """Sequence parallelism of a layer."""
+
+    NONE = "none"
+    """Tokens replicated over the tp group."""
+    MEGATRON = "megatron"
+    """Megatron-SP over the tp group: norms and dropouts split along the sequence; the
+    all-reduces become reduce-scatter + all-gather (needs tp > 1)."""
+    ULYSSES = "ulysses"
+    """DeepSpeed-Ulysses over its own axis (degree ``ulysses``): the group splits the sequence,
+    the weights stay whole (synchronised over ulysses * dp); all-to-alls switch to a head split
+    around the attention core (needs the degree to divide heads and seq)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Degrees:
+    """The parallel degrees of one layer on its stage, by axis name. Built by
+    ``LayerStrategy.degrees`` and ``Plan.vocab_degrees``; consumers ask it for group sizes
+    instead of multiplying fields themselves."""
+
+    dp: int = 1
+    """Data-parallel replicas."""
+    dp_type: DPType = DPType.DDP
+    """How the gradient-sync group holds the model states (its ZeRO stage)."""
+    tp: int = 1
+    """Tensor parallel: the degree the weights are split by."""
+    tp_consecutive: bool = True
+    """The tp/cp/ulysses group on neighbouring ranks (True) or strided across the stage."""
+    sp: SequenceParallel = SequenceParallel.NONE
+    """Sequence-parallel kind: none, megatron (over tp), ulysses (over its own axis)."""
+    ulysses: int = 1
+    """DeepSpeed-Ulysses degree (1 unless sp is ulysses)."""
+    cp: int = 1
+    """Context-parallel degree (ring attention): part of every product, always 1 for now."""
+    ep: int = 1
+    """Expert parallel: ranks the routed experts are split over (a view over the same ranks)."""
+    etp: int = 1
+    """Tensor-parallel degree of each expert's MLP (resolved: never 0)."""
+    edp_type: DPType = DPType.DDP
+    """How the expert data-parallel group holds the expert states."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "ulysses", "cp", "ep", "etp"):
+            positive_int(getattr(self, name), name)
+        for name, kind in (("dp_type", DPType), ("sp", SequenceParallel), ("edp_type", DPType)):
+            object.__setattr__(self, name, kind(one_of(getattr(self, name), tuple(kind), name)))
+
+    def __hash__(self) -> int:  # keys the grid cache, asked for thousands of times
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.dp, self.dp_type, self.tp, self.tp_consecutive, self.sp, self.ulysses,
+                           self.cp, self.ep, self.etp, self.edp_type))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:  # the cached hash is per process (str hashes are salted)
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    @property
+    def gpus(self) -> int:
+        """Ranks the layer spans: dp * tp * cp * ulysses."""
+        return self.dp * self.split
+
+    @property
+    def split(self) -> int:
+        """Ranks that split one data-parallel replica's work: tp * cp * ulysses (each computes
+        1 / split of the replica's FLOPs)."""
+        return self.tp * self.cp * self.ulysses
+
+    @property
+    def seq_split(self) -> int:
+        """Degree the activations between blocks are split by along the sequence (Megatron-SP
+        over tp, Ulysses over its degree, cp over its own); 1 when tokens are whole."""
+        tp = self.tp if self.sp == SequenceParallel.MEGATRON else 1
+        return tp * self.cp * self.ulysses
+
+    @property
+    def grad_sync(self) -> int:
+        """Ranks holding the same weight shard (the gradient-sync and ZeRO group):
+        dp * cp * ulysses."""
+        return self.dp * self.cp * self.ulysses
+
+    @property
+    def grad_sync_axes(self) -> tuple[str, ...]:
+        """The axes of the gradient-sync group, for ``RankGrid.groups``."""
+        return GRAD_SYNC_AXES
+
+    @property
+    def edp(self) -> int:
+        """Ranks holding the same expert shard: gpus / (ep * etp)."""
+        return self.gpus // (self.ep * self.etp)
+
+    def factors(self) -> str:
+        """``dp(2) * tp(4) * ulysses(2)``: dp and tp always, cp and ulysses when > 1."""
+        named = [("dp", self.dp), ("tp", self.tp), ("cp", self.cp), ("ulysses", self.ulysses)]
+        return " * ".join(f"{n}({v})" for n, v in named if v > 1 or n in ("dp", "tp"))
+
+    def check(self, gpus: int, where: str, stage: int) -> None:
+        """The invariant, checked here only: the degrees multiply to the stage's GPUs."""
+        if self.gpus != gpus:
+            raise SpecError(where, f"{self.factors()} = {self.gpus} != {gpus} GPUs of stage {stage}")
