@@ -516,7 +516,7 @@ def _time_twins(stages: list[StageTables]) -> list[int]:
     out: list[int] = []
     for k, st in enumerate(stages):
         out.append(next(j for j in range(k + 1) if all(
-            np.array_equal(getattr(stages[j], f), getattr(st, f)) for f in ("time_s", "tail_s", "trans_s"))))
+            np.array_equal(getattr(stages[j], f), getattr(st, f), equal_nan=True) for f in ("time_s", "tail_s", "trans_s"))))
     return out
 
 

@@ -20,6 +20,7 @@ from simulator.trace import resource_name, write_trace
 from simulator.work import build_stages
 from simulator.worker import Worker, WorkerConfig
 from specs import ClusterSpec, ModelSpec, Plan
+from specs.limits import made_time
 from specs.units import GIB
 
 
@@ -114,7 +115,7 @@ def _result(plan: Plan, cluster: ClusterSpec, workers: list[list[Worker]], netwo
             env: CountingEnvironment, capacity: float, recorder: Recorder, full: bool,
             exact: set | None) -> SimResult:
     flat = [w for ws in workers for w in ws]
-    total = max(w.end_s for w in flat)
+    total = made_time(max(w.end_s for w in flat), "iteration_time_s", "the simulated iteration time")
     per_rank = {}
     for w in flat:
         for r in ((w.rank,) if full else w.work.ranks):

@@ -30,5 +30,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any, *, indent: int | None = 1,
                       sort_keys: bool = False) -> None:
-    """Write ``obj`` as JSON (ending in a newline) atomically; see atomic_write_text."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
+    """Write ``obj`` as JSON (ending in a newline) atomically; see atomic_write_text. NaN and
+    infinities are refused (ValueError): JSON has none, and readers would take them as garbage."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n")

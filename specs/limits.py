@@ -5,6 +5,8 @@ typo (``num_layers: 10**12``) fails in milliseconds instead of growing memory wi
 """
 from __future__ import annotations
 
+import math
+
 from specs.errors import SpecError
 
 MAX_FILE_BYTES = 16 * 1024**2
@@ -31,6 +33,11 @@ MAX_MICRO_BATCHES = 4_096
 pipelines use 4-8x pp of them (a few hundred at most)."""
 MAX_GLOBAL_BATCH = 1 << 24
 """Samples per iteration: 16 M samples is ~4,000 times the batch of GPT-3 (3.2 M tokens at 2,048)."""
+MAX_UNIT_TIME_S = 1e6
+"""Time of one unit of work made from one input number (moving 1 GB over a link or through
+memory, one hop's latency, 1 TFLOP at peak, one profiled sample or million parameters): over
+11 days is a typo or a number like 5e-324. Every count of units is bounded by the limits here
+(below 1e30), so every time the models add up stays finite."""
 MAX_WIDTH = 1 << 24
 """Any width or length of a layer (hidden, heads, FFN, sequence, vocabulary, image): 16 M is
 ~200x the largest published values (vocabularies of 256 K, contexts of 1 M tokens)."""
@@ -41,3 +48,22 @@ def at_most(value: int, limit: int, field: str, reason: str) -> int:
     if value > limit:
         raise SpecError(field, f"{value} exceeds the limit of {limit:,} ({reason})")
     return value
+
+
+def unit_time(seconds: float, field: str, value: float, work: str) -> float:
+    """``seconds``, the time ``field`` = ``value`` gives to one unit of ``work``, unless it is not
+    finite, negative or past MAX_UNIT_TIME_S; then a SpecError naming the field and that time."""
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_UNIT_TIME_S):
+        raise SpecError(field, f"{value!r} makes {work} take {seconds:.3g} s (must be finite, >= 0 and "
+                               f"at most {MAX_UNIT_TIME_S:.0e} s per unit of work)")
+    return seconds
+
+
+def made_time(seconds: float, field: str, what: str) -> float:
+    """``seconds``, a time the models made (``what``), unless it is not finite or negative: the
+    last guard behind unit_time, for a number no input check saw (a SpecError, never a record
+    with an infinite time or a NaN share)."""
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise SpecError(field, f"{what} came out as {seconds!r} s: an input number (cluster, calibration "
+                               "or profile) makes times that are not finite")
+    return seconds

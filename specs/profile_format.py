@@ -14,6 +14,7 @@ from specs.errors import SpecError, load_json_with
 from specs.files import atomic_write_json
 from specs.model import LayerSpec
 from specs.schema import ProfileFile, check
+from specs.limits import unit_time
 
 FORMAT = "hybridpar-profile"
 VERSION = 1
@@ -31,7 +32,19 @@ def _number(value: Any, where: str, minimum: float = 0.0, strict: bool = True) -
     if not ok or value == float("inf") or value < minimum or (strict and value == minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise ProfileError(where, f"must be a finite number {bound}, got {value!r}")
+    _unit_time(float(value), where)
     return float(value)
+
+
+def _unit_time(value: float, where: str) -> None:
+    """The time a profile number gives to one unit of work is finite and bounded (specs.limits)."""
+    if "gbytes_per_s" in where:
+        unit_time(1 / value if value else 0.0, where, value, "moving 1 GB")
+    elif "_ms" in where:
+        unit_time(value * 1e-3, where, value, "one unit (a sample, or a million parameters)")
+    elif "_us" in where or where == "overlap_coefficient":
+        unit_time(value * (1e-6 if "_us" in where else 1.0), where, value, "one collective's fixed cost"
+                  if "_us" in where else "1 s of overlapped work")
 
 
 def _check_group_keys(table: Mapping[str, float], where: str) -> None:
