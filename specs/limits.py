@@ -41,6 +41,44 @@ memory, one hop's latency, 1 TFLOP at peak, one profiled sample or million param
 MAX_WIDTH = 1 << 24
 """Any width or length of a layer (hidden, heads, FFN, sequence, vocabulary, image): 16 M is
 ~200x the largest published values (vocabularies of 256 K, contexts of 1 M tokens)."""
+MAX_EXPERTS = 1 << 16
+"""Routed experts of one MoE layer: published models have up to 384; expert parallelism places
+each expert on a rank, and 65,536 is MAX_GPUS."""
+
+COUNT_LIMITS: dict[str, tuple[int, str]] = {
+    "num_layers": (MAX_LAYERS, "planners keep per-layer tables"),
+    "num_hidden_layers": (MAX_LAYERS, "planners keep per-layer tables"),
+    "num_decoder_layers": (MAX_LAYERS, "planners keep per-layer tables"),
+    "num_experts": (MAX_EXPERTS, "one expert per rank at most MAX_GPUS"),
+    "num_local_experts": (MAX_EXPERTS, "one expert per rank at most MAX_GPUS"),
+    "n_routed_experts": (MAX_EXPERTS, "one expert per rank at most MAX_GPUS"),
+    "num_shared_experts": (MAX_EXPERTS, "one expert per rank at most MAX_GPUS"),
+    "n_shared_experts": (MAX_EXPERTS, "one expert per rank at most MAX_GPUS"),
+    "top_k": (MAX_EXPERTS, "at most the experts"),
+    "num_experts_per_tok": (MAX_EXPERTS, "at most the experts"),
+}
+"""The one table of limits on integer fields (of model files, Hugging Face configs and the
+layer dataclasses), by field name; every other width, length or count is at most MAX_WIDTH."""
+
+
+def limit_of(field: str) -> tuple[int, str]:
+    """(limit, reason) for an integer field named ``field`` (its last dotted part)."""
+    return COUNT_LIMITS.get(field.rsplit(".", 1)[-1], (MAX_WIDTH, "200x the largest published widths"))
+
+
+def within_limit(value: int, field: str) -> int:
+    """``value`` unless it exceeds the table's limit for ``field`` (COUNT_LIMITS, else MAX_WIDTH)."""
+    limit, reason = limit_of(field)
+    return at_most(value, limit, field, reason)
+
+
+def check_int_fields(obj: object, prefix: str = "") -> None:
+    """Every integer field of the dataclass ``obj`` within its limit (``within_limit``)."""
+    import dataclasses
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            within_limit(value, prefix + f.name)
 
 
 def at_most(value: int, limit: int, field: str, reason: str) -> int:
