@@ -375,6 +375,9 @@ class Plan:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Plan":
+        if isinstance(raw, dict) and "tp_sizes_enc" in raw and "layers" not in raw:
+            raise SpecError("(top level)", "this is a Galvatron plan file (pp_deg, tp_sizes_enc, ...), not a hybridpar "
+                            "plan; convert it: specs.load_galvatron_plan(path, world_size=N).save('plan.json')")
         check(PlanFile, raw)
         version = raw.get("version", PLAN_VERSION)
         if version != PLAN_VERSION:

@@ -162,3 +162,10 @@ def test_the_limits_come_from_one_table():
     assert limit_of("moe.num_experts")[0] == limit_of("n_routed_experts")[0] == MAX_EXPERTS
     err = _error(lambda: MoESpec(num_experts=MAX_EXPERTS + 1, top_k=1, expert_ffn_hidden_size=8))
     assert err.field == "moe.num_experts"
+
+
+def test_a_galvatron_plan_where_a_plan_is_expected_names_the_converter():
+    from specs import Plan
+    path = next(GALVATRON.glob("galvatron_config_*.json"))
+    err = _error(lambda: Plan.load(path))
+    assert "Galvatron plan file" in err.message and "load_galvatron_plan" in err.message
