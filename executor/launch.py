@@ -6,7 +6,6 @@ to a file). Ranks die with their launcher (parent-death signal plus a watchdog o
 """
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import json
 import math
@@ -24,6 +23,8 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
+
+from specs.processes import die_with_parent
 
 LOOPBACK = "127.0.0.1"
 BEAT_S = 0.5
@@ -270,22 +271,6 @@ class _Channel:
             self.conn.send_bytes(data)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this rank when the launcher dies (Linux prctl), and a watchdog where that is missing."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
-
-
 def _where(stack: traceback.StackSummary) -> str:
     """One line: where a stack is (the collective it waits in, and our innermost frame)."""
     dist = [f for f in stack if "torch/distributed" in f.filename]
@@ -315,7 +300,7 @@ def _heartbeat(channel: _Channel, stop: threading.Event) -> None:
 
 def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: Any, args: tuple) -> None:
     global _CHANNEL
-    _die_with_parent(setup.parent_pid)
+    die_with_parent(setup.parent_pid)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
     dump = open(setup.dump_path, "w")
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
