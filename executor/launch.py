@@ -12,6 +12,7 @@ import math
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
@@ -48,7 +49,8 @@ class LaunchError(RuntimeError):
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 300.0,
            threads_per_rank: int = 1, backend: str = "gloo", heartbeat_timeout_s: float = 30.0,
-           progress_path: str | Path | None = None, start_timeout_s: float = 600.0) -> list[Any]:
+           progress_path: str | Path | None = None, start_timeout_s: float = 600.0,
+           stacks_dir: str | Path | None = None) -> list[Any]:
     """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; their results by rank.
 
     ``fn`` and ``args`` must pickle (module-level functions). With backend="nccl" rank r uses
@@ -57,7 +59,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
     that (a rank that dies meanwhile is named at once), and ``timeout_s`` counts from when
     every rank has started. A rank silent for ``heartbeat_timeout_s`` (stopped,
     or stuck holding the GIL) is named at once; records a rank passes to ``progress()`` are
-    appended to ``progress_path`` (JSON lines) as they arrive.
+    appended to ``progress_path`` (JSON lines) as they arrive; a launcher that cannot write
+    there ends the run with its own LaunchError. The ranks' full stacks at a failure go to a
+    temporary folder that is always removed, after a copy to ``stacks_dir`` when given.
     """
     _check_args(world_size, timeout_s, heartbeat_timeout_s, start_timeout_s)
     # The parent only opens the listening socket; rank 0 serves the store on it.
@@ -79,13 +83,13 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
             send.close()
             procs.append(p)
             conns.append(recv)
-        monitor = _Monitor(procs, conns, timeout_s, heartbeat_timeout_s, progress_path, dump_dir, start_timeout_s)
-        results = monitor.run()
-        _remove(dump_dir)
-        return results
+        monitor = _Monitor(procs, conns, timeout_s, heartbeat_timeout_s, progress_path, dump_dir, start_timeout_s,
+                           stacks_dir)
+        return monitor.run()
     finally:
         _kill_all(procs)
         listener.close()
+        _keep_and_remove(dump_dir, stacks_dir)
 
 
 def progress(record: dict[str, Any]) -> None:
@@ -114,12 +118,14 @@ class _Monitor:
     """The launcher's side: results, heartbeats, deaths, the deadline, and the root cause."""
 
     def __init__(self, procs: list, conns: list, timeout_s: float, heartbeat_timeout_s: float,
-                 progress_path: str | Path | None, dump_dir: Path, start_timeout_s: float) -> None:
+                 progress_path: str | Path | None, dump_dir: Path, start_timeout_s: float,
+                 stacks_dir: str | Path | None = None) -> None:
         self.procs, self.conns = procs, conns
         self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
         self.start_timeout_s = start_timeout_s
         self.progress_path = Path(progress_path) if progress_path else None
         self.dump_dir = dump_dir
+        self.stacks_dir = stacks_dir
         self.results: dict[int, Any] = {}
         self.where: dict[int, str] = {r: "starting" for r in range(len(procs))}
         self.last_beat: dict[int, float] = {}
@@ -161,11 +167,15 @@ class _Monitor:
 
     def _drain(self, rank: int) -> None:
         conn = self.conns[rank]
-        try:
-            while rank in self.open and conn.poll():
-                self._handle(rank, pickle.loads(conn.recv_bytes()))
-        except (EOFError, OSError):
-            self.open.discard(rank)
+        while rank in self.open:
+            try:  # only the pipe's own errors mean the rank closed it; _handle's are the launcher's
+                if not conn.poll():
+                    return
+                message = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                self.open.discard(rank)
+                return
+            self._handle(rank, message)
 
     def _handle(self, rank: int, message: tuple) -> None:
         kind = message[0]
@@ -182,9 +192,13 @@ class _Monitor:
 
     def _append_progress(self, rank: int, record: Any) -> None:
         if self.progress_path is not None:
-            with open(self.progress_path, "a", encoding="utf-8") as out:
-                out.write(json.dumps({"rank": rank, **record}, default=str) + "\n")
-                out.flush()
+            try:
+                with open(self.progress_path, "a", encoding="utf-8") as out:
+                    out.write(json.dumps({"rank": rank, **record}, default=str) + "\n")
+                    out.flush()
+            except OSError as err:
+                raise LaunchError(None, f"launcher: cannot write the progress file {self.progress_path}: "
+                                        f"{err.strerror or err}") from None
 
     def _check_silence(self, now: float) -> None:
         for rank, beat in self.last_beat.items():
@@ -217,7 +231,7 @@ class _Monitor:
             if r != rank:  # a symptom: where it was, then how it failed
                 where[r] = f"{where[r]}; then {text[:120]}"
         dumps = sorted(self.dump_dir.glob("rank*.txt"))
-        note = f" (full stacks: {self.dump_dir})" if any(p.stat().st_size for p in dumps) else ""
+        note = f" (full stacks: {self.stacks_dir})" if self.stacks_dir and any(p.stat().st_size for p in dumps) else ""
         raise LaunchError(rank, message + note, where)
 
 
@@ -252,10 +266,13 @@ def _kill_all(procs: list) -> None:
         p.join(timeout=5)
 
 
-def _remove(folder: Path) -> None:
-    for path in folder.glob("*"):
-        path.unlink(missing_ok=True)
-    folder.rmdir()
+def _keep_and_remove(folder: Path, keep_in: str | Path | None) -> None:
+    """Copy the non-empty stack dumps of ``folder`` to ``keep_in`` (when given), then remove it."""
+    if keep_in is not None and any(p.stat().st_size for p in folder.glob("rank*.txt")):
+        Path(keep_in).mkdir(parents=True, exist_ok=True)
+        for path in folder.glob("rank*.txt"):
+            shutil.copyfile(path, Path(keep_in) / path.name)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- the rank's side ------------------------------------------------------------------------------------
