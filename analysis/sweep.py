@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -15,7 +14,7 @@ from tqdm.auto import tqdm
 
 from analysis.results import ResultStore, RunRecord, cell_key
 from planners.cells import check_ray, ray_map
-from specs.processes import worker_pool
+from specs.processes import completed, worker_pool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,8 +95,8 @@ def _run_locked(store: ResultStore, experiment: str, cells: Sequence[Mapping[str
             with worker_pool(workers) as pool:
                 futures = {pool.submit(fn, **params): i for i, params in enumerate(todo)}
                 try:
-                    for future in as_completed(futures):
-                        finished(futures[future], future.result())
+                    for i, result in completed(futures):
+                        finished(i, result)
                 except BaseException:
                     pool.shutdown(cancel_futures=True)
                     raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -16,7 +15,7 @@ from planners.records import add_evaluation, mark_ties, record
 from planners.registry import DEFAULT_PLANNERS, get
 from planners.report import save_plan, write_tables
 from specs import SpecError, load_cluster, load_model
-from specs.processes import worker_pool
+from specs.processes import completed, worker_pool
 
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
@@ -99,8 +98,8 @@ def run(grid: Grid) -> list[dict[str, Any]]:
     else:
         with worker_pool(grid.workers) as pool:
             futures = {pool.submit(run_cell, grid, b, n): i for i, (b, n) in enumerate(cells)}
-            for fut in as_completed(futures):
-                finished(futures[fut], fut.result())
+            for i, rec in completed(futures):
+                finished(i, rec)
     if bar is not None:
         bar.close()
     records = [done[i] for i in range(len(cells))]

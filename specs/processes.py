@@ -7,7 +7,9 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Iterator
 
 WATCH_S = 1.0
 """How often the watchdog looks at the parent: a child outlives it by at most this."""
@@ -39,3 +41,18 @@ def _alive(pid: int) -> bool:
 def worker_pool(workers: int) -> ProcessPoolExecutor:
     """A local process pool whose workers die with this process (a SIGKILLed sweep leaves none)."""
     return ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),))
+
+
+class WorkerDied(RuntimeError):
+    """A pool worker died (killed, out of memory) before returning its result."""
+
+
+def completed(futures: dict[Future, Any]) -> Iterator[tuple[Any, Any]]:
+    """(futures[f], f.result()) as each future completes; a dead worker is one WorkerDied line
+    (not BrokenProcessPool's traceback)."""
+    try:
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+    except BrokenProcessPool:
+        raise WorkerDied("a pool worker died before returning its cell (killed, or out of memory); "
+                         "the cells finished before it are kept") from None
