@@ -227,11 +227,14 @@ def _resume_identity(tmp: Path) -> bool:
         subprocess.run([sys.executable, *COMPARE, "--workers", "2", "--out", str(tmp / name)], env=_env(tmp),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=900)
     a, b = tmp / "out", tmp / "clean"
-    files = sorted(str(p.relative_to(a)) for p in a.rglob("*")) == sorted(str(p.relative_to(b)) for p in b.rglob("*"))
+    names = [sorted(str(p.relative_to(x)) for p in x.rglob("*")) for x in (a, b)]
+    if names[0] != names[1]:
+        print(f"  resume: files differ: {sorted(set(names[0]) ^ set(names[1]))[:4]}", file=sys.stderr)
+        return False
     plans = all((a / "plans" / p.name).read_bytes() == p.read_bytes() for p in (b / "plans").glob("*"))
     strip = lambda path: [{k: v for k, v in r.items() if k != "search_time_s"}  # noqa: E731
                           for r in json.loads(path.read_text())]
-    return files and plans and strip(a / "results.json") == strip(b / "results.json")
+    return plans and strip(a / "results.json") == strip(b / "results.json")
 
 
 def table(rows: list[dict[str, Any]]) -> str:

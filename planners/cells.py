@@ -15,6 +15,7 @@ from planners.records import add_evaluation, mark_ties, record
 from planners.registry import DEFAULT_PLANNERS, get
 from planners.report import save_plan, write_tables
 from specs import SpecError, load_cluster, load_model
+from specs.files import remove_stale_temporaries
 from specs.processes import completed, worker_pool
 
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
@@ -77,6 +78,9 @@ def run(grid: Grid) -> list[dict[str, Any]]:
     model, so its tables are shared by the cells it runs), with ``grid.ray_address`` as Ray tasks
     (``ray_map``); records keep the serial order."""
     cm = _context(grid)[2]
+    if grid.out:  # what a killed run of this folder left half-written
+        for folder in (Path(grid.out), Path(grid.out) / "plans"):
+            remove_stale_temporaries(folder)
     cells = [(b, n) for b in grid.budgets for n in grid.planners]
     done: dict[int, dict[str, Any]] = {}
     bar = _progress(len(cells), grid.progress)
