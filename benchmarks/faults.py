@@ -136,8 +136,15 @@ def launcher_fault(sig: signal.Signals) -> dict[str, Any]:
             cause += f"; ranks gone: {not any(map(_alive, pids))}"
         else:
             cause = f"stopped 5 s, continued: {cause}"
+        left = _left(pids)
+        files = _files_left(tmp, ["progress.jsonl"])
+        if files:  # a SIGKILLed launcher cannot clean up: the next launch removes its folder
+            subprocess.run([sys.executable, "-c", "from executor.launch import _remove_orphaned_dump_dirs as r; r()"],
+                           env=_env(tmp), check=True)
+            cause += "; its temp folder removed by the next launch"
+            files = _files_left(tmp, ["progress.jsonl"])
         return {"fault": f"{sig.name} launcher", "time_to_end_s": ended - start, "cause": cause,
-                "left": _left(pids), "files_left": _files_left(tmp, ["progress.jsonl"])}
+                "left": left, "files_left": files}
 
 
 def _continue(pid: int) -> None:

@@ -69,7 +69,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
     listener.bind((LOOPBACK, 0))
     listener.listen(128)
     ctx = mp.get_context("spawn")
-    dump_dir = Path(tempfile.mkdtemp(prefix="hybridpar-launch-"))
+    _remove_orphaned_dump_dirs()
+    dump_dir = Path(tempfile.mkdtemp(prefix=f"hybridpar-launch-{os.getpid()}-"))
     procs, conns = [], []
     try:
         for rank in range(world_size):
@@ -264,6 +265,15 @@ def _kill_all(procs: list) -> None:
                 pass
     for p in procs:
         p.join(timeout=5)
+
+
+def _remove_orphaned_dump_dirs() -> None:
+    """Remove the dump folders of launchers that were killed (SIGKILL leaves no time to clean up):
+    their names carry the launcher's pid, and that pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob("hybridpar-launch-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _keep_and_remove(folder: Path, keep_in: str | Path | None) -> None:

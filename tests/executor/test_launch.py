@@ -273,3 +273,15 @@ def test_a_failed_run_leaves_no_folder_unless_asked(tmp_path, own_tmp):
         launch(_hang_on_one, 2, timeout_s=5, stacks_dir=tmp_path / "stacks")
     assert _launch_folders() == before
     assert any(p.stat().st_size for p in (tmp_path / "stacks").glob("rank*.txt"))
+
+
+def test_the_next_launch_removes_the_folder_of_a_killed_launcher(own_tmp):
+    import tempfile
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = Path(tempfile.gettempdir()) / f"hybridpar-launch-{int(dead.stdout)}-x1"
+    orphan.mkdir()
+    (orphan / "rank0.txt").write_text("stacks")
+    live = Path(tempfile.gettempdir()) / f"hybridpar-launch-{os.getpid()}-x2"
+    live.mkdir()
+    assert launch(_sum_ranks, 2, timeout_s=60) == [(0, 1.0), (1, 1.0)]
+    assert not orphan.exists() and live.exists()  # a running launcher's folder is its own
