@@ -26,8 +26,10 @@ MAX_NODES = 4_096
 MAX_GPUS_PER_NODE = 64
 """GPUs in one node: today's servers hold 8 (16 in a few); 64 covers rack-scale NVLink domains."""
 MAX_GPUS = 65_536
-"""World size: 4x the largest published runs (16,384 H100s for Llama 3 405B); the simulator
-plays every rank with --full, so the world size bounds its event count."""
+"""World size: 4x the largest published runs (16,384 H100s for Llama 3 405B). The simulator
+plays one rank per group of symmetric ranks (every rank with --full, which this bounds): a
+data-parallel iteration of tiny-gpt over 65,536 GPUs takes about 40 s of one core's CPU time
+(its collectives' work grows linearly with the ranks of a group)."""
 MAX_MICRO_BATCHES = 4_096
 """Micro-batches of one iteration: the simulator and the executor play each one per stage;
 pipelines use 4-8x pp of them (a few hundred at most)."""
