@@ -36,7 +36,9 @@ def save(fig, out: Path, name: str, data: pd.DataFrame | None = None) -> list[Pa
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     for path in paths:
-        fig.savefig(path, dpi=200 if path.suffix == ".png" else None, bbox_inches="tight")
+        # no creation date in the PDF: the same results give the same bytes
+        fig.savefig(path, dpi=200 if path.suffix == ".png" else None, bbox_inches="tight",
+                    metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
     if data is not None:
         paths.append(out / f"{name}.csv")
         data.to_csv(paths[-1], index=False)

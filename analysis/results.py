@@ -23,7 +23,6 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from specs.cli import finite
 from specs.files import atomic_write_text
 
 TABLE_NAME = "results.jsonl"
@@ -64,6 +63,14 @@ def check_params(params: Mapping[str, Any]) -> None:
     for name, value in params.items():
         if not isinstance(value, SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError(f"params[{name!r}]: must be a finite JSON scalar, got {value!r}")
+
+
+def _explicit(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics for a row: a NaN or infinite one (JSON has none) becomes null, and the row
+    says so in ``non_finite`` ({name: "inf" | "-inf" | "nan"}): never a silent null."""
+    bad = {k: str(v) for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+    out = {k: (None if k in bad else v) for k, v in metrics.items()}
+    return {**out, "non_finite": bad} if bad else out
 
 
 def cell_key(experiment: str, params: Mapping[str, Any]) -> str:
@@ -182,7 +189,7 @@ class ResultStore:
                   command: str = "") -> dict[str, Any]:
         """Write the run folder, then append its row; returns the row."""
         key = cell_key(experiment, params)
-        row = {"experiment": experiment, **params, **finite(dict(record.metrics)),
+        row = {"experiment": experiment, **params, **_explicit(record.metrics),
                "run_id": run_id(experiment, params), "key": key,
                "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         self._write_folder(self.run_dir(experiment, params), params, record, command, row)

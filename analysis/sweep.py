@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -15,6 +14,7 @@ from tqdm.auto import tqdm
 
 from analysis.results import ResultStore, RunRecord, cell_key
 from runners.cells import check_ray, ray_map
+from specs.processes import completed, worker_pool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,9 +54,10 @@ def run_sweep(store: ResultStore, experiment: str, cells: Sequence[Mapping[str, 
     One sweep per results folder at a time: a second one waits for the lock (or, with
     wait=False, raises StoreBusy), then skips what the first finished. What a killed sweep
     left half-written is removed first. ``workers`` > 1 runs the cells in a local process pool
-    (``fn`` must pickle: a module-level function); this process writes each record as it
-    arrives, so the store holds the same rows as after a serial run, and a failing cell stops
-    the sweep with every finished cell kept. ``ray_address`` runs each cell as a Ray task on that
+    (``fn`` must pickle: a module-level function; the workers die with this process); this
+    process writes the records in the cells' order (a record waits for those before it), so the
+    store holds the same rows in the same order as after a serial run, and a failing cell stops
+    the sweep with every record before it kept. ``ray_address`` runs each cell as a Ray task on that
     cluster instead ('auto', 'ray://host:10001', ...; 'local' starts a Ray instance here with
     ``workers`` CPUs), recorded the same way; it needs the optional extra ``.[ray]`` and
     hybridpar (and ``fn``'s module) importable on every node."""
@@ -84,21 +85,36 @@ def _run_locked(store: ResultStore, experiment: str, cells: Sequence[Mapping[str
             bar.set_postfix_str(_short(params), refresh=False)
             bar.update(1)
 
+        finished = _in_order(lambda i, result: record(todo[i], result))
         if ray_address is not None:
-            ray_map(fn, todo, ray_address, workers, lambda i, result: record(todo[i], result))
+            ray_map(fn, todo, ray_address, workers, finished)
         elif workers == 1:
             for params in todo:
                 record(params, fn(**params))
         else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(fn, **params): params for params in todo}
+            with worker_pool(workers) as pool:
+                futures = {pool.submit(fn, **params): i for i, params in enumerate(todo)}
                 try:
-                    for future in as_completed(futures):
-                        record(futures[future], future.result())
+                    for i, result in completed(futures):
+                        finished(i, result)
                 except BaseException:
                     pool.shutdown(cancel_futures=True)
                     raise
     return SweepReport(experiment=experiment, total=len(cells), skipped=skipped, ran=len(todo))
+
+
+def _in_order(record: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """``record`` called in index order whatever order the results come in: result i waits
+    for results 0..i-1, so the store's rows come in the cells' order, as after a serial run."""
+    ready: dict[int, Any] = {}
+    next_index = [0]
+
+    def finished(i: int, result: Any) -> None:
+        ready[i] = result
+        while next_index[0] in ready:
+            record(next_index[0], ready.pop(next_index[0]))
+            next_index[0] += 1
+    return finished
 
 
 def _short(params: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks import fuzz_classes
 from benchmarks.fuzz_mutations import Format, Mutant, mutate
 from specs import SpecError
 from specs.cli import ArgumentParser, count
@@ -261,6 +262,7 @@ TARGETS: dict[str, Callable[[dict, Path, random.Random], Case]] = {
     "load_calibration": reader_calibration, "load_profile": reader_profile,
     "load_galvatron_plan": reader_galvatron_plan, "galvatron profile dir": reader_galvatron_dir,
     "simulator.run": cli_simulator, "planners.compare": cli_compare, "executor.run": cli_executor,
+    **fuzz_classes.TARGETS,
 }
 WEIGHTS = {"executor.run": 0.1}
 """executor.run trains for real when its input is valid: a tenth of the share of the others."""

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from specs import SpecError
 from specs.errors import read_json
 from specs.files import atomic_write_json
+from specs.limits import unit_time
 from specs.schema import CalibrationFile, check
 from specs.units import MIB
 
@@ -100,6 +101,12 @@ class AnalyticalConstants:
             raise SpecError("constants.dp_overlap_fraction", f"must be in [0, 1], got {self.dp_overlap_fraction!r}")
         if self.overlap_coefficient < 1:
             raise SpecError("constants.overlap_coefficient", f"must be >= 1, got {self.overlap_coefficient!r}")
+        for f in fields(self):
+            if f.name not in SIGNED:
+                value = getattr(self, f.name)
+                scale, work = _UNIT_WORK.get(f.name, (1.0, "its unit"))
+                unit_time(scale / value if f.name.endswith("efficiency") else value * scale,
+                          f"constants.{f.name}", value, work)
 
     def with_values(self, values: Mapping[str, float]) -> "AnalyticalConstants":
         """A copy with some fields replaced; unknown names are an error."""
@@ -111,6 +118,17 @@ class AnalyticalConstants:
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+_UNIT_WORK = {"gemm_efficiency_max": (1.0, "1 s of peak-rate work"), "memory_efficiency": (1.0, "1 s of peak-rate work"),
+              "bus_efficiency": (1.0, "1 s of link-rate work"), "network_efficiency": (1.0, "1 s of link-rate work"),
+              "p2p_efficiency": (1.0, "1 s of link-rate work"), "dp_overlap_fraction": (1.0, "1 s of overlap"),
+              "gemm_half_efficiency_flops": (1e-15, "a GEMM's fixed cost at 1 PFLOP/s"),
+              "optimizer_bytes_per_param": (1e-6, "1 M parameters' optimizer step at 1 TB/s"),
+              "dp_bucket_bytes": (1e-12, "a bucket at 1 TB/s"), "step_latency_factor": (1e-6, "a 1 us hop"),
+              "network_step_latency_factor": (1e-6, "a 1 us hop"), "overlap_coefficient": (1.0, "1 s of work")}
+"""(scale, unit of work) per constant: the time it gives to one unit (specs.limits.unit_time);
+the efficiencies divide (a unit of work takes scale / efficiency), the others multiply."""
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import numpy as np
 from specs.profile_format import LayerProfile, LayerSignature, Profile, ProfileError, VocabProfile
 from specs import ClusterSpec, LayerSpec, SpecError
 from specs.errors import read_json
-from specs.schema import check_number_tree
+from specs.schema import check_galvatron_file
 from specs.units import MIB
 
 FP32_BYTES = 4
@@ -40,12 +40,14 @@ class GalvatronProfile:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """A profile file checked against its structure (specs.schema.check_galvatron_file)."""
+    kind = next(p.split("*")[0].rstrip("_") for p in PROFILE_FILES if path.match(p))
     try:
         raw = read_json(path)
-        check_number_tree(raw)
+        check_galvatron_file(kind, raw)
         return raw
     except SpecError as err:
-        raise ProfileError(err.field, err.message, err.source) from None
+        raise ProfileError(err.field, err.message, err.source or str(path)) from None
 
 
 def _one(folder: Path, pattern: str) -> Path:
@@ -73,6 +75,10 @@ def _layer_forward_ms(computation: dict[str, float]) -> tuple[dict[int, float], 
     for (n, b), ms in runs.items():
         if n == high and (low, b) in runs:
             per_layer = (ms - runs[(low, b)]) / (high - low)
+            if per_layer <= 0:  # the difference of the two runs is the layers' time
+                raise ProfileError(f"computation_profiling.layernum[{high}]_bsz{b}",
+                                   f"{ms:g} ms is not more than layernum[{low}]'s {runs[(low, b)]:g} ms at batch "
+                                   f"{b}: a layer would take {per_layer:.3g} ms")
             layer[b] = per_layer
             other[b] = max(runs[(low, b)] - low * per_layer, 1e-6)
     return dict(sorted(layer.items())), dict(sorted(other.items())), seq
@@ -86,7 +92,11 @@ def read_galvatron_dir(folder: str | Path, cluster: ClusterSpec, layer: LayerSpe
     for pattern in PROFILE_FILES:  # every profile file valid, also those this cluster skips
         for path in sorted(folder.glob(pattern)):
             _read(path)
-    fwd, other, seq = _layer_forward_ms(_read(_one(folder, "computation_profiling_*.json")))
+    computation = _one(folder, "computation_profiling_*.json")
+    try:
+        fwd, other, seq = _layer_forward_ms(_read(computation))
+    except SpecError as err:
+        raise err.with_source(str(computation)) from None
     memory = _read(_one(folder, "memory_profiling_*.json"))
     layer_mem = _pick_seq(memory.get("layertype_0_sp") or memory.get("layertype_0"), "layertype_0_sp", seq)
     params = float(layer_mem["parameter_size"]) * MIB / FP32_BYTES

@@ -12,7 +12,7 @@ import numpy as np
 
 from specs import SpecError
 from specs.errors import read_json
-from specs.schema import check_number_tree
+from specs.schema import check_galvatron_file
 
 MIB = 1024**2
 KEY = re.compile(r"^(all2all|allreduce)_size_(\d+)_(\d+)MB_time$")
@@ -49,10 +49,8 @@ class SpTimeTable:
 def read_sp_time(path: str | Path) -> SpTimeTable:
     """Parse one sp_time file; a key of another shape is a one-line SpecError."""
     raw = read_json(path)
-    if not isinstance(raw, dict):
-        raise SpecError("sp_time", f"{path}: expected a JSON object")
     try:
-        check_number_tree(raw)  # every time a finite number >= 0, before any float() below
+        check_galvatron_file("sp_time", raw)  # every time a finite number >= 0, before any float() below
     except SpecError as err:
         raise err.with_source(str(path)) from None
     collected: dict[tuple[str, int], list[tuple[float, float]]] = {}

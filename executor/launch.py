@@ -6,13 +6,13 @@ to a file). Ranks die with their launcher (parent-death signal plus a watchdog o
 """
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import json
 import math
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
@@ -24,6 +24,8 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
+
+from specs.processes import die_with_parent
 
 LOOPBACK = "127.0.0.1"
 BEAT_S = 0.5
@@ -47,7 +49,8 @@ class LaunchError(RuntimeError):
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 300.0,
            threads_per_rank: int = 1, backend: str = "gloo", heartbeat_timeout_s: float = 30.0,
-           progress_path: str | Path | None = None, start_timeout_s: float = 600.0) -> list[Any]:
+           progress_path: str | Path | None = None, start_timeout_s: float = 600.0,
+           stacks_dir: str | Path | None = None) -> list[Any]:
     """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; their results by rank.
 
     ``fn`` and ``args`` must pickle (module-level functions). With backend="nccl" rank r uses
@@ -56,7 +59,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
     that (a rank that dies meanwhile is named at once), and ``timeout_s`` counts from when
     every rank has started. A rank silent for ``heartbeat_timeout_s`` (stopped,
     or stuck holding the GIL) is named at once; records a rank passes to ``progress()`` are
-    appended to ``progress_path`` (JSON lines) as they arrive.
+    appended to ``progress_path`` (JSON lines) as they arrive; a launcher that cannot write
+    there ends the run with its own LaunchError. The ranks' full stacks at a failure go to a
+    temporary folder that is always removed, after a copy to ``stacks_dir`` when given.
     """
     _check_args(world_size, timeout_s, heartbeat_timeout_s, start_timeout_s)
     # The parent only opens the listening socket; rank 0 serves the store on it.
@@ -64,7 +69,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
     listener.bind((LOOPBACK, 0))
     listener.listen(128)
     ctx = mp.get_context("spawn")
-    dump_dir = Path(tempfile.mkdtemp(prefix="hybridpar-launch-"))
+    _remove_orphaned_dump_dirs()
+    dump_dir = Path(tempfile.mkdtemp(prefix=f"hybridpar-launch-{os.getpid()}-"))
     procs, conns = [], []
     try:
         for rank in range(world_size):
@@ -78,13 +84,13 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
             send.close()
             procs.append(p)
             conns.append(recv)
-        monitor = _Monitor(procs, conns, timeout_s, heartbeat_timeout_s, progress_path, dump_dir, start_timeout_s)
-        results = monitor.run()
-        _remove(dump_dir)
-        return results
+        monitor = _Monitor(procs, conns, timeout_s, heartbeat_timeout_s, progress_path, dump_dir, start_timeout_s,
+                           stacks_dir)
+        return monitor.run()
     finally:
         _kill_all(procs)
         listener.close()
+        _keep_and_remove(dump_dir, stacks_dir)
 
 
 def progress(record: dict[str, Any]) -> None:
@@ -113,12 +119,14 @@ class _Monitor:
     """The launcher's side: results, heartbeats, deaths, the deadline, and the root cause."""
 
     def __init__(self, procs: list, conns: list, timeout_s: float, heartbeat_timeout_s: float,
-                 progress_path: str | Path | None, dump_dir: Path, start_timeout_s: float) -> None:
+                 progress_path: str | Path | None, dump_dir: Path, start_timeout_s: float,
+                 stacks_dir: str | Path | None = None) -> None:
         self.procs, self.conns = procs, conns
         self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
         self.start_timeout_s = start_timeout_s
         self.progress_path = Path(progress_path) if progress_path else None
         self.dump_dir = dump_dir
+        self.stacks_dir = stacks_dir
         self.results: dict[int, Any] = {}
         self.where: dict[int, str] = {r: "starting" for r in range(len(procs))}
         self.last_beat: dict[int, float] = {}
@@ -160,11 +168,15 @@ class _Monitor:
 
     def _drain(self, rank: int) -> None:
         conn = self.conns[rank]
-        try:
-            while rank in self.open and conn.poll():
-                self._handle(rank, pickle.loads(conn.recv_bytes()))
-        except (EOFError, OSError):
-            self.open.discard(rank)
+        while rank in self.open:
+            try:  # only the pipe's own errors mean the rank closed it; _handle's are the launcher's
+                if not conn.poll():
+                    return
+                message = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                self.open.discard(rank)
+                return
+            self._handle(rank, message)
 
     def _handle(self, rank: int, message: tuple) -> None:
         kind = message[0]
@@ -181,9 +193,13 @@ class _Monitor:
 
     def _append_progress(self, rank: int, record: Any) -> None:
         if self.progress_path is not None:
-            with open(self.progress_path, "a", encoding="utf-8") as out:
-                out.write(json.dumps({"rank": rank, **record}, default=str) + "\n")
-                out.flush()
+            try:
+                with open(self.progress_path, "a", encoding="utf-8") as out:
+                    out.write(json.dumps({"rank": rank, **record}, default=str) + "\n")
+                    out.flush()
+            except OSError as err:
+                raise LaunchError(None, f"launcher: cannot write the progress file {self.progress_path}: "
+                                        f"{err.strerror or err}") from None
 
     def _check_silence(self, now: float) -> None:
         for rank, beat in self.last_beat.items():
@@ -216,7 +232,7 @@ class _Monitor:
             if r != rank:  # a symptom: where it was, then how it failed
                 where[r] = f"{where[r]}; then {text[:120]}"
         dumps = sorted(self.dump_dir.glob("rank*.txt"))
-        note = f" (full stacks: {self.dump_dir})" if any(p.stat().st_size for p in dumps) else ""
+        note = f" (full stacks: {self.stacks_dir})" if self.stacks_dir and any(p.stat().st_size for p in dumps) else ""
         raise LaunchError(rank, message + note, where)
 
 
@@ -251,10 +267,22 @@ def _kill_all(procs: list) -> None:
         p.join(timeout=5)
 
 
-def _remove(folder: Path) -> None:
-    for path in folder.glob("*"):
-        path.unlink(missing_ok=True)
-    folder.rmdir()
+def _remove_orphaned_dump_dirs() -> None:
+    """Remove the dump folders of launchers that were killed (SIGKILL leaves no time to clean up):
+    their names carry the launcher's pid, and that pid is gone."""
+    for folder in Path(tempfile.gettempdir()).glob("hybridpar-launch-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _keep_and_remove(folder: Path, keep_in: str | Path | None) -> None:
+    """Copy the non-empty stack dumps of ``folder`` to ``keep_in`` (when given), then remove it."""
+    if keep_in is not None and any(p.stat().st_size for p in folder.glob("rank*.txt")):
+        Path(keep_in).mkdir(parents=True, exist_ok=True)
+        for path in folder.glob("rank*.txt"):
+            shutil.copyfile(path, Path(keep_in) / path.name)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- the rank's side ------------------------------------------------------------------------------------
@@ -268,22 +296,6 @@ class _Channel:
         data = pickle.dumps(message)  # plain pickle: no shared-memory tensors that die with us
         with self.lock:
             self.conn.send_bytes(data)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this rank when the launcher dies (Linux prctl), and a watchdog where that is missing."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
 def _where(stack: traceback.StackSummary) -> str:
@@ -315,7 +327,7 @@ def _heartbeat(channel: _Channel, stop: threading.Event) -> None:
 
 def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: Any, args: tuple) -> None:
     global _CHANNEL
-    _die_with_parent(setup.parent_pid)
+    die_with_parent(setup.parent_pid)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
     dump = open(setup.dump_path, "w")
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)

@@ -64,18 +64,20 @@ def scaled_model(model: ModelSpec, scale: str | None) -> ModelSpec:
 def run_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None, steps: int = 4,
              warmup: int = 1, check: bool = False, seed: int = 0, timeout_s: float = 300.0,
              track_memory: bool = True, bf16: bool = False, device: str = "cpu",
-             check_atol: float | None = None, progress_path: str | None = None, rank_fn=worker) -> Measurement:
+             check_atol: float | None = None, progress_path: str | None = None, rank_fn=worker,
+             stacks_dir: str | None = None) -> Measurement:
     """Run ``plan`` on ``world_size`` local processes (default: the plan's pp * stage width;
     device "cuda": rank r on GPU r, NCCL) and measure it; ``check`` also compares with a
     one-process CPU reference (tolerance ``check_atol``, default by precision). ``rank_fn``
     is what each rank runs (tests pass deliberately broken variants of ``worker``);
-    ``progress_path``: each rank's finished steps, as they finish."""
+    ``progress_path``: each rank's finished steps, as they finish; ``stacks_dir``: where every
+    rank's full stacks are kept when the run fails (none kept without it)."""
     world_size = world_size or plan.pp * plan.layers[0].gpus
     check_runnable(model, plan, world_size)
     cfg = TrainConfig(steps=steps, warmup=0 if check else warmup, seed=seed, check=check,
                       track_memory=track_memory, bf16=bf16, device=device)
     per_rank = launch(rank_fn, world_size, model, plan, cfg, timeout_s=timeout_s, progress_path=progress_path,
-                      backend="nccl" if device.startswith("cuda") else "gloo")
+                      backend="nccl" if device.startswith("cuda") else "gloo", stacks_dir=stacks_dir)
     return _measurement(model, plan, world_size, per_rank, cfg, check_atol)
 
 
@@ -173,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"--check tolerance (default {CHECK_ATOL:g} fp32, {CHECK_ATOL_BF16:g} bf16)")
     parser.add_argument("--json", action="store_true", help="print the Measurement as JSON")
     parser.add_argument("--progress", metavar="FILE", help="append each rank's finished steps here (JSON lines)")
+    parser.add_argument("--stacks", metavar="DIR", help="when a run fails, keep every rank's full stacks in this "
+                        "folder (without it no file is left behind)")
     args = parser.parse_args(argv)
     output_file(args.progress, "--progress")
     plan, model = load_inputs(args)
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         m = run_plan(plan, model, world_size=args.world_size, steps=args.steps, check=args.check,
                      timeout_s=args.timeout, bf16=args.bf16, device=device, check_atol=args.check_atol,
-                     progress_path=args.progress)
+                     progress_path=args.progress, stacks_dir=args.stacks)
         print(why, file=sys.stderr)  # after the run: a refused plan stays a one-line error
     print(json.dumps(m.to_dict(), indent=1) if args.json else format_measurement(m))
     return 0 if m.check is None or m.check.passed else 1

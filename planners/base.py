@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from cost_models import CostModel
 from specs import ClusterSpec, ModelSpec, Plan, SpecError
+from specs.limits import made_time
 from specs.units import GIB
 
 DEFAULT_GLOBAL_BATCH = 32
@@ -146,6 +147,7 @@ def scored_result(name: str, cost_model: CostModel, model: ModelSpec, plan: Plan
                   stats: SearchStats, top_k: tuple[RankedPlan, ...] = (), message: str = "") -> PlanResult:
     """A feasible PlanResult whose numbers come from ``plan_cost`` (the single source of truth)."""
     cost = cost_model.plan_cost(model, plan)
+    made_time(cost.iteration_time_s, "iteration_time_s", f"{name}'s plan's iteration time")
     stage = tuple(b / GIB for b in cost.stage_peak_bytes)
     return PlanResult(planner=name, feasible=True, plan=plan, iteration_time_s=cost.iteration_time_s,
                       throughput_samples_per_s=cost.throughput_samples_per_s,

@@ -356,7 +356,7 @@ class GroupDP:
         memory ignored (memory-blind passes only). pp = 1: m * min (T + D/m), the optimum itself.
         pp > 1: max_k D_k >= sum_k D_k / pp, so the objective is at least the least
         sum_k (T_k + D_k / pp) over partitions plus (m - 1) x the least bottleneck. Memory-blind,
-        so computed once per group and vocab choice for every budget (ComboTables.shared)."""
+        so computed once per group and vocab choice of a search (ComboTables.shared)."""
         key = ("relaxed_objective", v, self.even)
         if key not in self.t.shared:
             self.t.shared[key] = self._relaxed_objective(v)
@@ -379,7 +379,7 @@ class GroupDP:
     def any_vocab_floor(self, incumbent_s: float | None = None, tails: bool = True) -> float:
         """A lower bound for every vocab choice at once: ``relaxed_objective`` with each stage's
         embedding/head at its least over the choices (the bound only grows with them: times,
-        tails and memory fall, the memory caps rise), kept for every budget (ComboTables.shared);
+        tails and memory fall, the memory caps rise), kept for the search (ComboTables.shared);
         with ``incumbent_s``, ``lower_bound`` (the Lagrangian too). One computation can then rule
         the whole group out."""
         least = [_least_vocab([costs[k] for costs in self.t.vocab.values()]) for k in range(self.t.combo.pp)]
@@ -518,7 +518,7 @@ def _time_twins(stages: list[StageTables]) -> list[int]:
     out: list[int] = []
     for k, st in enumerate(stages):
         out.append(next(j for j in range(k + 1) if all(
-            np.array_equal(getattr(stages[j], f), getattr(st, f)) for f in ("time_s", "tail_s", "trans_s"))))
+            np.array_equal(getattr(stages[j], f), getattr(st, f), equal_nan=True) for f in ("time_s", "tail_s", "trans_s"))))
     return out
 
 

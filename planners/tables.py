@@ -108,8 +108,11 @@ class ComboTables:
     overhead_bytes: float = 0.0
     """The cost model's runtime overhead (already taken off budget_bytes)."""
     shared: dict = field(default_factory=dict, compare=False, repr=False)
-    """Answers that do not depend on the budget (memory-blind bounds), computed once and seen by
-    every budget's copy of these tables (``replace`` keeps the same dict)."""
+    """Answers that do not depend on the budget (memory-blind bounds), computed once per search
+    (one budget) and seen by every GroupDP over these tables (``replace`` keeps the same dict).
+    Not kept across searches: a search's work (states_explored) then does not depend on which
+    searches ran before in the same process, so a sweep's records are the same with any number
+    of workers."""
 
     def plan(self, choice: list[int], stage_layers: list[int], vocab: VocabChoice, meta: dict) -> Plan:
         """The Plan that picks strategy index ``choice[l]`` for layer l and ``vocab`` for the
@@ -133,12 +136,13 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s
     (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``. The
     tables do not depend on the budget: built once per cost model and shared by every budget
-    and planner of a run (planners read them, never write them)."""
+    and planner of a run (planners read them, never write them); each call gets its own
+    ``shared`` memo (ComboTables.shared)."""
     key = ("tables", model, combo, tuple(vocab_tps), space)
     cache = memo(cost_model)
     if key not in cache:
         cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space)
-    return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes)
+    return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes, shared={})
 
 
 def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],

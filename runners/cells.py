@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -16,6 +15,8 @@ from runners.records import add_evaluation, mark_ties, record
 from planners.registry import DEFAULT_PLANNERS, get
 from runners.report import save_plan, write_tables
 from specs import SpecError, load_cluster, load_model
+from specs.files import remove_stale_temporaries
+from specs.processes import completed, worker_pool
 
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
@@ -77,6 +78,9 @@ def run(grid: Grid) -> list[dict[str, Any]]:
     model, so its tables are shared by the cells it runs), with ``grid.ray_address`` as Ray tasks
     (``ray_map``); records keep the serial order."""
     cm = _context(grid)[2]
+    if grid.out:  # what a killed run of this folder left half-written
+        for folder in (Path(grid.out), Path(grid.out) / "plans"):
+            remove_stale_temporaries(folder)
     cells = [(b, n) for b in grid.budgets for n in grid.planners]
     done: dict[int, dict[str, Any]] = {}
     bar = _progress(len(cells), grid.progress)
@@ -96,10 +100,10 @@ def run(grid: Grid) -> list[dict[str, Any]]:
         for i, (budget, name) in enumerate(cells):
             finished(i, run_cell(grid, budget, name))
     else:
-        with ProcessPoolExecutor(max_workers=grid.workers) as pool:
+        with worker_pool(grid.workers) as pool:
             futures = {pool.submit(run_cell, grid, b, n): i for i, (b, n) in enumerate(cells)}
-            for fut in as_completed(futures):
-                finished(futures[fut], fut.result())
+            for i, rec in completed(futures):
+                finished(i, rec)
     if bar is not None:
         bar.close()
     records = [done[i] for i in range(len(cells))]

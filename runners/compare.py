@@ -17,6 +17,7 @@ from runners.report import table
 from specs import SpecError, cluster_names, model_names
 from specs.cli import ArgumentParser, count, dumps, number, output_dir
 from specs.errors import one_line_errors
+from specs.processes import WorkerDied
 from specs.limits import MAX_GLOBAL_BATCH
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options"]
@@ -134,7 +135,7 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
                 progress=not args.no_progress, workers=args.workers, ray_address=args.ray)
 
 
-@one_line_errors()
+@one_line_errors(WorkerDied)
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:

@@ -35,12 +35,13 @@ def _row(r: dict[str, Any], evaluator: str | None) -> list:
 
 
 def save_plan(out: Path, name: str, budget: Budget, result: PlanResult) -> str:
-    """``out/plans/<planner>_<GiB>gib.json``; its path, for the record's plan_file."""
+    """``out/plans/<planner>_<GiB>gib.json``; its path relative to ``out``, for the record's
+    plan_file (so that the results files do not depend on where ``out`` is)."""
     folder = out / "plans"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}_{budget.memory_gib:g}gib.json"
     result.plan.save(path)
-    return str(path)
+    return str(path.relative_to(out))
 
 
 def write_tables(out: Path, records: list[dict[str, Any]]) -> None:

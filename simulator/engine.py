@@ -22,6 +22,7 @@ from simulator.worker import Worker, WorkerConfig
 from specs import ClusterSpec, ModelSpec, Plan
 from specs.capabilities import Capabilities, check_supported
 from specs.schedules import REGISTRY
+from specs.limits import made_time
 from specs.units import GIB
 
 
@@ -121,7 +122,7 @@ def _result(plan: Plan, cluster: ClusterSpec, workers: list[list[Worker]], netwo
             env: CountingEnvironment, capacity: float, recorder: Recorder, full: bool,
             exact: set | None) -> SimResult:
     flat = [w for ws in workers for w in ws]
-    total = max(w.end_s for w in flat)
+    total = made_time(max(w.end_s for w in flat), "iteration_time_s", "the simulated iteration time")
     per_rank = {}
     for w in flat:
         for r in ((w.rank,) if full else w.work.ranks):

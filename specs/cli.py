@@ -85,19 +85,21 @@ def output_dir(path: str | Path | None, field: str) -> None:
         raise SpecError(field, f"folder {path} is not writable")
 
 
-def finite(obj: Any) -> Any:
-    """``obj`` with every NaN or infinite float replaced by None (JSON has no such numbers)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+def finite(obj: Any, field: str = "") -> Any:
+    """``obj``, checked to hold no NaN or infinite float (JSON has none): such a number is a
+    ValueError naming where it is, never written as null or 0.0 (a "not known" is None at its
+    source)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ValueError(f"{field or '(top level)'}: {obj!r} cannot be written as JSON")
     if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
+        return {k: finite(v, f"{field}.{k}".lstrip(".")) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
+        return [finite(v, f"{field}[{i}]") for i, v in enumerate(obj)]
     return obj
 
 
 def dumps(obj: Any, **kwargs: Any) -> str:
-    """json.dumps of ``finite(obj)``; allow_nan=False proves nothing non-finite slipped through."""
+    """json.dumps of ``obj`` after ``finite`` checked it: no NaN or infinity is written."""
     return json.dumps(finite(obj), allow_nan=False, **kwargs)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from specs.errors import SpecError, check_fields, one_of, positive_int, positive_number, require
-from specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, at_most
+from specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, at_most, unit_time
 from specs.schema import ClusterFile, check
 
 INTRA_KINDS = ("nvswitch", "nvlink", "pcie", "shm")
@@ -37,6 +37,8 @@ class GPUSpec:
     def __post_init__(self) -> None:
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbytes_per_s"):
             positive_number(getattr(self, name), f"gpu.{name}")
+        unit_time(1 / self.peak_tflops, "gpu.peak_tflops", self.peak_tflops, "1 TFLOP")
+        _link_times(self.memory_bandwidth_gbytes_per_s, 0.0, "gpu.memory_bandwidth_gbytes_per_s", "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,10 +60,13 @@ class IntraNodeLink:
         one_of(self.kind, INTRA_KINDS, "intra_node.kind")
         positive_number(self.bandwidth_gbytes_per_s, "intra_node.bandwidth_gbytes_per_s")
         positive_number(self.latency_us, "intra_node.latency_us", allow_zero=True)
+        _link_times(self.bandwidth_gbytes_per_s, self.latency_us, "intra_node.bandwidth_gbytes_per_s",
+                    "intra_node.latency_us")
         if self.gpus_per_switch != 0:  # 0: no switch level
             positive_int(self.gpus_per_switch, "intra_node.gpus_per_switch")
         if self.kind == "pcie" and self.gpus_per_switch:
             positive_number(self.switch_uplink_gbytes_per_s, "intra_node.switch_uplink_gbytes_per_s")
+            _link_times(self.switch_uplink_gbytes_per_s, 0.0, "intra_node.switch_uplink_gbytes_per_s", "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +82,15 @@ class InterNodeLink:
         positive_int(self.nics_per_node, "inter_node.nics_per_node")
         positive_number(self.nic_bandwidth_gbytes_per_s, "inter_node.nic_bandwidth_gbytes_per_s")
         positive_number(self.latency_us, "inter_node.latency_us", allow_zero=True)
+        _link_times(self.nic_bandwidth_gbytes_per_s, self.latency_us, "inter_node.nic_bandwidth_gbytes_per_s",
+                    "inter_node.latency_us")
+
+
+def _link_times(gbytes_per_s: float, latency_us: float, bandwidth_field: str, latency_field: str) -> None:
+    """The times a link's numbers make are finite and bounded (specs.limits.unit_time)."""
+    unit_time(1 / gbytes_per_s, bandwidth_field, gbytes_per_s, "moving 1 GB")
+    if latency_field:
+        unit_time(latency_us * 1e-6, latency_field, latency_us, "one hop")
 
 
 @dataclass(frozen=True)

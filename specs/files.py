@@ -30,5 +30,29 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any, *, indent: int | None = 1,
                       sort_keys: bool = False) -> None:
-    """Write ``obj`` as JSON (ending in a newline) atomically; see atomic_write_text."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
+    """Write ``obj`` as JSON (ending in a newline) atomically; see atomic_write_text. NaN and
+    infinities are refused (ValueError): JSON has none, and readers would take them as garbage."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n")
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the temporary files atomic_write_text left in ``folder`` (not below) when its
+    writer was killed mid-write (their writer's pid is no longer alive); the paths removed."""
+    removed = []
+    for path in Path(folder).glob(".*.tmp"):
+        parts = path.name.split(".")
+        pid = int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else None
+        if pid is not None and not _alive(pid):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specs.errors import SpecError, load_json_with, positive_int
+from specs.limits import within_limit
 from specs.hf_decoders import DECODER_BUILDERS
 from specs.schema import ModelConfigFile, check
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
@@ -28,7 +29,7 @@ class _Config:
     def int(self, *keys: str, default: int | None = None) -> int:
         for key in keys:
             if key in self.raw and self.raw[key] is not None:
-                return positive_int(self.raw[key], key)
+                return within_limit(positive_int(self.raw[key], key), key)
         if default is None:
             raise SpecError(keys[0], "missing (required for this model_type)")
         return default
@@ -40,7 +41,7 @@ class _Config:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(key, f"must be an integer >= 0, got {value!r}")
-        return value
+        return within_limit(value, key)
 
     def seq_len(self, *keys: str) -> int:
         """The training sequence length: seq_length, else the first of ``keys`` (default

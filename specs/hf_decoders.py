@@ -49,8 +49,13 @@ def _expert_layer(c: Config, i: int) -> bool:
 def _qwen_dense(c: Config, i: int) -> bool:
     """Qwen MoE: a layer is dense if listed in mlp_only_layers or off the decoder_sparse_step."""
     only = c.get("mlp_only_layers", [])
+    layers = c.int("num_hidden_layers")
     if not isinstance(only, list):
         raise SpecError("mlp_only_layers", f"must be a list of layer indices, got {only!r}")
+    for j, index in enumerate(only):
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < layers:
+            raise SpecError(f"mlp_only_layers[{j}]", f"must be a layer index in [0, {layers}) "
+                            f"(num_hidden_layers {layers}), got {index!r}")
     return i in only or (i + 1) % c.int("decoder_sparse_step", default=1) != 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specs.errors import SpecError, positive_int, positive_number, require
+from specs.limits import check_int_fields
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,7 @@ class MoESpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise SpecError(f"moe.{name}", f"must be an integer >= 0, got {value!r}")
         positive_number(self.capacity_factor, "moe.capacity_factor", allow_zero=True)
+        check_int_fields(self, "moe.")
 
     @property
     def shared_ffn_hidden_size(self) -> int:
@@ -100,6 +102,7 @@ class MLASpec:
             positive_int(getattr(self, name), f"mla.{name}")
         if isinstance(self.q_lora_rank, bool) or not isinstance(self.q_lora_rank, int) or self.q_lora_rank < 0:
             raise SpecError("mla.q_lora_rank", f"must be an integer >= 0, got {self.q_lora_rank!r}")
+        check_int_fields(self, "mla.")
 
     @property
     def qk_head_dim(self) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from specs.errors import SpecError, one_of, positive_int, require
 from specs.layer_parts import MLASpec, MoESpec
-from specs.limits import MAX_LAYERS, at_most
+from specs.limits import MAX_LAYERS, at_most, check_int_fields
 
 LAYER_KINDS = ("gpt", "llama", "bert", "t5_encoder", "t5_decoder", "vit", "swin", "moe")
 """gpt: pre-norm decoder (GPT-2/Megatron); llama: RMSNorm, gated SiLU FFN, no biases (also
@@ -97,6 +97,7 @@ class LayerSpec:
         kv = self.kv_heads
         require(self.num_heads % kv == 0, "num_kv_heads",
                 f"num_heads({self.num_heads}) is not a multiple of num_kv_heads({kv})")
+        check_int_fields(self)
         if self.head_dim == 0:
             require(self.hidden_size % self.num_heads == 0, "num_heads",
                     f"hidden_size({self.hidden_size}) is not divisible by num_heads({self.num_heads})")
@@ -232,6 +233,7 @@ class EmbeddingSpec:
             positive_int(self.vocab_size, "vocab_size")
         else:
             positive_int(self.patch_size, "patch_size")
+        check_int_fields(self, "embedding.")
 
     def param_count(self) -> int:
         h = self.hidden_size
@@ -268,6 +270,7 @@ class HeadSpec:
     def __post_init__(self) -> None:
         one_of(self.kind, ("lm", "classifier", "none"), "head.kind")
         positive_int(self.hidden_size, "head.hidden_size")
+        check_int_fields(self, "head.")
 
     @property
     def tied_lm(self) -> bool:

@@ -330,6 +330,9 @@ class Plan:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Plan":
+        if isinstance(raw, dict) and "tp_sizes_enc" in raw and "layers" not in raw:
+            raise SpecError("(top level)", "this is a Galvatron plan file (pp_deg, tp_sizes_enc, ...), not a hybridpar "
+                            "plan; convert it: specs.load_galvatron_plan(path, world_size=N).save('plan.json')")
         check(PlanFile, raw)
         version = raw.get("version", 1)  # files before version 2 carry no version key
         if version not in (1, PLAN_VERSION):

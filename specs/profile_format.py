@@ -14,6 +14,7 @@ from specs.errors import SpecError, load_json_with
 from specs.files import atomic_write_json
 from specs.model import LayerSpec
 from specs.schema import ProfileFile, check
+from specs.limits import unit_time
 
 FORMAT = "hybridpar-profile"
 VERSION = 1
@@ -31,7 +32,19 @@ def _number(value: Any, where: str, minimum: float = 0.0, strict: bool = True) -
     if not ok or value == float("inf") or value < minimum or (strict and value == minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise ProfileError(where, f"must be a finite number {bound}, got {value!r}")
+    _unit_time(float(value), where)
     return float(value)
+
+
+def _unit_time(value: float, where: str) -> None:
+    """The time a profile number gives to one unit of work is finite and bounded (specs.limits)."""
+    if "gbytes_per_s" in where:
+        unit_time(1 / value if value else 0.0, where, value, "moving 1 GB")
+    elif "_ms" in where:
+        unit_time(value * 1e-3, where, value, "one unit (a sample, or a million parameters)")
+    elif "_us" in where or where == "overlap_coefficient":
+        unit_time(value * (1e-6 if "_us" in where else 1.0), where, value, "one collective's fixed cost"
+                  if "_us" in where else "1 s of overlapped work")
 
 
 def _check_group_keys(table: Mapping[str, float], where: str) -> None:
@@ -247,6 +260,7 @@ class Profile:
             _check_group_keys(table, f"collective_gbytes_per_s.{kind}")
         for key in self.p2p_gbytes_per_s:
             _positive_key(key, "p2p_gbytes_per_s")
+        self._check_values()
         _number(self.allreduce_latency_us, "allreduce_latency_us", strict=False)
         _number(self.overlap_coefficient, "overlap_coefficient", minimum=1.0, strict=False)
         _number(self.optimizer_ms_per_mparam, "optimizer_ms_per_mparam", strict=False)
@@ -255,6 +269,19 @@ class Profile:
             if layer.signature in seen:
                 raise ProfileError(f"layers[{i}].signature", f"duplicate layer type {layer.signature}")
             seen.add(layer.signature)
+
+    def _check_values(self) -> None:
+        """Every time and bandwidth finite, > 0 and within the unit-time limit, whoever built the
+        object (from_dict, or a reader of another format such as Galvatron's files)."""
+        tables = [("allreduce_gbytes_per_s", self.allreduce_gbytes_per_s), ("p2p_gbytes_per_s", self.p2p_gbytes_per_s)]
+        tables += [(f"collective_gbytes_per_s.{k}", t) for k, t in self.collective_gbytes_per_s.items()]
+        for i, layer in enumerate(self.layers):
+            tables += [(f"layers[{i}].forward_ms", layer.forward_ms), (f"layers[{i}].backward_ms", layer.backward_ms)]
+        if self.vocab is not None:
+            tables += [("vocab.forward_ms", self.vocab.forward_ms), ("vocab.backward_ms", self.vocab.backward_ms)]
+        for where, table in tables:
+            for key, value in table.items():
+                _number(value, f"{where}[{key!r}]")
 
     def layer(self, spec: LayerSpec) -> LayerProfile:
         """The entry whose signature matches ``spec``, or a ProfileError listing what exists."""

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 from specs.errors import SpecError
 from specs.limits import MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_JSON_DEPTH
 
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = re.compile(r"[\[\]{}]")
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}:,]', re.DOTALL)
 
 
 def read_json_file(path: str | Path) -> Any:
     """The content of the JSON file at ``path``, or a SpecError naming the file and what is wrong."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
+        data = _read_regular(path)
     except OSError as err:
         raise SpecError("(file)", f"cannot read: {err.strerror or err}", str(path)) from None
     try:
@@ -29,12 +29,48 @@ def read_json_file(path: str | Path) -> Any:
         raise err.with_source(str(path)) from None
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def _read_regular(path: Path) -> bytes:
+    """The first MAX_FILE_BYTES + 1 bytes of a regular file. Opened without blocking and checked
+    with fstat before any read: a FIFO or a device would block or never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise SpecError("(file)", f"is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _encoding_problem(data: bytes) -> str | None:
+    """Why ``data`` is not UTF-8 text, judged from its NUL bytes and byte-order marks."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "starts with a UTF-16 byte-order mark; save the file as UTF-8"
+    zero = data.find(b"\x00")
+    if zero < 0:
+        return None
+    head = data[:64]
+    # UTF-16 text that is mostly ASCII has a NUL in every other byte and none in the others
+    odd, even = head[1::2], head[0::2]
+    if len(head) >= 4 and (odd.count(0) == len(odd) and 0 not in even or even.count(0) == len(even) and 0 not in odd):
+        return "looks like UTF-16 (a NUL in every other byte); save the file as UTF-8"
+    return f"a NUL byte at offset {zero}: a binary file, not JSON text"
+
+
 def parse_json_bytes(data: bytes) -> Any:
     """Parse JSON bytes under the stated limits (see specs.limits)."""
     if len(data) > MAX_FILE_BYTES:
         raise SpecError("(file)", f"larger than the limit of {MAX_FILE_BYTES:,} bytes")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
-        raise SpecError("(encoding)", "looks like UTF-16; save the file as UTF-8")
+    problem = _encoding_problem(data)
+    if problem:
+        raise SpecError("(encoding)", problem)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -71,12 +107,29 @@ def _refuse_marked(value: Any, field: str) -> None:
 
 
 def _check_depth(text: str) -> None:
-    depth = deepest = 0
-    for match in _BRACKETS.finditer(_STRINGS.sub('""', text)):
-        depth += 1 if match.group() in "[{" else -1
-        deepest = max(deepest, depth)
-        if deepest > MAX_JSON_DEPTH:
-            raise SpecError("(json)", f"nested deeper than the limit of {MAX_JSON_DEPTH} levels")
+    """Refuse nesting past the limit before json.loads recurses, naming the path to the deep
+    value (``a.b[3].c``): keys and list positions are tracked from a scan of the tokens."""
+    stack: list[list] = []  # per open container: [is_list, key or index]
+    last = ""
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            if len(stack) == MAX_JSON_DEPTH:
+                raise SpecError(_path(stack) or "(top level)",
+                                f"nested deeper than the limit of {MAX_JSON_DEPTH} levels")
+            stack.append([token == "[", 0 if token == "[" else ""])
+        elif token in "]}":
+            stack = stack[:-1]
+        elif token == "," and stack and stack[-1][0]:
+            stack[-1][1] += 1
+        elif token == ":" and stack and last.startswith('"'):
+            stack[-1][1] = last[1:-1][:40]
+        last = token
+
+
+def _path(stack: list[list]) -> str:
+    parts = [f"[{key}]" if is_list else f".{key}" for is_list, key in stack]
+    return "".join(parts).lstrip(".")
 
 
 def _int(digits: str) -> "int | _Refused":

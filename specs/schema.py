@@ -3,11 +3,10 @@ dataclasses are built: per-field types and ranges, the stated limits, cross-fiel
 ``check(Schema, raw)`` turns the first violation into one SpecError line naming the field."""
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from specs.errors import SpecError
 from specs.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MICRO_BATCHES,
@@ -247,15 +246,56 @@ class GalvatronPlanFile(BaseModel):
     """Galvatron's ZeRO-3 for the embedding (Plan.vocab_zero3)."""
 
 
-def check_number_tree(raw: Any, field: str = "(top level)") -> None:
-    """Every leaf of a Galvatron profile file a finite number >= 0 (never a boolean or text)."""
-    if isinstance(raw, dict):
+# -- Galvatron's profile files (read by cost_models.galvatron_profile) ------------------------
+NumberTable = Annotated[dict[str, NonNegative], Field(min_length=1)]
+BandwidthTable = Annotated[dict[str, Positive], Field(min_length=1)]
+"""GB/s per group: zero would make a division by zero, so every entry is > 0."""
+
+
+class GalvatronLayerMemory(BaseModel):
+    model_config = _OPEN
+    parameter_size: NonNegative
+    """fp32 MiB of one layer's parameters."""
+    tp_activation_per_bsz_dict: NumberTable
+    """MiB of activations per sample, by tp degree (and 'checkpoint')."""
+
+
+class GalvatronOtherMemory(BaseModel):
+    model_config = _OPEN
+    model_states: NumberTable
+    activation: NumberTable
+
+
+class GalvatronOverlap(BaseModel):
+    model_config = _OPEN
+    overlap_coe: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
+
+
+_MEMORY_SECTIONS = (("layertype_", dict[str, GalvatronLayerMemory]), ("other_memory_", dict[str, GalvatronOtherMemory]))
+_GALVATRON = {"computation_profiling": NumberTable, "allreduce_bandwidth": BandwidthTable,
+              "p2p_bandwidth": BandwidthTable, "overlap_coefficient": GalvatronOverlap, "sp_time": NumberTable}
+
+
+def check_galvatron_file(kind: str, raw: Any) -> None:
+    """The structure of one of Galvatron's profile files (``kind``: the file name's stem up to
+    its first '_<digit>' or its '_bf16'/'_fp16', e.g. 'memory_profiling'), every number finite;
+    the first problem is one SpecError naming the key path."""
+    if not isinstance(raw, dict):
+        raise SpecError("(top level)", f"expected a JSON object, got {type(raw).__name__}")
+    if kind == "memory_profiling":
         for key, value in raw.items():
-            check_number_tree(value, key if field == "(top level)" else f"{field}.{key}")
+            schema = next((s for prefix, s in _MEMORY_SECTIONS if key.startswith(prefix)), NumberTable)
+            _validate(schema, value, (key,))
         return
-    ok = isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and raw >= 0
-    if not ok:
-        raise SpecError(field, f"must be a finite number >= 0, got {_short(raw)}")
+    _validate(_GALVATRON[kind], raw, ())
+
+
+def _validate(schema: Any, raw: Any, at: tuple) -> None:
+    try:
+        TypeAdapter(schema).validate_python(raw, strict=True)
+    except ValidationError as err:
+        item = err.errors()[0]
+        raise _spec_error({**item, "loc": at + tuple(item["loc"])}) from None
 
 
 # -- profile files (format hybridpar-profile, docs/profile_format.md) ----------------------------

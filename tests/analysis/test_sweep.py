@@ -175,12 +175,13 @@ def test_leftovers_of_a_killed_sweep_are_removed_on_start(tmp_path):
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
 
 
-def test_non_finite_metrics_are_written_as_null(tmp_path):
+def test_non_finite_metrics_are_written_as_null_and_named(tmp_path):
     store = ResultStore(tmp_path)
     store.write_run("exp", CELLS[0], RunRecord(metrics={"throughput": float("inf"), "gap": float("nan")}))
     text = store.table_path.read_text()
     assert "Infinity" not in text and "NaN" not in text
-    assert store.rows()[0]["throughput"] is None
+    row = store.rows()[0]
+    assert row["throughput"] is None and row["non_finite"] == {"throughput": "inf", "gap": "nan"}
 
 
 def test_a_sweep_on_two_workers_gives_the_serial_table(tmp_path):

@@ -241,3 +241,47 @@ def test_one_rank_and_oversubscribed_ranks_are_left_to_the_scheduler():
     cores = len(os.sched_getaffinity(0))
     for world in (1, cores + 1):
         assert all(len(c) == cores for c in launch(_affinity, world, timeout_s=300))
+
+
+def _launch_folders() -> set[str]:
+    import tempfile
+    return {p.name for p in Path(tempfile.gettempdir()).glob("hybridpar-launch-*")}
+
+
+@pytest.fixture
+def own_tmp(tmp_path, monkeypatch):
+    """A temp dir of this test's own (other runs on the machine make folders in /tmp too)."""
+    import tempfile
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+
+def test_the_launchers_own_write_error_is_reported_as_its_own():
+    """It used to be swallowed with the pipe's errors: 'rank 0: died (exit code 0)'."""
+    with pytest.raises(LaunchError, match=r"^launcher: cannot write the progress file /dev/full: No space") as err:
+        launch(_steps_then_fail, 2, timeout_s=60, progress_path="/dev/full")
+    assert err.value.rank is None
+
+
+def test_a_failed_run_leaves_no_folder_unless_asked(tmp_path, own_tmp):
+    before = _launch_folders()
+    assert before == set()
+    with pytest.raises(LaunchError) as err:
+        launch(_fail_on_one, 2, timeout_s=60)
+    assert _launch_folders() == before and "full stacks" not in str(err.value)
+    with pytest.raises(LaunchError, match=f"full stacks: {tmp_path / 'stacks'}"):  # live ranks dump theirs
+        launch(_hang_on_one, 2, timeout_s=5, stacks_dir=tmp_path / "stacks")
+    assert _launch_folders() == before
+    assert any(p.stat().st_size for p in (tmp_path / "stacks").glob("rank*.txt"))
+
+
+def test_the_next_launch_removes_the_folder_of_a_killed_launcher(own_tmp):
+    import tempfile
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = Path(tempfile.gettempdir()) / f"hybridpar-launch-{int(dead.stdout)}-x1"
+    orphan.mkdir()
+    (orphan / "rank0.txt").write_text("stacks")
+    live = Path(tempfile.gettempdir()) / f"hybridpar-launch-{os.getpid()}-x2"
+    live.mkdir()
+    assert launch(_sum_ranks, 2, timeout_s=60) == [(0, 1.0), (1, 1.0)]
+    assert not orphan.exists() and live.exists()  # a running launcher's folder is its own

@@ -53,3 +53,16 @@ def test_ray_without_ray_installed_is_one_line(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(SpecError, match=r"ray: --ray auto: Ray is not installed"):
         Grid(budgets=(), ray_address="auto")
+
+
+def test_a_cells_work_does_not_depend_on_the_cells_run_before_it():
+    """states_explored differed with --workers 2: the bounds one search computed were kept for
+    the next search in the same process (their work then went uncounted)."""
+    from planners.cells import Grid, default_budget, forget_contexts, run_cell
+    budgets = (default_budget(2, (8, 8)), default_budget(4, (8, 8)))
+    grid = Grid(model="tiny-gpt", cluster="cpu-4", budgets=budgets, planners=("galvatron_dp_tp",), progress=False)
+    forget_contexts()
+    alone = run_cell(grid, budgets[1], "galvatron_dp_tp")["states_explored"]
+    forget_contexts()
+    run_cell(grid, budgets[0], "galvatron_dp_tp")
+    assert run_cell(grid, budgets[1], "galvatron_dp_tp")["states_explored"] == alone

@@ -1,6 +1,7 @@
 """The one reader and the stated limits: every case the reliability attack found gives one
 SpecError line naming the field, before any work starts."""
 import json
+import os
 
 import pytest
 
@@ -35,7 +36,10 @@ def _error(call) -> SpecError:
     (json.dumps(CLUSTER).encode("utf-16"), "(encoding)", "UTF-16"),
     (json.dumps(CLUSTER).encode("utf-16-le"), "(encoding)", "UTF-16"),
     (b'{"name": "\xe9"}', "(encoding)", "not UTF-8"),
-    (b"[" * 900 + b"]" * 900, "(json)", "nested deeper than the limit"),
+    (b"[" * 900 + b"]" * 900, "[0]" * 32, "nested deeper than the limit"),
+    (b'{"a": {"b": [1, ' + b"[" * 40 + b"]" * 40 + b"]}}", "a.b[1]" + "[0]" * 29, "nested deeper than the limit"),
+    (b"\x00" * 64, "(encoding)", "a NUL byte at offset 0"),
+    (b"\xff\xfe{}", "(encoding)", "UTF-16 byte-order mark"),
     (b'{"nodes": ' + b"9" * 5000 + b"}", "nodes", "5000 digits"),
     (b'{"gpu": {"memory_gib": NaN}}', "gpu.memory_gib", "NaN is not a finite number"),
     (b'{"layers": [1, -Infinity]}', "layers[1]", "-Infinity is not a finite number"),
@@ -47,6 +51,18 @@ def test_the_reader_refuses_broken_files_in_one_line(tmp_path, data, field, text
     path = _write(tmp_path, data)
     err = _error(lambda: read_json_file(path))
     assert err.field == field and text in err.message and err.source == str(path)
+
+
+@pytest.mark.parametrize("make, kind", [(lambda p: os.mkfifo(p), "a FIFO"), (lambda p: p.mkdir(), "a folder")])
+def test_the_reader_refuses_non_regular_files_without_blocking(tmp_path, make, kind):
+    path = tmp_path / "input.json"
+    make(path)
+    err = _error(lambda: read_json_file(path))  # a FIFO with no writer used to block here forever
+    assert err.field == "(file)" and kind in err.message
+
+
+def test_a_device_is_not_read(tmp_path):
+    assert "character device" in _error(lambda: read_json_file("/dev/zero")).message
 
 
 def test_a_utf8_bom_is_fine(tmp_path):
