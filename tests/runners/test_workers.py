@@ -58,7 +58,7 @@ def test_ray_without_ray_installed_is_one_line(monkeypatch):
 def test_a_cells_work_does_not_depend_on_the_cells_run_before_it():
     """states_explored differed with --workers 2: the bounds one search computed were kept for
     the next search in the same process (their work then went uncounted)."""
-    from planners.cells import Grid, default_budget, forget_contexts, run_cell
+    from runners.cells import Grid, default_budget, forget_contexts, run_cell
     budgets = (default_budget(2, (8, 8)), default_budget(4, (8, 8)))
     grid = Grid(model="tiny-gpt", cluster="cpu-4", budgets=budgets, planners=("galvatron_dp_tp",), progress=False)
     forget_contexts()

@@ -11,7 +11,7 @@ import pytest
 import specs
 from cost_models.constants import constants_for
 from cost_models.profiled import from_galvatron_dir
-from planners.compare import main as compare_main
+from runners.compare import main as compare_main
 from simulator.run import main as simulate_main
 from specs import SpecError, load_cluster, load_model
 from specs.cli import dumps
