@@ -269,13 +269,14 @@ class AnalyticalModel(CostModel):
         return gbytes_per_s * 1e9 * (c.network_efficiency if crosses_nodes else c.bus_efficiency)
 
     def _hierarchical_s(self, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
-        """Only for groups that hold the same number g > 1 of ranks on each of their nodes."""
+        """Only for groups that hold the same number g > 1 of ranks in each of their scale-up
+        domains (nodes, or NVLink racks)."""
         cl = self.cluster
         per_node: list[list[list[int]]] = []
         for g in groups:
             nodes: dict[int, list[int]] = {}
             for r in g:
-                nodes.setdefault(cl.node_of(r), []).append(r)
+                nodes.setdefault(cl.domain_of(r), []).append(r)
             per_node.append(list(nodes.values()))
         sizes = {len(part) for parts in per_node for part in parts}
         if len(sizes) != 1 or sizes == {1}:
@@ -298,7 +299,7 @@ class AnalyticalModel(CostModel):
             return 0.0
         cl = self.cluster
         bottleneck = _transfers_link(cl, tuple((src + i, dst + i) for i in range(senders))).bandwidth_gbytes_per_s
-        crosses = cl.node_of(src) != cl.node_of(dst)
+        crosses = cl.domain_of(src) != cl.domain_of(dst)
         latency_us = cl.inter_node.latency_us if crosses else cl.intra_node.latency_us
         eff = self.constants.network_efficiency if crosses else self.constants.p2p_efficiency
         return coll.p2p_time_s(nbytes, latency_us * 1e-6 * self._step_factor(crosses)

@@ -154,3 +154,21 @@ def test_whole_7_5b_model_states_under_zero_at_dp_64_equal_the_formula(dp_type, 
     plan = uniform_plan(model_spec.num_layers, dp=64, global_batch=64, dp_type=dp_type)
     memory = cost_models.get("analytical", cluster).plan_cost(model_spec, plan).stage_memory[0]
     assert memory.states_bytes == pytest.approx(per_param * model_spec.param_count(), rel=1e-12)
+
+
+def test_16_gpu_allreduce_inside_an_nvl72_rack_vs_across_two_dgx_b200_nodes():
+    """Same GPUs and 900 GB/s NVLink ports; the rack keeps all 16 ranks on NVLink, two DGX nodes
+    send two ring edges through each node's 8 x 50 GB/s NICs. Default constants: bus efficiency
+    0.76, network efficiency 0.96, 20 us per collective; the double binary tree (2 log2 16 = 8
+    steps) beats the ring's 30 steps at the same bandwidth term 2 (p-1)/p n / B."""
+    c = AnalyticalConstants()
+    n = float(2**30)
+    rack = AnalyticalModel(load_cluster("gb200-nvl72:4"), constants=c)  # 4 trays of 4 GPUs, one domain
+    dgx = AnalyticalModel(load_cluster("dgx-b200:2"), constants=c)
+    ranks = [list(range(16))]
+    inside = 20e-6 + 8 * 5e-6 + 1.875 * n / (900e9 * 0.76)   # 3.003 ms
+    across = 20e-6 + 8 * 6e-6 + 1.875 * n / (400e9 * 0.96)   # 5.311 ms (the hierarchical form: 5.645 ms)
+    assert rack.collective_time("all_reduce", n, ranks) == pytest.approx(inside)
+    assert dgx.collective_time("all_reduce", n, ranks) == pytest.approx(across)
+    # the rack's trays are separate nodes, yet a tray-to-tray pipeline send stays on NVLink
+    assert rack.p2p_time(n, 0, 4) == pytest.approx(5e-6 + 20e-6 + n / (900e9 * c.p2p_efficiency))
