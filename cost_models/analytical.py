@@ -16,7 +16,7 @@ from cost_models import experts
 from cost_models import memory as mem
 from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
-from cost_models.constants import AnalyticalConstants, constants_for
+from cost_models.constants import AnalyticalConstants, calibration_status, constants_for
 from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops
 from cost_models.registry import register
@@ -70,8 +70,11 @@ class AnalyticalModel(CostModel):
         """``calibration`` (a file or a dict of constants) defaults to the cluster's own file;
         ``constants`` replaces everything; ``overrides`` set single named constants last."""
         super().__init__(cluster)
+        source = cluster.calibration if calibration is None else calibration
+        self._calibration_source = source if constants is None else dict(constants.to_dict())
+        """What the constants came from, for calibration_status (a file, a dict, '' = defaults)."""
         if constants is None:
-            constants = constants_for(cluster.calibration if calibration is None else calibration)
+            constants = constants_for(source)
         self.constants = constants.with_values(overrides) if overrides else constants
         self._layer_time = Memo(self._compute_layer_time)
         self._pass_kernels = Memo(self._compute_pass_kernels)
@@ -81,6 +84,9 @@ class AnalyticalModel(CostModel):
 
     def error_band(self) -> tuple[float, float]:
         return self.constants.cv_error_p10, self.constants.cv_error_p90
+
+    def calibration_status(self) -> str:
+        return calibration_status(self._calibration_source, self.cluster.gpu.name)
 
     def link_calibration(self) -> dict[str, float]:
         c = self.constants

@@ -184,6 +184,10 @@ class CalibrationFile(BaseModel):
     format: Literal["hybridpar-calibration"]
     version: Version1
     cluster: str = ""
+    gpu: str = ""
+    """The GPU the constants were fitted on (GPUSpec.name, ``A100-SXM4-80GB``); '' = not stated."""
+    data: str = ""
+    """Short name of the measurements fitted (``vtrain``), shown in the calibration status."""
     constants: dict[str, Finite]
     """Finite numbers; their ranges (most >= 0, the CV error band signed) are AnalyticalConstants' rules."""
 
