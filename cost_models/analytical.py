@@ -16,7 +16,7 @@ from cost_models import experts
 from cost_models import memory as mem
 from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
-from cost_models.constants import AnalyticalConstants, constants_for
+from cost_models.constants import AnalyticalConstants, calibration_status, constants_for
 from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops
 from cost_models.registry import register
@@ -70,8 +70,11 @@ class AnalyticalModel(CostModel):
         """``calibration`` (a file or a dict of constants) defaults to the cluster's own file;
         ``constants`` replaces everything; ``overrides`` set single named constants last."""
         super().__init__(cluster)
+        source = cluster.calibration if calibration is None else calibration
+        self._calibration_source = source if constants is None else dict(constants.to_dict())
+        """What the constants came from, for calibration_status (a file, a dict, '' = defaults)."""
         if constants is None:
-            constants = constants_for(cluster.calibration if calibration is None else calibration)
+            constants = constants_for(source)
         self.constants = constants.with_values(overrides) if overrides else constants
         self._layer_time = Memo(self._compute_layer_time)
         self._pass_kernels = Memo(self._compute_pass_kernels)
@@ -81,6 +84,9 @@ class AnalyticalModel(CostModel):
 
     def error_band(self) -> tuple[float, float]:
         return self.constants.cv_error_p10, self.constants.cv_error_p90
+
+    def calibration_status(self) -> str:
+        return calibration_status(self._calibration_source, self.cluster.gpu.name)
 
     def link_calibration(self) -> dict[str, float]:
         c = self.constants
@@ -269,13 +275,14 @@ class AnalyticalModel(CostModel):
         return gbytes_per_s * 1e9 * (c.network_efficiency if crosses_nodes else c.bus_efficiency)
 
     def _hierarchical_s(self, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
-        """Only for groups that hold the same number g > 1 of ranks on each of their nodes."""
+        """Only for groups that hold the same number g > 1 of ranks in each of their scale-up
+        domains (nodes, or NVLink racks)."""
         cl = self.cluster
         per_node: list[list[list[int]]] = []
         for g in groups:
             nodes: dict[int, list[int]] = {}
             for r in g:
-                nodes.setdefault(cl.node_of(r), []).append(r)
+                nodes.setdefault(cl.domain_of(r), []).append(r)
             per_node.append(list(nodes.values()))
         sizes = {len(part) for parts in per_node for part in parts}
         if len(sizes) != 1 or sizes == {1}:
@@ -298,7 +305,7 @@ class AnalyticalModel(CostModel):
             return 0.0
         cl = self.cluster
         bottleneck = _transfers_link(cl, tuple((src + i, dst + i) for i in range(senders))).bandwidth_gbytes_per_s
-        crosses = cl.node_of(src) != cl.node_of(dst)
+        crosses = cl.domain_of(src) != cl.domain_of(dst)
         latency_us = cl.inter_node.latency_us if crosses else cl.intra_node.latency_us
         eff = self.constants.network_efficiency if crosses else self.constants.p2p_efficiency
         return coll.p2p_time_s(nbytes, latency_us * 1e-6 * self._step_factor(crosses)

@@ -249,6 +249,11 @@ class CostModel(ABC):
         p10, p90 = self.error_band()
         return predicted_s / (1 + p90), predicted_s / (1 + p10)
 
+    def calibration_status(self) -> str:
+        """One line: were the constants this model applies fitted on the cluster's GPU
+        ('calibrated: a100 (vtrain)', 'uncalibrated: A100-fitted constants on H100', 'defaults: ...')."""
+        return f"not stated by the {self.name} cost model"
+
     # -- links ----------------------------------------------------------------------------
     def link_calibration(self) -> dict[str, float]:
         """How this model's collectives and sends relate to the cluster's link figures, for a

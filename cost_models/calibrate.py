@@ -246,7 +246,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         fitted_on["error_band"] = (f"{args.folds}-fold CV residuals on the vTrain single-node set "
                                    f"(max {args.max_evals} cost evaluations per fold)")
     save_calibration(args.out, {**coll_values, **comp_values, **band}, cluster=args.cluster,
-                     fitted_on=fitted_on,
+                     gpu=cluster.gpu.name, data="vtrain", fitted_on=fitted_on,
                      procedure="python -m cost_models.calibrate (docs/cost_models.md)")
     print(f"wrote {args.out}")
     return 0

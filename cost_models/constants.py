@@ -170,3 +170,27 @@ def save_calibration(path: str | Path, constants: Mapping[str, float], **meta: A
     body = {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, **meta,
             "constants": dict(constants)}
     atomic_write_json(path, body)
+
+
+def gpu_family(name: str) -> str:
+    """The GPU model a name stands for, lower case (``A100-SXM4-80GB`` -> ``a100``): constants
+    fitted on one memory size or form factor of a model are taken to hold for the others."""
+    return name.strip().split("-")[0].split()[0].lower() if name.strip() else "?"
+
+
+def calibration_status(calibration: str | Path | Mapping[str, float] | None, gpu_name: str) -> str:
+    """Whether the constants ``constants_for(calibration)`` applies were fitted on ``gpu_name``'s
+    GPU: 'calibrated: a100 (vtrain)', 'uncalibrated: A100-fitted constants on H100', or
+    'defaults: ...' when no calibration applies (public figures, fitted on no GPU)."""
+    gpu = gpu_family(gpu_name)
+    if calibration is None or calibration == "":
+        return f"defaults: public-figure constants, uncalibrated on {gpu.upper()}"
+    if isinstance(calibration, Mapping):
+        return f"custom: {len(calibration)} constants given in code on {gpu.upper()}"
+    raw = load_calibration(calibration)
+    fitted, data = gpu_family(str(raw.get("gpu", ""))), str(raw.get("data", "")) or "unnamed data"
+    if fitted == "?":
+        return f"uncalibrated: constants fitted on an unstated GPU ({Path(calibration).name}) on {gpu.upper()}"
+    if fitted != gpu:
+        return f"uncalibrated: {fitted.upper()}-fitted constants on {gpu.upper()}"
+    return f"calibrated: {fitted} ({data})"

@@ -114,7 +114,7 @@ def topology_all_to_all_s(cluster: ClusterSpec, nbytes: float, groups: Sequence[
     load = pairwise_load(cluster, groups)
     seconds_per_byte = max(load[r] / (caps[r] * 1e9 * efficiency(r[0].startswith("nic"))) for r in load)
     bandwidth = (p - 1) / p / seconds_per_byte
-    crosses = any(cluster.node_of(a) != cluster.node_of(g[0]) for g in groups for a in g)
+    crosses = any(cluster.domain_of(a) != cluster.domain_of(g[0]) for g in groups for a in g)
     return coll.ring_time_s("all_to_all", p, nbytes, alpha_s(crosses), bandwidth)
 
 

@@ -65,6 +65,9 @@ class FitsAll(CostModel):
     def link_calibration(self) -> dict[str, float]:
         return self.primary.link_calibration()
 
+    def calibration_status(self) -> str:
+        return self.primary.calibration_status()
+
     # -- memory: the largest ---------------------------------------------------------------------
     def layer_memory(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
                      in_flight: int) -> MemoryBreakdown:

@@ -332,11 +332,11 @@ class ProfiledModel(CostModel):
 
     def link_calibration(self) -> dict[str, float]:
         """The measured tables over the cluster's link figures: all-reduce bus bandwidth of the
-        node-sized groups inside a node and of the larger ones across nodes, the pipeline
+        groups inside a scale-up domain and of the larger ones across domains, the pipeline
         sends, the measured latency once per collective (none per ring step), and how much
         slower than the all-reduce's bus bandwidth the other measured kinds run."""
         cluster, table = self.cluster, self.profile.allreduce_gbytes_per_s
-        per_node = cluster.gpus_per_node
+        per_node = cluster.domain_gpus
         inside = [bw for key, bw in table.items() if int(key.split("_")[0]) <= per_node]
         across = [bw for key, bw in table.items() if int(key.split("_")[0]) > per_node]
         out = {"base_latency_s": self.profile.allreduce_latency_us * 1e-6, "step_latency_factor": 0.0,

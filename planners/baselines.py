@@ -116,12 +116,13 @@ class Zero3(_Pure):
 
 @register
 class MegatronTp(GridPlanner):
-    """Tensor parallelism over the GPUs of a node (largest degree the heads allow), dp across nodes."""
+    """Tensor parallelism over the GPUs of a scale-up domain (a node, or an NVLink rack; largest
+    degree the heads allow), dp across them."""
 
     name = "megatron_tp"
 
     def candidates(self, model, cluster, batch):
-        for tp in sorted(powers_of_two(min(cluster.gpus_per_node, SearchSpace().max_tp)), reverse=True):
+        for tp in sorted(powers_of_two(min(cluster.domain_gpus, SearchSpace().max_tp)), reverse=True):
             if all(tp_splits(l, tp) for l in model.layers):
                 yield {"tp": tp, "dp": cluster.world_size // tp, "vocab_tp": tp}
                 return
@@ -156,8 +157,8 @@ def micro_batch_sizes(batch: int, dp: int) -> list[int]:
 
 
 def megatron_tp_degrees(model: ModelSpec, cluster: ClusterSpec, gpus: int) -> list[int]:
-    """tp inside a node (powers of two), dividing the stage and every layer's heads."""
-    return [t for t in powers_of_two(min(cluster.gpus_per_node, gpus)) if gpus % t == 0
+    """tp inside a scale-up domain (powers of two), dividing the stage and every layer's heads."""
+    return [t for t in powers_of_two(min(cluster.domain_gpus, gpus)) if gpus % t == 0
             and all(l.num_heads % t == 0 for l in model.layers)]
 
 

@@ -170,12 +170,13 @@ def _mbs(combo: Combo, s: LayerStrategy) -> int:
 
 def canonical_first_rank(cm: CostModel, first: int, gpus: int) -> int:
     """An equivalent first rank for a stage of ``gpus`` ranks starting at ``first``: 0 for whole
-    nodes starting at a node boundary, the same place in node 0 for a stage inside one node
-    (nodes are identical), else ``first`` itself. Only for cost models that declare
-    ``rank_symmetric`` (tested against the true ranks); any other is asked at the true ranks."""
+    scale-up domains (nodes, or NVLink racks) starting at a domain boundary, the same place in
+    domain 0 for a stage inside one domain (domains are identical), else ``first`` itself. Only
+    for cost models that declare ``rank_symmetric`` (tested against the true ranks); any other is
+    asked at the true ranks."""
     if not cm.rank_symmetric:
         return first
-    per_node = cm.cluster.gpus_per_node
+    per_node = cm.cluster.domain_gpus
     if first % per_node == 0 and gpus % per_node == 0:
         return 0
     if first % per_node + gpus <= per_node:
@@ -184,12 +185,13 @@ def canonical_first_rank(cm: CostModel, first: int, gpus: int) -> int:
 
 
 def node_shift(cm: CostModel, first: int) -> int:
-    """Whole nodes' worth of ranks a question about ranks from ``first`` on may be moved down
-    by (to node 0) without changing its answer: nodes are identical, so for a cost model that
-    declares ``rank_symmetric`` every rank can move by the same number of nodes; 0 otherwise."""
+    """Whole scale-up domains' worth of ranks a question about ranks from ``first`` on may be
+    moved down by (to domain 0) without changing its answer: domains are identical, so for a cost
+    model that declares ``rank_symmetric`` every rank can move by the same number of domains (a
+    node unless the cluster's NVLink domain spans nodes); 0 otherwise."""
     if not cm.rank_symmetric:
         return 0
-    return first - first % cm.cluster.gpus_per_node
+    return first - first % cm.cluster.domain_gpus
 
 
 def layout_key(s: LayerStrategy) -> tuple:

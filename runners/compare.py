@@ -9,19 +9,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import cost_models
+from cost_models.listing import cluster_lines
 from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
 from runners.evaluators import EVALUATORS
 from planners.registry import available
 from runners.report import table
-from specs import SpecError, cluster_names, model_names
+from specs import SpecError, model_names
 from specs.cli import ArgumentParser, count, dumps, number, output_dir
 from specs.errors import one_line_errors
 from specs.processes import WorkerDied
 from specs.limits import MAX_GLOBAL_BATCH
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options"]
-LISTINGS = {"models": model_names, "clusters": cluster_names, "planners": available,
+LISTINGS = {"models": model_names, "clusters": cluster_lines, "planners": available,
             "cost-models": cost_models.available, "evaluators": EVALUATORS.available}
 """What --list can print."""
 

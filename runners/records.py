@@ -9,7 +9,7 @@ from specs.units import GIB
 
 COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
-           "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file")
+           "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file", "calibration")
 """The columns every record has, in table order."""
 EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
 """Added as ``<evaluator>_<field>`` (e.g. sim_iteration_time_s) by ``add_evaluation``."""
@@ -19,8 +19,9 @@ def evaluation_columns(evaluator: str) -> tuple[str, ...]:
     return tuple(f"{evaluator}_{f}" for f in EVALUATION_FIELDS)
 
 
-def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict[str, Any]:
-    """One row of the results table."""
+def record(result: PlanResult, model: str, cluster: str, budget: Budget, calibration: str = "") -> dict[str, Any]:
+    """One row of the results table; ``calibration`` is the cost model's calibration status
+    (CostModel.calibration_status: whether its constants were fitted on this cluster's GPU)."""
     plan, ok = result.plan, result.feasible
     return {
         "planner": result.planner, "model": model, "cluster": cluster, "budget_gib": budget.memory_gib,
@@ -32,6 +33,7 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget) -> dict
         "solver_status": result.stats.solver_status, "gap": result.stats.gap, "bound_s": result.stats.bound_s,
         "states_explored": result.stats.states_explored,
         "tie": None, "plan_summary": plan.summary() if plan else _oom_text(result), "plan_file": None,
+        "calibration": calibration,
     }
 
 

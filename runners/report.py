@@ -19,7 +19,9 @@ def table(records: list[dict[str, Any]], evaluator: str | None = None) -> str:
     from tabulate import tabulate
     head = ["GiB", "planner", "batch", "samples/s"] + ([f"{evaluator} samples/s"] if evaluator else []) + \
         ["iter ms", "peak GiB", "search s", "tie", "plan"]
-    return tabulate([_row(r, evaluator) for r in records], headers=head, tablefmt="simple")
+    text = tabulate([_row(r, evaluator) for r in records], headers=head, tablefmt="simple")
+    statuses = sorted({r["calibration"] for r in records if r.get("calibration")})
+    return "\n".join([f"cost model constants: {s}" for s in statuses] + [text])
 
 
 def _row(r: dict[str, Any], evaluator: str | None) -> list:

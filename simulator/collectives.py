@@ -130,7 +130,7 @@ class Fabric:
                 mine = {res for a, b in edges if a in keep for res in self.edge_weights(a, b)}
                 load = Counter({res: w for res, w in load.items() if res in mine})
                 self.exact_resources.update(self._exact(edges))
-            crosses = any(self.cluster.node_of(a) != self.cluster.node_of(b) for a, b in edges)
+            crosses = any(self.cluster.domain_of(a) != self.cluster.domain_of(b) for a, b in edges)
             lat_us = self.cluster.inter_node.latency_us if crosses else self.cluster.intra_node.latency_us
             self._bundles[key] = (dict(load), lat_us * 1e-6 * self.cal.step_latency_factor, crosses)
         self._bundle_ids[(id(edges), keep)] = (edges, self._bundles[key])  # holds edges: its id stays its own

@@ -8,7 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import cost_models
-from specs import SpecError, cluster_names, load_cluster, load_model, model_names, uniform_plan
+from cost_models.listing import cluster_lines
+from specs import SpecError, load_cluster, load_model, model_names, uniform_plan
 from specs.cli import ArgumentParser, count, dumps, output_file
 from specs.errors import one_line_errors
 from specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS
@@ -16,7 +17,7 @@ from specs.plan import Plan, Recompute, Schedule, SequenceParallel
 from specs.schedules import upgrade_schedule
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-LISTINGS = {"models": model_names, "clusters": cluster_names, "cost-models": cost_models.available}
+LISTINGS = {"models": model_names, "clusters": cluster_lines, "cost-models": cost_models.available}
 """What --list can print."""
 
 

@@ -1,9 +1,10 @@
 """ClusterSpec: nodes of GPUs, the links inside a node and between nodes, and what a group sees.
 
-Ranks are numbered node-major: rank r sits on node r // gpus_per_node. A link is a set of
-named resources (a GPU's port, a PCIe switch uplink, a node's NICs), each with a capacity;
-a transfer between two ranks crosses a list of them (``path``). Rings of concurrent
-collectives share those resources, which gives the bandwidth each group sees.
+Ranks are numbered node-major: rank r sits on node r // gpus_per_node and in scale-up domain
+r // domain_gpus (an NVLink domain of one node, or of a whole rack: GB200 NVL72). A link is a set
+of named resources (a GPU's port, a PCIe switch uplink, a node's NICs), each with a capacity; a
+transfer between two ranks crosses a list of them (``path``). Rings of concurrent collectives
+share those resources, which gives the bandwidth each group sees. File format: docs/clusters.md.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from specs.errors import SpecError, check_fields, one_of, positive_int, positive_number, require
-from specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, at_most, unit_time
+from specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SCALE_UP_DOMAIN_GPUS, at_most, unit_time
 from specs.schema import ClusterFile, check
 
 INTRA_KINDS = ("nvswitch", "nvlink", "pcie", "shm")
@@ -26,19 +27,24 @@ class GPUSpec:
 
     name: str
     peak_tflops: float
-    """Dense bf16/fp16 tensor-core peak, TFLOP/s."""
+    """Dense bf16/fp16 tensor-core peak, TFLOP/s (the figure the cost models use)."""
     memory_gib: float
     """Device memory, GiB."""
     memory_bandwidth_gbytes_per_s: float
     """HBM/GDDR bandwidth, GB/s."""
     source: str = ""
     """Where the figures come from (data sheet, measurement); informational."""
+    peak_fp8_tflops: float | None = None
+    """Dense FP8 tensor-core peak, TFLOP/s; None = not stated. Recorded for FP8 plans; the cost
+    models do not read it yet."""
 
     def __post_init__(self) -> None:
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbytes_per_s"):
             positive_number(getattr(self, name), f"gpu.{name}")
         unit_time(1 / self.peak_tflops, "gpu.peak_tflops", self.peak_tflops, "1 TFLOP")
         _link_times(self.memory_bandwidth_gbytes_per_s, 0.0, "gpu.memory_bandwidth_gbytes_per_s", "")
+        if self.peak_fp8_tflops is not None:
+            positive_number(self.peak_fp8_tflops, "gpu.peak_fp8_tflops")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +106,8 @@ class GroupLink:
     bandwidth_gbytes_per_s: float
     latency_s: float
     crosses_nodes: bool
+    """Some transfer leaves its scale-up domain (crosses the network's NICs); ranks on two nodes of
+    one NVLink domain (GB200 NVL72 trays) do not cross."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +122,12 @@ class ClusterSpec:
     inter_node: InterNodeLink = field(default_factory=InterNodeLink)
     calibration: str = ""
     """Optional path of a cost-model calibration file (relative to the cluster file)."""
+    scale_up_domain_gpus: int = 0
+    """GPUs that reach each other over the intra-node link (NVLink/NVSwitch) whatever node they
+    sit on: 0 = one node; a multiple of gpus_per_node when larger (GB200 NVL72: 72 GPUs on 18
+    trays of 4). Ranks in different domains talk through their nodes' NICs."""
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """(field path, where its figure comes from) pairs from the file's ``sources``; informational."""
 
     def __post_init__(self) -> None:
         positive_int(self.nodes, "nodes")
@@ -124,10 +138,24 @@ class ClusterSpec:
         per = self.intra_node.gpus_per_switch
         require(per == 0 or self.gpus_per_node % per == 0, "intra_node.gpus_per_switch",
                 f"gpus_per_switch({per}) does not divide gpus_per_node({self.gpus_per_node})")
+        domain = self.scale_up_domain_gpus
+        if domain:
+            positive_int(domain, "scale_up_domain_gpus")
+            at_most(domain, MAX_SCALE_UP_DOMAIN_GPUS, "scale_up_domain_gpus", "NVLink 5's largest domain")
+            require(domain % self.gpus_per_node == 0, "scale_up_domain_gpus",
+                    f"{domain} is not a multiple of gpus_per_node({self.gpus_per_node})")
+            require(domain == self.gpus_per_node or self.intra_node.kind in ("nvswitch", "nvlink"),
+                    "scale_up_domain_gpus", f"a domain of {domain} GPUs beyond one node needs an "
+                    f"nvswitch or nvlink intra_node link, not {self.intra_node.kind!r}")
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs of one scale-up domain (a node unless scale_up_domain_gpus says more)."""
+        return self.scale_up_domain_gpus or self.gpus_per_node
 
     def with_nodes(self, nodes: int) -> "ClusterSpec":
         """The same node type, ``nodes`` of them (``dgx-a100-80g:64``)."""
@@ -140,12 +168,18 @@ class ClusterSpec:
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
+    def domain_of(self, rank: int) -> int:
+        """The scale-up domain of ``rank``: ranks of one domain never cross a NIC."""
+        return rank // self.domain_gpus
+
     def _switch_of(self, rank: int) -> int:
         per = self.intra_node.gpus_per_switch or self.gpus_per_node
         return (rank % self.gpus_per_node) // per
 
     def path(self, src: int, dst: int) -> list[tuple[tuple, float]]:
-        """Resources a src -> dst transfer crosses, each as (resource id, GB/s capacity)."""
+        """Resources a src -> dst transfer crosses, each as (resource id, GB/s capacity): the two GPU
+        ports, a PCIe switch's uplinks, and the nodes' NICs when the ranks sit in two scale-up
+        domains (inside one NVLink domain the switches carry the transfer, whatever the node)."""
         intra = self.intra_node
         hops: list[tuple[tuple, float]] = [(("gpu_out", src), intra.bandwidth_gbytes_per_s)]
         n_src, n_dst = self.node_of(src), self.node_of(dst)
@@ -155,7 +189,7 @@ class ClusterSpec:
             up = intra.switch_uplink_gbytes_per_s
             hops.append((("uplink_up", n_src, s_src), up))
             hops.append((("uplink_down", n_dst, s_dst), up))
-        if n_src != n_dst:
+        if self.domain_of(src) != self.domain_of(dst):
             nic = self.inter_node.nics_per_node * self.inter_node.nic_bandwidth_gbytes_per_s
             hops.append((("nic_out", n_src), nic))
             hops.append((("nic_in", n_dst), nic))
@@ -182,7 +216,7 @@ class ClusterSpec:
         paths = [self.path(a, b) for a, b in edges]
         load = Counter(res for p in paths for res, _ in p)
         bandwidth = min(cap / load[res] for p in paths for res, cap in p)
-        crosses = any(self.node_of(a) != self.node_of(b) for a, b in edges)
+        crosses = any(self.domain_of(a) != self.domain_of(b) for a, b in edges)
         latency_us = self.inter_node.latency_us if crosses else self.intra_node.latency_us
         return GroupLink(bandwidth, latency_us * 1e-6, crosses)
 
@@ -199,7 +233,9 @@ def cluster_from_dict(raw: Any, name: str = "cluster") -> ClusterSpec:
     inter = InterNodeLink(**_section(raw, "inter_node", InterNodeLink, required=False))
     return ClusterSpec(name=str(raw.get("name", name)), nodes=raw.get("nodes", 1),
                        gpus_per_node=raw.get("gpus_per_node"), gpu=gpu, intra_node=intra,
-                       inter_node=inter, calibration=str(raw.get("calibration", "")))
+                       inter_node=inter, calibration=str(raw.get("calibration", "")),
+                       scale_up_domain_gpus=raw.get("scale_up_domain_gpus", 0),
+                       sources=tuple(sorted(raw.get("sources", {}).items())))
 
 
 def _section(raw: dict, key: str, cls: type, required: bool = True) -> dict:

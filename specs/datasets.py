@@ -23,6 +23,12 @@ class Dataset(StrEnum):
     MEGATRON_PUBLISHED = "megatron_a100/megatron_a100_published.csv"
     """Megatron-LM's 8 published runs (22B-1T, 8-512 A100s; full recomputation vs sequence
     parallelism + selective recomputation): validation only, never fitted."""
+    PUBLISHED_RUNS = "published_runs/published_runs.csv"
+    """Published H100/H200/A100 training runs (torchtitan, Megatron-Bridge, NeMo AutoModel,
+    Llama 3): the validation set of benchmarks.published_runs, never fitted."""
+    H100_FP8_CALIBRATION = "h100_fp8_calibration"
+    """NeMo 24.07 H100 FP8 runs and torchtitan BF16/FP8 pairs: reserved for calibration (no
+    row shared with PUBLISHED_RUNS; nothing fitted yet)."""
     NCCL_A100 = "nccl_a100"
     """nccl-tests all-reduce on 2..8 A100 SXM GPUs (folder of CSVs)."""
     GALVATRON_LLAMA2_7B = "galvatron_llama2_7b"

@@ -24,7 +24,11 @@ MAX_LAYERS = 10_000
 MAX_NODES = 4_096
 """Nodes of a cluster: the largest published training runs use ~2,000-4,000 nodes."""
 MAX_GPUS_PER_NODE = 64
-"""GPUs in one node: today's servers hold 8 (16 in a few); 64 covers rack-scale NVLink domains."""
+"""GPUs in one node: today's servers hold 8 (16 in a few); a rack-scale NVLink domain is nodes of
+one scale-up domain (MAX_SCALE_UP_DOMAIN_GPUS), not one node."""
+MAX_SCALE_UP_DOMAIN_GPUS = 576
+"""GPUs of one NVLink domain: fifth-generation NVLink switches connect up to 576 GPUs (NVIDIA's
+NVLink/NVSwitch page); GB200 NVL72 racks are 72."""
 MAX_GPUS = 65_536
 """World size: 4x the largest published runs (16,384 H100s for Llama 3 405B). The simulator
 plays one rank per group of symmetric ranks (every rank with --full, which this bounds): a

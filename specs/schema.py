@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from specs.errors import SpecError
 from specs.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MICRO_BATCHES,
-                          MAX_NODES, MAX_WIDTH)
+                          MAX_NODES, MAX_SCALE_UP_DOMAIN_GPUS, MAX_WIDTH)
 from specs.schedules import SCHEDULES
 
 _SCHEDULE_NAMES = tuple(s.value for s in SCHEDULES)
@@ -76,6 +76,8 @@ class GPUFile(BaseModel):
     memory_bandwidth_gbytes_per_s: Positive
     source: str = ""
     """Where the figures come from (data sheet)."""
+    peak_fp8_tflops: Positive | None = None
+    """Dense FP8 tensor-core peak, TFLOP/s (not read by the cost models yet)."""
 
 
 class IntraNodeFile(BaseModel):
@@ -103,9 +105,22 @@ class ClusterFile(BaseModel):
     intra_node: IntraNodeFile
     inter_node: InterNodeFile = InterNodeFile()
     calibration: str = ""
+    scale_up_domain_gpus: Annotated[int, Field(ge=0, le=MAX_SCALE_UP_DOMAIN_GPUS)] = 0
+    """GPUs of one NVLink domain (0 = one node); a multiple of gpus_per_node."""
+    sources: dict[str, Annotated[str, Field(min_length=1, max_length=2000)]] = {}
+    """Field path (``gpu.peak_tflops``) -> where that figure comes from."""
 
     @model_validator(mode="after")
     def _rules(self) -> "ClusterFile":
+        domain = self.scale_up_domain_gpus
+        if domain and domain % self.gpus_per_node:
+            raise ValueError(f"scale_up_domain_gpus: {domain} is not a multiple of gpus_per_node({self.gpus_per_node})")
+        if domain > self.gpus_per_node and self.intra_node.kind not in ("nvswitch", "nvlink"):
+            raise ValueError(f"scale_up_domain_gpus: a domain of {domain} GPUs beyond one node needs an nvswitch "
+                             f"or nvlink intra_node link, not {self.intra_node.kind!r}")
+        for key in self.sources:
+            if not _names_a_field(self, key):
+                raise ValueError(f"sources: {key!r} names no field of the cluster file")
         per = self.intra_node.gpus_per_switch
         if per and self.gpus_per_node % per:
             raise ValueError(f"intra_node.gpus_per_switch: gpus_per_switch({per}) does not divide gpus_per_node({self.gpus_per_node})")
@@ -115,6 +130,15 @@ class ClusterFile(BaseModel):
             raise ValueError(f"nodes: nodes({self.nodes})*gpus_per_node({self.gpus_per_node}) exceeds the limit "
                              f"of {MAX_GPUS:,} GPUs")
         return self
+
+
+def _names_a_field(model: BaseModel, path: str) -> bool:
+    """``path`` (``gpu.peak_tflops``) is a field of ``model`` or of one of its sections."""
+    head, _, rest = path.partition(".")
+    if head not in type(model).model_fields:
+        return False
+    value = getattr(model, head)
+    return not rest or (isinstance(value, BaseModel) and _names_a_field(value, rest))
 
 
 # -- plan files ---------------------------------------------------------------------------------
@@ -166,6 +190,10 @@ class CalibrationFile(BaseModel):
     format: Literal["hybridpar-calibration"]
     version: Version1
     cluster: str = ""
+    gpu: str = ""
+    """The GPU the constants were fitted on (GPUSpec.name, ``A100-SXM4-80GB``); '' = not stated."""
+    data: str = ""
+    """Short name of the measurements fitted (``vtrain``), shown in the calibration status."""
     constants: dict[str, Finite]
     """Finite numbers; their ranges (most >= 0, the CV error band signed) are AnalyticalConstants' rules."""
 

@@ -154,3 +154,50 @@ def test_whole_7_5b_model_states_under_zero_at_dp_64_equal_the_formula(dp_type, 
     plan = uniform_plan(model_spec.num_layers, dp=64, global_batch=64, dp_type=dp_type)
     memory = cost_models.get("analytical", cluster).plan_cost(model_spec, plan).stage_memory[0]
     assert memory.states_bytes == pytest.approx(per_param * model_spec.param_count(), rel=1e-12)
+
+
+def test_16_gpu_allreduce_inside_an_nvl72_rack_vs_across_two_dgx_b200_nodes():
+    """Same GPUs and 900 GB/s NVLink ports; the rack keeps all 16 ranks on NVLink, two DGX nodes
+    send two ring edges through each node's 8 x 50 GB/s NICs. Default constants: bus efficiency
+    0.76, network efficiency 0.96, 20 us per collective; the double binary tree (2 log2 16 = 8
+    steps) beats the ring's 30 steps at the same bandwidth term 2 (p-1)/p n / B."""
+    c = AnalyticalConstants()
+    n = float(2**30)
+    rack = AnalyticalModel(load_cluster("gb200-nvl72:4"), constants=c)  # 4 trays of 4 GPUs, one domain
+    dgx = AnalyticalModel(load_cluster("dgx-b200:2"), constants=c)
+    ranks = [list(range(16))]
+    inside = 20e-6 + 8 * 5e-6 + 1.875 * n / (900e9 * 0.76)   # 3.003 ms
+    across = 20e-6 + 8 * 6e-6 + 1.875 * n / (400e9 * 0.96)   # 5.311 ms (the hierarchical form: 5.645 ms)
+    assert rack.collective_time("all_reduce", n, ranks) == pytest.approx(inside)
+    assert dgx.collective_time("all_reduce", n, ranks) == pytest.approx(across)
+    # the rack's trays are separate nodes, yet a tray-to-tray pipeline send stays on NVLink
+    assert rack.p2p_time(n, 0, 4) == pytest.approx(5e-6 + 20e-6 + n / (900e9 * c.p2p_efficiency))
+
+
+def test_calibration_status_says_whether_the_constants_were_fitted_on_this_gpu(tmp_path):
+    a100 = load_cluster("dgx-a100-80g")
+    h100 = load_cluster("dgx-h100")
+    assert AnalyticalModel(a100).calibration_status() == "calibrated: a100 (vtrain)"
+    assert load_cluster("dgx-a100-40g").calibration == a100.calibration  # 40 GB parts share the A100 fit
+    assert AnalyticalModel(h100, calibration=a100.calibration).calibration_status() == \
+        "uncalibrated: A100-fitted constants on H100"
+    assert AnalyticalModel(h100).calibration_status() == "defaults: public-figure constants, uncalibrated on H100"
+    assert AnalyticalModel(h100, constants=AnalyticalConstants()).calibration_status().startswith("custom:")
+    raw = json.loads(open(a100.calibration).read())
+    raw.pop("gpu")
+    path = tmp_path / "unstated.json"
+    path.write_text(json.dumps(raw))
+    assert AnalyticalModel(a100, calibration=str(path)).calibration_status().startswith(
+        "uncalibrated: constants fitted on an unstated GPU")
+
+
+def test_list_clusters_shows_gpu_memory_and_calibration_of_every_zoo_cluster():
+    from cost_models.listing import cluster_lines
+    import specs
+    lines = cluster_lines()
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert set(rows) == set(specs.cluster_names())
+    assert "B200-SXM-180GB" in rows["dgx-b200"] and "4500" in rows["dgx-b200"]
+    assert rows["gb200-nvl72"].split()[3:6] == ["4", "72", "18"]  # GPUs per tray, NVLink domain, trays
+    assert rows["dgx-a100-80g"].endswith("calibrated: a100 (vtrain)")
+    assert rows["dgx-h100"].endswith("uncalibrated on H100")

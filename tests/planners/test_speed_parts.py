@@ -3,6 +3,8 @@ points a brute-force dominance check keeps, relayouts asked once per layout pair
 questions asked at an equivalent first rank (pipeline sends: moved by whole nodes) give the true tables."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -33,9 +35,17 @@ def test_pruning_keeps_exactly_the_non_dominated_points(seed, by_level, monkeypa
     assert np.array_equal(pareto.prune_fast(level, mem, cost), _brute_force(level, mem, cost))
 
 
-@pytest.mark.parametrize("model, cluster", [("llama2-7b", "dgx-a100-80g:2"), ("t5-large-48", "titan-16")])
+def _cluster(name: str):
+    """A zoo cluster, or 'trays': four 4-GPU nodes in NVLink domains of two (ranks move by whole domains)."""
+    if name == "trays":
+        return dataclasses.replace(load_cluster("gb200-nvl72"), scale_up_domain_gpus=8).with_nodes(4)
+    return load_cluster(name)
+
+
+@pytest.mark.parametrize("model, cluster", [("llama2-7b", "dgx-a100-80g:2"), ("t5-large-48", "titan-16"),
+                                            ("llama2-7b", "trays")])
 def test_tables_equal_the_cost_models_answers_at_the_true_ranks(model, cluster):
-    model, cluster = load_model(model).scaled(num_layers=4), load_cluster(cluster)
+    model, cluster = load_model(model).scaled(num_layers=4), _cluster(cluster)
     cm = cost_models.get("analytical", cluster)
     tables = grouped_tables(model, cm, 40 * 2**30, SearchSpace.preset("full"), (32,))
     checked = sends = 0

@@ -25,6 +25,10 @@ def test_json_records_have_the_agreed_fields(capsys):
     roomy = {r["planner"]: r for r in records if r["budget_gib"] == 4}
     assert roomy["galvatron"]["feasible"]
     assert roomy["galvatron"]["throughput_samples_per_s"] >= max(r["throughput_samples_per_s"] for r in roomy.values())
+    # cpu-4 has no calibration file: every record (and the table's head line) says so
+    assert {r["calibration"] for r in records} == {"defaults: public-figure constants, uncalibrated on CPU"}
+    assert compare.main(FAST + ["--budget-gib", "4", "--planners", "ddp"]) == 0
+    assert capsys.readouterr().out.startswith("cost model constants: defaults: public-figure constants, uncalibrated")
 
 
 def test_out_writes_plans_and_tables(tmp_path, capsys):

@@ -156,3 +156,20 @@ def test_memory_fires_an_out_of_memory_event_a_process_can_wait_for():
     assert mem.peak_bytes == 120.0 and mem.level_bytes == 90.0
     with pytest.raises(RuntimeError, match="freeing"):
         mem.free("too much", 1000.0)
+
+
+def test_ranks_on_two_nodes_of_one_nvlink_domain_never_cross_a_nic():
+    # two nodes of 2 GPUs, 1 GB/s ports, one 0.25 GB/s NIC each: a 4-rank ring reduce-scatter of
+    # 4 GB (1 GB per step, 3 steps) has one edge leaving each node. As separate domains the NIC
+    # sets every step (4 s); in one 4-GPU NVLink domain (GB200 NVL72 trays) the ports do (1 s).
+    from dataclasses import replace
+
+    from specs.cluster import InterNodeLink
+    base = replace(hand_cluster(2, nodes=2, bytes_per_s=1e9),
+                   inter_node=InterNodeLink(nics_per_node=1, nic_bandwidth_gbytes_per_s=0.25, latency_us=0.0))
+    for cluster, seconds in ((base, 3 * 4.0), (replace(base, scale_up_domain_gpus=4), 3 * 1.0)):
+        env, fabric, net = _fabric(cluster)
+        env.process(fabric.collective("rs", "reduce_scatter", 4e9, [[0, 1, 2, 3]]))
+        env.run()
+        assert env.now == pytest.approx(seconds)
+        assert (("nic_out", 0) in net.carried_bytes) == (cluster is base)

@@ -74,3 +74,59 @@ def test_concurrent_transfers_share_what_they_cross():
     dgx = load_cluster("dgx-a100-80g:2")
     assert dgx.transfers_link([(i, i + 8) for i in range(8)]).bandwidth_gbytes_per_s == 25.0
     assert dgx.transfers_link([(0, 0)]).bandwidth_gbytes_per_s == float("inf")  # nothing moves
+
+
+def test_nvl72_trays_share_one_nvlink_domain():
+    rack = load_cluster("gb200-nvl72")
+    assert (rack.nodes, rack.gpus_per_node, rack.domain_gpus, rack.world_size) == (18, 4, 72, 72)
+    assert rack.node_of(4) == 1 and rack.domain_of(4) == 0
+    assert [res for res, _ in rack.path(0, 4)] == [("gpu_out", 0), ("gpu_in", 4)]  # two trays, no NIC
+    two_racks = rack.with_nodes(36)
+    assert ("nic_out", 17) in [res for res, _ in two_racks.path(71, 72)]  # rack 0 -> rack 1: the NICs
+    # a 16-GPU ring on four trays runs at the 900 GB/s NVLink port; on two DGX B200 nodes (same
+    # 900 GB/s ports) two ring edges leave each node through its 8 x 50 GB/s of NICs
+    inside = rack.with_nodes(4).group_link(range(16))
+    across = load_cluster("dgx-b200:2").group_link(range(16))
+    assert (inside.bandwidth_gbytes_per_s, inside.crosses_nodes) == (900.0, False)
+    assert (across.bandwidth_gbytes_per_s, across.crosses_nodes) == (400.0, True)
+
+
+def test_every_figure_of_the_new_clusters_names_its_source():
+    for name in ("dgx-h100", "dgx-h200", "h100-500w", "dgx-b200", "gb200-nvl72", "mi300x-8"):
+        cluster = load_cluster(name)
+        named = dict(cluster.sources)
+        for key in ("gpu.peak_tflops", "gpu.peak_fp8_tflops", "gpu.memory_gib", "gpu.memory_bandwidth_gbytes_per_s",
+                    "intra_node.bandwidth_gbytes_per_s", "inter_node.nics_per_node",
+                    "inter_node.nic_bandwidth_gbytes_per_s"):
+            assert named.get(key), (name, key)
+        assert cluster.gpu.peak_fp8_tflops == pytest.approx(2 * cluster.gpu.peak_tflops, rel=1e-3)  # FP8 = 2x BF16
+
+
+@pytest.mark.parametrize("mutate, field, words", [
+    (lambda c: c.update(scale_up_domain_gpus=12), "scale_up_domain_gpus", "not a multiple of gpus_per_node(8)"),
+    (lambda c: c.update(scale_up_domain_gpus=-8), "scale_up_domain_gpus", "greater than or equal to 0"),
+    (lambda c: c.update(scale_up_domain_gpus=1152), "scale_up_domain_gpus", "less than or equal to 576"),
+    (lambda c: c.update(scale_up_domain_gpus="72"), "scale_up_domain_gpus", "valid integer"),
+    (lambda c: c.update(scale_up_domain_gpus=16), "scale_up_domain_gpus", "needs an nvswitch or nvlink"),
+    (lambda c: c["gpu"].update(peak_fp8_tflops=0), "gpu.peak_fp8_tflops", "greater than 0"),
+    (lambda c: c["gpu"].update(peak_fp8_tflops="fast"), "gpu.peak_fp8_tflops", "valid number"),
+    (lambda c: c.update(sources={"gpu.peak_tflopz": "datasheet"}), "sources", "'gpu.peak_tflopz' names no field"),
+    (lambda c: c.update(sources={"gpu.peak_tflops": 989}), "sources['gpu.peak_tflops']", "valid string"),
+    (lambda c: c.update(sources={"gpu.peak_tflops": ""}), "sources['gpu.peak_tflops']", "at least 1 character"),
+])
+def test_new_cluster_fields_give_one_line_errors_naming_them(tmp_path, mutate, field, words):
+    raw = json.loads((specs.zoo.CLUSTERS_DIR / "titan-8.json").read_text())  # PCIe: a domain beyond it is refused
+    mutate(raw)
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(SpecError) as err:
+        load_cluster(str(path))
+    assert err.value.field == field and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_scale_up_domain_is_checked_when_built_in_code():
+    base = load_cluster("dgx-b200")
+    from dataclasses import replace
+    with pytest.raises(SpecError, match="scale_up_domain_gpus.*not a multiple"):
+        replace(base, scale_up_domain_gpus=12)
+    assert replace(base, scale_up_domain_gpus=16).with_nodes(2).group_link(range(16)).bandwidth_gbytes_per_s == 900.0

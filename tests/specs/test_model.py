@@ -11,6 +11,7 @@ PUBLISHED = {  # name: (parameters, relative tolerance, source)
     "llama2-7b": (6.74e9, 0.01),       # Touvron et al. 2023 (6,738,415,616)
     "llama2-13b": (13.0e9, 0.01),
     "llama2-70b": (69.0e9, 0.01),
+    "llama3.1-405b": (405e9, 0.01),    # Llama 3 Herd of Models 2024 (405B dense)
     "bert-large": (335e6, 0.01),       # Devlin et al. 2019
     "t5-large-48": (738e6, 0.01),      # Raffel et al. 2020 (t5-large)
     "vit-huge-32": (632e6, 0.01),      # Dosovitskiy et al. 2021

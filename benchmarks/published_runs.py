@@ -1,0 +1,225 @@
+"""How close the analytical model (and, for small runs, the simulator) comes to published
+training runs it never saw: H100, H200 and A100; torchtitan, Megatron-Bridge, Llama 3.
+
+``python -m benchmarks.published_runs`` predicts every row of data/published_runs (never
+fitted; each cluster's own calibration status is printed) and reports, by GPU, precision and
+framework, MAPE, worst error and Kendall's tau, and the runs the model cannot state and why.
+``--sim`` also plays the runs of at most ``--sim-max-gpus`` GPUs in the simulator.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from specs import ClusterSpec, ModelSpec, Plan, Recompute, load_cluster, load_model, uniform_plan
+from specs.datasets import Dataset, data_path
+from specs.errors import SpecError, one_line_errors
+
+PRECISIONS = ("bf16",)
+"""Precisions the cost model states today (others: 'cannot state')."""
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One row of data/published_runs/published_runs.csv (its PROVENANCE.md names the columns)."""
+
+    id: str
+    cluster: str
+    gpus: int
+    model: str
+    framework: str
+    software: str
+    precision: str
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    dp_type: str
+    virtual_stages: int
+    micro_batch: int
+    global_batch: int
+    seq_len: int
+    recompute: str
+    attention: str
+    """eager or flash (specs.model.ATTENTION_KINDS): every framework here runs a fused kernel."""
+    measured_metric: str
+    measured_value: float
+    memory_gib: float | None
+    source: str
+
+    @property
+    def gpu(self) -> str:
+        """The GPU family, from the cluster name's node type (h100-500w -> h100-500w)."""
+        return self.cluster.split(":")[0].removeprefix("dgx-")
+
+    def measured_iteration_s(self, model: ModelSpec) -> float:
+        """Seconds per iteration from the published throughput: tokens per iteration over the
+        cluster's tokens per second (TFLOPS/GPU through 6 N + 12 L h s FLOPs per token)."""
+        tokens = self.global_batch * self.seq_len
+        per_gpu = self.measured_value
+        if self.measured_metric == "tflops_per_gpu":
+            per_gpu = self.measured_value * 1e12 / flops_per_token(model, self.seq_len)
+        elif self.measured_metric != "tokens_per_s_per_gpu":
+            raise SpecError("measured_metric", f"{self.id}: unknown {self.measured_metric!r}")
+        return tokens / (per_gpu * self.gpus)
+
+
+INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "global_batch", "seq_len")
+
+
+def load_runs() -> list[PublishedRun]:
+    """Every row, typed; a malformed row is one SpecError naming its id and field."""
+    out = []
+    with open(data_path(Dataset.PUBLISHED_RUNS), newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                typed = {k: int(row[k]) for k in INT_FIELDS}
+                mem = float(row["memory_gib"]) if row["memory_gib"] else None
+                out.append(PublishedRun(**{k: row[k] for k in ("id", "cluster", "model", "framework", "software",
+                                                               "precision", "dp_type", "recompute",
+                                                               "attention", "measured_metric", "source")},
+                                        **typed, measured_value=float(row["measured_value"]), memory_gib=mem))
+            except (KeyError, ValueError) as err:
+                raise SpecError(f"published_runs[{row.get('id', '?')}]", str(err)) from None
+    return out
+
+
+def flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """6 N + 12 L h s: torchtitan's model FLOPs per token (N all parameters), the count that
+    reproduces its published MFU figures."""
+    h = model.layers[0].hidden_size
+    return 6 * model.param_count() + 12 * model.num_layers * h * seq_len
+
+
+def cannot_state(run: PublishedRun) -> str:
+    """Why the model cannot express ``run`` today ('' when it can)."""
+    reasons = []
+    if run.precision not in PRECISIONS:
+        reasons.append(f"precision {run.precision} not modelled yet")
+    if run.cp > 1:
+        reasons.append("context parallelism not modelled yet")
+    if run.tp * run.pp * run.dp * run.cp != run.gpus:
+        reasons.append(f"tp*pp*dp*cp = {run.tp * run.pp * run.dp * run.cp} != {run.gpus} GPUs")
+    return "; ".join(reasons)
+
+
+def cluster_for(run: PublishedRun) -> ClusterSpec:
+    """The row's node type, as many nodes as the run used (fewer GPUs than a node: a part of one)."""
+    base = load_cluster(run.cluster)
+    if run.gpus < base.gpus_per_node:
+        return replace(base, gpus_per_node=run.gpus, nodes=1, name=f"{base.name}-{run.gpus}gpu")
+    if run.gpus % base.gpus_per_node:
+        raise SpecError("gpus", f"{run.id}: {run.gpus} GPUs is not whole {base.name} nodes")
+    return base.with_nodes(run.gpus // base.gpus_per_node)
+
+
+def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
+    """Uniform layers as the row states them; the vocabulary split like the layers (Megatron and
+    torchtitan shard the output layer over tp, and FSDP shards the embedding)."""
+    every_2nd = run.recompute == "full-every-2nd"
+    plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, global_batch=run.global_batch,
+                        micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
+                        recompute=Recompute.NONE if every_2nd else run.recompute)
+    layers = plan.layers
+    if every_2nd:  # torchtitan's "selective layer" AC: every other block fully recomputed
+        layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)
+                       for i, s in enumerate(layers))
+    return replace(plan, layers=layers, virtual_stages=run.virtual_stages, vocab_tp=run.tp,
+                   vocab_zero3=run.dp_type == "zero3")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    run: PublishedRun
+    reason: str = ""
+    """Why the run cannot be stated ('' when predicted)."""
+    measured_s: float = math.nan
+    predicted_s: float = math.nan
+    predicted_gib: float = math.nan
+    gpu_gib: float = math.nan
+    """Memory of the run's GPU: a prediction above it says the assumed plan is not the run's."""
+    sim_s: float = math.nan
+    calibration: str = ""
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1
+
+
+def predict(run: PublishedRun, sim_max_gpus: int = 0) -> Prediction:
+    """The analytical model's (and the simulator's, up to ``sim_max_gpus``) iteration time."""
+    from cost_models.analytical import AnalyticalModel
+    reason = cannot_state(run)
+    if reason:
+        return Prediction(run, reason=reason)
+    model = load_model(run.model).with_seq_len(run.seq_len).with_attention(run.attention)
+    cluster, plan = cluster_for(run), plan_for(run, model)
+    cm = AnalyticalModel(cluster)
+    cost = cm.plan_cost(model, plan)
+    sim = math.nan
+    if sim_max_gpus and run.gpus <= sim_max_gpus:
+        from simulator.evaluate import SimulatorEvaluator
+        sim = SimulatorEvaluator().evaluate(model, cluster, plan).iteration_time_s
+    return Prediction(run, measured_s=run.measured_iteration_s(model), predicted_s=cost.iteration_time_s,
+                      predicted_gib=cost.peak_memory_bytes / 2**30, gpu_gib=cluster.gpu.memory_gib, sim_s=sim,
+                      calibration=cm.calibration_status())
+
+
+def group_rows(predictions: Sequence[Prediction]) -> list[list]:
+    """By GPU, precision and framework, then all stated runs: runs, stated, MAPE, worst, tau."""
+    from scipy.stats import kendalltau
+    keys = sorted({(p.run.gpu, p.run.precision, p.run.framework) for p in predictions})
+    rows = []
+    for key in [*keys, ("all", "", "")]:
+        group = [p for p in predictions if key[0] == "all" or (p.run.gpu, p.run.precision, p.run.framework) == key]
+        stated = [p for p in group if not p.reason]
+        errs = [abs(p.error) * 100 for p in stated]
+        tau = (kendalltau([p.predicted_s for p in stated], [p.measured_s for p in stated]).statistic
+               if len(stated) > 2 else math.nan)
+        worst = max(stated, key=lambda p: abs(p.error), default=None)
+        rows.append([*key, len(group), len(stated), sum(errs) / len(errs) if errs else math.nan,
+                     worst.error * 100 if worst else math.nan, tau])
+    return rows
+
+
+def run_rows(predictions: Sequence[Prediction], with_sim: bool) -> list[list]:
+    """One line per run: what ran, measured and predicted seconds and error, or why not stated."""
+    rows = []
+    for p in predictions:
+        r = p.run
+        what = [r.id, r.gpus, f"{r.tp} {r.pp} {r.dp} {r.cp}", r.precision]
+        if p.reason:
+            rows.append(what + [f"cannot state: {p.reason}"] + [""] * (4 + with_sim))
+            continue
+        sim = [f"{(p.sim_s / p.measured_s - 1) * 100:+.1f}" if not math.isnan(p.sim_s) else ""] if with_sim else []
+        mem = f"{p.predicted_gib:.1f} / {r.memory_gib:g}" if r.memory_gib else f"{p.predicted_gib:.1f} / -"
+        mem += " (over the GPU's)" if p.predicted_gib > p.gpu_gib else ""
+        rows.append(what + [p.calibration, f"{p.measured_s:.2f}", f"{p.predicted_s:.2f}",
+                            f"{p.error * 100:+.1f}"] + sim + [mem])
+    return rows
+
+
+@one_line_errors()
+def main(argv: list[str] | None = None) -> int:
+    from tabulate import tabulate
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.published_runs", description=__doc__)
+    parser.add_argument("--sim", action="store_true", help="also play the small runs in the simulator")
+    parser.add_argument("--sim-max-gpus", type=int, default=64, help="largest run the simulator plays")
+    args = parser.parse_args(argv)
+    predictions = [predict(r, args.sim_max_gpus if args.sim else 0) for r in load_runs()]
+    print("Published runs (data/published_runs, never fitted): analytical model, each cluster's own constants\n")
+    print(tabulate(group_rows(predictions), headers=["GPU", "precision", "framework", "runs", "stated", "MAPE %",
+                                                      "worst %", "Kendall tau"], floatfmt=".2f"))
+    print()
+    print(tabulate(run_rows(predictions, args.sim),
+                   headers=["run", "GPUs", "tp pp dp cp", "precision", "constants", "measured s", "predicted s",
+                            "error %"] + (["sim error %"] if args.sim else []) + ["GiB pred / meas"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
