@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from frameworks.base import ExportResult, Framework, register
+from frameworks.base import ExportResult, Framework, register, with_model
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, plan_from_galvatron, plan_to_galvatron
 
 PLAN_FILE = "galvatron_plan.json"
@@ -32,6 +32,6 @@ class Galvatron(Framework):
             raw = json.loads(files[PLAN_FILE])
         except json.JSONDecodeError as err:
             raise SpecError(PLAN_FILE, f"not JSON: {err}") from None
-        plan = plan_from_galvatron(raw, cluster.world_size)
+        plan = with_model(plan_from_galvatron(raw, cluster.world_size), model, cluster)
         plan.validate(model, cluster)
         return plan
