@@ -111,13 +111,17 @@ def toml_text(sections: Mapping[str, Mapping[str, Any]], model: ModelSpec, summa
 
 
 def args_text(sections: Mapping[str, Mapping[str, Any]], model: ModelSpec) -> str:
-    """The command-line form torchtitan's ConfigManager parses (activation checkpointing as its
-    ``activation-checkpoint:MODE`` subcommand, which comes last)."""
+    """The command-line form torchtitan's ConfigManager (tyro) parses: ``--section.key value``,
+    booleans as ``--section.key`` / ``--section.no-key``, activation checkpointing as its
+    ``activation-checkpoint:MODE`` subcommand, which comes last."""
     module, config, _ = MODULES.get(model.name, ("MODULE", "CONFIG", ""))
     lines = [f"--module {module} --config {config}"]
     for name, items in sections.items():
-        if name != "activation_checkpoint":
-            lines += [f"--{name}.{k} {_toml_value(v).strip(chr(34))}" for k, v in items.items()]
+        if name == "activation_checkpoint":
+            continue
+        for k, v in items.items():
+            flag = k.replace("_", "-")
+            lines.append(f"--{name}.{flag if v else 'no-' + flag}" if isinstance(v, bool) else f"--{name}.{k} {v}")
     lines.append(f"activation-checkpoint:{sections['activation_checkpoint']['mode']}")
     return "\n".join(lines) + "\n"
 
@@ -157,9 +161,14 @@ def read_sections(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     for i, tok in enumerate(tokens):
         if tok.startswith("activation-checkpoint:"):
             out.setdefault("activation_checkpoint", {})["mode"] = tok.partition(":")[2]
-        elif tok.startswith("--") and "." in tok and i + 1 < len(tokens):
+        elif tok.startswith("--") and "." in tok:
             section, _, key = tok[2:].partition(".")
-            out.setdefault(section, {})[key] = _scalar(tokens[i + 1])
+            value: Any = True
+            if i + 1 < len(tokens) and not tokens[i + 1].startswith("-") and ":" not in tokens[i + 1]:
+                value = _scalar(tokens[i + 1])
+            elif key.startswith("no-"):
+                key, value = key[3:], False
+            out.setdefault(section, {})[key.replace("-", "_")] = value
     return out
 
 
