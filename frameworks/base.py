@@ -191,23 +191,10 @@ def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Pla
     return plan
 
 
-def even_split(model: ModelSpec, pp: int) -> tuple[int, ...]:
-    """Layers per stage when they divide evenly; SpecError otherwise."""
-    if model.num_layers % pp:
-        raise SpecError("pp", f"{model.num_layers} layers do not split evenly over pp {pp}")
-    return (model.num_layers // pp,) * pp
-
-
 def require_even(plan: Plan, target: str) -> None:
     """Refuse an uneven pipeline partition (the frameworks' default split is even)."""
     if len(set(plan.stage_layers)) > 1:
         raise SpecError("stage_layers", f"{list(plan.stage_layers)}: {target} splits layers evenly over stages")
-
-
-def require_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise SpecError(name, f"must be true or false, got {value!r}")
-    return value
 
 
 def with_model(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> Plan:
