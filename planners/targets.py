@@ -105,13 +105,14 @@ class TargetPlanner(Planner):
     galvatron by its DP per dp-type family, none by the DP over the full space."""
 
     name = "target"
+    defaults: dict[str, Any] = DEFAULTS
 
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                 options: dict[str, Any]) -> PlanResult:
-        opts = pop_options(options, DEFAULTS, self.name)
+        opts = pop_options(options, self.defaults, self.name)
         target, space = opts["target"], target_space(opts["target"])
         if target in UNIFORM:
-            return _best_uniform(target, model, cluster, budget, cost_model, space, int(opts["top_k"]))
+            return _best_uniform(self.name, target, model, cluster, budget, cost_model, space, int(opts["top_k"]))
         families = GALVATRON_FAMILIES if target == "galvatron" else (space.dp_types,)
         results = [GalvatronPlanner().plan(model, cluster, budget, cost_model,
                                            {**opts["galvatron"], "space": replace(space, dp_types=f)})
@@ -123,7 +124,7 @@ class TargetPlanner(Planner):
         return replace(best, planner=self.name)
 
 
-def _best_uniform(target: str, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+def _best_uniform(name: str, target: str, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                   space: SearchSpace, top_k: int) -> PlanResult:
     scored, smallest, tried = [], None, 0
     for batch in budget.global_batches():
@@ -135,13 +136,26 @@ def _best_uniform(target: str, model: ModelSpec, cluster: ClusterSpec, budget: B
                 scored.append((cost.throughput_samples_per_s, cost.iteration_time_s, cost.peak_memory_bytes, plan))
     stats = SearchStats(states_explored=tried, candidates=tried, solver_status="exhaustive")
     if not scored:
-        return infeasible_result(TargetPlanner.name, smallest, stats)
+        return infeasible_result(name, smallest, stats)
     scored.sort(key=lambda row: (-row[0], row[1]))
     stats = replace(stats, gap=0.0, bound_s=scored[0][1])
     top = tuple(RankedPlan(plan=p, iteration_time_s=t, throughput_samples_per_s=thr, peak_memory_gib=pk / GIB)
                 for thr, t, pk, p in scored[:top_k])
-    return scored_result(TargetPlanner.name, cost_model, model, scored[0][3], stats, top,
+    return scored_result(name, cost_model, model, scored[0][3], stats, top,
                          message=f"target {target}: {tried} uniform plans scored")
+
+
+def _fixed(target: str) -> type[TargetPlanner]:
+    """A registered planner ``target_<name>``: TargetPlanner whose target defaults to ``name``,
+    so that one compare table shows every target beside the others."""
+    cls = type(f"Target{target.title()}", (TargetPlanner,), {
+        "name": f"target_{target}", "defaults": {**DEFAULTS, "target": target},
+        "__doc__": f"The best plan {target} can launch (TargetPlanner with target {target})."})
+    return register(cls)
+
+
+for _name in TARGETS[1:]:
+    _fixed(_name)
 
 
 def plan_for_target(target: str, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,

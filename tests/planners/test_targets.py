@@ -71,3 +71,9 @@ def test_target_spaces_hold_the_frameworks_flavours():
     assert target_space("galvatron").virtual_stages == (1,)
     with pytest.raises(SpecError, match="unknown target"):
         target_space("jax")
+
+
+def test_each_target_is_also_a_registered_planner(results, cost_model):
+    for target in TARGETS[1:]:
+        r = get(f"target_{target}").plan(MODEL, CLUSTER, BUDGET, cost_model)
+        assert r.planner == f"target_{target}" and r.plan == results[target].plan, target
