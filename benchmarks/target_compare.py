@@ -58,7 +58,8 @@ def compare_targets(args: Any) -> list[str]:
             continue
         lines.append(_row(t, r.throughput_samples_per_s, r.iteration_time_s, r.peak_memory_gib, r.plan.summary(), ref))
         if args.out and t != "none":
-            frameworks.get(t).export(r.plan, model, cluster).write(args.out / cluster.name / f"{cluster.world_size}" / t)
+            frameworks.get(t).export(r.plan, model, cluster).write(
+                args.out / f"{cluster.name.partition(':')[0]}-{cluster.world_size}" / t)
     return lines
 
 
