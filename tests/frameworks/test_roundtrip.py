@@ -102,3 +102,17 @@ def test_export_result_writes_files_and_notes(tmp_path):
     assert sorted(p.name for p in paths) == ["NOTES.md", "torchtitan.toml", "torchtitan_args.txt"]
     assert "Cannot carry" in (tmp_path / "out" / "NOTES.md").read_text()
     assert isinstance(result, ExportResult)
+
+
+def test_command_line_exports_and_imports(tmp_path, capsys):
+    from frameworks.export import main
+    from specs import Plan
+    p = expressible("megatron")[0]
+    p.save(tmp_path / "plan.json")
+    assert main(["--to", "megatron", str(tmp_path / "plan.json"), "--out", str(tmp_path / "out")]) == 0
+    assert main(["--from", "megatron", str(tmp_path / "out" / "megatron_args.txt"), "--model", "llama3-70b",
+                 "--cluster", "dgx-h100:8", "--out", str(tmp_path / "back.json")]) == 0
+    assert Plan.load(tmp_path / "back.json") == p
+    assert main(["--to", "torchtitan", str(tmp_path / "plan.json")]) == 2  # zero1: refused in one line
+    err = capsys.readouterr().err.strip()
+    assert "zero1" in err and "\n" not in err
