@@ -191,6 +191,12 @@ def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Pla
     return plan
 
 
+def vocab_sharded(dp_type: DPType, replicas: int, model: ModelSpec) -> bool:
+    """The embedding and head ZeRO-3 sharded as the layers are (FSDP/ZeRO-3 wraps them too);
+    hybridpar keeps a tied embedding/head matrix replicated, so never for tied models."""
+    return dp_type == DPType.ZERO3 and replicas > 1 and not model.head.tied
+
+
 def require_even(plan: Plan, target: str) -> None:
     """Refuse an uneven pipeline partition (the frameworks' default split is even)."""
     if len(set(plan.stage_layers)) > 1:

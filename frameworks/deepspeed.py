@@ -6,7 +6,7 @@ import json
 from typing import Any, Mapping
 
 from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, require_even,
-                             uniform_view)
+                             uniform_view, vocab_sharded)
 from frameworks.megatron import args_text, parse_args_text
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
 
@@ -45,7 +45,7 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
         raise SpecError("schedule", f"{plan.schedule} v{plan.virtual_stages}: DeepSpeed's pipeline engine runs 1F1B")
     require_even(plan, "DeepSpeed")
     degree = u.ulysses if u.ulysses > 1 else u.tp
-    zero3 = u.dp_type == DPType.ZERO3 and s.grad_dp > 1
+    zero3 = vocab_sharded(u.dp_type, s.grad_dp, model)
     if plan.vocab_tp != degree or plan.vocab_sp != s.sp or plan.vocab_zero3 != zero3:
         raise SpecError("vocab_tp", f"vocab tp {plan.vocab_tp} sp {plan.vocab_sp} zero3 {plan.vocab_zero3}: "
                         f"Megatron-DeepSpeed splits the embedding and head like the layers (tp {degree}, "
@@ -138,7 +138,7 @@ def plan_from_config(config: Mapping[str, Any], args: Mapping[str, Any], model: 
                 recompute=Recompute.FULL if checkpoint else Recompute.NONE, global_batch=batch,
                 micro_batches=steps, vocab_tp=uly if uly > 1 else tp,
                 vocab_sp=SequenceParallel.ULYSSES if uly > 1 else SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
-                vocab_zero3=stage == 3 and dp * uly > 1)
+                vocab_zero3=vocab_sharded(kinds[stage], dp * uly, model))
     return plan_from_uniform(u, model, cluster)
 
 

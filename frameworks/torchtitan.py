@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, require_even,
-                             uniform_view)
+                             uniform_view, vocab_sharded)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
 
 TOML_FILE = "torchtitan.toml"
@@ -59,7 +59,7 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
     if (u.schedule, 1) not in SCHEDULES or (u.virtual_stages > 1 and u.schedule != "1f1b"):
         raise SpecError("schedule", f"{u.schedule} with virtual stages {u.virtual_stages} has no torchtitan schedule")
     require_even(plan, "torchtitan")
-    zero3 = u.dp_type == DPType.ZERO3 and u.dp > 1
+    zero3 = vocab_sharded(u.dp_type, u.dp, model)
     sp = SequenceParallel.MEGATRON if u.megatron_sp else SequenceParallel.NONE
     if plan.vocab_tp != u.tp or plan.vocab_sp != sp or plan.vocab_zero3 != zero3:
         raise SpecError("vocab_tp", f"vocab tp {plan.vocab_tp} sp {plan.vocab_sp} zero3 {plan.vocab_zero3}: "
@@ -231,7 +231,7 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
                 ep=_get(par, "expert_parallel_degree", 1, "parallelism"), global_batch=global_batch,
                 micro_batches=micro, schedule=schedule, virtual_stages=v, vocab_tp=tp, stage_layers=stages,
                 vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
-                vocab_zero3=dp_type == DPType.ZERO3 and dp > 1)
+                vocab_zero3=vocab_sharded(dp_type, dp, model))
     if u.ep > 1:
         u = replace(u, expert_tp=1 if tp > 1 else 0)
     return plan_from_uniform(u, model, cluster)

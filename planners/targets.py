@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 import frameworks
+from frameworks.base import vocab_sharded
 from cost_models import CostModel
 from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result, pop_options,
                            scored_result)
@@ -80,7 +81,7 @@ def _uniform(model: ModelSpec, cluster: ClusterSpec, s: Any, pp: int, m: int, v:
     try:
         plan = Plan(pp=pp, stage_layers=(model.num_layers // pp,) * pp, layers=layers, global_batch=batch,
                     micro_batches=m, schedule=schedule, virtual_stages=v, vocab_tp=s.tp, vocab_sp=s.sp,
-                    vocab_zero3=s.dp_type == DPType.ZERO3 and s.grad_dp > 1, model=model.name, cluster=cluster.name)
+                    vocab_zero3=vocab_sharded(s.dp_type, s.grad_dp, model), model=model.name, cluster=cluster.name)
         plan.validate(model, cluster)
     except SpecError:
         return None
