@@ -11,7 +11,8 @@ from specs import ClusterSpec, ModelSpec
 from specs.registry import Registry
 
 PLANNERS: Registry[type[Planner]] = Registry(
-    "planner", ["planners.baselines", "planners.galvatron", "planners.ilp", "planners.cpsat"],
+    "planner", ["planners.baselines", "planners.galvatron", "planners.ilp", "planners.cpsat",
+                "planners.targets"],
     group="hybridpar.planners")
 """Built-in planner modules, and where installed packages add theirs."""
 register = PLANNERS.register

@@ -161,6 +161,11 @@ class SearchSpace:
             raise SpecError("space", f"unknown preset {name!r}; choose from {', '.join(presets)}")
         return presets[name]
 
+    def for_target(self, name: str) -> "SearchSpace":
+        """This space restricted to what framework ``name`` runs (planners.targets.TARGETS)."""
+        from planners.targets import target_space
+        return target_space(name, self)
+
     def widened(self, *, zero2: bool = False, checkpoint: bool = False) -> "SearchSpace":
         """The same space plus ZeRO-2 and/or full activation checkpointing."""
         out = self

@@ -1,0 +1,37 @@
+"""Galvatron's own plan files (specs.galvatron_io) behind the framework interface."""
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+from frameworks.base import ExportResult, Framework, register, with_model
+from specs import ClusterSpec, ModelSpec, Plan, SpecError, plan_from_galvatron, plan_to_galvatron
+
+PLAN_FILE = "galvatron_plan.json"
+
+
+@register
+class Galvatron(Framework):
+    """Galvatron(-2)'s runtime: per-layer tp/Ulysses, dp types (one of ddp/zero2, plus zero3), checkpointing."""
+
+    name = "galvatron"
+    file_names = (PLAN_FILE,)
+
+    def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
+        text = json.dumps(plan_to_galvatron(plan), indent=4) + "\n"
+        return ExportResult(target=self.name, files={PLAN_FILE: text},
+                            assumptions=("Galvatron's runtime and its model of the same architecture; its own "
+                                         "optimizer and data settings",),
+                            cannot_carry=("ZeRO-1, Megatron-SP, selective recompute, interleaving and expert "
+                                          "parallelism (plans with them are refused)",))
+
+    def import_(self, files: Mapping[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
+        if PLAN_FILE not in files:
+            raise SpecError("files", f"give {PLAN_FILE}")
+        try:
+            raw = json.loads(files[PLAN_FILE])
+        except json.JSONDecodeError as err:
+            raise SpecError(PLAN_FILE, f"not JSON: {err}") from None
+        plan = with_model(plan_from_galvatron(raw, cluster.world_size), model, cluster)
+        plan.validate(model, cluster)
+        return plan

@@ -1,0 +1,268 @@
+"""torchtitan job config for a plan: the TOML sections of its train configs, and the same settings
+as the command-line overrides its ConfigManager parses (``--parallelism.tensor_parallel_degree 8``);
+and the way back from either to a Plan."""
+from __future__ import annotations
+
+import shlex
+import tomllib
+from dataclasses import replace
+from typing import Any, Mapping
+
+from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, require_even,
+                             uniform_view, vocab_sharded)
+from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+
+TOML_FILE = "torchtitan.toml"
+ARGS_FILE = "torchtitan_args.txt"
+
+SCHEDULES = {("gpipe", 1): "GPipe", ("1f1b", 1): "1F1B"}
+INTERLEAVED = "Interleaved1F1B"
+RESHARD = {DPType.ZERO3: "always", DPType.ZERO2: "never"}
+AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
+MODULES = {"llama3-8b": ("llama3", "llama3_8b", "8B"), "llama3-70b": ("llama3", "llama3_70b", "70B")}
+"""Zoo model -> (torchtitan --module, --config, TOML model flavor)."""
+
+ASSUMES = (
+    "model: torchtitan's registered model of the same architecture (--module/--config, or [model] "
+    "name/flavor in the TOML); other zoo models need their own registration",
+    "tokenizer and data: the recipe's own (hf_assets_path, dataset c4)",
+    "optimizer: AdamW; FSDP mixed precision bf16 parameters, fp32 gradient reduction",
+    "pipeline: layers split evenly, the embedding and the head not counted as layers "
+    "(first/last_stage_less_layers 0)",
+)
+CANNOT_CARRY = (
+    "selective recompute: torchtitan's selective AC is a per-op save policy, not Megatron's attention-core "
+    "recompute that the cost model charges; plans with it are refused",
+    "HSDP (replicate x shard): hybridpar's plan has one data-parallel flavour over the whole dp group",
+    "the cost model's overlap and kernel-efficiency assumptions (compile, async TP, float8 change the time)",
+)
+
+
+def _check(plan: Plan, model: ModelSpec) -> Uniform:
+    u = uniform_view(plan, model, "torchtitan")
+    s = plan.layers[0]
+    if u.ulysses > 1 or plan.vocab_sp == SequenceParallel.ULYSSES:
+        raise SpecError("layer 0", "sp ulysses: torchtitan's context parallelism is ring attention, not Ulysses")
+    if u.dp_type == DPType.ZERO1 and s.grad_dp > 1:
+        raise SpecError("layer 0", "dp_type zero1: torchtitan runs DDP (replicate) or FSDP2 (zero3, zero2 with "
+                        "reshard_after_forward never), not ZeRO-1")
+    if u.recompute not in AC_MODES:
+        raise SpecError("layer 0", f"recompute {u.recompute}: torchtitan's selective AC is not the attention-core "
+                        "recompute the plan means")
+    if s.tp > 1 and s.dp > 1 and not s.tp_consecutive:
+        raise SpecError("layer 0", "tp_consecutive false: torchtitan's mesh puts tp innermost")
+    if u.ep > 1 and (u.expert_tp or u.tp) != 1:
+        raise SpecError("layer 0", f"expert_tp {u.expert_tp or u.tp}: torchtitan's expert parallelism keeps "
+                        "experts whole (expert tp 1)")
+    if u.ep > 1 and u.expert_dp_type not in (None, u.dp_type):
+        raise SpecError("layer 0", f"expert_dp_type {u.expert_dp_type}: torchtitan shards experts like the rest")
+    if (u.schedule, 1) not in SCHEDULES or (u.virtual_stages > 1 and u.schedule != "1f1b"):
+        raise SpecError("schedule", f"{u.schedule} with virtual stages {u.virtual_stages} has no torchtitan schedule")
+    require_even(plan, "torchtitan")
+    zero3 = vocab_sharded(u.dp_type, u.dp, model)
+    sp = SequenceParallel.MEGATRON if u.megatron_sp else SequenceParallel.NONE
+    if plan.vocab_tp != u.tp or plan.vocab_sp != sp or plan.vocab_zero3 != zero3:
+        raise SpecError("vocab_tp", f"vocab tp {plan.vocab_tp} sp {plan.vocab_sp} zero3 {plan.vocab_zero3}: "
+                        f"torchtitan shards the embedding and head like the layers (tp {u.tp}, sp {sp}, "
+                        f"zero3 {zero3})")
+    return u
+
+
+def settings(plan: Plan, model: ModelSpec) -> dict[str, dict[str, Any]]:
+    """The plan as torchtitan config sections: {"parallelism": {...}, "training": {...}, ...}."""
+    u = _check(plan, model)
+    shard = u.dp if u.dp_type in (DPType.ZERO2, DPType.ZERO3) else 1
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": u.dp // shard, "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": u.tp, "enable_sequence_parallel": u.megatron_sp,
+        "pipeline_parallel_degree": u.pp, "context_parallel_degree": 1,
+    }
+    if shard > 1:
+        par["fsdp_reshard_after_forward"] = RESHARD[u.dp_type]
+    if any(spec.moe is not None for spec in model.layers):
+        par["expert_parallel_degree"] = u.ep
+    per_replica = u.global_batch // u.dp
+    training: dict[str, Any] = {"global_batch_size": u.global_batch, "seq_len": model.seq_len,
+                                "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"}
+    if u.pp > 1:  # the micro-batches are the pipeline's; no gradient accumulation
+        par.update(pipeline_parallel_schedule=INTERLEAVED if u.virtual_stages > 1 else SCHEDULES[(u.schedule, 1)],
+                   pipeline_parallel_microbatch_size=u.micro_batch_size,
+                   pipeline_parallel_layers_per_stage=model.num_layers // (u.pp * u.virtual_stages),
+                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+        training.update(local_batch_size=per_replica, disable_cuda_graphs=True)
+    else:  # the micro-batches are gradient-accumulation steps
+        training["local_batch_size"] = u.micro_batch_size
+    return {"parallelism": par, "training": training, "activation_checkpoint": {"mode": AC_MODES[u.recompute]}}
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return f'"{v}"' if isinstance(v, str) else str(v)
+
+
+def toml_text(sections: Mapping[str, Mapping[str, Any]], model: ModelSpec, summary: str) -> str:
+    lines = [f"# torchtitan job config written by hybridpar for {model.name}: {summary}"]
+    if model.name in MODULES:
+        lines += ["", "[model]", 'name = "llama3"', f'flavor = "{MODULES[model.name][2]}"']
+    for name, items in sections.items():
+        lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in items.items()]
+    return "\n".join(lines) + "\n"
+
+
+def args_text(sections: Mapping[str, Mapping[str, Any]], model: ModelSpec) -> str:
+    """The command-line form torchtitan's ConfigManager (tyro) parses: ``--section.key value``,
+    booleans as ``--section.key`` / ``--section.no-key``, activation checkpointing as its
+    ``activation-checkpoint:MODE`` subcommand, which comes last."""
+    module, config, _ = MODULES.get(model.name, ("MODULE", "CONFIG", ""))
+    lines = [f"--module {module} --config {config}"]
+    for name, items in sections.items():
+        if name == "activation_checkpoint":
+            continue
+        for k, v in items.items():
+            flag = k.replace("_", "-")
+            lines.append(f"--{name}.{flag if v else 'no-' + flag}" if isinstance(v, bool) else f"--{name}.{k} {v}")
+    lines.append(f"activation-checkpoint:{sections['activation_checkpoint']['mode']}")
+    return "\n".join(lines) + "\n"
+
+
+@register
+class Torchtitan(Framework):
+    """torchtitan (FSDP2/DDP, DTensor TP with sequence parallelism, torch.distributed.pipelining)."""
+
+    name = "torchtitan"
+    file_names = (TOML_FILE, ARGS_FILE)
+
+    def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
+        sections = settings(plan, model)
+        return ExportResult(target=self.name, files={TOML_FILE: toml_text(sections, model, plan.summary()),
+                                                     ARGS_FILE: args_text(sections, model)},
+                            assumptions=ASSUMES, cannot_carry=CANNOT_CARRY)
+
+    def import_(self, files: Mapping[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
+        return plan_from_sections(read_sections(files), model, cluster)
+
+    def seq_length(self, files: Mapping[str, str]) -> int | None:
+        value = read_sections(files).get("training", {}).get("seq_len")
+        return None if value is None else int(value)
+
+
+def read_sections(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The TOML (or the command-line overrides) as {section: {key: value}}."""
+    if TOML_FILE in files:
+        try:
+            return tomllib.loads(files[TOML_FILE])
+        except tomllib.TOMLDecodeError as err:
+            raise SpecError(TOML_FILE, f"not TOML: {err}") from None
+    if ARGS_FILE not in files:
+        raise SpecError("files", f"give {TOML_FILE} or {ARGS_FILE}")
+    out: dict[str, dict[str, Any]] = {}
+    tokens = shlex.split(files[ARGS_FILE], comments=True)
+    for i, tok in enumerate(tokens):
+        if tok.startswith("activation-checkpoint:"):
+            out.setdefault("activation_checkpoint", {})["mode"] = tok.partition(":")[2]
+        elif tok.startswith("--") and "." in tok:
+            section, _, key = tok[2:].partition(".")
+            value: Any = True
+            if i + 1 < len(tokens) and not tokens[i + 1].startswith("-") and ":" not in tokens[i + 1]:
+                value = _scalar(tokens[i + 1])
+            elif key.startswith("no-"):
+                key, value = key[3:], False
+            out.setdefault(section, {})[key.replace("-", "_")] = value
+    return out
+
+
+def _scalar(text: str) -> Any:
+    if text in ("true", "True", "false", "False"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _get(section: Mapping[str, Any], key: str, default: Any, name: str) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{name}.{key}", f"expected an integer, got {value!r}")
+    return value
+
+
+def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec) -> Plan:
+    par, training = sections.get("parallelism", {}), sections.get("training", {})
+    tp, pp = _get(par, "tensor_parallel_degree", 1, "parallelism"), _get(par, "pipeline_parallel_degree", 1, "parallelism")
+    if _get(par, "context_parallel_degree", 1, "parallelism") != 1:
+        raise SpecError("parallelism.context_parallel_degree", "context parallelism has no field in hybridpar's plan")
+    if "seq_len" in training and training["seq_len"] != model.seq_len:
+        raise SpecError("training.seq_len", f"{training['seq_len']} but the model is built for seq {model.seq_len}")
+    replicate = _get(par, "data_parallel_replicate_degree", 1, "parallelism")
+    shard = _get(par, "data_parallel_shard_degree", -1, "parallelism")
+    if shard == -1:
+        shard = cluster.world_size // (replicate * tp * pp)
+    if replicate * shard * tp * pp != cluster.world_size:
+        raise SpecError("parallelism", f"replicate({replicate})*shard({shard})*tp({tp})*pp({pp}) != "
+                        f"world({cluster.world_size})")
+    if replicate > 1 and shard > 1:
+        raise SpecError("parallelism.data_parallel_replicate_degree", f"HSDP {replicate} x {shard} has no field "
+                        "in hybridpar's plan (one data-parallel flavour over the whole dp group)")
+    dp = replicate * shard
+    reshard = par.get("fsdp_reshard_after_forward", "default")
+    dp_type = DPType.DDP if shard == 1 else {"always": DPType.ZERO3, "never": DPType.ZERO2}.get(
+        reshard, DPType.ZERO2 if pp > 1 else DPType.ZERO3)  # default: no resharding under pp
+    local = _get(training, "local_batch_size", 8, "training")
+    global_batch = _get(training, "global_batch_size", -1, "training")
+    global_batch = local * dp if global_batch == -1 else global_batch
+    if global_batch % (local * dp):
+        raise SpecError("training.global_batch_size", f"{global_batch} is not a multiple of local batch {local} * dp {dp}")
+    steps = global_batch // (local * dp)  # gradient accumulation
+    micro, v, schedule, stages = steps, 1, "1f1b", (model.num_layers,)
+    if pp > 1:
+        mbs = _get(par, "pipeline_parallel_microbatch_size", 1, "parallelism")
+        if local % mbs:
+            raise SpecError("parallelism.pipeline_parallel_microbatch_size", f"{mbs} does not divide local batch {local}")
+        micro = steps * (local // mbs)
+        schedule, v, stages = _pipeline(par, model, pp)
+    mode = sections.get("activation_checkpoint", {}).get("mode", "none")
+    recompute = {m: r for r, m in AC_MODES.items()}.get(mode)
+    if recompute is None:
+        raise SpecError("activation_checkpoint.mode", f"{mode!r}: hybridpar reads none or full")
+    sp = par.get("enable_sequence_parallel", True) and tp > 1
+    u = Uniform(tp=tp, dp=dp, pp=pp, dp_type=dp_type, recompute=recompute, megatron_sp=sp,
+                ep=_get(par, "expert_parallel_degree", 1, "parallelism"), global_batch=global_batch,
+                micro_batches=micro, schedule=schedule, virtual_stages=v, vocab_tp=tp, stage_layers=stages,
+                vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
+                vocab_zero3=vocab_sharded(dp_type, dp, model))
+    if u.ep > 1:
+        u = replace(u, expert_tp=1 if tp > 1 else 0)
+    return plan_from_uniform(u, model, cluster)
+
+
+def _pipeline(par: Mapping[str, Any], model: ModelSpec, pp: int) -> tuple[str, int, tuple[int, ...]]:
+    """(schedule, virtual stages, layers per stage) as torchtitan splits the model."""
+    name = par.get("pipeline_parallel_schedule", "1F1B")
+    first = _get(par, "pipeline_parallel_first_stage_less_layers", 1, "parallelism")
+    last = _get(par, "pipeline_parallel_last_stage_less_layers", 1, "parallelism")
+    if name == INTERLEAVED:
+        per_chunk = _get(par, "pipeline_parallel_layers_per_stage", 0, "parallelism")
+        if first or last or not per_chunk or model.num_layers % (pp * per_chunk):
+            raise SpecError("parallelism.pipeline_parallel_layers_per_stage", f"{per_chunk} (first/last less "
+                            f"{first}/{last}): hybridpar needs the {model.num_layers} layers in even chunks over pp {pp}")
+        v = model.num_layers // (pp * per_chunk)
+        return "1f1b", v, (model.num_layers // pp,) * pp
+    found = {t: k for k, t in SCHEDULES.items()}.get(name)
+    if found is None:
+        raise SpecError("parallelism.pipeline_parallel_schedule", f"{name!r}: hybridpar reads GPipe, 1F1B, {INTERLEAVED}")
+    return found[0], 1, torchtitan_split(model.num_layers, pp, first, last)
+
+
+def torchtitan_split(num_layers: int, stages: int, first_less: int, last_less: int) -> tuple[int, ...]:
+    """Layers per stage as torchtitan splits them: the embedding counts as ``first_less`` layers on
+    the first stage and the head as ``last_less`` on the last, the sum spread evenly (the first
+    stages take one more)."""
+    base, extra = divmod(num_layers + first_less + last_less, stages)
+    out = [base + (1 if i < extra else 0) for i in range(stages)]
+    out[0] -= first_less
+    out[-1] -= last_less
+    if min(out) < 1 or sum(out) != num_layers:
+        raise SpecError("parallelism.pipeline_parallel_degree", f"{stages} stages leave a stage without layers")
+    return tuple(out)

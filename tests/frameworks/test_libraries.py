@@ -1,0 +1,123 @@
+"""Exported configs loaded by the frameworks' own config classes (pip install -e '.[export]'):
+torchtitan's ConfigManager, Megatron-Core's TransformerConfig, DeepSpeed's DeepSpeedConfig; each
+skipped where its library is not installed."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+import pytest
+
+import frameworks
+from frameworks.megatron import parse_args_text, parse_bridge_yaml
+from specs import DPType, Recompute
+from tests.frameworks.plans import expressible, llama
+
+
+def _export(target, p):
+    model, cluster = llama()
+    return frameworks.get(target).export(p, model, cluster).files
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_torchtitan_config_manager_reads_the_export(index):
+    pytest.importorskip("triton")  # torchtitan's model registry imports it
+    manager = pytest.importorskip("torchtitan.config.manager")
+    p = expressible("torchtitan")[index]
+    argv = shlex.split(_export("torchtitan", p)["torchtitan_args.txt"])
+    config = manager.ConfigManager().parse_args(argv)
+    par, training, s = config.parallelism, config.training, p.layers[0]
+    shard = s.dp if s.dp_type in (DPType.ZERO2, DPType.ZERO3) else 1
+    assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (shard, s.dp // shard)
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (s.tp, p.pp)
+    assert par.enable_sequence_parallel == s.megatron_sp
+    assert training.global_batch_size == p.global_batch and training.seq_len == 8192
+    assert training.mixed_precision_param == "bfloat16"
+    ac = type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint is not None else "None"
+    assert ac.startswith({Recompute.FULL: "FullAC", Recompute.NONE: "NoAC"}[s.recompute]) or (
+        s.recompute == Recompute.NONE and ac == "None"), ac
+    if p.pp > 1:
+        expected = "Interleaved1F1B" if p.virtual_stages > 1 else {"1f1b": "1F1B", "gpipe": "GPipe"}[p.schedule]
+        assert par.pipeline_parallel_schedule == expected
+        assert training.local_batch_size // par.pipeline_parallel_microbatch_size == p.micro_batches
+        assert par.pipeline_parallel_layers_per_stage * p.pp * p.virtual_stages == 80
+    if shard > 1:
+        assert par.fsdp_reshard_after_forward == {DPType.ZERO3: "always", DPType.ZERO2: "never"}[s.dp_type]
+    parallel_dims = pytest.importorskip("torchtitan.distributed.parallel_dims")
+    parallel_dims.ParallelDims.from_config(par, world_size=64)  # its degree checks: product == world
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_megatron_core_transformer_config_accepts_the_export(index):
+    tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    p = expressible("megatron")[index]
+    files = _export("megatron", p)
+    args = parse_args_text(files["megatron_args.txt"])
+    fields = {f.name for f in dataclasses.fields(tc.TransformerConfig)}
+    # as Megatron-LM's core_transformer_config_from_args does: every argument named like a field
+    kw = {k: v for k, v in args.items() if k in fields}
+    kw = {k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in kw.items()}
+    kw.pop("normalization", None)
+    renames = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+               "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage"}
+    kw.update({new: int(args[old]) for old, new in renames.items() if old in args})
+    if "num_layers_per_virtual_pipeline_stage" in args:
+        kw["virtual_pipeline_model_parallel_size"] = p.virtual_stages
+    kw["num_query_groups"] = int(args["num_query_groups"])
+    kw["pipeline_dtype"] = __import__("torch").bfloat16
+    config = tc.TransformerConfig(**kw)  # its __post_init__ checks degrees, recompute, sp, pipeline layout
+    s = p.layers[0]
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (s.tp, p.pp)
+    assert config.sequence_parallel == s.megatron_sp and config.bf16
+    assert config.recompute_granularity == (None if s.recompute == Recompute.NONE else str(s.recompute))
+    assert (config.virtual_pipeline_model_parallel_size or 1) == p.virtual_stages
+    # the Bridge override's model section is TransformerConfig's own fields
+    model_section = _yaml_section(files["megatron_bridge_override.yaml"], "model")
+    assert model_section.pop("seq_length") == 8192  # Bridge's GPTModelProvider field, not TransformerConfig's
+    bridge = tc.TransformerConfig(**model_section, num_layers=80, hidden_size=8192, num_attention_heads=64,
+                                  pipeline_dtype=kw["pipeline_dtype"])
+    assert (bridge.tensor_model_parallel_size, bridge.pipeline_model_parallel_size) == (s.tp, p.pp)
+    assert (bridge.virtual_pipeline_model_parallel_size or 1) == p.virtual_stages
+    assert bridge.recompute_granularity == config.recompute_granularity
+    assert int(parse_bridge_yaml(files["megatron_bridge_override.yaml"])["micro_batch_size"]) == p.micro_batch_size(0)
+
+
+def _yaml_section(text, name):
+    out, current = {}, None
+    for line in text.splitlines():
+        if line and not line.startswith((" ", "#")):
+            current = line.rstrip(":")
+        elif current == name and line.strip():
+            key, _, value = line.strip().partition(": ")
+            out[key] = {"true": True, "false": False, "null": None}.get(value, int(value) if value.isdigit() else value)
+    return out
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_deepspeed_config_class_reads_the_export(index, monkeypatch):
+    ds_config = pytest.importorskip("deepspeed.runtime.config")
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)  # no process group here: rank 0 of the mpu's dp
+    p = expressible("deepspeed")[index]
+    s = p.layers[0]
+
+    class Mpu:  # the data-parallel size DeepSpeed takes from Megatron's mpu
+        def get_data_parallel_world_size(self):
+            return s.dp
+
+        def get_data_parallel_rank(self):
+            return 0
+
+        def get_model_parallel_world_size(self):
+            return s.tp
+
+        def get_sequence_parallel_world_size(self):
+            return s.tp if s.ulysses else 1
+
+    raw = json.loads(_export("deepspeed", p)["ds_config.json"])
+    config = ds_config.DeepSpeedConfig(raw, mpu=Mpu())
+    assert config.train_batch_size == p.global_batch
+    assert config.train_micro_batch_size_per_gpu == p.micro_batch_size(0)
+    assert config.gradient_accumulation_steps == p.micro_batches
+    assert config.zero_optimization_stage == {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}[s.dp_type]
+    assert config.bfloat16_config.enabled and not config.float16_config.enabled

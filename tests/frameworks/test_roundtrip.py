@@ -1,0 +1,118 @@
+"""Export then import gives the same Plan; what a framework cannot run is refused in one line."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import frameworks
+from frameworks.base import ExportResult
+from specs import DPType, Recompute, SpecError
+from tests.frameworks.plans import expressible, llama, plan
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_export_then_import_is_the_same_plan(target):
+    model, cluster = llama()
+    fw = frameworks.get(target)
+    for p in expressible(target):
+        result = fw.export(p, model, cluster)
+        assert result.assumptions and result.cannot_carry
+        assert fw.import_(result.files, model, cluster) == p, p.summary()
+        # (DeepSpeed's JSON has no degrees: the launcher's arguments carry them)
+        for name in result.files if target != "deepspeed" else ():  # each file alone carries the plan
+            assert fw.import_({name: result.files[name]}, model, cluster) == p, (name, p.summary())
+
+
+def test_galvatron_round_trip():
+    model, cluster = llama()
+    p = plan(model, cluster, tp=8, dp=2, pp=4, global_batch=64, micro_batches=8, recompute="full", dp_type="zero3")
+    fw = frameworks.get("galvatron")
+    assert fw.import_(fw.export(p, model, cluster).files, model, cluster) == p
+
+
+def _one_line(target, p, *words):
+    model, cluster = llama()
+    with pytest.raises(SpecError) as err:
+        frameworks.get(target).export(p, model, cluster)
+    text = str(err.value)
+    assert "\n" not in text and all(w in text for w in words), text
+
+
+def test_per_layer_mixes_are_refused_naming_the_layer_and_field():
+    model, cluster = llama()
+    base = plan(model, cluster, tp=8, dp=8, global_batch=64, micro_batches=2, sp="megatron", dp_type="zero1")
+    layers = list(base.layers)
+    layers[5] = replace(layers[5], dp_type=DPType.ZERO2)
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        _one_line(target, replace(base, layers=tuple(layers)), "layer 5", "dp_type")
+    layers = list(base.layers)
+    layers[7] = replace(layers[7], tp=4, dp=16)
+    _one_line("megatron", replace(base, layers=tuple(layers)), "layer 7", "tp")
+
+
+def test_what_each_framework_cannot_run_is_refused():
+    model, cluster = llama()
+    uly = plan(model, cluster, tp=8, dp=8, global_batch=64, micro_batches=8, sp="ulysses", dp_type="zero1")
+    _one_line("megatron", uly, "layer 0", "ulysses")
+    _one_line("torchtitan", uly, "layer 0", "ulysses")
+    z3 = plan(model, cluster, tp=8, dp=8, global_batch=64, micro_batches=2, dp_type="zero3", vocab_zero3=True)
+    _one_line("megatron", z3, "layer 0", "zero3")
+    z1 = plan(model, cluster, tp=8, dp=8, global_batch=64, micro_batches=2, dp_type="zero1")
+    _one_line("torchtitan", z1, "layer 0", "zero1")
+    z2pp = plan(model, cluster, tp=8, dp=2, pp=4, global_batch=64, micro_batches=8, dp_type="zero2")
+    _one_line("deepspeed", z2pp, "layer 0", "zero2")
+    gpipe = plan(model, cluster, tp=8, dp=2, pp=4, global_batch=64, micro_batches=8, schedule="gpipe")
+    _one_line("megatron", gpipe, "schedule", "gpipe")
+    sel = replace(z1, layers=tuple(replace(s, recompute=Recompute.SELECTIVE) for s in z1.layers))
+    _one_line("deepspeed", sel, "layer 0", "selective")
+
+
+def test_megatron_block_recompute_round_trips():
+    model, cluster = llama()
+    base = plan(model, cluster, tp=8, dp=2, pp=4, global_batch=64, micro_batches=8, sp="megatron")
+    layers = [replace(s, recompute=Recompute.FULL if i % 20 < 3 else Recompute.NONE) for i, s in enumerate(base.layers)]
+    p = replace(base, layers=tuple(layers))
+    fw = frameworks.get("megatron")
+    result = fw.export(p, model, cluster)
+    assert "--recompute-method block" in result.files["megatron_args.txt"]
+    assert fw.import_(result.files, model, cluster) == p
+    layers[21] = replace(layers[21], recompute=Recompute.NONE)  # stage 1 keeps a different count
+    _one_line("megatron", replace(p, layers=tuple(layers)), "recompute")
+
+
+def test_imported_degrees_are_checked_against_the_cluster():
+    model, cluster = llama()
+    with pytest.raises(SpecError, match="context"):
+        frameworks.get("megatron").import_({"megatron_args.txt": "--context-parallel-size 2"}, model, cluster)
+    with pytest.raises(SpecError, match="HSDP"):
+        frameworks.get("torchtitan").import_({"torchtitan.toml": "[parallelism]\ndata_parallel_replicate_degree = 2\n"
+                                                                  "data_parallel_shard_degree = 4\n"
+                                                                  "tensor_parallel_degree = 8\n"}, model, cluster)
+    with pytest.raises(SpecError, match="train_batch_size"):
+        frameworks.get("deepspeed").import_({"ds_config.json": '{"train_batch_size": 10, '
+                                             '"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}'},
+                                            model, cluster)
+
+
+def test_export_result_writes_files_and_notes(tmp_path):
+    model, cluster = llama()
+    result = frameworks.get("torchtitan").export(expressible("torchtitan")[0], model, cluster)
+    paths = result.write(tmp_path / "out")
+    assert sorted(p.name for p in paths) == ["NOTES.md", "torchtitan.toml", "torchtitan_args.txt"]
+    assert "Cannot carry" in (tmp_path / "out" / "NOTES.md").read_text()
+    assert isinstance(result, ExportResult)
+
+
+def test_command_line_exports_and_imports(tmp_path, capsys):
+    from frameworks.export import main
+    from specs import Plan
+    p = expressible("megatron")[0]
+    p.save(tmp_path / "plan.json")
+    assert main(["--to", "megatron", str(tmp_path / "plan.json"), "--out", str(tmp_path / "out")]) == 0
+    assert main(["--from", "megatron", str(tmp_path / "out" / "megatron_args.txt"), "--model", "llama3-70b",
+                 "--cluster", "dgx-h100:8", "--out", str(tmp_path / "back.json")]) == 0
+    assert Plan.load(tmp_path / "back.json") == p
+    assert main(["--to", "torchtitan", str(tmp_path / "plan.json")]) == 2  # zero1: refused in one line
+    err = capsys.readouterr().err.strip()
+    assert "zero1" in err and "\n" not in err
