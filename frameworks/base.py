@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
+from specs.axes import Degrees
 from specs.files import atomic_write_text
 
 
@@ -71,21 +72,9 @@ class Framework(ABC):
 
 
 # -- reading and building the plan's per-layer degrees and schedule -------------------------------
-@dataclass(frozen=True)
-class Degrees:
-    """The degrees of one layer as the frameworks name them."""
-
-    tp: int
-    """Tensor-parallel degree of the weights."""
-    ulysses: int
-    """Ulysses sequence-parallel degree (1: none)."""
-    dp: int
-    """Data-parallel replicas of the batch."""
-
-
 def strategy_degrees(s: LayerStrategy) -> Degrees:
-    """(weight tp, Ulysses degree, dp) of a layer."""
-    return Degrees(tp=s.weight_tp, ulysses=s.tp if s.ulysses else 1, dp=s.dp)
+    """The named degrees of a layer (specs.axes): weight ``tp``, ``ulysses``, ``dp``, ``grad_sync``."""
+    return s.degrees
 
 
 def make_strategy(*, tp: int, ulysses: int = 1, dp: int, **rest: Any) -> LayerStrategy:
@@ -93,17 +82,22 @@ def make_strategy(*, tp: int, ulysses: int = 1, dp: int, **rest: Any) -> LayerSt
     if ulysses > 1 and tp > 1:
         raise SpecError("ulysses", f"ulysses {ulysses} together with tp {tp} has no field in hybridpar's plan")
     if ulysses > 1:
-        return LayerStrategy(tp=ulysses, dp=dp, sp=SequenceParallel.ULYSSES, **rest)
+        return LayerStrategy(ulysses=ulysses, dp=dp, sp=SequenceParallel.ULYSSES, **rest)
     return LayerStrategy(tp=tp, dp=dp, **rest)
 
 
 def schedule_of(plan: Plan) -> tuple[str, int]:
-    """(schedule name, virtual stages per rank): ('1f1b', 1), ('gpipe', 1), ('1f1b', 2) ..."""
+    """(schedule name, virtual stages per rank) as the frameworks name them: interleaving is 1F1B
+    with more than one virtual stage ('1f1b', 2), not a schedule of its own."""
+    if plan.schedule == Schedule.INTERLEAVED_1F1B:
+        return str(Schedule.ONE_F_ONE_B), plan.virtual_stages
     return str(plan.schedule), plan.virtual_stages
 
 
 def schedule_fields(schedule: str, virtual_stages: int) -> dict[str, Any]:
     """Plan keyword arguments of a schedule (the inverse of schedule_of)."""
+    if virtual_stages > 1 and schedule == Schedule.ONE_F_ONE_B:
+        schedule = Schedule.INTERLEAVED_1F1B
     return {"schedule": schedule, "virtual_stages": virtual_stages}
 
 

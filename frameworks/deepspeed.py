@@ -32,7 +32,7 @@ CANNOT_CARRY = (
 def _check(plan: Plan, model: ModelSpec) -> Uniform:
     u = uniform_view(plan, model, "DeepSpeed")
     s = plan.layers[0]
-    if u.pp > 1 and u.dp_type in (DPType.ZERO2, DPType.ZERO3) and s.grad_dp > 1:
+    if u.pp > 1 and u.dp_type in (DPType.ZERO2, DPType.ZERO3) and s.degrees.grad_sync > 1:
         raise SpecError("layer 0", f"dp_type {u.dp_type} with pp {u.pp}: DeepSpeed's pipeline engine runs "
                         "ZeRO stage 0 or 1 only")
     if u.recompute == Recompute.SELECTIVE:
@@ -45,7 +45,7 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
         raise SpecError("schedule", f"{plan.schedule} v{plan.virtual_stages}: DeepSpeed's pipeline engine runs 1F1B")
     require_even(plan, "DeepSpeed")
     degree = u.ulysses if u.ulysses > 1 else u.tp
-    zero3 = vocab_sharded(u.dp_type, s.grad_dp, model)
+    zero3 = vocab_sharded(u.dp_type, s.degrees.grad_sync, model)
     if plan.vocab_tp != degree or plan.vocab_sp != s.sp or plan.vocab_zero3 != zero3:
         raise SpecError("vocab_tp", f"vocab tp {plan.vocab_tp} sp {plan.vocab_sp} zero3 {plan.vocab_zero3}: "
                         f"Megatron-DeepSpeed splits the embedding and head like the layers (tp {degree}, "

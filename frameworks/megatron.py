@@ -5,8 +5,9 @@ from __future__ import annotations
 import shlex
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, uniform_view)
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, schedule_of,
+                             uniform_view)
+from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 
 ARGS_FILE = "megatron_args.txt"
 BRIDGE_FILE = "megatron_bridge_override.yaml"
@@ -30,10 +31,10 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
     """The plan as Megatron runs it; one SpecError line for the first thing it cannot run."""
     u = uniform_view(plan, model, "Megatron", per_layer=("recompute",))
     for i, s in enumerate(plan.layers):
-        if s.ulysses:
+        if s.ulysses > 1:
             raise SpecError(f"layer {i}", "sp ulysses: Megatron has no Ulysses sequence parallelism "
                             "(its context parallelism is ring attention)")
-        if s.dp_type in (DPType.ZERO2, DPType.ZERO3) and s.grad_dp > 1:
+        if s.dp_type in (DPType.ZERO2, DPType.ZERO3) and s.degrees.grad_sync > 1:
             raise SpecError(f"layer {i}", f"dp_type {s.dp_type}: Megatron runs DDP or the distributed "
                             "optimizer (zero1)")
         if s.tp > 1 and s.dp > 1 and not s.tp_consecutive:
@@ -41,7 +42,7 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
         if s.has_expert_split and s.expert_dp_kind != s.dp_type and s.expert_dp > 1:
             raise SpecError(f"layer {i}", f"expert_dp_type {s.expert_dp_kind} differs from dp_type "
                             f"{s.dp_type}: one --use-distributed-optimizer covers both")
-    if plan.schedule != "1f1b":
+    if schedule_of(plan)[0] != Schedule.ONE_F_ONE_B:
         raise SpecError("schedule", f"{plan.schedule}: Megatron runs 1F1B (interleaved with virtual stages)")
     if plan.vocab_tp != u.tp or plan.vocab_zero3 or plan.vocab_sp != plan.layers[0].sp:
         raise SpecError("vocab_tp", f"vocab tp {plan.vocab_tp} sp {plan.vocab_sp} zero3 {plan.vocab_zero3}: "

@@ -43,7 +43,7 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
     s = plan.layers[0]
     if u.ulysses > 1 or plan.vocab_sp == SequenceParallel.ULYSSES:
         raise SpecError("layer 0", "sp ulysses: torchtitan's context parallelism is ring attention, not Ulysses")
-    if u.dp_type == DPType.ZERO1 and s.grad_dp > 1:
+    if u.dp_type == DPType.ZERO1 and s.degrees.grad_sync > 1:
         raise SpecError("layer 0", "dp_type zero1: torchtitan runs DDP (replicate) or FSDP2 (zero3, zero2 with "
                         "reshard_after_forward never), not ZeRO-1")
     if u.recompute not in AC_MODES:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 import frameworks
-from frameworks.base import vocab_sharded
+from frameworks.base import schedule_fields, vocab_sharded
 from cost_models import CostModel
 from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result, pop_options,
                            scored_result)
@@ -80,8 +80,8 @@ def _uniform(model: ModelSpec, cluster: ClusterSpec, s: Any, pp: int, m: int, v:
     layers = tuple(s if spec.moe is not None else dense for spec in model.layers)
     try:
         plan = Plan(pp=pp, stage_layers=(model.num_layers // pp,) * pp, layers=layers, global_batch=batch,
-                    micro_batches=m, schedule=schedule, virtual_stages=v, vocab_tp=s.tp, vocab_sp=s.sp,
-                    vocab_zero3=vocab_sharded(s.dp_type, s.grad_dp, model), model=model.name, cluster=cluster.name)
+                    micro_batches=m, **schedule_fields(schedule, v), vocab_tp=s.degrees.split, vocab_sp=s.sp,
+                    vocab_zero3=vocab_sharded(s.dp_type, s.degrees.grad_sync, model), model=model.name, cluster=cluster.name)
         plan.validate(model, cluster)
     except SpecError:
         return None

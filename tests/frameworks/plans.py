@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from frameworks.base import schedule_fields
 from specs import ClusterSpec, ModelSpec, Plan, load_cluster, load_model, uniform_plan
 
 
@@ -14,7 +15,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, *, vocab_zero3: bool = False, v
          stage_layers: tuple[int, ...] | None = None, **kw) -> Plan:
     p = uniform_plan(model.num_layers, **kw)
     sp = p.layers[0].sp
-    p = replace(p, vocab_tp=p.layers[0].tp, vocab_sp=sp, vocab_zero3=vocab_zero3, virtual_stages=virtual_stages,
+    p = replace(p, vocab_tp=p.layers[0].degrees.split, vocab_sp=sp, vocab_zero3=vocab_zero3, **schedule_fields(p.schedule, virtual_stages),
                 model=model.name, cluster=cluster.name, stage_layers=stage_layers or p.stage_layers)
     p.validate(model, cluster)
     return p
@@ -41,7 +42,7 @@ def expressible(target: str) -> list[Plan]:
         ],
         "deepspeed": [
             plan(m, c, tp=1, dp=16, pp=4, global_batch=64, micro_batches=4, recompute="full", dp_type="zero1"),
-            plan(m, c, tp=8, dp=8, global_batch=64, micro_batches=8, sp="ulysses", dp_type="zero3", vocab_zero3=True),
+            plan(m, c, ulysses=8, dp=8, global_batch=64, micro_batches=8, sp="ulysses", dp_type="zero3", vocab_zero3=True),
             plan(m, c, tp=4, dp=16, global_batch=64, micro_batches=2, sp="megatron", dp_type="zero2"),
         ],
     }

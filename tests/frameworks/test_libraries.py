@@ -112,7 +112,7 @@ def test_deepspeed_config_class_reads_the_export(index, monkeypatch):
             return s.tp
 
         def get_sequence_parallel_world_size(self):
-            return s.tp if s.ulysses else 1
+            return s.ulysses
 
     raw = json.loads(_export("deepspeed", p)["ds_config.json"])
     config = ds_config.DeepSpeedConfig(raw, mpu=Mpu())

@@ -53,7 +53,7 @@ def test_per_layer_mixes_are_refused_naming_the_layer_and_field():
 
 def test_what_each_framework_cannot_run_is_refused():
     model, cluster = llama()
-    uly = plan(model, cluster, tp=8, dp=8, global_batch=64, micro_batches=8, sp="ulysses", dp_type="zero1")
+    uly = plan(model, cluster, ulysses=8, dp=8, global_batch=64, micro_batches=8, sp="ulysses", dp_type="zero1")
     _one_line("megatron", uly, "layer 0", "ulysses")
     _one_line("torchtitan", uly, "layer 0", "ulysses")
     z3 = plan(model, cluster, tp=8, dp=8, global_batch=64, micro_batches=2, dp_type="zero3", vocab_zero3=True)
