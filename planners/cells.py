@@ -134,7 +134,7 @@ def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
     """The record of one (budget, planner) cell (its plan file written when ``grid.out``)."""
     model, cluster, cm, evaluator = _context(grid)
     result = get(name).plan(model, cluster, budget, cm, dict(grid.options.get(name, {})))
-    rec = record(result, grid.model, grid.cluster, budget)
+    rec = record(result, grid.model, grid.cluster, budget, model, cluster)
     if evaluator is not None:
         add_evaluation(rec, grid.evaluator, evaluator.evaluate(model, cluster, result.plan)
                        if result.feasible else None)

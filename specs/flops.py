@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from specs.cluster import ClusterSpec
 from specs.model import ModelSpec
 
-FLOP_FORMULA = ("model FLOPs/iteration = 3 x forward matmul FLOPs (backward = 2 x forward) = "
-                "6 x active params x tokens + attention 12 x layers x seq x head width; "
-                "MFU = achieved / dense BF16 peak (Megatron-LM, PaLM; recomputation not counted)")
+FLOP_FORMULA = ("per token 6 x active params + 12 x layers x seq x attention width (3 x the forward "
+                "matmuls, as Megatron-LM and PaLM count); MFU against the GPU's dense BF16 peak; "
+                "recomputation not counted")
 """One line naming the count, for tables and reports."""
 
 
