@@ -49,6 +49,12 @@ class Grid:
     """A progress bar on stderr."""
     workers: int = 1
     """Processes running cells at once (1: in this process); the records are the same either way."""
+    seq_length: int | None = None
+    """Train at this sequence length instead of the model's (None: the model's)."""
+    attention: str | None = None
+    """Compute attention this way (eager, flash) instead of as the config says (None)."""
+    keep_plans: bool = False
+    """Each feasible record also carries its plan as a dict under ``plan`` (for reports)."""
     ray_address: str | None = None
     """Run every cell as a Ray task on this cluster ('auto', 'ray://host:10001', ...; 'local'
     starts a Ray instance here with ``workers`` CPUs); None: no Ray. Needs the optional extra
@@ -120,14 +126,22 @@ def forget_contexts() -> None:
 
 
 def _context(grid: Grid) -> tuple:
-    key = (grid.model, grid.cluster, grid.cost_model, repr(sorted(grid.cost_model_options.items())), grid.evaluator)
+    key = (grid.model, grid.cluster, grid.cost_model, repr(sorted(grid.cost_model_options.items())), grid.evaluator,
+           grid.seq_length, grid.attention)
     if key not in _CONTEXTS:
         model, cluster = load_model(grid.model), load_cluster(grid.cluster)
+        model = model.with_seq_len(grid.seq_length) if grid.seq_length else model
+        model = model.with_attention(grid.attention) if grid.attention else model
         cm = cost_models.get(grid.cost_model, cluster, **grid.cost_model_options)
         model = getattr(cm, "model_spec", None) or model  # a profile can fix the sequence length
         evaluator = EVALUATORS.get(grid.evaluator)() if grid.evaluator else None
         _CONTEXTS[key] = (model, cluster, cm, evaluator)
     return _CONTEXTS[key]
+
+
+def grid_specs(grid: Grid) -> tuple:
+    """(model, cluster, cost model) a grid's cells are planned with, in this process."""
+    return _context(grid)[:3]
 
 
 def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
@@ -140,6 +154,8 @@ def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
                        if result.feasible else None)
     if grid.out and result.feasible:
         rec["plan_file"] = save_plan(grid.out, name, budget, result)
+    if grid.keep_plans and result.feasible:
+        rec["plan"] = result.plan.to_dict()
     return rec
 
 

@@ -29,7 +29,8 @@ def _runs(plan: Plan, layers: Sequence[int]) -> str:
     out, start = [], 0
     layers = list(layers)
     for i in range(1, len(layers) + 1):
-        if i == len(layers) or plan.layers[layers[i]] != plan.layers[layers[start]]:
+        if (i == len(layers) or layers[i] != layers[i - 1] + 1  # interleaved stages hold separate chunks
+                or plan.layers[layers[i]] != plan.layers[layers[start]]):
             a, b = layers[start], layers[i - 1]
             out.append(f"L{a}" + (f"-{b}" if b != a else "") + f" {plan.layers[a].short()}")
             start = i
