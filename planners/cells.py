@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -16,6 +16,7 @@ from planners.records import add_evaluation, mark_ties, record
 from planners.registry import DEFAULT_PLANNERS, get
 from planners.report import save_plan, write_tables
 from specs import SpecError, load_cluster, load_model
+from specs.embedded import with_specs
 
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
@@ -153,7 +154,8 @@ def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
         add_evaluation(rec, grid.evaluator, evaluator.evaluate(model, cluster, result.plan)
                        if result.feasible else None)
     if grid.out and result.feasible:
-        rec["plan_file"] = save_plan(grid.out, name, budget, result)
+        embedded = replace(result, plan=with_specs(result.plan, model, cluster))  # loads in any folder
+        rec["plan_file"] = save_plan(grid.out, name, budget, embedded)
     if grid.keep_plans and result.feasible:
         rec["plan"] = result.plan.to_dict()
     return rec

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -222,6 +222,10 @@ class Plan:
     cluster: str = ""
     """Zoo name or file of the cluster (informative)."""
     version: int = PLAN_VERSION
+    model_spec: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The ModelSpec the plan was made for, as data (specs.embedded), so the file loads anywhere."""
+    cluster_spec: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The ClusterSpec the plan was made for, as data (specs.embedded)."""
 
     def __post_init__(self) -> None:
         positive_int(self.pp, "pp")
@@ -371,6 +375,9 @@ class Plan:
         d = asdict(self)
         d["stage_layers"] = list(self.stage_layers)
         d["layers"] = [asdict(s) for s in self.layers]
+        for key in ("model_spec", "cluster_spec"):  # written only when embedded
+            if d[key] is None:
+                del d[key]
         return d
 
     @classmethod
