@@ -24,6 +24,14 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><tr>{cells}</tr>{body}</table>"
 
 
+RECOMPUTE_WORDS = {"ckpt": "recompute full", "sel": "recompute selective"}
+"""The plan column's short tokens, spelled as the --recompute flags spell them."""
+
+
+def _strategy(text: str) -> str:
+    return " ".join(RECOMPUTE_WORDS.get(word, word) for word in text.split())
+
+
 def _runs(plan: Plan, layers: Sequence[int]) -> str:
     """``L0-3 tp1/dp2 zero1; L4 ...`` for the layers of one stage (runs of equal strategies)."""
     out, start = [], 0
@@ -32,7 +40,7 @@ def _runs(plan: Plan, layers: Sequence[int]) -> str:
         if (i == len(layers) or layers[i] != layers[i - 1] + 1  # interleaved stages hold separate chunks
                 or plan.layers[layers[i]] != plan.layers[layers[start]]):
             a, b = layers[start], layers[i - 1]
-            out.append(f"L{a}" + (f"-{b}" if b != a else "") + f" {plan.layers[a].short()}")
+            out.append(f"L{a}" + (f"-{b}" if b != a else "") + f" {_strategy(plan.layers[a].short())}")
             start = i
     return "; ".join(out)
 

@@ -87,3 +87,27 @@ def test_same_batch_puts_every_planner_at_one_batch(capsys):
     assert compare.main(args + ["--same-batch"]) == 0
     same = json.loads(capsys.readouterr().out)
     assert len({r["global_batch"] for r in same if r["feasible"]}) == 1
+
+
+def test_summaries_name_the_bubble_for_pipelines_only():
+    import planners
+    import simulator
+    from specs import load_cluster, load_model, uniform_plan
+    model, cluster = load_model("tiny-gpt"), load_cluster("dgx-h100")
+    budget = planners.Budget(memory_gib=80, global_batch=16)
+    flat = planners.plan("zero2", model, cluster, budget)
+    piped = planners.plan("gpipe", model, cluster, budget)
+    assert flat.plan.pp == 1 and "bubble" not in flat.summary()
+    assert piped.plan.pp > 1 and f"{piped.plan.schedule} bubble " in piped.summary()
+    assert "bubble" not in simulator.simulate(model, cluster, flat.plan).summary()
+    ckpt = uniform_plan(model.num_layers, dp=4, pp=2, global_batch=16, micro_batches=4, recompute="full")
+    assert "bubble" in simulator.simulate(model, cluster, ckpt).summary()
+    html = piped._repr_html_()
+    assert "<table>" in html and "pipeline bubble" in html and "stage" in html
+
+
+def test_report_spells_recompute_as_the_flags_do():
+    from planners.html import plan_table
+    from specs import uniform_plan
+    page = plan_table(uniform_plan(4, dp=2, global_batch=4, recompute="full"), 2)
+    assert "recompute full" in page and "ckpt" not in page
