@@ -71,7 +71,7 @@ def stacked_bars(rows: list[tuple[str, list[float]]], parts: Sequence[str], unit
     """One horizontal bar per row, split into ``parts`` (values in ``unit``); a dashed line at
     ``limit``; ``ticks`` marks extra (position, label) points along every bar (thin white lines)."""
     left, right, bar, gap, pad_top = 90, 200, 22, 10, 10
-    height = pad_top + len(rows) * (bar + gap) + 40
+    height = max(pad_top + len(rows) * (bar + gap) + 40, pad_top + 16 * len(parts) + 10)  # room for the legend
     top = _nice_max(max([sum(v) for _, v in rows] + [limit or 0.0]))
     plot_w = width - left - right
 
