@@ -52,7 +52,7 @@ def galvatron_memory_rows() -> list[list]:
     from cost_models.memory import layer_memory
     from specs import LayerStrategy, load_model
     raw = json.loads((data_path(Dataset.GALVATRON_LLAMA2_7B) / "memory_profiling_bf16_llama2-7b_all.json").read_text())
-    layer = load_model("llama2-7b").with_seq_len(2048).layers[0]
+    layer = load_model("llama2-7b").with_seq_len(2048).with_attention("eager").layers[0]  # as profiled
     rows = []
     for key, table in raw.items():
         parts = key.split("_")

@@ -57,11 +57,13 @@ FLASH_BACKWARD_FLOPS_FACTOR = 2.5
 forward's two (Dao 2023, FlashAttention-2, section 3.1)."""
 
 
-def flash_attention(name: str, batch_heads: float, s: float, span: float, d: float) -> Op:
+def flash_attention(name: str, batch_heads: float, s: float, span: float, d: float, dv: float | None = None) -> Op:
     """One fused attention kernel: the score and context matmuls on chip; device memory sees
-    only Q, K, V, the output and the per-row log-sum-exp (fp32)."""
-    flops = 2.0 * 2.0 * batch_heads * s * span * d
-    nbytes = ELEMENT_BYTES * batch_heads * d * (2 * s + 2 * span) + 4 * batch_heads * s
+    only Q, K, V, the output and the per-row log-sum-exp (fp32). ``dv``: the value width when
+    it differs from the query/key width ``d`` (MLA)."""
+    dv = d if dv is None else dv
+    flops = 2.0 * batch_heads * s * span * (d + dv)
+    nbytes = ELEMENT_BYTES * batch_heads * ((d + dv) * (s + span)) + 4 * batch_heads * s
     return Op(name, flops, nbytes, backward_flops_factor=FLASH_BACKWARD_FLOPS_FACTOR)
 
 
@@ -115,7 +117,7 @@ def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: i
     scores = batch * heads * s * span  # span: keys per query (window or sliding window, <= s)
     ops = [gemm(f"{tag}qkv", tokens, q + 2 * kv, h)]
     if layer.attention == "flash":  # dropout is fused too (a seed, no mask)
-        ops.append(flash_attention(f"{tag}flash_attn", batch * heads, s, span, d))
+        ops.append(flash_attention(f"{tag}flash_attn", batch * heads, s, span, d, dv))
     else:
         ops.append(gemm(f"{tag}scores", s, span, d, batch * heads))
         ops += softmax_ops(tag, batch * heads, s, span, causal and layer.causal)

@@ -17,7 +17,8 @@ from executor.launch import LaunchError, launch
 from executor.devices import resolve_device
 from executor.reference import CHECK_ATOL, CHECK_ATOL_BF16, CheckResult, compare, reference_run
 from executor.train import TrainConfig, median_step_time, worker
-from specs import ModelSpec, Plan, SpecError, load_model
+from specs import ModelSpec, Plan, SpecError
+from specs.embedded import plan_model, read_plan
 from specs.cli import ArgumentParser, count, number, output_file
 from specs.errors import one_line_errors
 
@@ -144,11 +145,8 @@ def format_measurement(m: Measurement) -> str:
 
 def load_inputs(args: argparse.Namespace) -> tuple[Plan, ModelSpec]:
     """The plan, and the model (``--model`` or the plan's) with any ``--scale`` applied."""
-    plan = Plan.load(args.plan)
-    name = args.model or plan.model
-    if not name:
-        raise SpecError("--model", "the plan names no model; pass --model")
-    model = scaled_model(load_model(name), args.scale)
+    plan = read_plan(args.plan, args.world_size)
+    model = scaled_model(plan_model(plan, args.model), args.scale)
     return plan, model
 
 

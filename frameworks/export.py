@@ -10,6 +10,7 @@ from frameworks import available, get
 from frameworks.base import Framework
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster, load_model
 from specs.cli import ArgumentParser, output_dir
+from specs.embedded import plan_cluster, plan_model, read_plan, with_specs
 from specs.errors import one_line_errors
 from specs.hf_config import from_hf_config
 from specs.zoo import MODELS_DIR
@@ -67,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.to:
         if len(args.files) != 1:
             raise SpecError("files", f"--to takes one plan JSON, got {len(args.files)} files")
-        plan = Plan.load(args.files[0])
-        model, cluster = load_model(args.model or plan.model), load_cluster(args.cluster or plan.cluster)
+        plan = read_plan(args.files[0])
+        model, cluster = plan_model(plan, args.model), plan_cluster(plan, args.cluster)
         plan.validate(model, cluster)
         result = get(args.to).export(plan, model, cluster)
         if args.out:
@@ -81,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.model or not args.cluster:
         raise SpecError("--from", "needs --model and --cluster (the files name neither exactly)")
-    plan, _, _ = import_files(args.source, args.files, args.model, args.cluster)
+    plan, model, cluster = import_files(args.source, args.files, args.model, args.cluster)
+    plan = with_specs(plan, model, cluster)  # the file then loads anywhere, as compare's plans do
     if args.out:
         plan.save(args.out)
     print(plan.to_json() if not args.out else plan.summary())

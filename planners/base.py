@@ -133,14 +133,23 @@ class PlanResult:
     top_k: tuple[RankedPlan, ...] = ()
     message: str = ""
     """Why nothing fits, or notes from the search."""
+    bubble_fraction: float = 0.0
+    """The cost model's share of the iteration a GPU spends outside per-micro-batch work."""
 
     def summary(self) -> str:
+        """One line: throughput, time, peak memory, the schedule and its bubble (pipelines only), the plan."""
         if not self.feasible:
             need = f"{self.min_memory_gib:.1f}" if self.min_memory_gib is not None else "?"
             return f"{self.planner}: OOM (needs {need} GiB)"
+        pipeline = (f"{self.plan.schedule} bubble {self.bubble_fraction:.1%} | " if self.plan.pp > 1 else "")
         return (f"{self.planner}: {self.throughput_samples_per_s:.2f} samples/s, "
                 f"{self.iteration_time_s * 1e3:.1f} ms, peak {self.peak_memory_gib:.2f} GiB | "
-                f"{self.plan.summary()}")
+                f"{pipeline}{self.plan.summary()}")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: a small table instead of the dataclass text."""
+        from planners.html import result_html
+        return result_html(self)
 
 
 def scored_result(name: str, cost_model: CostModel, model: ModelSpec, plan: Plan,
@@ -152,7 +161,7 @@ def scored_result(name: str, cost_model: CostModel, model: ModelSpec, plan: Plan
     return PlanResult(planner=name, feasible=True, plan=plan, iteration_time_s=cost.iteration_time_s,
                       throughput_samples_per_s=cost.throughput_samples_per_s,
                       stage_peak_memory_gib=stage, peak_memory_gib=max(stage), stats=stats,
-                      top_k=top_k, message=message)
+                      top_k=top_k, message=message, bubble_fraction=cost.bubble_fraction)
 
 
 def infeasible_result(name: str, min_memory_bytes: float | None, stats: SearchStats,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,6 +17,7 @@ from runners.report import save_plan, write_tables
 from specs import SpecError, load_cluster, load_model
 from specs.files import remove_stale_temporaries
 from specs.processes import completed, worker_pool
+from specs.embedded import with_specs
 
 DEFAULT_BUDGETS = (8.0, 12.0, 16.0, 20.0)
 DEFAULT_BATCH_RANGE = (8, 512)
@@ -50,6 +51,12 @@ class Grid:
     """A progress bar on stderr."""
     workers: int = 1
     """Processes running cells at once (1: in this process); the records are the same either way."""
+    seq_length: int | None = None
+    """Train at this sequence length instead of the model's (None: the model's)."""
+    attention: str | None = None
+    """Compute attention this way (eager, flash) instead of as the config says (None)."""
+    keep_plans: bool = False
+    """Each feasible record also carries its plan as a dict under ``plan`` (for reports)."""
     ray_address: str | None = None
     """Run every cell as a Ray task on this cluster ('auto', 'ray://host:10001', ...; 'local'
     starts a Ray instance here with ``workers`` CPUs); None: no Ray. Needs the optional extra
@@ -124,9 +131,12 @@ def forget_contexts() -> None:
 
 
 def _context(grid: Grid) -> tuple:
-    key = (grid.model, grid.cluster, grid.cost_model, repr(sorted(grid.cost_model_options.items())), grid.evaluator)
+    key = (grid.model, grid.cluster, grid.cost_model, repr(sorted(grid.cost_model_options.items())), grid.evaluator,
+           grid.seq_length, grid.attention)
     if key not in _CONTEXTS:
         model, cluster = load_model(grid.model), load_cluster(grid.cluster)
+        model = model.with_seq_len(grid.seq_length) if grid.seq_length else model
+        model = model.with_attention(grid.attention) if grid.attention else model
         cm = cost_models.get(grid.cost_model, cluster, **grid.cost_model_options)
         model = getattr(cm, "model_spec", None) or model  # a profile can fix the sequence length
         evaluator = EVALUATORS.get(grid.evaluator)() if grid.evaluator else None
@@ -134,16 +144,24 @@ def _context(grid: Grid) -> tuple:
     return _CONTEXTS[key]
 
 
+def grid_specs(grid: Grid) -> tuple:
+    """(model, cluster, cost model) a grid's cells are planned with, in this process."""
+    return _context(grid)[:3]
+
+
 def run_cell(grid: Grid, budget: Budget, name: str) -> dict[str, Any]:
     """The record of one (budget, planner) cell (its plan file written when ``grid.out``)."""
     model, cluster, cm, evaluator = _context(grid)
     result = get(name).plan(model, cluster, budget, cm, dict(grid.options.get(name, {})))
-    rec = record(result, grid.model, grid.cluster, budget, cm.calibration_status())
+    rec = record(result, grid.model, grid.cluster, budget, model, cluster, cm.calibration_status())
     if evaluator is not None:
         add_evaluation(rec, grid.evaluator, evaluator.evaluate(model, cluster, result.plan)
                        if result.feasible else None)
     if grid.out and result.feasible:
-        rec["plan_file"] = save_plan(grid.out, name, budget, result)
+        embedded = replace(result, plan=with_specs(result.plan, model, cluster))  # loads in any folder
+        rec["plan_file"] = save_plan(grid.out, name, budget, embedded)
+    if grid.keep_plans and result.feasible:
+        rec["plan"] = result.plan.to_dict()
     return rec
 
 

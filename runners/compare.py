@@ -12,17 +12,19 @@ import cost_models
 from cost_models.listing import cluster_lines
 from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
+from runners.compare_views import budget_line, check_precision, gpu_budget_gib, model_lines, same_batch, write_report
 from runners.evaluators import EVALUATORS
 from planners.registry import available
 from runners.report import table
-from specs import SpecError, model_names
-from specs.cli import ArgumentParser, count, dumps, number, output_dir
+from specs import SpecError
+from specs.cli import ArgumentParser, count, dumps, number, output_dir, output_file
+from specs.model import ATTENTION_KINDS
 from specs.errors import one_line_errors
 from specs.processes import WorkerDied
 from specs.limits import MAX_GLOBAL_BATCH
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options"]
-LISTINGS = {"models": model_names, "clusters": cluster_lines, "planners": available,
+LISTINGS = {"models": model_lines, "clusters": cluster_lines, "planners": available,
             "cost-models": cost_models.available, "evaluators": EVALUATORS.available}
 """What --list can print."""
 
@@ -32,9 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", choices=sorted(LISTINGS), help="print the zoo's models or clusters, or the "
                    "registered planners, cost models or evaluators, one a line, and exit")
     p.add_argument("--model", default="bert-huge-32", help="zoo model name or a config.json path")
-    p.add_argument("--cluster", default="titan-8", help="zoo cluster name (name:nodes) or a cluster file")
-    p.add_argument("--budget-gib", type=number(0.0, 1e6), nargs="+", default=list(DEFAULT_BUDGETS),
-                   help="memory budgets per GPU, GiB")
+    p.add_argument("--cluster", help="zoo cluster name (name:nodes) or a cluster file (default: titan-8, "
+                   "the paper's comparison)")
+    p.add_argument("--budget-gib", type=number(0.0, 1e6), nargs="+",
+                   help="memory budgets per GPU, GiB (default: the GPU's memory with --cluster, the paper's "
+                   f"{' '.join(f'{b:g}' for b in DEFAULT_BUDGETS)} without; the allocator reserve is kept out)")
+    p.add_argument("--seq-length", type=count(1 << 24), help="train at this sequence length (default: the model's)")
+    p.add_argument("--attention", choices=ATTENTION_KINDS, help="how attention is computed (default: the config's "
+                   "attn_implementation, else flash for the families that ship it, eager for the rest)")
+    p.add_argument("--precision", default="bf16", help="training precision (only bf16 is modelled today)")
+    p.add_argument("--same-batch", action="store_true", help="re-plan every planner of a budget at the global "
+                   "batch of its best plan, so rows compare like for like")
+    p.add_argument("--report", type=Path, help="write a self-contained HTML page of the best plan and every cell")
     p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
                    help="registered planner names, comma or space separated (see --list planners)")
     p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
@@ -125,11 +136,16 @@ def _budget(gib: float, args: argparse.Namespace) -> Budget:
 
 def grid_from_args(args: argparse.Namespace) -> Grid:
     names = _planner_names(args.planners)
+    check_precision(args.precision)
+    output_file(args.report, "--report")
+    cluster = args.cluster or "titan-8"
+    budgets = args.budget_gib or ([gpu_budget_gib(cluster)] if args.cluster else list(DEFAULT_BUDGETS))
     lo, hi = args.global_batch_range or DEFAULT_BATCH_RANGE
     if lo > hi:
         raise SpecError("global-batch-range", f"LO({lo}) > HI({hi})")
     output_dir(args.out, "--out")  # before the work, so a bad folder never costs a search
-    return Grid(model=args.model, cluster=args.cluster, budgets=tuple(_budget(b, args) for b in args.budget_gib),
+    return Grid(model=args.model, cluster=cluster, budgets=tuple(_budget(b, args) for b in budgets),
+                seq_length=args.seq_length, attention=args.attention, keep_plans=args.report is not None,
                 planners=names, options=parse_options(args.option, names), cost_model=args.cost_model,
                 cost_model_options=_cost_model_options(args),
                 evaluator=None if args.evaluate == "cost" else args.evaluate, out=args.out,
@@ -144,7 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     grid = grid_from_args(args)
     records = run(grid)
-    print(dumps(records, indent=1) if args.json else table(records, grid.evaluator))
+    if args.same_batch:
+        records = same_batch(grid, records)
+    if args.report:
+        print(write_report(args.report, grid, records), file=sys.stderr)
+    records = [{k: v for k, v in r.items() if k != "plan"} for r in records]
+    print(dumps(records, indent=1) if args.json else table(records, grid.evaluator)
+          + ("" if grid.budgets == tuple(default_budget(b) for b in DEFAULT_BUDGETS) else "\n" + budget_line(grid)))
     return 0
 
 

@@ -5,13 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from planners.base import Budget, PlanResult
+from specs import ClusterSpec, ModelSpec
+from specs.flops import throughput
 from specs.units import GIB
 
-COLUMNS = ("planner", "model", "cluster", "budget_gib", "global_batch", "feasible", "throughput_samples_per_s",
+COLUMNS = ("planner", "model", "cluster", "budget_gib", "seq_length", "global_batch", "feasible",
+           "throughput_samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
            "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file", "calibration")
 """The columns every record has, in table order."""
 EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
+MEMORY_NOTE = ("peak GiB (cost model): states + the activations of the micro-batches in flight + the largest "
+               "temporary + runtime overhead, all counted at once; {e} peak GiB: the highest total the {e}'s "
+               "timeline of allocations and frees reaches (temporaries and activations freed as backward runs), "
+               "usually the lower of the two")
+"""Under a table with an evaluator's memory beside the cost model's: what each counts."""
 """Added as ``<evaluator>_<field>`` (e.g. sim_iteration_time_s) by ``add_evaluation``."""
 
 
@@ -19,14 +27,20 @@ def evaluation_columns(evaluator: str) -> tuple[str, ...]:
     return tuple(f"{evaluator}_{f}" for f in EVALUATION_FIELDS)
 
 
-def record(result: PlanResult, model: str, cluster: str, budget: Budget, calibration: str = "") -> dict[str, Any]:
-    """One row of the results table; ``calibration`` is the cost model's calibration status
-    (CostModel.calibration_status: whether its constants were fitted on this cluster's GPU)."""
+def record(result: PlanResult, model: str, cluster: str, budget: Budget, model_spec: ModelSpec,
+           cluster_spec: ClusterSpec, calibration: str = "") -> dict[str, Any]:
+    """One row of the results table (``model``/``cluster`` as named; the specs give the sequence
+    length and the per-GPU figures of specs.flops); ``calibration`` is the cost model's
+    calibration status (CostModel.calibration_status: whether its constants were fitted on this
+    cluster's GPU)."""
     plan, ok = result.plan, result.feasible
+    fig = throughput(model_spec, cluster_spec, plan.global_batch, result.iteration_time_s) if ok else None
     return {
         "planner": result.planner, "model": model, "cluster": cluster, "budget_gib": budget.memory_gib,
-        "global_batch": plan.global_batch if plan else None, "feasible": ok,
+        "seq_length": model_spec.seq_len, "global_batch": plan.global_batch if plan else None, "feasible": ok,
         "throughput_samples_per_s": result.throughput_samples_per_s if ok else 0.0,
+        "tokens_per_s_per_gpu": fig.tokens_per_s_per_gpu if fig else None,
+        "tflops_per_gpu": fig.tflops_per_gpu if fig else None, "mfu": fig.mfu if fig else None,
         "iteration_time_s": result.iteration_time_s if ok else None,
         "peak_memory_gib": result.peak_memory_gib if ok else None,
         "min_memory_gib": result.min_memory_gib, "search_time_s": result.stats.wall_time_s,
@@ -39,9 +53,13 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget, calibra
 
 def mark_ties(records: list[dict], band: tuple[float, float]) -> None:
     """Set ``tie`` on each feasible record whose throughput is below the best of its budget by
-    less than the cost model's 10th-90th percentile error width: the ranking is not resolved."""
+    less than the cost model's 10th-90th percentile error width: the ranking is not resolved.
+    Without a known band (0, 0: an uncalibrated cluster) ``tie`` is None: not known."""
     width = band[1] - band[0]
     for rec in records:
+        if width <= 0:
+            rec["tie"] = None
+            continue
         best = max((r["throughput_samples_per_s"] for r in records
                     if r["feasible"] and r["budget_gib"] == rec["budget_gib"]), default=0.0)
         gap = (best - rec["throughput_samples_per_s"]) / best if best > 0 else 0.0

@@ -8,32 +8,55 @@ from pathlib import Path
 from typing import Any
 
 from planners.base import Budget, PlanResult
-from runners.records import COLUMNS
+from runners.records import COLUMNS, MEMORY_NOTE
 from specs.cli import dumps, finite
 from specs.files import atomic_write_text
+from specs.flops import FLOP_FORMULA
 
 
 def table(records: list[dict[str, Any]], evaluator: str | None = None) -> str:
-    """One row per cell; the plan summary last (it is long), the evaluator's throughput beside
-    the cost model's when ``evaluator`` re-scored the plans."""
+    """One row per cell; the plan summary last (it is long), the evaluator's throughput and peak
+    memory beside the cost model's when ``evaluator`` re-scored the plans; the tie column only
+    where the cost model's error band is known; notes under the table say what the figures count."""
     from tabulate import tabulate
-    head = ["GiB", "planner", "batch", "samples/s"] + ([f"{evaluator} samples/s"] if evaluator else []) + \
-        ["iter ms", "peak GiB", "search s", "tie", "plan"]
-    text = tabulate([_row(r, evaluator) for r in records], headers=head, tablefmt="simple")
+    ties = any(r.get("tie") is not None for r in records)
+    head = (["GiB", "planner", "batch", "samples/s"] + ([f"{evaluator} samples/s"] if evaluator else [])
+            + ["seq", "tok/s/GPU", "TFLOP/s/GPU", "MFU", "iter ms", "peak GiB"]
+            + ([f"{evaluator} peak GiB"] if evaluator else []) + ["search s"] + (["tie"] if ties else []) + ["plan"])
+    rows = [_row(r, evaluator, ties) for r in records]
     statuses = sorted({r["calibration"] for r in records if r.get("calibration")})
-    return "\n".join([f"cost model constants: {s}" for s in statuses] + [text])
+    return "\n".join([f"cost model constants: {s}" for s in statuses]
+                     + [tabulate(rows, headers=head, tablefmt="simple"), *notes(records, evaluator, ties)])
 
 
-def _row(r: dict[str, Any], evaluator: str | None) -> list:
-    ok = r["feasible"]
-    extra = []
+def notes(records: list[dict[str, Any]], evaluator: str | None, ties: bool) -> list[str]:
+    """The lines under a table: the FLOP count, and what else a reader needs to compare rows."""
+    lines = [f"FLOPs: {FLOP_FORMULA}"]
     if evaluator:
-        value = r[f"{evaluator}_throughput_samples_per_s"]
+        lines.append("memory: " + MEMORY_NOTE.format(e=evaluator))
+    if ties:
+        lines.append("tie ~: within the cost model's 10th-90th percentile error of the budget's best")
+    batches = {r["global_batch"] for r in records if r["feasible"]}
+    if len(batches) > 1:
+        lines.append(f"batch: planners chose global batches {min(batches)}..{max(batches)}; "
+                     "--same-batch compares them at one")
+    return lines
+
+
+def _row(r: dict[str, Any], evaluator: str | None, ties: bool) -> list:
+    ok = r["feasible"]
+    extra, sim_peak = [], []
+    if evaluator:
+        value, peak = r[f"{evaluator}_throughput_samples_per_s"], r[f"{evaluator}_peak_memory_gib"]
         extra = [f"{value:.2f}" if value else ""]
+        sim_peak = [(f"{peak:.2f}" + (" OOM" if r[f"{evaluator}_oom"] else "")) if peak is not None else ""]
+    speed = ([f"{r['tokens_per_s_per_gpu']:.0f}", f"{r['tflops_per_gpu']:.1f}", f"{r['mfu']:.1%}"] if ok
+             else ["", "", ""])
     return ([f"{r['budget_gib']:g}", r["planner"], r["global_batch"] or "",
-             f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM"] + extra
-            + [f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "", f"{r['peak_memory_gib']:.2f}" if ok else "",
-               f"{r['search_time_s']:.2f}", "~" if r.get("tie") else "", r["plan_summary"]])
+             f"{r['throughput_samples_per_s']:.2f}" if ok else "OOM"] + extra + [r.get("seq_length", "")] + speed
+            + [f"{r['iteration_time_s'] * 1e3:.1f}" if ok else "", f"{r['peak_memory_gib']:.2f}" if ok else ""]
+            + sim_peak + [f"{r['search_time_s']:.2f}"] + (["~" if r.get("tie") else ""] if ties else [])
+            + [r["plan_summary"]])
 
 
 def save_plan(out: Path, name: str, budget: Budget, result: PlanResult) -> str:

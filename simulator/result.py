@@ -79,8 +79,8 @@ class SimResult:
             f"iteration time   {self.iteration_time_s * 1e3:.2f} ms "
             f"({self.throughput_samples_per_s:.2f} samples/s)",
             f"peak memory      {self.peak_memory_gib:.2f} GiB of {self.capacity_bytes / GIB:.0f} GiB per GPU",
-            f"busy             compute {self.compute_busy_fraction:.1%}, comm {self.comm_busy_fraction:.1%}, "
-            f"bubble {self.bubble_fraction:.1%}",
+            f"busy             compute {self.compute_busy_fraction:.1%}, comm {self.comm_busy_fraction:.1%}"
+            + (f", bubble {self.bubble_fraction:.1%}" if len(self.stage_end_s) > 1 else ""),  # pipelines only
             f"busiest links    {links}",
             f"events           {self.events} ({self.simulated_gpus} GPUs played out)",
         ]

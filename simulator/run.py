@@ -11,6 +11,7 @@ import cost_models
 from cost_models.listing import cluster_lines
 from specs import SpecError, load_cluster, load_model, model_names, uniform_plan
 from specs.cli import ArgumentParser, count, dumps, output_file
+from specs.embedded import plan_cluster, plan_model, read_plan
 from specs.errors import one_line_errors
 from specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS
 from specs.plan import Plan, Recompute, Schedule, SequenceParallel
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=count(MAX_GPUS), default=1, help="uniform plan: pipeline stages")
     p.add_argument("--dp", type=count(MAX_GPUS), default=None,
                    help="uniform plan: data-parallel degree (default: world / (tp * pp))")
-    p.add_argument("--micro-batch", type=count(MAX_GLOBAL_BATCH), default=1,
+    p.add_argument("--micro-batch-size", "--micro-batch", dest="micro_batch", type=count(MAX_GLOBAL_BATCH), default=1,
                    help="uniform plan: samples per micro-batch per replica")
     p.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), default=None,
                    help="uniform plan: global batch (default: micro-batch * dp)")
@@ -90,13 +91,14 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from simulator import simulate
     output_file(args.trace, "--trace")  # before the work, not after it
-    plan = Plan.load(args.plan) if args.plan else None
-    model_name = args.model or (plan.model if plan else "")
-    cluster_name = args.cluster or (plan.cluster if plan else "")
-    if not model_name or not cluster_name:
-        raise SpecError("model" if not model_name else "cluster", "give --model and --cluster "
-                        "(or a plan file that names them)")
-    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    world = load_cluster(args.cluster).world_size if args.cluster else None  # sets a Galvatron file's dp
+    plan = read_plan(args.plan, world) if args.plan else None
+    if plan is None and not (args.model and args.cluster):
+        raise SpecError("model" if not args.model else "cluster", "give --model and --cluster "
+                        "(or a plan file that names or embeds them)")
+    model_name, cluster_name = args.model, args.cluster
+    model = plan_model(plan, args.model) if plan else load_model(args.model)
+    cluster = plan_cluster(plan, args.cluster) if plan else load_cluster(args.cluster)
     if plan is None:
         args.model, args.cluster = model_name, cluster_name
         plan = _uniform(args, model, cluster)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from specs.errors import SpecError, load_json_with, positive_int
 from specs.limits import within_limit
 from specs.hf_decoders import DECODER_BUILDERS
+from specs.hf_extras import config_attention, config_name, warn_unmodelled
 from specs.schema import ModelConfigFile, check
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
 
@@ -181,13 +182,18 @@ def model_from_dict(raw: dict[str, Any], name: str = "model", seq_length: int | 
         raise SpecError("model_type", f"must be one of {', '.join(BUILDERS)}; got {kind!r}")
     if seq_length is not None:
         raw = {**raw, "seq_length": positive_int(seq_length, "seq_length")}
-    return BUILDERS[kind](_Config(raw), str(raw.get("name", name)))
+    name = str(raw.get("name", name))
+    raw = {**raw, "name": name}  # the warnings name the model
+    warn_unmodelled(raw, name)
+    return BUILDERS[kind](_Config(raw), name).with_attention(config_attention(raw, kind))
 
 
 def from_hf_config(path: str | Path, seq_length: int | None = None) -> ModelSpec:
     """Read a config.json, or the config.json in a directory (as ``save_pretrained`` writes);
     any error is one SpecError line naming the file and the field."""
-    path, name = Path(path), Path(path).stem
+    path = Path(path)
     if path.is_dir():  # named after the directory, as a Hugging Face repository is
-        path, name = path / "config.json", path.resolve().name
-    return load_json_with(path, lambda raw: model_from_dict(raw, name=name, seq_length=seq_length))
+        path = path / "config.json"
+    return load_json_with(path, lambda raw: model_from_dict(raw, name=config_name(path, raw)
+                                                            if isinstance(raw, dict) else "model",
+                                                            seq_length=seq_length))

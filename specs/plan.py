@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -186,6 +186,10 @@ class Plan:
     """Zoo name or file of the cluster (informative)."""
     version: int = PLAN_VERSION
     """The file format; a Plan in memory is always the current one (older files upgrade on load)."""
+    model_spec: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The ModelSpec the plan was made for, as data (specs.embedded), so the file loads anywhere."""
+    cluster_spec: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The ClusterSpec the plan was made for, as data (specs.embedded)."""
 
     def __post_init__(self) -> None:
         if self.version != PLAN_VERSION:
@@ -326,6 +330,9 @@ class Plan:
         d = asdict(self)
         d["stage_layers"] = list(self.stage_layers)
         d["layers"] = [asdict(s) for s in self.layers]
+        for key in ("model_spec", "cluster_spec"):  # written only when embedded
+            if d[key] is None:
+                del d[key]
         return d
 
     @classmethod

@@ -174,6 +174,8 @@ class PlanFile(BaseModel):
     virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
     model: str = ""
     cluster: str = ""
+    model_spec: dict[str, Any] | None = None
+    cluster_spec: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _rules(self) -> "PlanFile":

@@ -40,7 +40,7 @@ def test_flash_kernel_flops_and_its_backward():
 
 def test_flash_makes_long_sequences_faster_and_smaller():
     cluster = load_cluster("dgx-h100")
-    model = load_model("llama2-7b").with_seq_len(8192)
+    model = load_model("llama2-7b").with_seq_len(8192).with_attention("eager")
     cm = AnalyticalModel(cluster)
     eager = cm.layer_time(model.layers[0], LayerStrategy(tp=8), 1, 1)
     flash = cm.layer_time(model.with_attention("flash").layers[0], LayerStrategy(tp=8), 1, 1)

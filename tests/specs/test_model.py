@@ -91,7 +91,7 @@ def test_hf_config_from_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     model = from_hf_config(path)
-    assert model.name == "config" and model.seq_len == 32 and model.num_layers == 2
+    assert model.name == tmp_path.name and model.seq_len == 32 and model.num_layers == 2
     assert specs.ModelSpec.from_hf_config(path) == model
 
 

@@ -1,0 +1,83 @@
+"""What compare adds around its grid: the default budget (the GPU's memory), --same-batch (every
+planner at the best plan's global batch), --report (the HTML page) and the --list details."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from planners.base import Budget
+from runners.cells import Grid, grid_specs, run
+from planners.html import report_page
+from specs import Plan, SpecError, load_cluster, load_model, model_names
+from specs.files import atomic_write_text
+from specs.units import GIB
+
+PRECISIONS = ("bf16",)
+"""Training precisions the cost models, simulator and executor model (FP8 is not modelled yet)."""
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise SpecError("--precision", f"{precision!r} is not modelled; precisions today: {', '.join(PRECISIONS)}")
+    return precision
+
+
+def gpu_budget_gib(cluster: str) -> float:
+    """The default budget: all of one GPU's memory (the planners keep the allocator reserve out)."""
+    return load_cluster(cluster).gpu.memory_gib
+
+
+def reserve_gib(grid: Grid, budget_gib: float) -> float:
+    """The allocator reserve the cost model keeps out of a ``budget_gib`` budget."""
+    return grid_specs(grid)[2].allocator_reserve_bytes(budget_gib * GIB) / GIB
+
+
+def budget_line(grid: Grid) -> str:
+    """One line saying each budget and the reserve kept out of it."""
+    parts = [f"{b.memory_gib:g} GiB ({reserve_gib(grid, b.memory_gib):g} GiB allocator reserve)" for b in grid.budgets]
+    return "budget per GPU: " + ", ".join(parts)
+
+
+def same_batch(grid: Grid, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every planner of a budget re-planned at the global batch of that budget's best plan (cells
+    already at that batch kept): like-for-like rows, Megatron-style (one batch, many layouts)."""
+    out = list(records)
+    for budget in grid.budgets:
+        rows = [i for i, r in enumerate(records) if r["budget_gib"] == budget.memory_gib]
+        best = max((records[i] for i in rows if records[i]["feasible"]),
+                   key=lambda r: r["throughput_samples_per_s"], default=None)
+        if best is None:
+            continue
+        fixed = Budget(memory_gib=budget.memory_gib, global_batch=best["global_batch"])
+        redo = [i for i in rows if records[i]["global_batch"] != best["global_batch"]]
+        if not redo:
+            continue
+        again = run(replace(grid, budgets=(fixed,), planners=tuple(records[i]["planner"] for i in redo)))
+        for i, rec in zip(redo, again):
+            out[i] = rec
+    return out
+
+
+def write_report(path: Path, grid: Grid, records: list[dict[str, Any]]) -> str:
+    """The HTML page for the best feasible cell of the largest budget; what it shows, one line."""
+    feasible = [r for r in records if r["feasible"] and "plan" in r]
+    if not feasible:
+        raise SpecError("--report", "no cell has a plan to draw (every planner is OOM at every budget)")
+    top = max(r["budget_gib"] for r in feasible)
+    chosen = max((r for r in feasible if r["budget_gib"] == top), key=lambda r: r["throughput_samples_per_s"])
+    model, cluster, cm = grid_specs(grid)
+    plan = Plan.from_dict(chosen["plan"])
+    page = report_page(model=model, cluster=cluster, records=records, chosen=chosen, plan=plan,
+                       cost=cm.plan_cost(model, plan), reserve_gib=reserve_gib(grid, top))
+    atomic_write_text(path, page)
+    return f"report: {path} ({chosen['planner']} at {top:g} GiB)"
+
+
+def model_lines() -> list[str]:
+    """--list models with what tells them apart: parameters, layers, sequence length."""
+    rows = []
+    for name in model_names():
+        m = load_model(name)
+        rows.append(f"{name:16} {m.param_count() / 1e9:8.2f} B params  {m.num_layers:3} layers  seq {m.seq_len}")
+    return rows
