@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks import fuzz_classes
+from benchmarks import fuzz_classes, fuzz_frameworks
 from benchmarks.fuzz_mutations import Format, Mutant, mutate
 from specs import SpecError
 from specs.cli import ArgumentParser, count
@@ -51,7 +51,9 @@ def seed_plans() -> list[dict]:
     from specs import uniform_plan
     return [uniform_plan(4, tp=2, dp=2, global_batch=8, micro_batches=2, model=PLAN_MODEL, cluster=PLAN_CLUSTER).to_dict(),
             uniform_plan(4, tp=2, dp=1, pp=2, global_batch=8, micro_batches=4, model=PLAN_MODEL,
-                         cluster=PLAN_CLUSTER, dp_type="ddp").to_dict()]
+                         cluster=PLAN_CLUSTER, dp_type="ddp").to_dict(),
+            uniform_plan(4, tp=2, dp=1, pp=2, global_batch=8, micro_batches=4, model=PLAN_MODEL, cluster=PLAN_CLUSTER,
+                         schedule="interleaved_1f1b", virtual_stages=2).to_dict()]
 
 
 def seeds() -> dict[str, Any]:
@@ -77,9 +79,17 @@ def plan_is_runnable(plan: Any, model: Any, world: int) -> bool:
     return (world % plan.pp == 0 and len(layers) == model.num_layers
             and sum(plan.stage_layers) == len(layers) and len(plan.stage_layers) == plan.pp
             and (plan.schedule != "1f1b" or plan.micro_batches >= plan.pp)
+            and (plan.schedule != "interleaved_1f1b" or _interleavable(plan))
             and all(s.tp * s.ulysses * s.dp == per_stage and spec.num_heads % s.tp == 0
                     and plan.global_batch % (s.dp * plan.micro_batches) == 0
                     and (s.dp > 1 or s.dp_type == "ddp") for s, spec in zip(layers, model.layers)))
+
+
+def _interleavable(plan: Any) -> bool:
+    """Megatron's interleaving: v > 1 chunks of equal layers round-robin, micro-batches a multiple of pp."""
+    v, pp = plan.virtual_stages, plan.pp
+    return (v > 1 and pp > 1 and plan.micro_batches % pp == 0 and len(plan.layers) % (pp * v) == 0
+            and len(set(plan.stage_layers)) == 1)
 
 
 # -- targets: each draws one case and returns (run, garbage, what) --------------------------------------
@@ -262,7 +272,7 @@ TARGETS: dict[str, Callable[[dict, Path, random.Random], Case]] = {
     "load_calibration": reader_calibration, "load_profile": reader_profile,
     "load_galvatron_plan": reader_galvatron_plan, "galvatron profile dir": reader_galvatron_dir,
     "simulator.run": cli_simulator, "planners.compare": cli_compare, "executor.run": cli_executor,
-    **fuzz_classes.TARGETS,
+    **fuzz_classes.TARGETS, **fuzz_frameworks.TARGETS,
 }
 WEIGHTS = {"executor.run": 0.1}
 """executor.run trains for real when its input is valid: a tenth of the share of the others."""

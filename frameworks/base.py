@@ -6,6 +6,7 @@ only places that read or build the plan's per-layer degrees and its schedule.
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -69,6 +70,18 @@ class Framework(ABC):
     def check(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> None:
         """Raise the export's SpecError if ``plan`` cannot be expressed (nothing is written)."""
         self.export(plan, model, cluster)
+
+
+# -- reading the frameworks' numbers -------------------------------------------------------------
+def count_of(value: Any, field: str, minimum: int = 1, special: tuple[int, ...] = ()) -> int:
+    """``value`` (an integer, or its decimal text as arguments carry it) as an int >= ``minimum``
+    or one of ``special`` (e.g. torchtitan's -1 for "derive it"); one SpecError line otherwise."""
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,18}", value.strip()):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or (value < minimum and value not in special):
+        wanted = f"an integer >= {minimum}" + "".join(f" or {v}" for v in special)
+        raise SpecError(field, f"expected {wanted}, got {value!r}")
+    return value
 
 
 # -- reading and building the plan's per-layer degrees and schedule -------------------------------

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, require_even,
+from frameworks.base import (ExportResult, Framework, Uniform, count_of, plan_from_uniform, register, require_even,
                              uniform_view, vocab_sharded)
 from frameworks.megatron import args_text, parse_args_text
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+from specs.reader import parse_json_text
 
 CONFIG_FILE = "ds_config.json"
 ARGS_FILE = "megatron_deepspeed_args.txt"
@@ -93,26 +94,17 @@ class DeepSpeed(Framework):
     def import_(self, files: Mapping[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
         if CONFIG_FILE not in files:
             raise SpecError("files", f"give {CONFIG_FILE} (and {ARGS_FILE} for tp/pp/Ulysses degrees)")
-        try:
-            config = json.loads(files[CONFIG_FILE])
-        except json.JSONDecodeError as err:
-            raise SpecError(CONFIG_FILE, f"not JSON: {err}") from None
+        config = parse_json_text(files[CONFIG_FILE])  # the shared reader: its limits and one-line errors
         args = parse_args_text(files.get(ARGS_FILE, ""))
         return plan_from_config(config, args, model, cluster)
 
     def seq_length(self, files: Mapping[str, str]) -> int | None:
-        value = parse_args_text(files.get(ARGS_FILE, "")).get("seq_length")
-        return None if value is None else int(value)
+        return _int(parse_args_text(files.get(ARGS_FILE, "")), "seq_length", None, "--")
 
 
-def _int(raw: Mapping[str, Any], key: str, default: int | None, where: str) -> int | None:
+def _int(raw: Mapping[str, Any], key: str, default: int | None, where: str, minimum: int = 1) -> int | None:
     value = raw.get(key, default)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise SpecError(f"{where}{key}", f"expected an integer, got {value!r}") from None
+    return None if value is None else count_of(value, f"{where}{key}", minimum)
 
 
 def plan_from_config(config: Mapping[str, Any], args: Mapping[str, Any], model: ModelSpec,
@@ -121,14 +113,17 @@ def plan_from_config(config: Mapping[str, Any], args: Mapping[str, Any], model: 
         raise SpecError(CONFIG_FILE, "expected a JSON object")
     tp, pp = _int(args, "tensor_model_parallel_size", 1, "--"), _int(args, "pipeline_model_parallel_size", 1, "--")
     uly = _int(args, "ds_sequence_parallel_size", 1, "--")
-    if "seq_length" in args and int(args["seq_length"]) != model.seq_len:
+    if "seq_length" in args and _int(args, "seq_length", None, "--") != model.seq_len:
         raise SpecError("--seq-length", f"{args['seq_length']} but the model is built for seq {model.seq_len}")
     if cluster.world_size % (tp * pp * uly):
         raise SpecError("--tensor-model-parallel-size", f"tp {tp} * pp {pp} * ulysses {uly} does not divide "
                         f"{cluster.world_size} GPUs")
     dp = cluster.world_size // (tp * pp * uly)
     batch, _, steps = _batch(config, dp)
-    stage = _int(config.get("zero_optimization", {}), "stage", 0, "zero_optimization.")
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise SpecError("zero_optimization", f"expected an object, got {zero!r}")
+    stage = _int(zero, "stage", 0, "zero_optimization.", minimum=0)
     kinds = {v: k for k, v in STAGES.items()}
     if stage not in kinds:
         raise SpecError("zero_optimization.stage", f"must be 0..3, got {stage}")

@@ -6,6 +6,7 @@ from typing import Mapping
 
 from frameworks.base import ExportResult, Framework, register, with_model
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, plan_from_galvatron, plan_to_galvatron
+from specs.reader import parse_json_text
 
 PLAN_FILE = "galvatron_plan.json"
 
@@ -28,10 +29,7 @@ class Galvatron(Framework):
     def import_(self, files: Mapping[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
         if PLAN_FILE not in files:
             raise SpecError("files", f"give {PLAN_FILE}")
-        try:
-            raw = json.loads(files[PLAN_FILE])
-        except json.JSONDecodeError as err:
-            raise SpecError(PLAN_FILE, f"not JSON: {err}") from None
+        raw = parse_json_text(files[PLAN_FILE])  # the shared reader: its limits and one-line errors
         plan = with_model(plan_from_galvatron(raw, cluster.world_size), model, cluster)
         plan.validate(model, cluster)
         return plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, schedule_of,
+from frameworks.base import (ExportResult, Framework, Uniform, count_of, plan_from_uniform, register, schedule_of,
                              uniform_view)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 
@@ -211,7 +211,10 @@ class Megatron(Framework):
 
 def parse_args_text(text: str) -> dict[str, Any]:
     """``--a-b 3 --flag`` (any layout, # comments, shell line continuations) -> {"a_b": "3", "flag": True}."""
-    tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as err:  # an unclosed quote, a trailing escape
+        raise SpecError("arguments", f"cannot split into words: {err}") from None
     out: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
@@ -250,12 +253,8 @@ def parse_bridge_yaml(text: str) -> dict[str, Any]:
     return out
 
 
-def _int(settings: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    value = settings.get(key, default)
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise SpecError(_flag(key), f"expected an integer, got {value!r}") from None
+def _int(settings: Mapping[str, Any], key: str, default: int | None = None, minimum: int = 1) -> int:
+    return count_of(settings.get(key, default), _flag(key), minimum)
 
 
 def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec) -> Plan:
@@ -302,8 +301,8 @@ def _virtual_stages(s: Mapping[str, Any], model: ModelSpec, pp: int) -> int:
 
 
 def _stage_layers(s: Mapping[str, Any], model: ModelSpec, pp: int) -> tuple[int, ...]:
-    first = _int(s, "decoder_first_pipeline_num_layers") if s.get("decoder_first_pipeline_num_layers") else None
-    last = _int(s, "decoder_last_pipeline_num_layers") if s.get("decoder_last_pipeline_num_layers") else None
+    first = _int(s, "decoder_first_pipeline_num_layers", minimum=0) if s.get("decoder_first_pipeline_num_layers") else None
+    last = _int(s, "decoder_last_pipeline_num_layers", minimum=0) if s.get("decoder_last_pipeline_num_layers") else None
     rest, middle = model.num_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
     if middle <= 0 or rest % middle:
         raise SpecError("--decoder-first-pipeline-num-layers", f"first {first} / last {last}: the other "

@@ -8,7 +8,7 @@ import tomllib
 from dataclasses import replace
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, plan_from_uniform, register, require_even,
+from frameworks.base import (ExportResult, Framework, Uniform, count_of, plan_from_uniform, register, require_even,
                              uniform_view, vocab_sharded)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
 
@@ -157,7 +157,10 @@ def read_sections(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     if ARGS_FILE not in files:
         raise SpecError("files", f"give {TOML_FILE} or {ARGS_FILE}")
     out: dict[str, dict[str, Any]] = {}
-    tokens = shlex.split(files[ARGS_FILE], comments=True)
+    try:
+        tokens = shlex.split(files[ARGS_FILE], comments=True)
+    except ValueError as err:  # an unclosed quote, a trailing escape
+        raise SpecError(ARGS_FILE, f"cannot split into words: {err}") from None
     for i, tok in enumerate(tokens):
         if tok.startswith("activation-checkpoint:"):
             out.setdefault("activation_checkpoint", {})["mode"] = tok.partition(":")[2]
@@ -181,15 +184,30 @@ def _scalar(text: str) -> Any:
         return text
 
 
+AUTO_KEYS = ("data_parallel_shard_degree", "global_batch_size")
+"""Keys where -1 means "derive it from the others"."""
+ZERO_KEYS = ("pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+             "pipeline_parallel_last_stage_less_layers")
+"""Keys where 0 is a value."""
+
+
 def _get(section: Mapping[str, Any], key: str, default: Any, name: str) -> int:
     value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, str):  # TOML keeps integers apart from text
         raise SpecError(f"{name}.{key}", f"expected an integer, got {value!r}")
-    return value
+    return count_of(value, f"{name}.{key}", 0 if key in ZERO_KEYS else 1, (-1,) if key in AUTO_KEYS else ())
+
+
+def _table(sections: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """The ``[name]`` table of the job config ({} when absent)."""
+    table = sections.get(name, {})
+    if not isinstance(table, Mapping):
+        raise SpecError(name, f"expected a table, got {table!r}")
+    return table
 
 
 def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec) -> Plan:
-    par, training = sections.get("parallelism", {}), sections.get("training", {})
+    par, training = _table(sections, "parallelism"), _table(sections, "training")
     tp, pp = _get(par, "tensor_parallel_degree", 1, "parallelism"), _get(par, "pipeline_parallel_degree", 1, "parallelism")
     if _get(par, "context_parallel_degree", 1, "parallelism") != 1:
         raise SpecError("parallelism.context_parallel_degree", "context parallelism has no field in hybridpar's plan")
@@ -222,8 +240,8 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
             raise SpecError("parallelism.pipeline_parallel_microbatch_size", f"{mbs} does not divide local batch {local}")
         micro = steps * (local // mbs)
         schedule, v, stages = _pipeline(par, model, pp)
-    mode = sections.get("activation_checkpoint", {}).get("mode", "none")
-    recompute = {m: r for r, m in AC_MODES.items()}.get(mode)
+    mode = _table(sections, "activation_checkpoint").get("mode", "none")
+    recompute = {m: r for r, m in AC_MODES.items()}.get(mode) if isinstance(mode, str) else None
     if recompute is None:
         raise SpecError("activation_checkpoint.mode", f"{mode!r}: hybridpar reads none or full")
     sp = par.get("enable_sequence_parallel", True) and tp > 1
