@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import cost_models
 import frameworks
-from frameworks.export import import_files
 from planners.base import Budget
 from planners.targets import TARGETS, plan_for_target
+from runners.compare_views import imported_vs_best
 from specs import load_cluster, load_model
 from specs.cli import ArgumentParser, count
 from specs.errors import one_line_errors
@@ -65,21 +65,7 @@ def compare_targets(args: Any) -> list[str]:
 
 def compare_imported(args: Any) -> list[str]:
     target, path = args.source
-    plan, model, cluster = import_files(target, [Path(path)], args.model, args.cluster)
-    cm = cost_models.get("analytical", cluster)
-    cost = cm.plan_cost(model, plan)
-    budget = Budget(memory_gib=args.budget_gib or cluster.gpu.memory_gib, global_batch=plan.global_batch)
-    best = plan_for_target(target, model, cluster, budget, cm)
-    thr = cost.throughput_samples_per_s
-    lines = [f"{path} as {target} on {cluster.name} ({cluster.world_size} GPUs), global batch {plan.global_batch}",
-             HEADER, _row("imported", thr, cost.iteration_time_s, cost.peak_memory_bytes / GIB, plan.summary(), None)]
-    if best.feasible:
-        lines.append(_row(f"best {target}", best.throughput_samples_per_s, best.iteration_time_s,
-                          best.peak_memory_gib, best.plan.summary(), None))
-        lines.append(f"speed-up {best.throughput_samples_per_s / thr:.3f}x")
-        if args.out:
-            frameworks.get(target).export(best.plan, model, cluster).write(args.out / "imported_better" / target)
-    return lines
+    return imported_vs_best(target, Path(path), args.model, args.cluster, args.budget_gib, args.out)
 
 
 @one_line_errors()

@@ -12,7 +12,8 @@ import cost_models
 from cost_models.listing import cluster_lines
 from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
-from runners.compare_views import budget_line, check_precision, gpu_budget_gib, model_lines, same_batch, write_report
+from runners.compare_views import (budget_line, check_precision, gpu_budget_gib, imported_vs_best, model_lines,
+                                   same_batch, write_report)
 from runners.evaluators import EVALUATORS
 from planners.registry import available
 from runners.report import table
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="bf16", help="training precision (only bf16 is modelled today)")
     p.add_argument("--same-batch", action="store_true", help="re-plan every planner of a budget at the global "
                    "batch of its best plan, so rows compare like for like")
+    p.add_argument("--from", dest="source", nargs=2, metavar=("TARGET", "FILE"),
+                   help="a framework config you run today (TARGET: megatron, torchtitan, deepspeed, galvatron; "
+                   "needs --model and --cluster): its prediction beside the best plan that framework can launch "
+                   "at the same global batch and memory; --out writes that plan's files")
     p.add_argument("--report", type=Path, help="write a self-contained HTML page of the best plan and every cell")
     p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
                    help="registered planner names, comma or space separated (see --list planners)")
@@ -157,6 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
         print("\n".join(LISTINGS[args.list]()))
+        return 0
+    if args.source:
+        if args.cluster is None:
+            raise SpecError("--from", "needs --cluster (and --model): the files name neither exactly")
+        budget = args.budget_gib[0] if args.budget_gib else None
+        print("\n".join(imported_vs_best(args.source[0], Path(args.source[1]), args.model, args.cluster, budget,
+                                         args.out)))
         return 0
     grid = grid_from_args(args)
     records = run(grid)

@@ -81,3 +81,34 @@ def model_lines() -> list[str]:
         m = load_model(name)
         rows.append(f"{name:16} {m.param_count() / 1e9:8.2f} B params  {m.num_layers:3} layers  seq {m.seq_len}")
     return rows
+
+
+def imported_vs_best(target: str, path: Path, model_name: str, cluster_name: str, budget_gib: float | None,
+                     out: Path | None = None) -> list[str]:
+    """A framework's config (``--from TARGET FILE``) predicted, beside the best plan that framework
+    can launch at the same global batch and memory (its files written under ``out`` when given)."""
+    import cost_models
+    import frameworks
+    from frameworks.export import import_files
+    from planners.targets import plan_for_target
+    plan, model, cluster = import_files(target, [path], model_name, cluster_name)
+    cm = cost_models.get("analytical", cluster)
+    cost = cm.plan_cost(model, plan)
+    budget = Budget(memory_gib=budget_gib or cluster.gpu.memory_gib, global_batch=plan.global_batch)
+    best = plan_for_target(target, model, cluster, budget, cm)
+    rows = [["imported", f"{cost.throughput_samples_per_s:.3f}", f"{cost.iteration_time_s:.2f}",
+             f"{cost.peak_memory_bytes / GIB:.1f}", plan.summary()]]
+    lines = [f"{path} as {target} on {cluster.name} ({cluster.world_size} GPUs), global batch {plan.global_batch}, "
+             f"{budget.memory_gib:g} GiB"]
+    if best.feasible:
+        rows.append([f"best {target}", f"{best.throughput_samples_per_s:.3f}", f"{best.iteration_time_s:.2f}",
+                     f"{best.peak_memory_gib:.1f}", best.plan.summary()])
+        if out:
+            frameworks.get(target).export(best.plan, model, cluster).write(out / "imported_better" / target)
+    from tabulate import tabulate
+    lines.append(tabulate(rows, headers=["plan", "samples/s", "iter s", "peak GiB", "summary"], tablefmt="simple"))
+    if best.feasible:
+        lines.append(f"speed-up {best.throughput_samples_per_s / cost.throughput_samples_per_s:.3f}x")
+    else:
+        lines.append(f"best {target}: {best.message}")
+    return lines

@@ -144,3 +144,30 @@ def test_a_baseline_answers_each_budget_as_a_fresh_cost_model_does(name):
         assert again.feasible == fresh.feasible and again.min_memory_gib == fresh.min_memory_gib, gib
         assert [r.plan for r in again.top_k] == [r.plan for r in fresh.top_k], gib
         assert again.stats.candidates == fresh.stats.candidates
+
+
+def test_from_a_framework_config_predicts_it_beside_the_best_plan_of_that_framework(tmp_path, capsys):
+    """`compare --from torchtitan FILE`: the config a user runs today, then the best torchtitan
+    plan at its global batch; that search space holds the imported plan, so it is no slower."""
+    import frameworks
+    from specs import load_cluster, load_model, uniform_plan
+    from dataclasses import replace
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    plan = uniform_plan(model.num_layers, tp=8, dp=1, global_batch=8, micro_batches=4, sp="megatron",
+                        recompute="full", model=model.name, cluster=cluster.name)
+    plan = replace(plan, vocab_tp=8, vocab_sp="megatron")
+    frameworks.get("torchtitan").export(plan, model, cluster).write(tmp_path)
+    assert compare.main(["--from", "torchtitan", str(tmp_path / "torchtitan.toml"), "--model", "llama3-8b",
+                         "--cluster", "dgx-h100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    imported = next(line for line in lines if line.startswith("imported"))
+    best = next(line for line in lines if line.startswith("best torchtitan"))
+    assert "L0-31 tp8/dp1 ckpt sp" in imported
+    assert float(best.split()[2]) >= float(imported.split()[1])
+    assert lines[-1].startswith("speed-up ")
+
+
+def test_from_needs_a_cluster(capsys):
+    assert compare.main(["--from", "torchtitan", "x.toml", "--model", "llama3-8b"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --from: needs --cluster (and --model): the files name "
+                                               "neither exactly")
