@@ -47,10 +47,10 @@ def scaling(args) -> None:
         budget = Budget(memory_gib=args.budget_gib, global_batch=max(64, gpus))
         for space_name, space in SPACES.items():
             for name in args.planners:
-                if name != "galvatron" and gpus > args.max_exact_gpus:
+                if not name.startswith("galvatron") and gpus > args.max_exact_gpus:
                     continue
                 opts = {"space": space}
-                if name != "galvatron":
+                if not name.startswith("galvatron"):
                     opts["time_limit_s"] = args.time_limit_s
                 start = time.perf_counter()
                 res = planners.get(name).plan(model, cluster, budget, cm, opts)
@@ -157,7 +157,7 @@ def _bert_case():
 
 def _one(model, cluster, cm, budget, args) -> None:
     for name in args.h2h_planners:
-        opts = {} if name == "galvatron" else {"time_limit_s": args.time_limit_s}
+        opts = {} if name.startswith("galvatron") else {"time_limit_s": args.time_limit_s}
         start = time.perf_counter()
         res = planners.get(name).plan(model, cluster, budget, cm, opts)
         wall = time.perf_counter() - start
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="issue16: runs per case (the median is printed)")
     p.add_argument("--galvatron-limit-s", type=float, default=120.0, help="issue16: galvatron's time_limit_s")
     p.add_argument("--planners", nargs="+", default=["galvatron", "ilp", "cpsat"])
-    p.add_argument("--h2h-planners", nargs="+", default=["galvatron"])
+    p.add_argument("--h2h-planners", nargs="+", default=["galvatron_classic"])
     p.add_argument("--max-gpus", type=int, default=1024)
     p.add_argument("--max-exact-gpus", type=int, default=16, help="largest size given to ilp/cpsat")
     p.add_argument("--time-limit-s", type=float, default=60.0, help="per group, for ilp/cpsat")
