@@ -16,7 +16,7 @@ from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
 from runners.compare_views import budget_line, check_precision, gpu_budget_gib, model_lines, same_batch, write_report
 from runners.evaluators import EVALUATORS
-from planners.registry import available
+from planners.registry import CLUSTER_PLANNERS, available
 from runners.report import table
 from specs import SpecError
 from specs.cli import ArgumentParser, count, dumps, number, output_dir, output_file, parse_with_config
@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--same-batch", action="store_true", help="re-plan every planner of a budget at the global "
                    "batch of its best plan, so rows compare like for like")
     p.add_argument("--report", type=Path, help="write a self-contained HTML page of the best plan and every cell")
-    p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
-                   help="registered planner names, comma or space separated (see --list planners)")
+    p.add_argument("--planners", nargs="+", help="registered planner names, comma or space separated (see --list "
+                   f"planners; default: with --cluster, {' '.join(CLUSTER_PLANNERS)}; without, the paper's "
+                   f"comparison: {' '.join(DEFAULT_PLANNERS)})")
     p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
                    help="a planner option, e.g. galvatron.mode=exact (repeatable; VALUE is read as "
                    "int, float, true/false, else text)")
@@ -140,7 +141,7 @@ def _budget(gib: float, args: argparse.Namespace) -> Budget:
 
 
 def grid_from_args(args: argparse.Namespace) -> Grid:
-    names = _planner_names(args.planners)
+    names = _planner_names(args.planners or list(CLUSTER_PLANNERS if args.cluster else DEFAULT_PLANNERS))
     check_precision(args.precision)
     output_file(args.report, "--report")
     cluster = args.cluster or "titan-8"

@@ -95,3 +95,11 @@ def test_import_megatron_flags_writes_the_plan_and_exports_back(tmp_path, capsys
 def test_flags_after_dashes_only_for_a_command_line_framework(capsys):
     assert main(["import", "deepspeed", "--model", "llama3-8b", "--cluster", "dgx-h100:2", "--", "--x", "1"]) == 2
     assert capsys.readouterr().err.strip() == "error: --: deepspeed takes files, not flags after --"
+
+
+def test_default_planners_are_the_papers_without_a_cluster_and_todays_with_one():
+    from planners import CLUSTER_PLANNERS, DEFAULT_PLANNERS
+    assert grid_from_args(parse_args([])).planners == DEFAULT_PLANNERS
+    assert "galvatron_classic" in DEFAULT_PLANNERS and "galvatron" in CLUSTER_PLANNERS
+    grid = grid_from_args(parse_args(["--model", "llama3-70b", "--cluster", "dgx-h100:8"]))
+    assert grid.planners == CLUSTER_PLANNERS
