@@ -23,10 +23,10 @@ PAPER_MODELS = ("bert-huge-32", "bert-huge-48", "t5-large-48", "vit-huge-32", "s
 PAPER_CLUSTERS = ("titan-8", "titan-16")
 PAPER_BUDGETS_GIB = (8, 12, 16, 20)
 PAPER_PLANNERS = ("ddp", "zero3", "megatron_tp", "gpipe", "deepspeed_3d", "galvatron_dp_tp", "galvatron_dp_pp",
-                  "galvatron", "ilp", "cpsat")
+                  "galvatron_classic", "ilp", "cpsat")
 """Galvatron's baselines (pure DP, SDP, TP, PP, 3D, its DP+TP and DP+PP restrictions), its full
 search, and the exact solvers."""
-SCALING_PLANNERS = ("galvatron", "ilp", "cpsat")
+SCALING_PLANNERS = ("galvatron_classic", "ilp", "cpsat")
 EXACT_PLANNERS = ("ilp", "cpsat")
 """Planners that solve the cost model's formula exactly (the reference of the optimality gap)."""
 MODERN_PROBLEMS = (("llama2-7b", "dgx-a100-80g"), ("llama2-7b", "dgx-h100"),
@@ -180,7 +180,7 @@ def picture_cell(model: str, cluster: str, budget_gib: float, planner: str) -> R
 
 
 def picture_cells(quick: bool) -> list[dict[str, Any]]:
-    return [{"model": "bert-huge-32", "cluster": "titan-8", "budget_gib": 8, "planner": "galvatron"}]
+    return [{"model": "bert-huge-32", "cluster": "titan-8", "budget_gib": 8, "planner": "galvatron_classic"}]
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (

@@ -38,7 +38,7 @@ def styled(draw: Callable[..., Figure]) -> Callable[..., Figure]:
     return wrapper
 
 
-PLANNER_ORDER = ("galvatron", "ilp", "cpsat", "galvatron_dp_tp", "galvatron_dp_pp", "deepspeed_3d", "gpipe",
+PLANNER_ORDER = ("galvatron", "galvatron_classic", "ilp", "cpsat", "galvatron_dp_tp", "galvatron_dp_pp", "deepspeed_3d", "gpipe",
                  "megatron_tp", "zero3", "ddp", "galvatron_paper", "galvatron_bins", "megatron_3d", "zero2")
 """Known planners, searches first: the first ten get tab10's colours, the rest tab20's light ones."""
 

@@ -22,7 +22,7 @@ from specs.files import atomic_write_text
 
 GPU_MODEL, GPU_SCALE = "llama2-7b", dict(hidden_size=2048, num_layers=4, seq_len=1024)
 CPU_MODEL, CPU_SCALE = "tiny-llama", dict(num_layers=2, seq_len=32)
-PLANNERS = ("galvatron", "ddp", "zero3", "megatron_tp", "gpipe")
+PLANNERS = ("galvatron_classic", "ddp", "zero3", "megatron_tp", "gpipe")
 
 
 def local_cluster(gpus: int, cpu: bool):

@@ -37,7 +37,7 @@ def simulated_throughputs(model, cluster, budget) -> dict[str, tuple[float, floa
     from simulator import simulate
     cm = cost_models.get("analytical", cluster)
     sims: dict[str, tuple[float, float]] = {}
-    for planner in ("galvatron", *BASELINES):
+    for planner in ("galvatron_classic", *BASELINES):
         res = planners.get(planner).plan(model, cluster, budget, cm)
         if res.feasible:
             sims[planner] = (res.throughput_samples_per_s,
@@ -52,10 +52,10 @@ def case_row(name: str, layers: int, cluster_name: str, gib: float) -> tuple[lis
     start = time.perf_counter()
     sims = simulated_throughputs(model, load_cluster(cluster_name), default_budget(gib))
     label = f"{name}" + (f" ({layers} layers)" if layers else "")
-    if "galvatron" not in sims:
+    if "galvatron_classic" not in sims:
         return [label, gib, "no plan", "", "", "", "", time.perf_counter() - start], [], []
-    ours_model, ours_sim = sims["galvatron"]
-    others = {p: v for p, v in sims.items() if p != "galvatron"}
+    ours_model, ours_sim = sims["galvatron_classic"]
+    others = {p: v for p, v in sims.items() if p != "galvatron_classic"}
     best = max(others, key=lambda p: others[p][1], default=None)
     best_sim = others[best][1] if best else float("nan")
     ratio = ours_sim / best_sim if best else float("nan")

@@ -54,6 +54,9 @@ class Framework(ABC):
     name: ClassVar[str] = ""
     file_names: ClassVar[tuple[str, ...]] = ()
     """The files export writes and import_ reads (the first is required on import)."""
+    command_line_file: ClassVar[str | None] = None
+    """The file that is a command line (Megatron's arguments): on import its flags may be given
+    directly, after ``--``, instead of the file."""
 
     @abstractmethod
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:

@@ -187,6 +187,7 @@ class Megatron(Framework):
 
     name = "megatron"
     file_names = (ARGS_FILE, BRIDGE_FILE)
+    command_line_file = ARGS_FILE
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
         settings = parallel_settings(plan, model)

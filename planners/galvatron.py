@@ -33,7 +33,7 @@ from planners.tables import ComboTables
 from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
 
-DEFAULTS = {"space": "classic", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
+DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0,
             "prove_candidates": 2_000_000}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
@@ -63,8 +63,9 @@ def resolve_space(space: Any, cost_model: CostModel | None = None) -> SearchSpac
 
 @register
 class GalvatronPlanner(Planner):
-    """The DP planner; by default over the classic space (the 2022 dimensions with every dp type
-    and full checkpointing), any preset or SearchSpace with the ``space`` option."""
+    """The DP planner; by default over the full space (today's dimensions: every dp type, Megatron
+    and Ulysses sequence parallelism, selective and full recomputation, interleaving, the
+    vocabulary's splits, expert parallelism), any preset or SearchSpace with the ``space`` option."""
 
     name = "galvatron"
     defaults: dict[str, Any] = DEFAULTS
@@ -230,10 +231,11 @@ def _variant(class_name: str, name: str, doc: str, **overrides) -> type[Galvatro
     return register(cls)
 
 
-GalvatronFull = _variant(
-    "GalvatronFull", "galvatron_full",
-    "The full space: every dp type, tp, pp, sequence parallelism (Megatron, Ulysses), "
-    "selective and full recomputation, interleaving, the vocabulary's tp/ZeRO-3/sp, caps lifted.", space="full")
+GalvatronClassic = _variant(
+    "GalvatronClassic", "galvatron_classic",
+    "The 2022 dimensions per layer (DDP/ZeRO-1/2/3, tp, pp, full checkpointing; 1F1B, no sequence "
+    "parallelism): the classic space, fast; Galvatron in the paper comparison (DEFAULT_PLANNERS).",
+    space="classic")
 Galvatron2 = _variant(
     "Galvatron2", "galvatron2",
     "Galvatron-2's space (ZeRO-1/2/3, full checkpointing, Megatron-SP and Ulysses per layer, "

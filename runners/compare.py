@@ -1,6 +1,7 @@
-"""python -m planners.compare: planners x memory budgets on one model and cluster, printed as a
-table, as JSON records (--json) or written as files (--out DIR: one Plan JSON per feasible cell
-plus results.csv and results.json). --list shows what the names below can be."""
+"""hybridpar plan (or python -m planners.compare): planners x memory budgets on one model and
+cluster, printed as a table, as JSON records (--json) or written as files (--out DIR: one Plan
+JSON per feasible cell plus results.csv and results.json). --config FILE reads these flags from
+a TOML file (flags given here win). --list shows what the names below can be."""
 from __future__ import annotations
 
 import argparse
@@ -9,16 +10,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import cost_models
+import frameworks
 from cost_models.listing import cluster_lines
 from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
 from runners.compare_views import (budget_line, check_precision, gpu_budget_gib, imported_vs_best, model_lines,
                                    same_batch, write_report)
 from runners.evaluators import EVALUATORS
-from planners.registry import available
+from planners.registry import CLUSTER_PLANNERS, available
 from runners.report import table
 from specs import SpecError
-from specs.cli import ArgumentParser, count, dumps, number, output_dir, output_file
+from specs.cli import ArgumentParser, count, dumps, number, output_dir, output_file, parse_with_config
 from specs.model import ATTENTION_KINDS
 from specs.errors import one_line_errors
 from specs.processes import WorkerDied
@@ -26,14 +28,17 @@ from specs.limits import MAX_GLOBAL_BATCH
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_PLANNERS", "default_budget", "main", "parse_options"]
 LISTINGS = {"models": model_lines, "clusters": cluster_lines, "planners": available,
-            "cost-models": cost_models.available, "evaluators": EVALUATORS.available}
+            "cost-models": cost_models.available, "evaluators": EVALUATORS.available,
+            "frameworks": frameworks.available}
 """What --list can print."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m planners.compare", description=__doc__)
+    p.add_argument("--config", type=Path, metavar="FILE", help="a TOML file of these flags: keys are the flags' "
+                   "names (budget_gib = [80], [option] galvatron.time_limit_s = 60); flags given here win")
     p.add_argument("--list", choices=sorted(LISTINGS), help="print the zoo's models or clusters, or the "
-                   "registered planners, cost models or evaluators, one a line, and exit")
+                   "registered planners, cost models, evaluators or frameworks, one a line, and exit")
     p.add_argument("--model", default="bert-huge-32", help="zoo model name or a config.json path")
     p.add_argument("--cluster", help="zoo cluster name (name:nodes) or a cluster file (default: titan-8, "
                    "the paper's comparison)")
@@ -51,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "needs --model and --cluster): its prediction beside the best plan that framework can launch "
                    "at the same global batch and memory; --out writes that plan's files")
     p.add_argument("--report", type=Path, help="write a self-contained HTML page of the best plan and every cell")
-    p.add_argument("--planners", nargs="+", default=list(DEFAULT_PLANNERS),
-                   help="registered planner names, comma or space separated (see --list planners)")
+    p.add_argument("--planners", nargs="+", help="registered planner names, comma or space separated (see --list "
+                   f"planners; default: with --cluster, {' '.join(CLUSTER_PLANNERS)}; without, the paper's "
+                   f"comparison: {' '.join(DEFAULT_PLANNERS)})")
     p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
                    help="a planner option, e.g. galvatron.mode=exact (repeatable; VALUE is read as "
                    "int, float, true/false, else text)")
@@ -81,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    return parse_with_config(build_parser(), argv)
 
 
 def _planner_names(raw: list[str]) -> tuple[str, ...]:
@@ -140,7 +146,7 @@ def _budget(gib: float, args: argparse.Namespace) -> Budget:
 
 
 def grid_from_args(args: argparse.Namespace) -> Grid:
-    names = _planner_names(args.planners)
+    names = _planner_names(args.planners or list(CLUSTER_PLANNERS if args.cluster else DEFAULT_PLANNERS))
     check_precision(args.precision)
     output_file(args.report, "--report")
     cluster = args.cluster or "titan-8"

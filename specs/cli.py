@@ -1,7 +1,8 @@
 """What the command lines share: ``--help`` shows every flag's default; arguments are validated
 like file fields (strict ASCII integers and finite numbers within the stated limits); output
 paths are checked before any work; JSON output has no NaN or Infinity; an argparse whose
-errors are one SpecError line."""
+errors are one SpecError line; a TOML file of flags (``--config``) under the command line; the
+``hybridpar`` command's name in the usage line of the module it starts."""
 from __future__ import annotations
 
 import argparse
@@ -9,13 +10,28 @@ import json
 import math
 import os
 import re
+import sys
+import tomllib
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from specs.errors import SpecError
 
 _INT = re.compile(r"-?[0-9]{1,18}")
 _NUMBER = re.compile(r"-?([0-9]{1,18}(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]{1,3})?")
+_PROG: ContextVar[str | None] = ContextVar("prog", default=None)
+
+
+@contextmanager
+def invoked_as(prog: str) -> Iterator[None]:
+    """Within this block, parsers name themselves ``prog`` (``hybridpar plan``), not the module."""
+    token = _PROG.set(prog)
+    try:
+        yield
+    finally:
+        _PROG.reset(token)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -24,6 +40,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        if _PROG.get():
+            kwargs["prog"] = _PROG.get()
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -101,6 +119,101 @@ def finite(obj: Any, field: str = "") -> Any:
 def dumps(obj: Any, **kwargs: Any) -> str:
     """json.dumps of ``obj`` after ``finite`` checked it: no NaN or infinity is written."""
     return json.dumps(finite(obj), allow_nan=False, **kwargs)
+
+
+def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                      flag: str = "--config") -> argparse.Namespace:
+    """``parser.parse_args(argv)`` over the defaults a TOML file named by ``flag`` sets: the
+    file's keys are the long flags (``budget_gib`` or ``budget-gib``), and flags on the command
+    line win over the file (a repeatable flag adds to the file's values)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument(flag)
+    path = vars(pre.parse_known_args(argv)[0])[flag.lstrip("-").replace("-", "_")]
+    if path is not None:
+        parser.set_defaults(**config_defaults(parser, Path(path), argv))
+    return parser.parse_args(argv)
+
+
+def config_defaults(parser: argparse.ArgumentParser, path: Path, argv: Sequence[str] = ()) -> dict[str, Any]:
+    """{dest: value} of the TOML file ``path``, each value checked by the flag's own type and
+    choices; keys of a mutually exclusive group that ``argv`` sets are left to ``argv``."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as err:
+        raise SpecError("--config", f"cannot read {path}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError("config", f"not TOML: {err}", str(path)) from None
+    flags = _flags_by_key(parser)
+    given = {a for a in flags.values() if any(t == o or t.startswith(o + "=") for t in argv for o in a.option_strings)}
+    tokens: list[str] = []
+    for key, value in table.items():
+        action = flags.get(key.replace("-", "_"))
+        if action is None:
+            raise SpecError(key, f"unknown key; the keys are {parser.prog}'s flags: {', '.join(sorted(flags))}",
+                            str(path))
+        if not _left_to_command_line(parser, action, given):
+            tokens += _tokens(action, key, value, str(path))
+    try:
+        parsed = parser.parse_args(tokens)
+    except SpecError as err:
+        raise err.with_source(str(path)) from None
+    return {a.dest: getattr(parsed, a.dest) for a in flags.values() if a.option_strings[-1] in tokens}
+
+
+def _flags_by_key(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The parser's long flags by name with underscores (help and --config itself left out)."""
+    out = {}
+    for action in parser._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest not in ("help", "config"):
+            for o in longs:
+                out[o[2:].replace("-", "_")] = action
+    return out
+
+
+def _left_to_command_line(parser: argparse.ArgumentParser, action: argparse.Action,
+                          given: set[argparse.Action]) -> bool:
+    """True when the command line sets ``action`` or one it excludes (argparse would refuse both)."""
+    if action in given:
+        return action.nargs != 0 and not isinstance(action, argparse._AppendAction)
+    return any(action in g._group_actions and given & set(g._group_actions)
+               for g in parser._mutually_exclusive_groups)
+
+
+def _tokens(action: argparse.Action, key: str, value: Any, source: str) -> list[str]:
+    """The command-line words that set ``action`` to the TOML ``value``."""
+    flag = action.option_strings[-1]
+    if action.nargs == 0:  # a switch: true sets it, false leaves the default
+        if not isinstance(value, bool):
+            raise SpecError(key, f"expected true or false, got {value!r}", source)
+        return [flag] if value else []
+    if isinstance(value, dict):  # [option] galvatron.time_limit_s = 60 -> galvatron.time_limit_s=60
+        value = [f"{k}={_text(v)}" for k, v in _dotted(value)]
+    if isinstance(action, argparse._AppendAction):
+        items = value if isinstance(value, list) else [value]
+        return [w for item in items for w in (flag, _text(item))]
+    if isinstance(value, list):
+        if action.nargs in (None, "?"):
+            raise SpecError(key, f"takes one value, got the list {value!r}", source)
+        return [flag, *map(_text, value)]
+    return [flag, _text(value)]
+
+
+def _dotted(table: dict[str, Any], head: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for k, v in table.items():
+        out += _dotted(v, f"{head}{k}.") if isinstance(v, dict) else [(f"{head}{k}", v)]
+    return out
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        raise SpecError("config", f"expected a number or text, got {value!r}")
+    return str(value)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

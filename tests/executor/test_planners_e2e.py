@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _galvatron_plan(cluster: str, budget_gib: float, global_batch: int) -> Plan:
     model = specs.load_model("tiny-gpt")
-    result = planners.plan("galvatron", model, specs.load_cluster(cluster),
+    result = planners.plan("galvatron_classic", model, specs.load_cluster(cluster),
                            planners.Budget(memory_gib=budget_gib, global_batch=global_batch))
     assert result.feasible, f"galvatron found nothing for tiny-gpt on {cluster} at {budget_gib} GiB"
     return result.plan
@@ -32,7 +32,7 @@ def _galvatron_plan(cluster: str, budget_gib: float, global_batch: int) -> Plan:
     pytest.param("cpu-8", 1.005, 32, marks=pytest.mark.slow),
 ])
 def test_galvatron_plans_run_and_match_the_reference(cluster, budget_gib, global_batch):
-    """Tight budgets make galvatron mix ZeRO stages and checkpointing per layer."""
+    """Tight budgets make galvatron (the classic space) mix ZeRO stages and checkpointing per layer."""
     plan = _galvatron_plan(cluster, budget_gib, global_batch)
     assert_matches_reference(plan, specs.load_model("tiny-gpt"), specs.load_cluster(cluster).world_size)
 

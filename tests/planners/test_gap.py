@@ -114,7 +114,7 @@ def test_the_case_builders_give_pipelines_and_heterogeneous_layers():
     assert kinds[1] == 2 and kinds[2] >= 3  # T5-like: two block types; Swin-like: a type per stage
 
 
-@pytest.mark.parametrize("name", ["galvatron", "galvatron_full"])
+@pytest.mark.parametrize("name", ["galvatron_classic", "galvatron"])
 def test_a_spent_time_limit_returns_a_plan_and_says_so(name):
     model, cluster, cm, budget = _case(1)
     budget = replace(budget, memory_gib=budget.memory_gib * 4)

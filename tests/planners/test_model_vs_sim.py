@@ -11,8 +11,8 @@ from specs import load_cluster, load_model
 
 def _simulated_throughputs(model, cluster, budget: Budget) -> tuple[float, dict[str, float]]:
     sims = simulated_throughputs(model, cluster, budget)
-    assert "galvatron" in sims
-    return sims.pop("galvatron")[1], {name: sim for name, (_, sim) in sims.items()}
+    assert "galvatron_classic" in sims
+    return sims.pop("galvatron_classic")[1], {name: sim for name, (_, sim) in sims.items()}
 
 
 def test_chosen_plan_does_not_lose_in_simulation_small_case():

@@ -85,8 +85,8 @@ def test_galvatron_gains_from_searching_ep():
     # at 3 GiB every plan shards with ZeRO-3; with ep 8 the experts' states are gathered over an
     # expert dp of 2 instead of all experts over 16 ranks: less traffic for a few all-to-alls
     budget = Budget(memory_gib=3.0, global_batch=32)
-    with_ep = plan("galvatron", SMALL, H100x2, budget)
-    without = plan("galvatron", SMALL, H100x2, budget, space=replace(SearchSpace.preset("classic"),
+    with_ep = plan("galvatron_classic", SMALL, H100x2, budget)
+    without = plan("galvatron_classic", SMALL, H100x2, budget, space=replace(SearchSpace.preset("classic"),
                                                                       expert_parallel=(1,)))
     assert max(_ep(with_ep)) > 1 and _ep(without) == {1}
     assert with_ep.throughput_samples_per_s > without.throughput_samples_per_s

@@ -27,7 +27,7 @@ def setting():
 @pytest.fixture(scope="module")
 def galvatron_results(setting):
     model, cluster, cm = setting
-    return {gib: planners.get("galvatron").plan(model, cluster, default_budget(gib), cm, CLASSIC)
+    return {gib: planners.get("galvatron_classic").plan(model, cluster, default_budget(gib), cm)
             for gib in DEFAULT_BUDGETS}
 
 
@@ -64,12 +64,12 @@ def test_full_space_beats_every_baseline_including_the_modern_grids(gib):
     model, cluster = load_model("bert-huge-32").scaled(num_layers=8), load_cluster("titan-8")
     cm = cost_models.get("analytical", cluster)
     budget = Budget(memory_gib=gib, global_batch=32)
-    best = planners.get("galvatron_full").plan(model, cluster, budget, cm)
+    best = planners.get("galvatron").plan(model, cluster, budget, cm)  # the full space, its default
     assert best.feasible
     best.plan.validate(model, cluster)
     assert cm.plan_cost(model, best.plan).peak_memory_bytes <= gib * 1024**3
     assert best.stats.solver_status == "optimal"  # fast mode's gap closed by the proof
-    for name in [p for p in DEFAULT_PLANNERS if p != "galvatron_full"]:  # the ablations' spaces are inside
+    for name in DEFAULT_PLANNERS:  # the ablations' and the classic space are inside
         other = planners.get(name).plan(model, cluster, budget, cm)
         if other.feasible:
             assert best.throughput_samples_per_s >= other.throughput_samples_per_s * (1 - 1e-12), name
