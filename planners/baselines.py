@@ -189,7 +189,7 @@ class Megatron3d(GridPlanner):
                     m = batch // (dp * b)
                     for v in MEGATRON_VIRTUAL_STAGES:
                         schedule = Schedule.ONE_F_ONE_B if v == 1 else Schedule.INTERLEAVED_1F1B
-                        if v > 1 and not schedule_entry(schedule).allows(pp, m, v, even_stage_layers(n, pp)):
+                        if v > 1 and not schedule_entry(schedule).allows(pp, m, v):
                             continue
                         for recompute in MEGATRON_RECOMPUTE:
                             yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": m, "recompute": recompute,

@@ -21,7 +21,7 @@ from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables, temp_levels
-from specs import ModelSpec, Schedule, even_stage_layers
+from specs import ModelSpec, Schedule, chunk_layout, even_stage_layers
 from specs.schedules import PipelineFormula, schedule_entry
 from specs.units import GIB
 
@@ -243,10 +243,12 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
     plan_cost. Strategies go in order of a lower bound from the tables and stop once it cannot
     reach the top_k plans found so far; plans the tables show cannot fit are not scored."""
     c, n, entry = t.combo, len(t.layer_type), schedule_entry(Schedule.INTERLEAVED_1F1B)
-    if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v, even_stage_layers(n, c.pp)):
+    if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v) or n < c.pp * v:
         return
+    stage_layers, chunk_layers = chunk_layout(n, c.pp, v)
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), cost_model.linear_in_flight)
+    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), cost_model.linear_in_flight,
+                                     stage_layers)
     order = np.argsort(floor)
     for pos, i in enumerate(order):
         threshold = state.throughputs(top_k)[1]
@@ -263,12 +265,13 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
         s = t.strategies[uniform[i]]
         vocab = VocabChoice(s.degrees.split, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
-        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
-                                              schedule=entry.name, virtual_stages=v), budget_bytes)
+        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, list(stage_layers), vocab, meta),
+                                              schedule=entry.name, virtual_stages=v, chunk_layers=chunk_layers),
+                   budget_bytes)
 
 
-def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, linear_in_flight: bool
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, linear_in_flight: bool,
+                       stage_layers: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Per uniform strategy: a lower bound on its interleaved plan's time, and whether it can fit.
 
     A stage's time is at least its layers' (sends and the embedding/head left out) and
@@ -276,7 +279,7 @@ def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFor
     micro-batches under interleaving as under 1F1B ((2 (pp-k-1) + (v-1) pp + 1) / v >= pp - k),
     so where memory is linear in them a uniform plan whose layers overflow a stage under 1F1B
     (the tables) overflows it interleaved too."""
-    T, D, mem, temp = uniform_layer_sums(t, uniform)
+    T, D, mem, temp = uniform_layer_sums(t, uniform, stage_layers)
     # infinite memory: a layout the cost model cannot score (whatever the in-flight count)
     fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear_in_flight else np.isfinite(mem + temp).all(axis=0)
     return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), fits

@@ -110,17 +110,17 @@ class PipelineSchedule:
                             f"({self.name} runs one model chunk per rank)")
         raise SpecError("virtual_stages", f"{self.name} needs virtual_stages >= {self.min_virtual_stages}, got {v}")
 
-    def check(self, pp: int, micro_batches: int, virtual_stages: int, stage_layers: Sequence[int]) -> None:
+    def check(self, pp: int, micro_batches: int, virtual_stages: int) -> None:
         """SpecError naming the numbers unless a plan with these stages and micro-batches runs."""
         self.check_virtual_stages(virtual_stages)
         error = self.micro_batch_error(pp, micro_batches)
         if error is not None:
             raise SpecError("micro_batches", error)
 
-    def allows(self, pp: int, micro_batches: int, virtual_stages: int, stage_layers: Sequence[int]) -> bool:
+    def allows(self, pp: int, micro_batches: int, virtual_stages: int) -> bool:
         """``check`` as a predicate (planners filter their grids with it)."""
         try:
-            self.check(pp, micro_batches, virtual_stages, stage_layers)
+            self.check(pp, micro_batches, virtual_stages)
         except SpecError:
             return False
         return True
@@ -206,20 +206,13 @@ class Interleaved1F1B(PipelineSchedule):
             return f"interleaved 1F1B needs micro-batches a multiple of pp: micro_batches {micro_batches}, pp {pp}"
         return None
 
-    def check(self, pp: int, micro_batches: int, virtual_stages: int, stage_layers: Sequence[int]) -> None:
-        """pp > 1, layers dividing evenly into pp * v chunks (equal stages), micro-batches a
-        multiple of pp."""
+    def check(self, pp: int, micro_batches: int, virtual_stages: int) -> None:
+        """pp > 1 and micro-batches a multiple of pp; chunks may hold any layer counts
+        (``Plan.chunk_layers``)."""
         self.check_virtual_stages(virtual_stages)
-        v, n_layers = virtual_stages, sum(stage_layers)
         if pp == 1:
-            raise SpecError("virtual_stages", f"virtual_stages {v} needs pp > 1 (pp is 1)")
-        if n_layers % (pp * v):
-            raise SpecError("virtual_stages", f"virtual_stages {v} needs layers per stage divisible: "
-                            f"{n_layers} layers / (pp {pp} * v {v})")
-        if any(n != n_layers // pp for n in stage_layers):
-            raise SpecError("stage_layers", f"virtual_stages {v} needs {n_layers // pp} layers per stage, "
-                            f"got {list(stage_layers)}")
-        super().check(pp, micro_batches, virtual_stages, stage_layers)
+            raise SpecError("virtual_stages", f"virtual_stages {virtual_stages} needs pp > 1 (pp is 1)")
+        super().check(pp, micro_batches, virtual_stages)
 
 
 REGISTRY: dict[Schedule, PipelineSchedule] = {s.name: s for s in (GPipe(), OneFOneB(), Interleaved1F1B())}

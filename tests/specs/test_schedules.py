@@ -2,7 +2,7 @@
 the micro-batch rules' messages, and the upgrade of plan files that spelled interleaving as 1f1b."""
 import pytest
 
-from specs import Plan, SpecError, uniform_plan
+from specs import Plan, SpecError, chunk_layout, uniform_plan
 from specs.schedules import REGISTRY, Op, OpKind, Schedule, schedule_entry, upgrade_schedule
 
 F, B = OpKind.FORWARD, OpKind.BACKWARD
@@ -84,27 +84,57 @@ def test_the_formula_and_its_linear_form():
     assert two.linear_s(3.0, 2.0, 0.3) == pytest.approx(8.8)
 
 
-@pytest.mark.parametrize("schedule, pp, m, v, stages, message", [
-    ("1f1b", 4, 3, 1, [2] * 4, r"micro_batches: 1f1b needs micro_batches\(3\) >= pp\(4\)"),
-    ("interleaved_1f1b", 4, 6, 2, [2] * 4,
+@pytest.mark.parametrize("schedule, pp, m, v, message", [
+    ("1f1b", 4, 3, 1, r"micro_batches: 1f1b needs micro_batches\(3\) >= pp\(4\)"),
+    ("interleaved_1f1b", 4, 6, 2,
      "micro_batches: interleaved 1F1B needs micro-batches a multiple of pp: micro_batches 6, pp 4"),
-    ("interleaved_1f1b", 1, 4, 2, [8], r"virtual_stages: virtual_stages 2 needs pp > 1 \(pp is 1\)"),
-    ("interleaved_1f1b", 4, 4, 2, [3, 3, 3, 3],
-     r"virtual_stages: virtual_stages 2 needs layers per stage divisible: 12 layers / \(pp 4 \* v 2\)"),
-    ("interleaved_1f1b", 2, 4, 2, [3, 5], r"stage_layers: virtual_stages 2 needs 4 layers per stage, got \[3, 5\]"),
-    ("interleaved_1f1b", 2, 4, 1, [4, 4], "virtual_stages: interleaved_1f1b needs virtual_stages >= 2, got 1"),
-    ("gpipe", 2, 4, 2, [4, 4],
+    ("interleaved_1f1b", 1, 4, 2, r"virtual_stages: virtual_stages 2 needs pp > 1 \(pp is 1\)"),
+    ("interleaved_1f1b", 2, 4, 1, "virtual_stages: interleaved_1f1b needs virtual_stages >= 2, got 1"),
+    ("gpipe", 2, 4, 2,
      r"virtual_stages: virtual_stages 2 needs schedule interleaved_1f1b \(gpipe runs one model chunk per rank\)"),
 ])
-def test_rules_name_the_numbers(schedule, pp, m, v, stages, message):
+def test_rules_name_the_numbers(schedule, pp, m, v, message):
     entry = schedule_entry(schedule)
     with pytest.raises(SpecError, match=f"^{message}$"):
-        entry.check(pp, m, v, stages)
-    assert not entry.allows(pp, m, v, stages)
+        entry.check(pp, m, v)
+    assert not entry.allows(pp, m, v)
 
 
 def test_gpipe_takes_any_micro_batches():
-    assert schedule_entry("gpipe").allows(8, 1, 1, [1] * 8)
+    assert schedule_entry("gpipe").allows(8, 1, 1)
+
+
+def test_interleaving_takes_any_layer_count():
+    """126 layers on pp 16 x v 2 = 32 chunks: with the embedding and the loss counted as one layer
+    each, 128 / 32 = 4 per chunk, so chunks 0 and 31 hold 3. Stage 0 runs chunks 0 and 16
+    (3 + 4 = 7), stage 15 runs chunks 15 and 31 (4 + 3 = 7), the others 8."""
+    plan = uniform_plan(126, pp=16, global_batch=32, micro_batches=16, schedule="interleaved_1f1b",
+                        virtual_stages=2)
+    assert plan.chunk_layers == (3,) + (4,) * 30 + (3,)
+    assert plan.stage_layers == (7,) + (8,) * 14 + (7,)
+    assert list(plan.stage_ranges()[0]) == [0, 1, 2] + list(range(63, 67))  # chunk 16 starts at 3 + 15 * 4
+    assert Plan.from_dict(plan.to_dict()) == plan
+    # 126 on pp 8 x v 2: 128 / 16 = 8, so the end chunks hold 7 and the end stages 15
+    assert chunk_layout(126, 8, 2) == ((15,) + (16,) * 6 + (15,), (7,) + (8,) * 14 + (7,))
+    # layers that divide keep equal chunks (and the plan file keeps no chunk_layers)
+    even = uniform_plan(96, pp=8, global_batch=32, micro_batches=8, schedule="interleaved_1f1b", virtual_stages=2)
+    assert even.chunk_layers == () and even.layers_per_chunk() == (6,) * 16 and "chunk_layers" not in even.to_dict()
+
+
+def test_chunk_layers_default_split_and_messages():
+    """An omitted chunk_layers splits each stage evenly, its first chunk taking one more: stages
+    (5, 3) on v 2 -> chunk 0 = 3, chunk 2 = 2 (stage 0), chunk 1 = 2, chunk 3 = 1 (stage 1)."""
+    base = uniform_plan(8, pp=2, global_batch=8, micro_batches=4, schedule="interleaved_1f1b", virtual_stages=2)
+    plan = Plan.from_dict({**base.to_dict(), "stage_layers": [5, 3]})
+    assert plan.layers_per_chunk() == (3, 2, 2, 1)
+    assert Plan.from_dict({**plan.to_dict(), "chunk_layers": [3, 2, 2, 1]}) == plan  # stored as the default
+    with pytest.raises(SpecError, match=r"^chunk_layers: stage 0 runs chunks \[0, 2\] of \[1, 2\] layers, "
+                                        r"sum 3 != stage_layers\[0\] 5$"):
+        Plan.from_dict({**plan.to_dict(), "chunk_layers": [1, 3, 2, 2]})
+    with pytest.raises(SpecError, match=r"^chunk_layers: 3 chunks listed for pp\(2\) \* virtual_stages\(2\) = 4$"):
+        Plan.from_dict({**plan.to_dict(), "chunk_layers": [4, 2, 2]})
+    with pytest.raises(SpecError, match=r"^stage_layers: stage 1 has 1 layers for virtual_stages 2 chunks"):
+        Plan.from_dict({**plan.to_dict(), "stage_layers": [7, 1]})
 
 
 def test_unknown_schedule_lists_the_registered_ones():
