@@ -267,7 +267,7 @@ class Plan:
         """The stage that runs global chunk ``chunk``."""
         return next(k for k in range(self.pp) if chunk in self.stage_chunks(k))
 
-    @property
+    @cached_property
     def head_stage(self) -> int:
         """The stage holding the model's last chunk (the head): pp - 1, or 0 under a V-shape."""
         return self.chunk_stage(self.pp * self.virtual_stages - 1)
