@@ -297,6 +297,11 @@ class ZeroBubbleH1(SplitBackward):
         return None
 
 
+def v_shape_formula(micro_batches: int, weight_share: float) -> PipelineFormula:
+    """Bubble (1 - 2 w) / 2 of 1F1B's fill and drain: (pp - 1)(f + b - w) in chunk times."""
+    return PipelineFormula(micro_batches, 1, max(0.0, 1.0 - 2.0 * weight_share) / 2.0)
+
+
 class VShape(SplitBackward):
     """Two chunks per rank in a V: stage k runs chunk k (going down) and chunk 2 pp - 1 - k
     (coming back up); the model's last chunk, with the head, is on stage 0."""
@@ -360,9 +365,10 @@ class ZeroBubbleV(VShape):
 
     def formula(self, micro_batches: int, virtual_stages: int = 2,
                 weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
-        """Bubble (pp - 1)(f + b - 2 w) in chunk times (the paper's ZB-V), a chunk being half a
-        stage: (1 - 3 w) / 2 of 1F1B's fill and drain, none at F = B = W."""
-        return PipelineFormula(micro_batches, 1, max(0.0, 1.0 - 3.0 * weight_share) / 2.0)
+        """Bubble (pp - 1)(f + b - w) in chunk times, a chunk being half a stage: (1 - 2 w) / 2 of
+        1F1B's fill and drain. That is what this order leaves when played op by op (the
+        simulator, for f <= b); the paper's optimised ZB-V reaches (pp - 1)(f + b - 2 w)."""
+        return v_shape_formula(micro_batches, weight_share)
 
 
 class DualPipeV(VShape):
@@ -416,11 +422,10 @@ class DualPipeV(VShape):
 
     def formula(self, micro_batches: int, virtual_stages: int = 2,
                 weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
-        """Bubble (pp - 1)(F&B + b - 3 w) in chunk times (DeepSeek-V3, Table 2, on the V's pp
-        ranks), the paired F&B played one after the other (f + b): (f + 2 b - 3 w) / (2 (f + b +
-        w)) of 1F1B's fill and drain; with b = f (input-gradient GEMMs as large as the forward's)
-        that is 3 (1 - 3 w) / 4, none at F = B = W."""
-        return PipelineFormula(micro_batches, 1, max(0.0, 1.0 - 3.0 * weight_share) * 0.75)
+        """As ZB-V's, (pp - 1)(f + b - w) in chunk times (the order played op by op, for
+        b <= f): the paired forward and backward run one after the other here, so DeepSeek's
+        (pp - 1)(F&B + b - 3 w), which hides one under the other's communication, does not apply."""
+        return v_shape_formula(micro_batches, weight_share)
 
     def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
         if micro_batches < 2 * pp:

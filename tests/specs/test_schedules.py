@@ -131,10 +131,8 @@ def test_the_formula_and_its_linear_form():
 @pytest.mark.parametrize("schedule, v, w, bubble", [
     # ZB-H1: (F + B - W) / (F + B + W); F = B = W: 1/3; W a quarter: (0.75 - 0.25) / 1 = 0.5
     ("zb_h1", 1, 1 / 3, 1 / 3), ("zb_h1", 1, 0.25, 0.5),
-    # ZB-V: (f + b - 2w) / (2 (f + b + w)): F = B = W: 0; W a quarter: (0.75 - 0.5) / 2 = 0.125
-    ("zbv", 2, 1 / 3, 0.0), ("zbv", 2, 0.25, 0.125),
-    # DualPipeV, b = f: (f + 2b - 3w) / (2 (f + b + w)); w = 0.25, f = b = 0.375: 0.375 / 2 = 0.1875
-    ("dualpipev", 2, 0.25, 0.1875), ("dualpipev", 2, 0.5, 0.0),
+    # ZB-V and DualPipeV: (f + b - w) / (2 (f + b + w)): F = B = W: 1/6; W a quarter: 0.5 / 2
+    ("zbv", 2, 1 / 3, 1 / 6), ("zbv", 2, 0.25, 0.25), ("dualpipev", 2, 0.25, 0.25), ("dualpipev", 2, 0.5, 0.0),
 ])
 def test_zero_bubble_formulas(schedule, v, w, bubble):
     formula = schedule_entry(schedule).formula(8, v, weight_share=w)
