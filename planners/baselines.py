@@ -14,7 +14,7 @@ from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats,
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
 from planners.tables import memo
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, even_stage_layers, uniform_plan
+from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.schedules import schedule_entry
 from specs.units import GIB
 

@@ -7,8 +7,9 @@ from specs.grid import RankGrid, RankGroups, layer_grid, stage_grid
 from specs.hf_config import from_hf_config, model_from_dict
 from specs.layer_parts import MLASpec, MoESpec
 from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
+from specs.chunks import chunk_layout
 from specs.plan import (DP_TYPES, PLAN_VERSION, SCHEDULES, DPType, LayerStrategy, Plan, Recompute, Schedule,
-                        SequenceParallel, chunk_layout, even_stage_layers, padded_vocab, uniform_plan)
+                        SequenceParallel, even_stage_layers, padded_vocab, uniform_plan)
 from specs.zoo import cluster_names, load_cluster, load_model, model_names
 
 ModelSpec.from_hf_config = staticmethod(from_hf_config)  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ from specs.axes import DPType, Degrees, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
+from specs.chunks import chunk_layout
 from specs.schedules import SCHEDULES, Schedule, schedule_entry, upgrade_schedule
 from specs.schema import PlanFile, check
 
@@ -422,30 +423,6 @@ def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
     """Layers per stage, as even as possible, the first stages taking one more: (3, 3, 2) for 8/3."""
     base, extra = divmod(num_layers, pp)
     return tuple(base + (1 if i < extra else 0) for i in range(pp))
-
-
-def chunk_layout(num_layers: int, pp: int, virtual_stages: int, schedule: str = Schedule.INTERLEAVED_1F1B
-                 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Megatron's layout of ``num_layers`` over pp * v chunks: (stage_layers, chunk_layers).
-    Equal chunks when they divide; else the embedding and the loss each count as one layer
-    (--account-for-embedding/loss-in-pipeline-split), so the first and last chunks take one
-    layer fewer, the remainder going to the chunks after the first: 126 layers on 32 chunks
-    are 3 + 4 x 30 + 3 (too few layers for that: the plain split, remainder after the first).
-    SpecError when a chunk would be left without a layer."""
-    chunks = pp * virtual_stages
-    if num_layers < chunks:
-        raise SpecError("virtual_stages", f"{num_layers} layers leave a chunk empty on pp({pp}) * "
-                        f"virtual_stages({virtual_stages}) = {chunks} chunks")
-    for ends in (0,) if num_layers % chunks == 0 else (1, 0):
-        base, extra = divmod(num_layers + 2 * ends, chunks)
-        counts = [base + (1 if 0 < j <= extra else 0) for j in range(chunks)]
-        counts[0] -= ends
-        counts[-1] -= ends
-        if min(counts) >= 1:
-            break
-    entry = schedule_entry(schedule)
-    stages = tuple(sum(counts[j] for j in entry.stage_chunks(k, pp, virtual_stages)) for k in range(pp))
-    return stages, tuple(counts)
 
 
 def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, global_batch: int,
