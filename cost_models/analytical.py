@@ -18,7 +18,7 @@ from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
 from cost_models.constants import AnalyticalConstants, calibration_status, constants_for
 from cost_models.memo import Memo
-from cost_models.ops import Op, backward_ops, forward_ops
+from cost_models.ops import Op, backward_ops, forward_ops, is_weight_gradient
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost, vocab_relayout_s
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel
@@ -122,11 +122,14 @@ class AnalyticalModel(CostModel):
         return max(gpu_s, count * self.constants.host_time_per_kernel_s - hidden_host_s)
 
     def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split) -> tuple[tuple[float, int], ...]:
-        """(GPU seconds, kernel count) of the layer's forward and of its backward on one of tp
-        GPUs: what every strategy of the same tp, micro-batch size and expert split shares."""
+        """(GPU seconds, kernel count) of the layer's forward, of its backward and of the weight-
+        gradient GEMMs within that backward (W of a split backward) on one of tp GPUs: what every
+        strategy of the same tp, micro-batch size and expert split shares."""
         fwd = forward_ops(layer, tp, mbs, split)
         bwd = backward_ops(fwd)
-        return (sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd))
+        wgrad = [op for op in bwd if is_weight_gradient(op)]
+        return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
+                (sum(map(self.op_time, wgrad)), len(wgrad)))
 
     def _memory_bound_s(self, nbytes: float) -> float:
         c = self.constants
@@ -143,10 +146,12 @@ class AnalyticalModel(CostModel):
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
-        fwd, bwd = self._pass_kernels(layer, strategy.degrees.split, mbs,
-                                      experts.compute_split(layer, strategy, self.expert_imbalance))
+        fwd, bwd, wgrad = self._pass_kernels(layer, strategy.degrees.split, mbs,
+                                             experts.compute_split(layer, strategy, self.expert_imbalance))
         forward_s = self._launch_bound(fwd, pass_comm_s)
         backward_s = self._launch_bound(bwd, pass_comm_s) + self.recompute_time(layer, strategy, mbs, pass_comm_s)
+        # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
+        weight_grad_s = self._launch_bound(bwd, pass_comm_s) * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
         # dense part over dp; with an expert split the routed experts over their expert-dp groups
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
         traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups) for p in parts])
@@ -155,7 +160,7 @@ class AnalyticalModel(CostModel):
         tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
         ep_comm_s = experts.dispatch_time_s(self.all_to_all_time, layer, strategy, mbs, first_rank,
                                             self.expert_imbalance)
-        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
+        return LayerTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s, tp_comm_s=tp_comm_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb, ep_comm_s=ep_comm_s,
                          update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts))

@@ -25,7 +25,7 @@ from typing import ClassVar, Sequence
 
 from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, stage_grid
 from specs.capabilities import EVERYTHING, Capabilities
-from specs.schedules import schedule_entry
+from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
 ALLOCATOR_RESERVE_FRACTION = 0.2
@@ -46,6 +46,8 @@ class LayerTime:
     """Compute of one micro-batch forward on one GPU."""
     backward_s: float
     """Compute of one micro-batch backward, including the recomputed forward if checkpointed."""
+    weight_grad_s: float = 0.0
+    """The weight-gradient part of ``backward_s`` (W of a split backward; B is the rest)."""
     tp_comm_s: float = 0.0
     """TP collectives of one micro-batch (forward and backward), on the critical path."""
     dp_comm_s: float = 0.0
@@ -136,9 +138,10 @@ def in_flight(schedule: str, pp: int, stage: int, micro_batches: int, virtual_st
 
 
 def pipeline_time(stage_time_s: Sequence[float], stage_tail_s: Sequence[float], micro_batches: int,
-                  schedule: str, virtual_stages: int = 1) -> float:
-    """The schedule's iteration time: m max_k T_k + (sum_k T_k - max_k T_k) / v + max_k D_k."""
-    formula = schedule_entry(schedule).formula(micro_batches, virtual_stages)
+                  schedule: str, virtual_stages: int = 1, weight_share: float = DEFAULT_WEIGHT_SHARE) -> float:
+    """The schedule's iteration time: m max_k T_k + bubble (sum_k T_k - max_k T_k) / v + max_k D_k
+    (``weight_share``: W / (F + B + W) of the stages, read by the zero-bubble schedules)."""
+    formula = schedule_entry(schedule).formula(micro_batches, virtual_stages, weight_share)
     return formula.time_s(max(stage_time_s), sum(stage_time_s), max(stage_tail_s))
 
 
@@ -281,7 +284,9 @@ class CostModel(ABC):
             times.append(t)
             tails.append(d)
             memories.append(mem)
-        total = pipeline_time(times, tails, plan.micro_batches, plan.schedule, plan.virtual_stages)
+        share = self._weight_share(model, plan, sum(times)) if schedule_entry(plan.schedule).splits_backward \
+            else DEFAULT_WEIGHT_SHARE
+        total = pipeline_time(times, tails, plan.micro_batches, plan.schedule, plan.virtual_stages, share)
         busy = sum(times) * plan.micro_batches / plan.pp
         return PlanCost(iteration_time_s=total, throughput_samples_per_s=plan.global_batch / total,
                         stage_time_s=tuple(times), stage_tail_s=tuple(tails),
@@ -308,6 +313,15 @@ class CostModel(ABC):
         time_s += self._pipeline_send_s(model, plan, stage, layer_ids, world)
         return time_s, tail_s, memory
 
+    def _weight_share(self, model: ModelSpec, plan: Plan, total_s: float) -> float:
+        """W / (F + B + W): the layers' weight-gradient time over the stages' per-micro-batch
+        time (what a zero-bubble schedule moves into its fill and drain)."""
+        world = self.cluster.world_size
+        weight_s = sum(self.layer_time(model.layers[i], plan.layers[i], plan.micro_batch_size(i), plan.micro_batches,
+                                       plan.stage_first_rank(stage, world)).weight_grad_s
+                       for stage, ids in enumerate(plan.stage_ranges()) for i in ids)
+        return weight_s / total_s if total_s > 0 else DEFAULT_WEIGHT_SHARE
+
     def _pipeline_send_s(self, model: ModelSpec, plan: Plan, stage: int, layer_ids: list[int],
                          world: int) -> float:
         """Activations sent forward and gradients sent back at every chunk boundary of the
@@ -319,11 +333,11 @@ class CostModel(ABC):
         for j in forward:
             last = chunks[j][-1]
             total += self.pipeline_send_time(model.layers[last], plan.layers[last], plan.micro_batch_size(last),
-                                             stage * per_stage, ((j + 1) % plan.pp) * per_stage, per_stage)
+                                             stage * per_stage, plan.chunk_stage(j + 1) * per_stage, per_stage)
         for j in backward:
             prev = chunks[j][0] - 1
             total += self.pipeline_send_time(model.layers[prev], plan.layers[prev], plan.micro_batch_size(prev),
-                                             stage * per_stage, ((j - 1) % plan.pp) * per_stage, per_stage)
+                                             stage * per_stage, plan.chunk_stage(j - 1) * per_stage, per_stage)
         return total
 
     # -- pipeline messages ------------------------------------------------------------------

@@ -231,6 +231,11 @@ def backward_ops(forward: list[Op]) -> list[Op]:
     return out
 
 
+def is_weight_gradient(op: Op) -> bool:
+    """A weight-gradient GEMM of backward_ops (W of a split backward; the rest is B)."""
+    return op.name.endswith("_wgrad")
+
+
 def embedding_forward_ops(embedding: EmbeddingSpec, tokens: float, tp: int) -> list[Op]:
     """Lookup (or patch projection), positions, dropout."""
     h = embedding.hidden_size

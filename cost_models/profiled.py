@@ -94,7 +94,13 @@ def expert_compute_ratio(layer: LayerSpec, strategy: LayerStrategy, mbs: int, im
     return weight(forward_ops(layer, ranks, mbs, split)) / weight(forward_ops(layer, ranks, mbs))
 
 
+WEIGHT_GRAD_SHARE = 0.5
+"""W's share of a profiled backward (recompute excluded) where the profile does not split it: a
+GEMM's backward is an input-gradient and a weight-gradient GEMM of equal FLOPs."""
+
+
 @register
+
 class ProfiledModel(CostModel):
     """Cost model driven by measured tables."""
 
@@ -196,6 +202,7 @@ class ProfiledModel(CostModel):
         scale = expert_compute_ratio(layer, strategy, mbs, self.expert_imbalance)
         forward_s, backward_s = (t * scale for t in self._compute_s(layer, strategy, mbs,
                                                                     tp_comm_s / seq.forward_passes(strategy)))
+        weight_grad_s = WEIGHT_GRAD_SHARE * backward_s  # the profile times the backward whole
         backward_s += forward_s * recompute_share(layer, strategy, mbs)
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups, params)
@@ -205,7 +212,7 @@ class ProfiledModel(CostModel):
         forward_s += fsdp_fwd
         backward_s += fsdp_bwd + fsdp_fwd * recompute_share(layer, strategy, mbs)
         a2a = lambda nbytes, groups: self.collective_time("all_to_all", nbytes, groups)  # noqa: E731
-        return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
+        return LayerTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s, tp_comm_s=tp_comm_s,
                          update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts),
                          dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
                          exposed_dp_comm_s=self.exposed_time(once, backward_s),
@@ -370,7 +377,7 @@ class ProfiledModel(CostModel):
     def vocab_cost(self, model: ModelSpec, plan: Plan, stage: int, world_size: int
                    ) -> tuple[LayerTime, MemoryBreakdown]:
         vocab = self.profile.vocab
-        last = plan.pp - 1
+        last = plan.head_stage
         tp, dp, mbs, tp_groups, dp_groups = layout_for(plan, world_size, stage)
         weight_tp, sync_dp = weight_split(plan, world_size)  # Ulysses: weights whole, tokens split
         share = (1.0 - VOCAB_HEAD_SHARE if stage == 0 else 0.0) + (VOCAB_HEAD_SHARE if stage == last else 0.0)
@@ -394,14 +401,14 @@ class ProfiledModel(CostModel):
     def _vocab_state_share(plan: Plan, stage: int, dp: int) -> float:
         """Embedding (stage 0) sharded as layer 0, head (last stage) as the last layer, both ZeRO-3
         under vocab_zero3 (vocab_dp_type); mean of both on one stage."""
-        ends = ([0] if stage == 0 else []) + ([len(plan.layers) - 1] if stage == plan.pp - 1 else [])
+        ends = ([0] if stage == 0 else []) + ([len(plan.layers) - 1] if stage == plan.head_stage else [])
         return sum(_state_share(vocab_dp_type(plan, i, dp), dp) for i in ends) / len(ends)
 
     def _vocab_memory(self, model: ModelSpec, plan: Plan, stage: int, mbs: float, tp: int, weight_tp: int,
                       dp: int) -> MemoryBreakdown:
         """Galvatron's measured other_memory tables when read from its folder, else our formula
         (``tp``: the vocabulary's tp; ``weight_tp``, ``dp``: weight_split's)."""
-        last = plan.pp - 1
+        last = plan.head_stage
         if self.vocab_memory_mib:
             key = "pp_off" if plan.pp == 1 else ("first" if stage == 0 else "last")
             table = self.vocab_memory_mib[key]

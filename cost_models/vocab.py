@@ -49,7 +49,7 @@ def vocab_relayout_s(cost_model: CostModel, model: ModelSpec, plan: Plan, world_
         return 0.0
     vocab = _vocab_strategy(plan.vocab_tp, per_stage // plan.vocab_tp, plan.vocab_sp if plan.vocab_tp > 1 else "none")
     first = layer_index == 0
-    stage = 0 if first else plan.pp - 1
+    stage = 0 if first else plan.head_stage
     prev, nxt = (vocab, strategy) if first else (strategy, vocab)
     return cost_model.transition_time(model.layers[layer_index], prev, nxt,
                                       plan.global_batch // (prev.dp * plan.micro_batches),
@@ -67,7 +67,7 @@ def vocab_relayouts_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage
     stage) layers."""
     last = len(plan.layers) - 1
     return ((cost_model.vocab_relayout_time(model, plan, 0, plan.layers[0]) if stage == 0 else 0.0)
-            + (cost_model.vocab_relayout_time(model, plan, last, plan.layers[last]) if stage == plan.pp - 1 else 0.0))
+            + (cost_model.vocab_relayout_time(model, plan, last, plan.layers[last]) if stage == plan.head_stage else 0.0))
 
 
 def vocab_dp_type(plan: Plan, layer_index: int, dp: int) -> str:
@@ -118,7 +118,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     bwd = dp_comm = exposed = 0.0
     update = c.iteration_overhead_s
     memory = MemoryBreakdown()
-    last = plan.pp - 1
+    last = plan.head_stage
     if stage == 0:
         f = model_.ops_time(embedding_forward_ops(model.embedding, tokens, tp))
         b = model_.ops_time(embedding_backward_ops(model.embedding, tokens, tp))
@@ -144,7 +144,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
         kept = logits * LOGIT_KEPT_BYTES + head_input
         memory = memory + states + MemoryBreakdown(activations_bytes=kept,
                                                    temporary_bytes=logits * (BYTES_PER_ACTIVATION + 4))
-    if plan.pp > 1 and model.head.tied_lm and stage in (0, last):
+    if last != 0 and model.head.tied_lm and stage in (0, last):
         sync = _tied_embedding_sync_s(model_, model, plan, world_size)
         dp_comm, exposed = dp_comm + sync, exposed + sync
     tp_comm = (vocab_tp_comm_s(model_, model, plan, stage, mbs, tp_groups)
@@ -166,7 +166,7 @@ def vocab_tp_comm_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage: 
     if stage == 0 and model.embedding.kind == "token":
         comm_s += _vocab_tp_comm(cost_model, mbs * model.seq_len * model.embedding.hidden_size * BYTES_PER_ACTIVATION,
                                  tp_groups, plan, "all_reduce")
-    if stage == plan.pp - 1 and model.head.kind != "none":
+    if stage == plan.head_stage and model.head.kind != "none":
         head_tokens = mbs * model.head.seq_len
         comm_s += _vocab_tp_comm(cost_model, head_tokens * model.head.hidden_size * BYTES_PER_ACTIVATION, tp_groups,
                                  plan, "all_reduce")
@@ -188,14 +188,14 @@ def vocab_ends(model: ModelSpec, plan: Plan, stage: int) -> list[tuple[int, floa
     """(index of the layer whose dp type it follows, parameters) of the embedding on the first
     stage and of the head on the last: the ends ``stage`` holds."""
     return (([(0, float(model.embedding.param_count()))] if stage == 0 else [])
-            + ([(len(plan.layers) - 1, head_params(model, plan))] if stage == plan.pp - 1 else []))
+            + ([(len(plan.layers) - 1, head_params(model, plan))] if stage == plan.head_stage else []))
 
 
 def head_params(model: ModelSpec, plan: Plan) -> float:
-    """The head's parameters on the last stage; a tied head on its own stage keeps a copy of
-    the embedding matrix (Megatron), on the first stage it shares it."""
+    """The head's parameters on its stage; a tied head on its own stage keeps a copy of the
+    embedding matrix (Megatron), on the first stage (pp 1, or a V-shape) it shares it."""
     params = model.head.param_count()
-    if model.head.tied_lm and plan.pp > 1:
+    if model.head.tied_lm and plan.head_stage != 0:
         params += model.head.hidden_size * model.head.output_size
     return float(params)
 
@@ -217,7 +217,7 @@ def _pair_groups(first: int, last: int, count: int) -> RankGroups:
 def _tied_embedding_sync_s(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, world_size: int) -> float:
     """All-reduce of the tied word-embedding gradient between the first and last stage."""
     per_stage = world_size // plan.pp
-    first, last = plan.stage_first_rank(0, world_size), plan.stage_first_rank(plan.pp - 1, world_size)
+    first, last = plan.stage_first_rank(0, world_size), plan.stage_first_rank(plan.head_stage, world_size)
     groups = _pair_groups(first, last, per_stage)
     weight_tp = plan.vocab_degrees(per_stage).tp
     nbytes = model.head.hidden_size * plan.padded_vocab_size(model.head.output_size) / weight_tp * mem.GRAD_BYTES_PER_PARAM

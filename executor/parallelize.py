@@ -120,7 +120,7 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
     experts: dict[int, ExpertShard] = {}
     ep_place = (stage, local, groups, device.split(":")[0], experts)
     chunks = {j: _build_chunk(model, plan, ranges, j, meshes, smesh, seed, split, ep_place)
-              for j in range(stage, len(ranges), plan.pp)}  # round-robin: chunk j on rank j % pp
+              for j in plan.stage_chunks(stage)}  # as the schedule places them (round-robin or a V)
     first, last = chunks[min(chunks)], chunks[max(chunks)]
     stage_module = first if len(chunks) == 1 else ChunkedStage(chunks)
     first_layout, last_layout = Layout.of(plan.layers[ranges[min(chunks)][0]]), Layout.of(plan.layers[ranges[max(chunks)][-1]])
@@ -204,7 +204,7 @@ def _tie(embed: nn.Module | None, head: nn.Module | None, model: ModelSpec, plan
     parameter and that group (None on stages that hold neither end)."""
     if not is_tied(model):
         return None
-    ends = sorted({0, plan.pp - 1})
+    ends = sorted({0, plan.head_stage})
     per_stage = smesh.size() // plan.pp
     if split is not None:
         return tie_vocab(embed, head, split, ends, per_stage, groups, lambda: build_embedding(model, seed))

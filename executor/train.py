@@ -58,7 +58,7 @@ def train_step(pm: ParallelModel, plan: Plan, inputs: torch.Tensor, targets: tor
     """Forward and backward of every micro-batch, then the data-parallel reductions. Returns
     this rank's share of the loss as a tensor on the device (no host sync)."""
     if pm.schedule is not None:
-        losses = run_schedule(pm.schedule, pm.stage, plan.pp, inputs, targets)
+        losses = run_schedule(pm.schedule, pm.stage, plan.head_stage, inputs, targets)
         total = torch.stack([l.detach().float() for l in losses]).sum() if losses else torch.zeros((), device=inputs.device)
     else:
         total = torch.zeros((), device=inputs.device)
@@ -95,7 +95,7 @@ def full_tensors(module: torch.nn.Module, grads: bool, tied: bool = False,
 
 def _global_loss(pm: ParallelModel, plan: Plan, local_loss: torch.Tensor) -> float:
     """Sum of one copy per DP replica of the last stage's loss shares."""
-    own = pm.stage == plan.pp - 1 and pm.owns_loss
+    own = pm.stage == plan.head_stage and pm.owns_loss
     t = (local_loss if own else torch.zeros_like(local_loss)).double().reshape(1)
     dist.all_reduce(t)
     return float(t)

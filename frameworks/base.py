@@ -213,6 +213,19 @@ def require_even(plan: Plan, target: str) -> None:
         raise SpecError("stage_layers", f"{list(plan.stage_layers)}: {target} splits layers evenly over stages")
 
 
+def chunk_pattern(plan: Plan, target: str) -> tuple[int, int]:
+    """(layers per chunk, layers the end chunks give up) of an interleaved plan: equal chunks
+    (b, 0), or Megatron's with the embedding and loss counted as layers: b - 1, b ..., b - 1
+    (b, 1); any other chunk layout is refused."""
+    counts = plan.layers_per_chunk()
+    b = counts[1] if len(counts) > 2 else counts[0]
+    for ends in (0, 1):
+        if counts == (b - ends,) + (b,) * (len(counts) - 2) + (b - ends,):
+            return b, ends
+    raise SpecError("chunk_layers", f"{list(counts)}: {target} lays out equal chunks, or the first and last "
+                    "one layer short")
+
+
 def with_model(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> Plan:
     """``plan`` labelled with the model and cluster names."""
     return replace(plan, model=model.name, cluster=cluster.name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, count_of, plan_from_uniform, register, schedule_of,
+from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, register, schedule_of,
                              uniform_view)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 
@@ -55,8 +55,8 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
 def _first_last(plan: Plan) -> tuple[int | None, int | None]:
     """(--decoder-first-pipeline-num-layers, --decoder-last-...) for the partition, or refuse it."""
     stages = list(plan.stage_layers)
-    if len(set(stages)) == 1:
-        return None, None
+    if len(set(stages)) == 1 or plan.virtual_stages > 1 and chunk_pattern(plan, "Megatron"):
+        return None, None  # interleaved: the chunk layout says it
     middle = stages[1:-1]
     if plan.virtual_stages > 1 or len(set(middle)) > 1 or plan.pp < 3:
         raise SpecError("stage_layers", f"{stages}: Megatron sets only the first and the last stage apart "
@@ -102,7 +102,10 @@ def parallel_settings(plan: Plan, model: ModelSpec) -> dict[str, Any]:
         "seq_length": model.seq_len, "use_distributed_optimizer": u.dp_type == DPType.ZERO1 and u.dp > 1,
     }
     if u.virtual_stages > 1:
-        out["num_layers_per_virtual_pipeline_stage"] = model.num_layers // (u.pp * u.virtual_stages)
+        per_chunk, ends = chunk_pattern(plan, "Megatron")
+        out["num_layers_per_virtual_pipeline_stage"] = per_chunk
+        if ends:
+            out.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
     if first is not None:
         out["decoder_first_pipeline_num_layers"] = first
     if last is not None:

@@ -8,7 +8,7 @@ import tomllib
 from dataclasses import replace
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, count_of, plan_from_uniform, register, require_even,
+from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, register, require_even,
                              uniform_view, vocab_sharded)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
 
@@ -58,7 +58,10 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
         raise SpecError("layer 0", f"expert_dp_type {u.expert_dp_type}: torchtitan shards experts like the rest")
     if (u.schedule, 1) not in SCHEDULES or (u.virtual_stages > 1 and u.schedule != "1f1b"):
         raise SpecError("schedule", f"{u.schedule} with virtual stages {u.virtual_stages} has no torchtitan schedule")
-    require_even(plan, "torchtitan")
+    if u.virtual_stages == 1:
+        require_even(plan, "torchtitan")
+    else:
+        chunk_pattern(plan, "torchtitan")
     zero3 = vocab_sharded(u.dp_type, u.dp, model)
     sp = SequenceParallel.MEGATRON if u.megatron_sp else SequenceParallel.NONE
     if plan.vocab_tp != u.tp or plan.vocab_sp != sp or plan.vocab_zero3 != zero3:
@@ -85,10 +88,11 @@ def settings(plan: Plan, model: ModelSpec) -> dict[str, dict[str, Any]]:
     training: dict[str, Any] = {"global_batch_size": u.global_batch, "seq_len": model.seq_len,
                                 "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"}
     if u.pp > 1:  # the micro-batches are the pipeline's; no gradient accumulation
+        per_chunk, ends = chunk_pattern(plan, "torchtitan") if u.virtual_stages > 1 else (model.num_layers // u.pp, 0)
         par.update(pipeline_parallel_schedule=INTERLEAVED if u.virtual_stages > 1 else SCHEDULES[(u.schedule, 1)],
                    pipeline_parallel_microbatch_size=u.micro_batch_size,
-                   pipeline_parallel_layers_per_stage=model.num_layers // (u.pp * u.virtual_stages),
-                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+                   pipeline_parallel_layers_per_stage=per_chunk,
+                   pipeline_parallel_first_stage_less_layers=ends, pipeline_parallel_last_stage_less_layers=ends)
         training.update(local_batch_size=per_replica, disable_cuda_graphs=True)
     else:  # the micro-batches are gradient-accumulation steps
         training["local_batch_size"] = u.micro_batch_size

@@ -14,7 +14,7 @@ from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats,
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
 from planners.tables import memo
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, even_stage_layers, uniform_plan
+from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.schedules import schedule_entry
 from specs.units import GIB
 
@@ -189,7 +189,7 @@ class Megatron3d(GridPlanner):
                     m = batch // (dp * b)
                     for v in MEGATRON_VIRTUAL_STAGES:
                         schedule = Schedule.ONE_F_ONE_B if v == 1 else Schedule.INTERLEAVED_1F1B
-                        if v > 1 and not schedule_entry(schedule).allows(pp, m, v, even_stage_layers(n, pp)):
+                        if v > 1 and not schedule_entry(schedule).allows(pp, m, v):
                             continue
                         for recompute in MEGATRON_RECOMPUTE:
                             yield {"pp": pp, "tp": tp, "dp": dp, "micro_batches": m, "recompute": recompute,

@@ -21,7 +21,7 @@ from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables, temp_levels
-from specs import ModelSpec, Schedule, even_stage_layers
+from specs import ModelSpec, Schedule, chunk_layout, even_stage_layers
 from specs.schedules import PipelineFormula, schedule_entry
 from specs.units import GIB
 
@@ -210,12 +210,14 @@ def _refine(tables: list[ComboTables], bounds: list[float], order: list[int], re
 
 def _all_interleaved(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,
                      space: SearchSpace, top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
-    if not cost_model.capabilities.supports("schedule", Schedule.INTERLEAVED_1F1B):  # it cannot score them
-        return
+    """The uniform phase of every schedule beyond the tables' own: interleaved 1F1B at each
+    ``virtual_stages`` > 1 and each of ``space.uniform_schedules``, those the cost model scores."""
+    runs = [(Schedule.INTERLEAVED_1F1B, v) for v in space.virtual_stages if v > 1]
+    runs += [(s, schedule_entry(s).min_virtual_stages) for s in space.uniform_schedules]
+    runs = [(s, v) for s, v in runs if cost_model.capabilities.supports("schedule", s)]
     for t in tables:
-        for v in space.virtual_stages:
-            if v > 1:
-                _interleaved(t, v, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
+        for schedule, v in runs:
+            _interleaved(t, schedule, v, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
 
 
 def _seed_uniform(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,
@@ -236,17 +238,22 @@ def _seed_uniform(tables: list[ComboTables], model: ModelSpec, cost_model: CostM
         state.keep(cost_model, model, t.plan([strategy] * n, list(even_stage_layers(n, pp)), v, meta), budget_bytes)
 
 
-def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel, budget_bytes: float,
-                 space: SearchSpace, top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
-    """Interleaved 1F1B with v chunks per rank over uniform plans (one strategy for every layer,
-    the vocabulary sharded like the layers, an even partition: how Megatron runs it), scored by
-    plan_cost. Strategies go in order of a lower bound from the tables and stop once it cannot
-    reach the top_k plans found so far; plans the tables show cannot fit are not scored."""
-    c, n, entry = t.combo, len(t.layer_type), schedule_entry(Schedule.INTERLEAVED_1F1B)
-    if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v, even_stage_layers(n, c.pp)):
+def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_model: CostModel,
+                 budget_bytes: float, space: SearchSpace, top_k: int, meta: dict, state: OuterState,
+                 deadline: float | None) -> None:
+    """``schedule`` with v chunks per rank (interleaved 1F1B, zero-bubble, V-shaped, looped)
+    over uniform plans (one strategy for every layer, the vocabulary sharded like the layers,
+    Megatron's chunk layout: how frameworks run them), scored by plan_cost. Strategies go in
+    order of a lower bound from the tables and stop once it cannot reach the top_k plans found
+    so far; plans the tables show cannot fit are not scored. The bound takes W as half the
+    backward (w = 1/2, its most when B >= W): no bubble left under a zero-bubble schedule."""
+    c, n, entry = t.combo, len(t.layer_type), schedule_entry(schedule)
+    if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v) or n < c.pp * v:
         return
+    stage_layers, chunk_layers = chunk_layout(n, c.pp, v, schedule) if v > 1 else (even_stage_layers(n, c.pp), ())
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), cost_model.linear_in_flight)
+    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v, weight_share=0.5),
+                                     cost_model.linear_in_flight, stage_layers)
     order = np.argsort(floor)
     for pos, i in enumerate(order):
         threshold = state.throughputs(top_k)[1]
@@ -263,20 +270,23 @@ def _interleaved(t: ComboTables, v: int, model: ModelSpec, cost_model: CostModel
         s = t.strategies[uniform[i]]
         vocab = VocabChoice(s.degrees.split, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
-        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, [n // c.pp] * c.pp, vocab, meta),
-                                              schedule=entry.name, virtual_stages=v), budget_bytes)
+        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, list(stage_layers), vocab, meta),
+                                              schedule=schedule, virtual_stages=v, chunk_layers=chunk_layers),
+                   budget_bytes)
 
 
-def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, linear_in_flight: bool
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """Per uniform strategy: a lower bound on its interleaved plan's time, and whether it can fit.
+def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, linear_in_flight: bool,
+                       stage_layers: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per uniform strategy: a lower bound on its plan's time under the schedule, and whether it
+    can fit.
 
     A stage's time is at least its layers' (sends and the embedding/head left out) and
-    m max T + (sum T - max T) / v + max D grows with every T_k. Each stage holds at least as many
-    micro-batches under interleaving as under 1F1B ((2 (pp-k-1) + (v-1) pp + 1) / v >= pp - k),
-    so where memory is linear in them a uniform plan whose layers overflow a stage under 1F1B
-    (the tables) overflows it interleaved too."""
-    T, D, mem, temp = uniform_layer_sums(t, uniform)
+    m max T + bubble (sum T - max T) / v + max D grows with every T_k. Each stage holds at least
+    as many micro-batches under these schedules as under 1F1B (interleaved (2 (pp-k-1) + (v-1)
+    pp + 1) / v >= pp - k; zero-bubble and V-shaped pp or more; looped m), so where memory is
+    linear in them a uniform plan whose layers overflow a stage under 1F1B (the tables)
+    overflows it under them too."""
+    T, D, mem, temp = uniform_layer_sums(t, uniform, stage_layers)
     # infinite memory: a layout the cost model cannot score (whatever the in-flight count)
     fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear_in_flight else np.isfinite(mem + temp).all(axis=0)
     return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), fits

@@ -8,10 +8,13 @@ from planners.tables import ComboTables
 from specs import even_stage_layers
 
 
-def uniform_layer_sums(t: ComboTables, S: np.ndarray) -> tuple[np.ndarray, ...]:
-    """[stage, strategy in S] of a uniform plan on even stages, its layers only: summed
-    per-micro-batch time, tail and memory, and the largest temporary."""
-    bounds = np.concatenate(([0], np.cumsum(even_stage_layers(len(t.layer_type), t.combo.pp))))
+def uniform_layer_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, ...] | None = None
+                       ) -> tuple[np.ndarray, ...]:
+    """[stage, strategy in S] of a uniform plan on ``stage_layers`` (even stages by default), its
+    layers only: summed per-micro-batch time, tail and memory, and the largest temporary (a
+    uniform plan's sums depend on a stage's layer count, not on which layers it holds)."""
+    stage_layers = stage_layers or even_stage_layers(len(t.layer_type), t.combo.pp)
+    bounds = np.concatenate(([0], np.cumsum(stage_layers)))
     sums = []
     for k, st in enumerate(t.stages):
         types = t.layer_type[bounds[k]:bounds[k + 1]]

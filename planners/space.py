@@ -70,9 +70,14 @@ class SearchSpace:
     tp_consecutive: tuple[bool, ...] = (True, False)
     """TP rank layouts tried when tp > 1 and dp > 1."""
     schedule: str = Schedule.ONE_F_ONE_B
-    """Pipeline schedule of one chunk per rank (specs.schedules gives its micro-batch rule); the
+    """Pipeline schedule of one chunk per rank and a whole backward (gpipe, 1f1b: the tables'
+    linear objective is its formula; specs.schedules gives its micro-batch rule); the
     groups whose layers and micro-batches allow it are also tried under interleaved_1f1b with
     each ``virtual_stages`` > 1 when that schedule is 1f1b."""
+    uniform_schedules: tuple[str, ...] = ()
+    """Schedules tried besides ``schedule`` and interleaving, over uniform plans in Megatron's
+    chunk layout, scored by plan_cost (zb_h1, zbv, dualpipev, looped_bfs): their bubble depends
+    on the layers' W, which the tables' linear objective does not carry."""
     micro_batches: tuple[int, ...] | None = None
     """Explicit micro-batch counts; None: powers of two dividing the batch, up to max_micro_batches."""
     max_micro_batches: int = 64
@@ -101,10 +106,13 @@ class SearchSpace:
         bad = [t for t in self.dp_types if t not in DP_TYPES]
         if bad or not self.dp_types:
             raise SpecError("dp_types", f"must be a non-empty subset of {', '.join(DP_TYPES)}; got {self.dp_types!r}")
-        flat = [s for s in SCHEDULES if schedule_entry(s).max_virtual_stages == 1]
+        flat = [s for s in SCHEDULES if schedule_entry(s).max_virtual_stages == 1
+                and not schedule_entry(s).splits_backward]
         if self.schedule not in flat:
             raise SpecError("schedule", f"must be one of {', '.join(flat)} (interleaving is searched through "
-                            f"virtual_stages), got {self.schedule!r}")
+                            f"virtual_stages, the others through uniform_schedules), got {self.schedule!r}")
+        if any(s not in SCHEDULES for s in self.uniform_schedules):
+            raise SpecError("uniform_schedules", f"must be among {', '.join(SCHEDULES)}, got {self.uniform_schedules!r}")
         if not self.recompute or not self.tp_consecutive or not self.sp or not self.virtual_stages:
             raise SpecError("recompute", "recompute, sp, virtual_stages and tp_consecutive need at least one choice")
         bad = [r for r in self.recompute if r not in tuple(Recompute)] + [x for x in self.sp + self.vocab_sp
@@ -141,7 +149,8 @@ class SearchSpace:
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
-                       micro_batch_degrees="divisors", expert_tp=(0, 1))
+                       micro_batch_degrees="divisors", expert_tp=(0, 1),
+                       uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V))
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
         # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
         # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach)
@@ -187,6 +196,9 @@ class SearchSpace:
                 changes[field] = kept
         if not capabilities.supports("schedule", Schedule.INTERLEAVED_1F1B):
             changes["virtual_stages"] = (1,)
+        kept = tuple(s for s in self.uniform_schedules if capabilities.supports("schedule", s))
+        if kept != self.uniform_schedules:
+            changes["uniform_schedules"] = kept
         if capabilities.expert_parallel == frozenset({OFF}):
             changes["expert_parallel"] = (1,)  # a consumer without any expert split
         return replace(self, **changes) if changes else self

@@ -53,7 +53,8 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     }
     if name not in spaces:
         raise SpecError("target", f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
-    return spaces[name]
+    # the exports write 1F1B, GPipe and interleaving only (not yet torchtitan's zero-bubble names)
+    return spaces[name] if name == "none" else replace(spaces[name], uniform_schedules=())
 
 
 def uniform_plans(target: str, model: ModelSpec, cluster: ClusterSpec, batch: int,

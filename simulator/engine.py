@@ -87,7 +87,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
                         for r in ranks])
     if not full:
         fabric.focus_ranks.update(w.rank for ws in workers for w in ws)
-    _wire(workers, wrap=plan.virtual_stages > 1)
+    _wire(workers, plan)
     env.run()
     flat = [w for ws in workers for w in ws]
     stuck = [w.rank for w in flat if not w.action.triggered]
@@ -109,13 +109,12 @@ def _contention(env: simpy.Environment, network: Network, cal: LinkCalibration, 
     return Contention(env, cal.overlap_coefficient, lambda factor: network.scale(ports, factor))
 
 
-def _wire(workers: list[list[Worker]], wrap: bool = False) -> None:
-    """Stage k's i-th worker sends forward to stage k+1's i-th (rank + GPUs per stage); under
-    interleaving the last stage also feeds the first (its next chunk lives there)."""
-    pairs = list(range(len(workers) - 1)) + ([len(workers) - 1] if wrap and len(workers) > 1 else [])
-    for k in pairs:
-        for a, b in zip(workers[k], workers[(k + 1) % len(workers)]):
-            a.next, b.prev = b, a
+def _wire(workers: list[list[Worker]], plan: Plan) -> None:
+    """Each worker sends chunk j's output to the worker of chunk j + 1 and its input gradient to
+    that of chunk j - 1: the same position in the stage the schedule placed that chunk on."""
+    for stage_workers in workers:
+        for i, worker in enumerate(stage_workers):
+            worker.peers = {j: workers[plan.chunk_stage(j)][i] for j in range(plan.pp * plan.virtual_stages)}
 
 
 def _result(plan: Plan, cluster: ClusterSpec, workers: list[list[Worker]], network: Network,

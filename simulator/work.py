@@ -42,6 +42,8 @@ class LayerWork:
     forward_s: float
     backward_s: float
     """Includes the recomputed forward when checkpointed (as LayerTime has it)."""
+    weight_grad_s: float
+    """The weight-gradient part of backward_s: a W op under a schedule that splits the backward."""
     update_s: float
     strategy: LayerStrategy
     tp_groups: tuple[tuple[int, ...], ...]
@@ -103,7 +105,7 @@ class ChunkWork:
     """One model chunk of a stage: which of its layers, and what crosses its two ends."""
 
     index: int
-    """Global chunk index j (it runs on stage j % pp)."""
+    """Global chunk index j (the schedule places it: stage j % pp, or V-shaped)."""
     positions: tuple[int, ...]
     """Positions in StageWork.layers."""
     output_message: PipelineMessage | None
@@ -141,11 +143,11 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
 
 
 def _chunks(model: ModelSpec, plan: Plan, cm: CostModel, chunk_ranges: list, stage: int, layer_ids: list[int]) -> tuple:
-    """The stage's chunks (global index j = c * pp + stage) with their boundary messages."""
+    """The stage's chunks (global indices, as the schedule places them) with their boundary messages."""
     last_chunk = len(chunk_ranges) - 1
     message = lambda i: cm.pipeline_message(model.layers[i], plan.layers[i], plan.micro_batch_size(i))  # noqa: E731
     out = []
-    for j in range(stage, len(chunk_ranges), plan.pp):
+    for j in plan.stage_chunks(stage):
         ids = list(chunk_ranges[j])
         out.append(ChunkWork(index=j, positions=tuple(layer_ids.index(i) for i in ids),
                              output_message=message(ids[-1]) if j < last_chunk else None,
@@ -157,19 +159,19 @@ def _vocab_params(model: ModelSpec, plan: Plan, stage: int) -> float:
     """Embedding parameters on the first stage, head parameters on the last (a tied head on
     its own stage keeps a copy of the embedding matrix, as Megatron does)."""
     params = model.embedding.param_count() if stage == 0 else 0
-    if stage == plan.pp - 1 and model.head.kind != "none":
+    if stage == plan.head_stage and model.head.kind != "none":
         params += model.head.param_count()
-        if model.head.tied_lm and plan.pp > 1:
+        if model.head.tied_lm and plan.head_stage != 0:
             params += model.head.hidden_size * model.head.output_size
     return float(params)
 
 
 def _tied(model: ModelSpec, plan: Plan, stage: int, world: int) -> tuple[float, tuple]:
     """Bytes and rank pairs of the tied-embedding gradient all-reduce (first and last stage)."""
-    if plan.pp == 1 or not model.head.tied_lm or stage not in (0, plan.pp - 1):
+    if plan.head_stage == 0 or not model.head.tied_lm or stage not in (0, plan.head_stage):
         return 0.0, ()
     per_stage = world // plan.pp
-    first, last = plan.stage_first_rank(0, world), plan.stage_first_rank(plan.pp - 1, world)
+    first, last = plan.stage_first_rank(0, world), plan.stage_first_rank(plan.head_stage, world)
     nbytes = model.head.hidden_size * model.head.output_size / plan.vocab_tp * GRAD_BYTES_PER_PARAM
     return float(nbytes), tuple((first + i, last + i) for i in range(per_stage))
 
@@ -193,7 +195,7 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     gathered = sum(p.gathered_bytes for p in parts)
     ep_groups, ep_calls = _expert_calls(cm, layer, s, mbs, first_rank)
     return LayerWork(
-        index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, update_s=lt.update_s, strategy=s,
+        index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, weight_grad_s=lt.weight_grad_s, update_s=lt.update_s, strategy=s,
         tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
         tp_calls=tp_calls(layer, s, mbs),
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,

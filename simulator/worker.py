@@ -56,8 +56,11 @@ class Worker:
         self.rendezvous = rendezvous
         self.rank = gpu.rank
         self.per_stage = len(work.ranks)
-        self.prev: Worker | None = None
-        self.next: Worker | None = None
+        self.peers: dict[int, Worker] = {}
+        """The worker (same position in its stage) that runs each global chunk (engine._wire)."""
+        self._split = schedule_entry(config.schedule).splits_backward
+        """The backward runs as B (input gradient, sent back) and a later W (weight gradient)."""
+        self._holds_head = any(c.index == config.pp * config.virtual_stages - 1 for c in work.chunks)
         self.inbox = {"F": simpy.FilterStore(env), "B": simpy.FilterStore(env)}
         """(micro-batch, chunk) messages; a chunk waits for its own (interleaving reorders them)."""
         self.end_s = 0.0
@@ -82,7 +85,7 @@ class Worker:
         self._allocate_states()
         ops = schedule_entry(self.cfg.schedule).ops(self.work.stage, self.cfg.pp, self.cfg.micro_batches,
                                                     self.cfg.virtual_stages)
-        play = {OpKind.FORWARD: self._forward, OpKind.BACKWARD: self._backward}  # no schedule splits B yet
+        play = {OpKind.FORWARD: self._forward, OpKind.BACKWARD: self._backward, OpKind.WEIGHT: self._weight}
         for kind, mb, c in ops:
             yield from play[kind](mb, self.work.chunks[c])
         yield from self._finish()
@@ -112,9 +115,9 @@ class Worker:
         return chunk.index == self.cfg.pp * self.cfg.virtual_stages - 1
 
     def _vocab_leads(self, chunk) -> bool:
-        """The embedding (first stage) or the per-micro-batch overhead (middle stages) runs with
-        the stage's first chunk; the last stage's head runs with the model's last chunk."""
-        return self.work.stage != self.cfg.pp - 1 and chunk.index < self.cfg.pp
+        """The embedding (first stage) or the per-micro-batch overhead (other stages) runs with
+        the stage's first chunk; on the stage with the head it all runs with the model's last chunk."""
+        return not self._holds_head and chunk.index == self.work.chunks[0].index
 
     def _tp_calls(self, phase: str, mb: int, lw: LayerWork, rounds: int):
         """The layer's TP-group collectives, ``rounds`` passes' worth, on the critical path."""
@@ -151,12 +154,13 @@ class Worker:
         if self._last_chunk(chunk):
             yield from self._vocab("F", mb)
         else:
-            yield from self._send("F", mb, chunk, chunk.output_message.send_bytes, self.next)
+            yield from self._send("F", mb, chunk, chunk.output_message.send_bytes)
 
     def _backward(self, mb: int, chunk):
+        """The whole backward, or under a split schedule its B: the input gradient, sent back at
+        once; the weight gradients, their sync and the activations' release wait for W."""
         w, compute, mem = self.work, self.gpu.compute, self.gpu.memory
-        self._backwards += 1
-        last_mb = self._backwards == self.cfg.micro_batches * self.cfg.virtual_stages
+        last_mb = not self._split and self._count_backward()
         if not self._last_chunk(chunk):
             yield self.inbox["B"].get(lambda msg: msg == (mb, chunk.index))
             yield from self._gather_received("B", mb, chunk.output_message)
@@ -170,31 +174,64 @@ class Worker:
             yield from self._gathered(lw, mb, "B", layers[pos - 1] if pos > 0 else None)
             mem.alloc(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.alloc(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
-            yield from compute.run(f"B{mb} {lw.name}", lw.backward_s)
+            yield from compute.run(f"B{mb} {lw.name}", lw.backward_s - (lw.weight_grad_s if self._split else 0.0))
             # backward's collectives, plus the recomputed forward's under full recomputation
             yield from self._tp_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
             yield from self._ep_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
-            mem.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
-            self._gradients_made(lw.name, lw.states)
+            if not self._split:
+                self._layer_gradients(lw, mb, last_mb)
             self._release_gathered(lw, mb, "B")
-            self._grads_ready(lw, mb, last_mb)
+        if not self._split:
+            self._flush_gradients(mb)
+        if self._vocab_leads(chunk):
+            yield from self._vocab("B", mb)
+        yield from self._wait_sharded_syncs()
+        if not self._first_chunk(chunk):
+            yield from self._send("B", mb, chunk, chunk.input_message.send_bytes)
+        if last_mb:
+            self._vocab_sync()
+
+    def _weight(self, mb: int, chunk):
+        """W of a split backward: the chunk's weight gradients, last layer first; then the
+        micro-batch's activations go and its gradients sync as after a whole backward."""
+        last_mb = self._count_backward()
+        layers = [self.work.layers[p] for p in chunk.positions]
+        for lw in reversed(layers):
+            yield from self.gpu.compute.run(f"W{mb} {lw.name}", lw.weight_grad_s)
+            self._layer_gradients(lw, mb, last_mb)
+        self._flush_gradients(mb)
+        yield from self._wait_sharded_syncs()
+        if last_mb:
+            self._vocab_sync()
+
+    def _count_backward(self) -> bool:
+        """Count one (weight-)gradient pass; True for the iteration's last."""
+        self._backwards += 1
+        return self._backwards == self.cfg.micro_batches * self.cfg.virtual_stages
+
+    def _layer_gradients(self, lw: LayerWork, mb: int, last_mb: bool) -> None:
+        """The layer's gradients of micro-batch ``mb`` are made: its activations go, its sync
+        buckets fill."""
+        self.gpu.memory.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
+        self._gradients_made(lw.name, lw.states)
+        self._grads_ready(lw, mb, last_mb)
+
+    def _flush_gradients(self, mb: int) -> None:
+        """After a micro-batch's gradients: sync what the buckets hold."""
         self._flush_bucket(mb)
         for layers_, tag in self._after_backward:
             self._launch_sync(layers_, tag)
         self._after_backward = []
-        if self._vocab_leads(chunk):
-            yield from self._vocab("B", mb)
+
+    def _wait_sharded_syncs(self):
+        """ZeRO-2/3: wait for the micro-batch's reduce-scatters."""
         if self._sharded_syncs:
             # ZeRO-2/3 backward ends by waiting for its reduce-scatters (DeepSpeed's epilogue,
             # FSDP's final callback): the gradient buffers never pile up across micro-batches
             yield self.env.all_of(self._sharded_syncs)
             self._sharded_syncs = []
-        if not self._first_chunk(chunk):
-            yield from self._send("B", mb, chunk, chunk.input_message.send_bytes, self.prev)
-        if last_mb:
-            self._vocab_sync()
 
     def _vocab_sync(self) -> None:
         """Embedding/head gradients over their replicas; the tied embedding between the two ends
@@ -245,19 +282,20 @@ class Worker:
         return max(1, in_flight(self.cfg.schedule, self.cfg.pp, self.work.stage, self.cfg.micro_batches,
                                 self.cfg.virtual_stages))
 
-    def _send(self, phase: str, mb: int, chunk, nbytes: float, target: "Worker | None"):
-        """Blocking pipeline send (Megatron's p2p waits for the transfer) to the stage of chunk
-        j + 1 (forward) or j - 1 (backward), wrapping around under interleaving; then deliver."""
-        pp = self.cfg.pp
-        dest = (chunk.index + (1 if phase == "F" else -1)) % pp
-        offset = (dest - self.work.stage) * self.per_stage
-        ranks = (self.rank,) if self.cfg.full else self.work.ranks
-        pairs = [(r, r + offset) for r in ranks]
-        name = f"{phase}{mb} send" + (f" c{chunk.index}" if self.cfg.virtual_stages > 1 else "")
-        yield from self.gpu.channels[Channel.P2P].run(name, lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full,
-                                                                                    None if self.cfg.full else self.rank))
-        if target is not None:
-            target.inbox[phase].put((mb, chunk.index + (1 if phase == "F" else -1)))
+    def _send(self, phase: str, mb: int, chunk, nbytes: float):
+        """Blocking pipeline send (Megatron's p2p waits for the transfer) to the worker of chunk
+        j + 1 (forward) or j - 1 (backward), wherever the schedule placed it; then deliver. At
+        the turn of a V both chunks are on this stage: no transfer."""
+        dest = chunk.index + (1 if phase == "F" else -1)
+        target = self.peers[dest]
+        if target.work.stage != self.work.stage:
+            offset = (target.work.stage - self.work.stage) * self.per_stage
+            ranks = (self.rank,) if self.cfg.full else self.work.ranks
+            pairs = [(r, r + offset) for r in ranks]
+            name = f"{phase}{mb} send" + (f" c{chunk.index}" if self.cfg.virtual_stages > 1 else "")
+            yield from self.gpu.channels[Channel.P2P].run(
+                name, lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full, None if self.cfg.full else self.rank))
+        target.inbox[phase].put((mb, dest))
 
     def _gather_received(self, phase: str, mb: int, message):
         """Megatron's scatter-gather: the received slices all-gathered over the tp group."""

@@ -12,6 +12,7 @@ from specs.axes import DPType, Degrees, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
+from specs.chunks import chunk_layout
 from specs.schedules import SCHEDULES, Schedule, schedule_entry, upgrade_schedule
 from specs.schema import PlanFile, check
 
@@ -178,8 +179,13 @@ class Plan:
     """Sequence parallelism of the embedding and head over the vocab_tp group (Galvatron's
     vsp is Ulysses: tokens split, weights replicated)."""
     virtual_stages: int = 1
-    """The schedule's parameter: model chunks per pipeline rank (> 1 only under
-    interleaved_1f1b; layers round-robin)."""
+    """The schedule's parameter: model chunks per pipeline rank (> 1 only under a schedule of
+    several chunks per rank; the schedule places them: round-robin, or V-shaped)."""
+    chunk_layers: tuple[int, ...] = ()
+    """Layers of each of the pp * virtual_stages model chunks, in model order (Megatron's
+    uneven first/last chunks, e.g. 3 + 4 x 30 + 3 for 126 layers on 32 chunks); each stage's
+    chunks sum to its ``stage_layers``. Empty: each stage's layers split evenly over its chunks,
+    the earlier chunks taking one more (a list equal to that is stored empty)."""
     model: str = ""
     """Zoo name or config path of the model this plan is for (informative)."""
     cluster: str = ""
@@ -219,26 +225,72 @@ class Plan:
             positive_int(n, f"stage_layers[{i}]")
         if sum(self.stage_layers) != len(self.layers):
             raise SpecError("stage_layers", f"sum {sum(self.stage_layers)} != {len(self.layers)} layers")
+        object.__setattr__(self, "chunk_layers", self._checked_chunk_layers())
+
+    def _checked_chunk_layers(self) -> tuple[int, ...]:
+        """``chunk_layers`` validated against the stages, stored empty when it is the default split."""
+        if not isinstance(self.chunk_layers, (list, tuple)):
+            raise SpecError("chunk_layers", f"must be a list of layer counts, got {self.chunk_layers!r}")
+        given, v = tuple(self.chunk_layers), self.virtual_stages
+        default = self._even_chunk_layers()
+        if not given or given == default:
+            return ()
+        if len(given) != self.pp * v:
+            raise SpecError("chunk_layers", f"{len(given)} chunks listed for pp({self.pp}) * "
+                            f"virtual_stages({v}) = {self.pp * v}")
+        for j, n in enumerate(given):
+            positive_int(n, f"chunk_layers[{j}]")
+        for k, n in enumerate(self.stage_layers):
+            chunks = self.stage_chunks(k)
+            if sum(given[j] for j in chunks) != n:
+                raise SpecError("chunk_layers", f"stage {k} runs chunks {chunks} of {[given[j] for j in chunks]} "
+                                f"layers, sum {sum(given[j] for j in chunks)} != stage_layers[{k}] {n}")
+        return given
+
+    def _even_chunk_layers(self) -> tuple[int, ...]:
+        """The default: each stage's layers split evenly over its chunks, earlier chunks first."""
+        counts = [0] * (self.pp * self.virtual_stages)
+        for k, n in enumerate(self.stage_layers):
+            if n < self.virtual_stages:
+                raise SpecError("stage_layers", f"stage {k} has {n} layers for virtual_stages "
+                                f"{self.virtual_stages} chunks (at least one layer each)")
+            for j, share in zip(self.stage_chunks(k), even_stage_layers(n, self.virtual_stages)):
+                counts[j] = share
+        return tuple(counts)
 
     # -- structure --------------------------------------------------------------------
+    def stage_chunks(self, stage: int) -> list[int]:
+        """Global indices of the chunks ``stage`` runs, in its local order (the schedule places
+        them: j % pp round-robin, or V-shaped)."""
+        return schedule_entry(self.schedule).stage_chunks(stage, self.pp, self.virtual_stages)
+
+    def chunk_stage(self, chunk: int) -> int:
+        """The stage that runs global chunk ``chunk``."""
+        return next(k for k in range(self.pp) if chunk in self.stage_chunks(k))
+
+    @cached_property
+    def head_stage(self) -> int:
+        """The stage holding the model's last chunk (the head): pp - 1, or 0 under a V-shape."""
+        return self.chunk_stage(self.pp * self.virtual_stages - 1)
+
+    def layers_per_chunk(self) -> tuple[int, ...]:
+        """Layers of each chunk in model order (``chunk_layers``, or the even default)."""
+        return self.chunk_layers or self._even_chunk_layers()
+
     def chunk_ranges(self) -> list[range]:
-        """Layer indices of each model chunk in pipeline order; chunk j runs on stage j % pp
-        (v = 1: one chunk per stage; interleaved: layers round-robin in equal chunks)."""
-        if self.virtual_stages == 1:
-            out, start = [], 0
-            for n in self.stage_layers:
-                out.append(range(start, start + n))
-                start += n
-            return out
-        size = len(self.layers) // (self.pp * self.virtual_stages)
-        return [range(j * size, (j + 1) * size) for j in range(self.pp * self.virtual_stages)]
+        """Layer indices of each model chunk in model order (v = 1: one chunk per stage)."""
+        out, start = [], 0
+        for n in self.layers_per_chunk():
+            out.append(range(start, start + n))
+            start += n
+        return out
 
     def stage_ranges(self) -> list[list[int] | range]:
-        """Layer indices of each stage (its chunks, in order)."""
+        """Layer indices of each stage (its chunks, in its local order)."""
         chunks = self.chunk_ranges()
         if self.virtual_stages == 1:
             return chunks
-        return [[i for j in range(k, len(chunks), self.pp) for i in chunks[j]] for k in range(self.pp)]
+        return [[i for j in self.stage_chunks(k) for i in chunks[j]] for k in range(self.pp)]
 
     def chunk_starts(self) -> set[int]:
         """First layer of every chunk (a pipeline message arrives there, no re-layout)."""
@@ -256,8 +308,8 @@ class Plan:
         (stage sizes when pp > 1 without interleaving, the embedding/head strategy when not
         the default, then runs of equal layers)."""
         head = f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "") + f" m{self.micro_batches}"
-        if self.pp > 1 and self.virtual_stages == 1:
-            head += f" [{'/'.join(map(str, self.stage_layers))}]"
+        if self.pp > 1 and (self.virtual_stages == 1 or self.chunk_layers):
+            head += f" [{'/'.join(map(str, self.chunk_layers or self.stage_layers))}]"
         vocab = [f"tp{self.vocab_tp}"] if self.vocab_tp > 1 else []
         vocab += {"megatron": ["sp"], "ulysses": ["uly"]}.get(self.vocab_sp, []) + (["zero3"] if self.vocab_zero3 else [])
         parts = [head + (f" vocab {'/'.join(vocab)}" if vocab else "")]
@@ -278,7 +330,7 @@ class Plan:
         if world % self.pp:
             raise SpecError("pp", f"pp({self.pp}) does not divide the world size {world}")
         per_stage = world // self.pp
-        schedule_entry(self.schedule).check(self.pp, self.micro_batches, self.virtual_stages, self.stage_layers)
+        schedule_entry(self.schedule).check(self.pp, self.micro_batches, self.virtual_stages)
         stage_of = {i: k for k, ids in enumerate(self.stage_ranges()) for i in ids}
         for i, (s, spec) in enumerate(zip(self.layers, model.layers)):
             s.degrees.check(per_stage, f"layer {i}", stage_of[i])
@@ -329,6 +381,9 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stage_layers"] = list(self.stage_layers)
+        d["chunk_layers"] = list(self.chunk_layers)
+        if not self.chunk_layers:  # written only when not the even split
+            del d["chunk_layers"]
         d["layers"] = [asdict(s) for s in self.layers]
         for key in ("model_spec", "cluster_spec"):  # written only when embedded
             if d[key] is None:
@@ -374,11 +429,14 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, glob
                  micro_batches: int = 1, dp_type: str = DPType.DDP, recompute: str = Recompute.NONE,
                  sp: str = SequenceParallel.NONE, schedule: str = Schedule.ONE_F_ONE_B, tp_consecutive: bool = True,
                  ulysses: int = 1, **meta: Any) -> Plan:
-    """Every layer the same strategy; layers split as evenly as possible over pp stages."""
+    """Every layer the same strategy; layers split as evenly as possible over pp stages (over
+    the chunks as Megatron lays them out, ``chunk_layout``, with virtual_stages > 1 in ``meta``)."""
     positive_int(pp, "pp")
     if num_layers < pp:
         raise SpecError("pp", f"pp({pp}) exceeds the {num_layers} layers")
     stage_layers = even_stage_layers(num_layers, pp)
+    if meta.get("virtual_stages", 1) > 1 and "chunk_layers" not in meta:
+        stage_layers, meta["chunk_layers"] = chunk_layout(num_layers, pp, meta["virtual_stages"], schedule)
     strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp > 1 else DPType.DDP,
                              tp_consecutive=tp_consecutive, recompute=recompute, sp=sp, ulysses=ulysses)
     return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,

@@ -4,6 +4,7 @@ Cost models, planners, the simulator and the executor read them through ``schedu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple, Sequence
 
@@ -19,6 +20,18 @@ class Schedule(StrEnum):
     """One forward, one backward in the steady state (PipeDream-flush)."""
     INTERLEAVED_1F1B = "interleaved_1f1b"
     """Megatron's interleaved 1F1B: ``virtual_stages`` model chunks per rank, layers round-robin."""
+    ZB_H1 = "zb_h1"
+    """Zero-bubble H1: 1F1B with the backward split into B (input gradient) and W (weight
+    gradient), stage k deferring k W ops into the drain (one chunk per rank)."""
+    ZBV = "zbv"
+    """Zero-bubble V: two chunks per rank placed as a V (stage k runs chunks k and 2 pp - 1 - k),
+    split backward."""
+    DUALPIPE_V = "dualpipev"
+    """DeepSeek's DualPipeV: the V placement, a forward of one chunk paired with a backward of the
+    other in the steady state, W deferred at both ends."""
+    LOOPED_BFS = "looped_bfs"
+    """Breadth-first looping: every micro-batch through chunk 0, then chunk 1, ...; backwards in
+    reverse (``virtual_stages`` >= 2 chunks per rank, round-robin)."""
 
 
 SCHEDULES = tuple(Schedule)
@@ -34,6 +47,11 @@ class OpKind(StrEnum):
     """The weight-gradient half of a split backward (zero-bubble schedules)."""
 
 
+DEFAULT_WEIGHT_SHARE = 1.0 / 3.0
+"""W's share of a stage's F + B + W when no split is known: a GEMM's backward is two GEMMs of its
+forward's size, one for the input gradient, one for the weight gradient (F = B = W)."""
+
+
 class Op(NamedTuple):
     """One op of a stage's program."""
 
@@ -46,27 +64,30 @@ class Op(NamedTuple):
 @dataclass(frozen=True)
 class PipelineFormula:
     """Iteration time from per-stage T_k (one micro-batch) and D_k (per-iteration tail):
-    m max_k T_k + (sum_k T_k - max_k T_k) / v + max_k D_k, with v the fill divisor. Planners use
-    its linear form ``fill * sum_k T_k + steady * max_k T_k + max_k D_k`` (same value, their
-    rounding); one stage is m T_0 + D_0."""
+    m max_k T_k + bubble (sum_k T_k - max_k T_k) / v + max_k D_k, with v the fill divisor and
+    ``bubble`` the share of the fill and drain a zero-bubble schedule leaves idle (1 otherwise).
+    Planners use its linear form ``fill * sum_k T_k + steady * max_k T_k + max_k D_k`` (same
+    value, their rounding); one stage is m T_0 + D_0."""
 
     micro_batches: int
     fill_divisor: int
     """v: interleaving shrinks the fill and drain (sum T - max T) v-fold."""
+    bubble: float = 1.0
+    """Share of the fill and drain left idle: 1, or less where W ops fill it (zero-bubble)."""
 
     @property
     def fill(self) -> float:
-        """Coefficient of sum_k T_k in the linear form: 1 / v."""
-        return 1.0 / self.fill_divisor
+        """Coefficient of sum_k T_k in the linear form: bubble / v."""
+        return self.bubble / self.fill_divisor
 
     @property
     def steady(self) -> float:
-        """Coefficient of max_k T_k in the linear form: m - 1 / v (m - 1 without interleaving)."""
-        return self.micro_batches - 1.0 / self.fill_divisor
+        """Coefficient of max_k T_k in the linear form: m - bubble / v (m - 1 for 1F1B)."""
+        return self.micro_batches - self.fill
 
     def time_s(self, slowest_s: Any, total_s: Any, tail_s: Any) -> Any:
-        """m max T + (sum T - max T) / v + max D from max T, sum T and max D (floats or arrays)."""
-        return self.micro_batches * slowest_s + (total_s - slowest_s) / self.fill_divisor + tail_s
+        """m max T + bubble (sum T - max T) / v + max D from max T, sum T and max D (floats or arrays)."""
+        return self.micro_batches * slowest_s + (total_s - slowest_s) * self.fill + tail_s
 
     def linear_s(self, total_s: Any, slowest_s: Any, tail_s: Any) -> Any:
         """fill * sum T + steady * max T + max D (floats or arrays)."""
@@ -93,7 +114,13 @@ class PipelineSchedule:
         stage's activations."""
         raise NotImplementedError
 
-    def formula(self, micro_batches: int, virtual_stages: int = 1) -> PipelineFormula:
+    splits_backward: ClassVar[bool] = False
+    """Its programs run W ops (the backward split into B and W)."""
+
+    def formula(self, micro_batches: int, virtual_stages: int = 1,
+                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
+        """The iteration time's formula; ``weight_share`` is W / (F + B + W) of the stages'
+        compute (read by the zero-bubble schedules only)."""
         return PipelineFormula(micro_batches, virtual_stages)
 
     def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
@@ -108,19 +135,21 @@ class PipelineSchedule:
         if self.max_virtual_stages == 1:
             raise SpecError("virtual_stages", f"virtual_stages {v} needs schedule {Schedule.INTERLEAVED_1F1B} "
                             f"({self.name} runs one model chunk per rank)")
+        if self.min_virtual_stages == self.max_virtual_stages:
+            raise SpecError("virtual_stages", f"{self.name} needs virtual_stages {self.min_virtual_stages}, got {v}")
         raise SpecError("virtual_stages", f"{self.name} needs virtual_stages >= {self.min_virtual_stages}, got {v}")
 
-    def check(self, pp: int, micro_batches: int, virtual_stages: int, stage_layers: Sequence[int]) -> None:
+    def check(self, pp: int, micro_batches: int, virtual_stages: int) -> None:
         """SpecError naming the numbers unless a plan with these stages and micro-batches runs."""
         self.check_virtual_stages(virtual_stages)
         error = self.micro_batch_error(pp, micro_batches)
         if error is not None:
             raise SpecError("micro_batches", error)
 
-    def allows(self, pp: int, micro_batches: int, virtual_stages: int, stage_layers: Sequence[int]) -> bool:
+    def allows(self, pp: int, micro_batches: int, virtual_stages: int) -> bool:
         """``check`` as a predicate (planners filter their grids with it)."""
         try:
-            self.check(pp, micro_batches, virtual_stages, stage_layers)
+            self.check(pp, micro_batches, virtual_stages)
         except SpecError:
             return False
         return True
@@ -206,24 +235,237 @@ class Interleaved1F1B(PipelineSchedule):
             return f"interleaved 1F1B needs micro-batches a multiple of pp: micro_batches {micro_batches}, pp {pp}"
         return None
 
-    def check(self, pp: int, micro_batches: int, virtual_stages: int, stage_layers: Sequence[int]) -> None:
-        """pp > 1, layers dividing evenly into pp * v chunks (equal stages), micro-batches a
-        multiple of pp."""
+    def check(self, pp: int, micro_batches: int, virtual_stages: int) -> None:
+        """pp > 1 and micro-batches a multiple of pp; chunks may hold any layer counts
+        (``Plan.chunk_layers``)."""
         self.check_virtual_stages(virtual_stages)
-        v, n_layers = virtual_stages, sum(stage_layers)
         if pp == 1:
-            raise SpecError("virtual_stages", f"virtual_stages {v} needs pp > 1 (pp is 1)")
-        if n_layers % (pp * v):
-            raise SpecError("virtual_stages", f"virtual_stages {v} needs layers per stage divisible: "
-                            f"{n_layers} layers / (pp {pp} * v {v})")
-        if any(n != n_layers // pp for n in stage_layers):
-            raise SpecError("stage_layers", f"virtual_stages {v} needs {n_layers // pp} layers per stage, "
-                            f"got {list(stage_layers)}")
-        super().check(pp, micro_batches, virtual_stages, stage_layers)
+            raise SpecError("virtual_stages", f"virtual_stages {virtual_stages} needs pp > 1 (pp is 1)")
+        super().check(pp, micro_batches, virtual_stages)
 
 
-REGISTRY: dict[Schedule, PipelineSchedule] = {s.name: s for s in (GPipe(), OneFOneB(), Interleaved1F1B())}
+def _peak_held(ops: Sequence[Op], releases: OpKind) -> int:
+    """Most chunk-micro-batches forwarded and not yet released (by their B, or by their W where
+    the backward is split: W still needs the layer inputs and output gradients)."""
+    held = peak = 0
+    for op in ops:
+        held += 1 if op.kind == OpKind.FORWARD else -1 if op.kind == releases else 0
+        peak = max(peak, held)
+    return peak
+
+
+class SplitBackward(PipelineSchedule):
+    """A schedule whose backward runs as B then W: a micro-batch's activations stay until its W
+    (an upper bound: only W's inputs and output gradients are needed after B)."""
+
+    splits_backward = True
+
+    def in_flight(self, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
+        """The peak of its own program, chunk-micro-batches of 1/v of the stage each."""
+        return _held(self.name, pp, stage, micro_batches, virtual_stages) / virtual_stages
+
+
+class ZeroBubbleH1(SplitBackward):
+    name = Schedule.ZB_H1
+    torch_class = "ScheduleInterleavedZeroBubble"
+    """torch's ZB1P with one stage per rank is ZB-H1."""
+
+    def ops(self, stage: int, pp: int, micro_batches: int, virtual_stages: int = 1) -> list[Op]:
+        """1F1B's order with B the input gradient; stage k runs W of micro-batch i - k after B of
+        i (its first k steady steps without one), the k left over at the end: the later stages
+        hold W work to fill the drain while staying within stage 0's pp micro-batches."""
+        m, warmup = micro_batches, min(pp - stage - 1, micro_batches)
+        out = [Op(OpKind.FORWARD, i, 0) for i in range(warmup)]
+        for i in range(m):
+            out += [Op(OpKind.FORWARD, warmup + i, 0)] if warmup + i < m else []
+            out += [Op(OpKind.BACKWARD, i, 0)] + ([Op(OpKind.WEIGHT, i - stage, 0)] if i >= stage else [])
+        return out + [Op(OpKind.WEIGHT, i, 0) for i in range(max(m - stage, 0), m)]
+
+    def formula(self, micro_batches: int, virtual_stages: int = 1,
+                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
+        """Bubble (pp - 1)(F + B - W) of 1F1B's (pp - 1)(F + B + W): 1 - 2 w of the fill and drain
+        (1/3 at F = B = W), w = W / (F + B + W)."""
+        return PipelineFormula(micro_batches, 1, max(0.0, 1.0 - 2.0 * weight_share))
+
+    def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
+        m = micro_batches
+        if m < pp:
+            return f"{self.name} needs micro_batches({m}) >= pp({pp})"
+        if m % (m // pp):
+            return (f"{self.name} needs micro-batches a multiple of its rounds (torch's ZB1P): micro_batches {m}, "
+                    f"rounds {m} // pp {pp} = {m // pp}")
+        return None
+
+
+def v_shape_formula(micro_batches: int, weight_share: float) -> PipelineFormula:
+    """Bubble (1 - 2 w) / 2 of 1F1B's fill and drain: (pp - 1)(f + b - w) in chunk times."""
+    return PipelineFormula(micro_batches, 1, max(0.0, 1.0 - 2.0 * weight_share) / 2.0)
+
+
+class VShape(SplitBackward):
+    """Two chunks per rank in a V: stage k runs chunk k (going down) and chunk 2 pp - 1 - k
+    (coming back up); the model's last chunk, with the head, is on stage 0."""
+
+    min_virtual_stages = 2
+    max_virtual_stages = 2
+
+    def stage_chunks(self, stage: int, pp: int, virtual_stages: int) -> list[int]:
+        return [stage, 2 * pp - 1 - stage]
+
+    def chunk_sends(self, stage: int, pp: int, virtual_stages: int) -> tuple[list[int], list[int]]:
+        """As round-robin, less the turn of the V: chunk pp - 1 feeds chunk pp on its own stage."""
+        forward, backward = super().chunk_sends(stage, pp, virtual_stages)
+        return [j for j in forward if j != pp - 1], [j for j in backward if j != pp]
+
+    def check(self, pp: int, micro_batches: int, virtual_stages: int) -> None:
+        self.check_virtual_stages(virtual_stages)
+        if pp == 1:
+            raise SpecError("pp", f"{self.name} needs pp > 1 (pp is 1): its V turns on the last stage")
+        super().check(pp, micro_batches, virtual_stages)
+
+
+class ZeroBubbleV(VShape):
+    name = Schedule.ZBV
+    torch_class = "ScheduleZBVZeroBubble"
+
+    def ops(self, stage: int, pp: int, micro_batches: int, virtual_stages: int = 2) -> list[Op]:
+        """The ZB-V order of the paper (section 6) as torch builds it: 2 (pp - k) - 1 forwards of
+        chunk 0; k pairs F1 F0; pp - k of F1 B1 W1; steady F0 B0 W0 F1 B1 W1; cool-down k pairs
+        B0 B1, then pp - k of B0 W0, then the W left. Built for max(m, 2 pp - 1) micro-batches,
+        the ops of those past m dropped."""
+        n = max(micro_batches, 2 * pp - 1)
+        count = {key: 0 for key in ("F0", "F1", "B0", "B1", "W0", "W1")}
+        out: list[Op] = []
+
+        def add(kind: OpKind, chunk: int) -> None:
+            key = f"{kind}{chunk}"
+            out.append(Op(kind, count[key], chunk))
+            count[key] += 1
+
+        F, B, W = OpKind.FORWARD, OpKind.BACKWARD, OpKind.WEIGHT
+        for _ in range(2 * (pp - stage) - 1):
+            add(F, 0)
+        for _ in range(stage):
+            add(F, 1), add(F, 0)
+        for _ in range(pp - stage):
+            add(F, 1), add(B, 1), add(W, 1)
+        while count["F1"] < count["F0"] or count["F0"] < n:
+            if count["F0"] < n:
+                add(F, 0)
+            add(B, 0), add(W, 0), add(F, 1), add(B, 1), add(W, 1)
+        for _ in range(stage):
+            add(B, 0), add(B, 1)
+        for _ in range(pp - stage):
+            add(B, 0), add(W, 0)
+        while count["W1"] < count["B1"]:
+            add(W, 1)
+        while count["W0"] < count["B0"]:
+            add(W, 0)
+        return [op for op in out if op.micro_batch < micro_batches]
+
+    def formula(self, micro_batches: int, virtual_stages: int = 2,
+                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
+        """Bubble (pp - 1)(f + b - w) in chunk times, a chunk being half a stage: (1 - 2 w) / 2 of
+        1F1B's fill and drain. That is what this order leaves when played op by op (the
+        simulator, for f <= b); the paper's optimised ZB-V reaches (pp - 1)(f + b - 2 w)."""
+        return v_shape_formula(micro_batches, weight_share)
+
+
+class DualPipeV(VShape):
+    name = Schedule.DUALPIPE_V
+    torch_class = "ScheduleDualPipeV"
+
+    def ops(self, stage: int, pp: int, micro_batches: int, virtual_stages: int = 2) -> list[Op]:
+        """DeepSeek's DualPipeV as torch builds it, r = pp - k - 1, a whole backward being B then
+        W at once and "w" the oldest deferred W (if any): 2 r F0; k + 1 of F0 F1; r of B1 (W
+        deferred) w F1; m - 2 pp + k + 1 of F0 B1, F1 B0 (a forward paired with the other chunk's
+        backward); r of B1, F1 B0; k + 1 of B1 B0, W deferred from the middle one on; r of w B0;
+        k + 1 of w."""
+        count: dict[tuple[OpKind, int], int] = {}
+        deferred: list[Op] = []
+        out: list[Op] = []
+        F, B, W = OpKind.FORWARD, OpKind.BACKWARD, OpKind.WEIGHT
+
+        def add(kind: OpKind, chunk: int, split: bool = False) -> None:
+            mb = count.get((kind, chunk), 0)
+            count[(kind, chunk)] = mb + 1
+            out.append(Op(kind, mb, chunk))
+            if kind == B:
+                (deferred if split else out).append(Op(W, mb, chunk))
+
+        def pending_w() -> None:
+            if deferred:
+                out.append(deferred.pop(0))
+
+        rest = pp - stage - 1
+        for _ in range(2 * rest):
+            add(F, 0)
+        for _ in range(stage + 1):
+            add(F, 0), add(F, 1)
+        for _ in range(rest):
+            add(B, 1, split=True), pending_w(), add(F, 1)
+        for _ in range(micro_batches - 2 * pp + stage + 1):
+            add(F, 0), add(B, 1), add(F, 1), add(B, 0)
+        for _ in range(rest):
+            add(B, 1), add(F, 1), add(B, 0)
+        split = False
+        for i in range(stage + 1):
+            split = split or (i == (stage + 1) // 2 and stage % 2 == 1)
+            add(B, 1, split)
+            split = split or (i == (stage + 1) // 2 and stage % 2 == 0)
+            add(B, 0, split)
+        for _ in range(rest):
+            pending_w(), add(B, 0, split)
+        for _ in range(stage + 1):
+            pending_w()
+        return out
+
+    def formula(self, micro_batches: int, virtual_stages: int = 2,
+                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
+        """As ZB-V's, (pp - 1)(f + b - w) in chunk times (the order played op by op, for
+        b <= f): the paired forward and backward run one after the other here, so DeepSeek's
+        (pp - 1)(F&B + b - 3 w), which hides one under the other's communication, does not apply."""
+        return v_shape_formula(micro_batches, weight_share)
+
+    def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
+        if micro_batches < 2 * pp:
+            return f"{self.name} needs micro_batches({micro_batches}) >= 2 * pp({pp}) = {2 * pp} (one per chunk of the V)"
+        return None
+
+
+class LoopedBFS(PipelineSchedule):
+    name = Schedule.LOOPED_BFS
+    torch_class = "ScheduleLoopedBFS"
+    min_virtual_stages = 2
+    max_virtual_stages = 1 << 20
+
+    def ops(self, stage: int, pp: int, micro_batches: int, virtual_stages: int = 2) -> list[Op]:
+        """Every micro-batch's forward through chunk 0, then chunk 1, ...; then the backwards,
+        last chunk first, micro-batches in reverse (torch's order)."""
+        m, v = micro_batches, virtual_stages
+        return ([Op(OpKind.FORWARD, i, c) for c in range(v) for i in range(m)]
+                + [Op(OpKind.BACKWARD, i, c) for c in reversed(range(v)) for i in reversed(range(m))])
+
+    def in_flight(self, pp: int, stage: int, micro_batches: int, virtual_stages: int = 2) -> float:
+        """Every chunk of every micro-batch: the whole stage m times, as GPipe."""
+        return micro_batches
+
+    def check(self, pp: int, micro_batches: int, virtual_stages: int) -> None:
+        self.check_virtual_stages(virtual_stages)
+        if pp == 1:
+            raise SpecError("virtual_stages", f"virtual_stages {virtual_stages} needs pp > 1 (pp is 1)")
+
+
+REGISTRY: dict[Schedule, PipelineSchedule] = {s.name: s for s in (
+    GPipe(), OneFOneB(), Interleaved1F1B(), ZeroBubbleH1(), ZeroBubbleV(), DualPipeV(), LoopedBFS())}
 """Every schedule, by name."""
+
+
+@lru_cache(maxsize=4096)
+def _held(name: Schedule, pp: int, stage: int, micro_batches: int, virtual_stages: int) -> int:
+    entry = REGISTRY[name]
+    releases = OpKind.WEIGHT if entry.splits_backward else OpKind.BACKWARD
+    return _peak_held(entry.ops(stage, pp, micro_batches, virtual_stages), releases)
 
 
 def schedule_entry(name: str) -> PipelineSchedule:

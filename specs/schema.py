@@ -172,6 +172,7 @@ class PlanFile(BaseModel):
     vocab_zero3: bool = False
     vocab_sp: Literal["none", "megatron", "ulysses"] = "none"
     virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
+    chunk_layers: list[Layers] = []
     model: str = ""
     cluster: str = ""
     model_spec: dict[str, Any] | None = None

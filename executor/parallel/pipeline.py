@@ -1,6 +1,7 @@
 """Pipeline parallelism with torch.distributed.pipelining, the plan's schedule's class (named in
 specs.schedules): one model chunk per rank (uneven layer partitions as the plan says) or v chunks
-per rank, layers round-robin (chunk j is pipeline stage j of pp * v and runs on rank j % pp)."""
+per rank, placed as the schedule says (chunk j is pipeline stage j of pp * v: rank j % pp
+round-robin, or a V: ranks 0 .. pp - 1 and back)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -26,21 +27,19 @@ def apply_pp(chunks: dict[int, nn.Module], num_chunks: int, group: dist.ProcessG
     """
     stages = [PipelineStage(module, j, num_chunks, device, group=group) for j, module in sorted(chunks.items())]
     cls = getattr(pipelining, schedule_entry(schedule).torch_class)
-    held = stages if issubclass(cls, PipelineScheduleMulti) else stages[0]
+    held = stages if issubclass(cls, PipelineScheduleMulti) else stages[0]  # torch's V classes place the V themselves
     return cls(held, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=False)
 
 
-def run_schedule(schedule, stage: int, pp: int, inputs: torch.Tensor, targets: torch.Tensor
+def run_schedule(schedule, stage: int, head_stage: int, inputs: torch.Tensor, targets: torch.Tensor
                  ) -> list[torch.Tensor]:
-    """One iteration; returns the per-micro-batch losses on the last rank (else []). Rank 0
-    feeds the inputs (it holds the first chunk), rank pp - 1 scores (it holds the last)."""
+    """One iteration; returns the per-micro-batch losses on the rank of the last chunk (else []).
+    Rank 0 feeds the inputs (it holds the first chunk), rank ``head_stage`` scores (pp - 1, or
+    rank 0 itself under a V-shaped schedule)."""
     losses: list[torch.Tensor] = []
     # the last stage's outputs (the logits) are not kept for the caller: training reads only
     # the losses, and keeping them would hold every micro-batch's logits until the step ends
-    if stage == 0:
-        schedule.step(inputs, return_outputs=False)
-    elif stage == pp - 1:
-        schedule.step(target=targets, losses=losses, return_outputs=False)
-    else:
-        schedule.step(return_outputs=False)
+    feeds = (inputs,) if stage == 0 else ()
+    scores = {"target": targets, "losses": losses} if stage == head_stage else {}
+    schedule.step(*feeds, return_outputs=False, **scores)
     return losses

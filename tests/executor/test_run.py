@@ -184,6 +184,20 @@ def test_zero3_modules_of_a_stage_share_one_reduce_scatter_in_flight(tiny_gpt):
         assert modules >= 4 and contexts == 1
 
 
+@pytest.mark.parametrize("schedule, v", [
+    ("zb_h1", 1),
+    pytest.param("zbv", 2, marks=pytest.mark.slow),
+    pytest.param("dualpipev", 2, marks=pytest.mark.slow),
+    pytest.param("looped_bfs", 2, marks=pytest.mark.slow),
+])
+def test_split_backward_v_shaped_and_looped_schedules_on_2_ranks(tiny_gpt, schedule, v):
+    """torch's own classes (ZB1P as ZB-H1, ZBVZeroBubble, DualPipeV, LoopedBFS) with the plan's
+    chunk placement: under a V rank 0 holds the first and the last chunk, feeds and scores."""
+    plan = uniform_plan(4, pp=2, global_batch=8, micro_batches=4, schedule=schedule, model="tiny-gpt",
+                        **({"virtual_stages": v} if v > 1 else {}))
+    assert_matches_reference(plan, tiny_gpt, 2)
+
+
 def test_the_pipeline_keeps_no_stage_output_for_the_caller():
     """The schedules are asked not to keep the last stage's outputs (every micro-batch's logits
     until the step ends): training reads only the losses."""
@@ -198,13 +212,14 @@ def test_the_pipeline_keeps_no_stage_output_for_the_caller():
 
     schedule = Schedule()
     for stage in range(3):
-        run_schedule(schedule, stage, 3, inputs=None, targets=None)
+        run_schedule(schedule, stage, 2, inputs=None, targets=None)
     assert [c["return_outputs"] for c in schedule.calls] == [False, False, False]
 
 
 def test_every_registered_schedule_resolves_to_its_pipelining_class():
     """The executor runs the class the registry names: each is a torch.distributed.pipelining
-    schedule, multi-stage exactly where the schedule runs several chunks per rank."""
+    schedule, multi-stage where the schedule runs several chunks per rank or splits the backward
+    (torch runs W ops only in its multi-stage runtime; ZB-H1 is its ZB1P with one stage)."""
     from torch.distributed import pipelining
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
@@ -212,4 +227,4 @@ def test_every_registered_schedule_resolves_to_its_pipelining_class():
     for entry in REGISTRY.values():
         cls = getattr(pipelining, entry.torch_class)
         assert issubclass(cls, (PipelineScheduleSingle, PipelineScheduleMulti))
-        assert issubclass(cls, PipelineScheduleMulti) == (entry.max_virtual_stages > 1)
+        assert issubclass(cls, PipelineScheduleMulti) == (entry.max_virtual_stages > 1 or entry.splits_backward)

@@ -2,6 +2,8 @@
 interleaved plans are scored, so a search stopped early still matches the tuned baselines."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import cost_models
@@ -15,9 +17,9 @@ CM = cost_models.get("analytical", CLUSTER)
 BASELINES = ("megatron_3d", "deepspeed_3d", "megatron_sp_selective")
 
 
-def _seeded_best(budget: Budget, seed: bool) -> float:
+def _seeded_best(budget: Budget, seed: bool, space: SearchSpace = SearchSpace.preset("full")) -> float:
     """Best throughput the outer loop holds when every group search finds nothing."""
-    state, _ = run_outer("test", MODEL, CM, budget.memory_bytes, SearchSpace.preset("full"), budget.global_batches(),
+    state, _ = run_outer("test", MODEL, CM, budget.memory_bytes, space, budget.global_batches(),
                          lambda tables, incumbent_s: [], 3, {"model": MODEL.name, "cluster": CLUSTER.name},
                          seed=seed)
     return max((s[0] for s in state.solutions), default=0.0)
@@ -32,8 +34,11 @@ def test_seeds_alone_reach_every_tuned_baseline(gib):
         assert baseline.feasible
         assert seeded >= baseline.throughput_samples_per_s * (1 - 1e-9), (name, seeded)
     # without the uniform seeds only the interleaved plans are tried: less than the best baseline
-    assert _seeded_best(budget, seed=False) < max(planners.get(n).plan(MODEL, CLUSTER, budget, CM)
-                                                  .throughput_samples_per_s for n in BASELINES)
+    best = max(planners.get(n).plan(MODEL, CLUSTER, budget, CM).throughput_samples_per_s for n in BASELINES)
+    interleaved_only = replace(SearchSpace.preset("full"), uniform_schedules=())
+    assert _seeded_best(budget, seed=False, space=interleaved_only) < best
+    # the zero-bubble schedules' uniform plans alone beat every baseline (1F1B or interleaved)
+    assert _seeded_best(budget, seed=False) > best
 
 
 @pytest.mark.parametrize("name", BASELINES)

@@ -110,3 +110,19 @@ def test_budget_errors_name_the_field(kwargs, field):
 def test_budget_batch_candidates():
     assert Budget(memory_gib=8, global_batch_range=(24, 128)).global_batches() == (24, 32, 64, 128)
     assert Budget(memory_gib=8, global_batch=48).global_batches() == (48,)
+
+
+def test_split_backward_schedules_are_searched_as_uniform_schedules():
+    """zb_h1 splits the backward: its bubble depends on the layers' W, so it is not a table
+    schedule; the full preset tries it (and the V-shapes) over uniform plans, and a cost model
+    that scores 1f1b only (galvatron) leaves them out."""
+    import cost_models
+    with pytest.raises(SpecError, match=r"^schedule: must be one of gpipe, 1f1b \(interleaving is searched through "
+                                        r"virtual_stages, the others through uniform_schedules\), got 'zb_h1'$"):
+        SearchSpace(schedule="zb_h1")
+    with pytest.raises(SpecError, match="uniform_schedules: must be among"):
+        SearchSpace(uniform_schedules=("zb",))
+    full = SearchSpace.preset("full")
+    assert full.uniform_schedules == ("zb_h1", "zbv", "dualpipev")
+    galvatron = cost_models.get("galvatron", load_cluster("dgx-a100-80g"))
+    assert full.within(galvatron.capabilities).uniform_schedules == ()

@@ -8,17 +8,17 @@ GIB = 1024**3
 
 
 class HandCostModel(CostModel):
-    """Every layer: forward_s, backward_s, update_s; parameter, gradient and activation bytes
-    as given; the embedding and head cost nothing."""
+    """Every layer: forward_s, backward_s (weight_grad_s of it W), update_s; parameter, gradient
+    and activation bytes as given; the embedding and head cost nothing."""
 
     name = "hand"
 
     def __init__(self, cluster: ClusterSpec, *, forward_s: float = 1.0, backward_s: float = 2.0,
                  update_s: float = 0.0, states_bytes: float = 0.0, activation_bytes: float = 0.0,
-                 gradient_bytes: float = 0.0) -> None:
+                 gradient_bytes: float = 0.0, weight_grad_s: float = 0.0) -> None:
         super().__init__(cluster)
         self.runtime_overhead_bytes = 0.0
-        self.t = LayerTime(forward_s=forward_s, backward_s=backward_s, update_s=update_s)
+        self.t = LayerTime(forward_s=forward_s, backward_s=backward_s, update_s=update_s, weight_grad_s=weight_grad_s)
         self.states_bytes = states_bytes
         self.activation_bytes = activation_bytes
         self.gradient_bytes = gradient_bytes

@@ -6,6 +6,7 @@ from cost_models.base import PipelineMessage
 from cost_models.memory import activation_bytes, attention_core_bytes
 from simulator import simulate
 from specs import LayerStrategy, uniform_plan
+from specs.schedules import REGISTRY
 from tests.simulator.handmade import GIB, HandCostModel, hand_cluster, timeline, tiny_model
 
 
@@ -262,3 +263,152 @@ def test_selective_recompute_rebuilds_the_attention_core_during_backward():
     assert drops["selective"] == pytest.approx(activation_bytes(layer, sel, 1) + attention_core_bytes(layer, sel, 1))
     assert drops["none"] == pytest.approx(activation_bytes(layer, LayerStrategy(), 1))
     assert drops["selective"] == pytest.approx(drops["none"])  # the same bytes, kept or rebuilt
+
+
+def test_zero_bubble_h1_two_stages_four_micro_batches():
+    # 2 layers, pp 2, F = B = W = 1 (backward_s 2 of which W 1), instant links. Programs:
+    #   stage 0: F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3; stage 1: F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3.
+    # By hand: s0 F0 0-1, F1 1-2; s1 F0 1-2, B0 2-3 (gradient to s0 at 3), F1 3-4, B1 4-5, W0 5-6;
+    # s0 B0 3-4, W0 4-5, F2 5-6, B1 (gradient at 5) 6-7, W1 7-8, F3 8-9; s1 F2 (input at 6) 6-7,
+    # B2 7-8, W1 8-9, F3 (input at 9) 9-10, B3 10-11, W2 11-12, W3 12-13; s0 B2 (at 8) 9-10,
+    # W2 10-11, B3 (at 11) 11-12, W3 12-13.
+    # 13 s = m T + (p - 1)(F + B - W) with T = 3: 1F1B's (m + p - 1) T would be 15 s. The cost
+    # model's bubble 1 - 2 W / T = 1/3 of (sum T - max T) = 3 gives 12 + 1 = 13 s as well.
+    cluster = hand_cluster(2, bytes_per_s=1e15)
+    plan = uniform_plan(2, pp=2, global_batch=4, micro_batches=4, schedule="zb_h1")
+    cm = HandCostModel(cluster, activation_bytes=GIB, weight_grad_s=1.0)
+    result = simulate(tiny_model(2), cluster, plan, cm, keep_spans=True)
+    assert timeline(result, 0) == [
+        ("F0 L0", 0, 1), ("F1 L0", 1, 2), ("B0 L0", 3, 4), ("W0 L0", 4, 5), ("F2 L0", 5, 6), ("B1 L0", 6, 7),
+        ("W1 L0", 7, 8), ("F3 L0", 8, 9), ("B2 L0", 9, 10), ("W2 L0", 10, 11), ("B3 L0", 11, 12), ("W3 L0", 12, 13)]
+    assert timeline(result, 1) == [
+        ("F0 L1", 1, 2), ("B0 L1", 2, 3), ("F1 L1", 3, 4), ("B1 L1", 4, 5), ("W0 L1", 5, 6), ("F2 L1", 6, 7),
+        ("B2 L1", 7, 8), ("W1 L1", 8, 9), ("F3 L1", 9, 10), ("B3 L1", 10, 11), ("W2 L1", 11, 12), ("W3 L1", 12, 13)]
+    assert result.iteration_time_s == pytest.approx(13.0)
+    assert cm.plan_cost(tiny_model(2), plan).iteration_time_s == pytest.approx(13.0)
+    # a micro-batch holds its activations until its W: 2 at the peak on both stages
+    assert result.peak_memory_bytes == (2 * GIB, 2 * GIB)
+    assert [m.activations_bytes for m in cm.plan_cost(tiny_model(2), plan).stage_memory] == [2 * GIB, 2 * GIB]
+
+
+def test_zero_bubble_v_two_stages_four_micro_batches():
+    # 4 layers, chunk j = layer j, placed as a V: stage 0 runs L0 and L3, stage 1 runs L1 and L2
+    # (L1 -> L2 stays on stage 1; L3 ends the model on stage 0). F = B = W = 1, instant links.
+    # Programs (chunk c local: stage 0 c0 = L0, c1 = L3; stage 1 c0 = L1, c1 = L2):
+    #   s0: F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F3.0 B0.0 W0.0 F2.1 B2.1 W2.1 B1.0 W1.0
+    #       F3.1 B3.1 W3.1 B2.0 W2.0 B3.0 W3.0
+    #   s1: F0.0 F0.1 F1.0 F1.1 B0.1 W0.1 F2.0 B0.0 W0.0 F2.1 B1.1 W1.1 F3.0 B1.0 W1.0 F3.1 B2.1
+    #       W2.1 B2.0 B3.1 B3.0 W2.0 W3.1 W3.0
+    # By hand: s0 F0 L0 0-1, F1 L0 1-2, F2 L0 2-3; s1 F0 L1 1-2, F0 L2 2-3 (to L3 at 3), F1 L1
+    # 3-4, F1 L2 4-5; s0 F0 L3 3-4, B0 L3 4-5 (to L2 at 5), W0 L3 5-6, F1 L3 (input at 5) 6-7,
+    # B1 L3 7-8, W1 L3 8-9, F3 L0 9-10; s1 B0 L2 5-6, W0 L2 6-7, F2 L1 7-8, B0 L1 8-9 (to L0 at
+    # 9), W0 L1 9-10, F2 L2 10-11, B1 L2 (gradient at 8) 11-12, W1 L2 12-13, F3 L1 (input at 10)
+    # 13-14, B1 L1 14-15, W1 L1 15-16, F3 L2 16-17; s0 B0 L0 10-11, W0 L0 11-12, F2 L3 (input at
+    # 11) 12-13, B2 L3 13-14, W2 L3 14-15, B1 L0 (at 15) 15-16, W1 L0 16-17, F3 L3 (at 17)
+    # 17-18, B3 L3 18-19, W3 L3 19-20; s1 B2 L2 (at 14) 17-18, W2 L2 18-19, B2 L1 19-20, B3 L2
+    # (at 19) 20-21, B3 L1 21-22, W2 L1 22-23, W3 L2 23-24, W3 L1 24-25; s0 B2 L0 (at 20) 20-21,
+    # W2 L0 21-22, B3 L0 (at 22) 22-23, W3 L0 23-24.
+    # 25 s = m T + (p - 1)(f + b - w) with T = 6 per stage, chunk f = b = w = 1 (1F1B-like
+    # timing would add (p - 1) T = 6). The cost model's bubble (1 - 2 W / T) / 2 = 1/6 of
+    # (sum T - max T) = 6 gives 24 + 1 = 25 s as well.
+    cluster = hand_cluster(2, bytes_per_s=1e15)
+    plan = uniform_plan(4, pp=2, global_batch=4, micro_batches=4, schedule="zbv", virtual_stages=2)
+    assert plan.stage_ranges() == [[0, 3], [1, 2]]
+    cm = HandCostModel(cluster, activation_bytes=GIB, weight_grad_s=1.0)
+    result = simulate(tiny_model(4), cluster, plan, cm, keep_spans=True)
+    assert timeline(result, 0) == [
+        ("F0 L0", 0, 1), ("F1 L0", 1, 2), ("F2 L0", 2, 3), ("F0 L3", 3, 4), ("B0 L3", 4, 5), ("W0 L3", 5, 6),
+        ("F1 L3", 6, 7), ("B1 L3", 7, 8), ("W1 L3", 8, 9), ("F3 L0", 9, 10), ("B0 L0", 10, 11), ("W0 L0", 11, 12),
+        ("F2 L3", 12, 13), ("B2 L3", 13, 14), ("W2 L3", 14, 15), ("B1 L0", 15, 16), ("W1 L0", 16, 17),
+        ("F3 L3", 17, 18), ("B3 L3", 18, 19), ("W3 L3", 19, 20), ("B2 L0", 20, 21), ("W2 L0", 21, 22),
+        ("B3 L0", 22, 23), ("W3 L0", 23, 24)]
+    assert timeline(result, 1) == [
+        ("F0 L1", 1, 2), ("F0 L2", 2, 3), ("F1 L1", 3, 4), ("F1 L2", 4, 5), ("B0 L2", 5, 6), ("W0 L2", 6, 7),
+        ("F2 L1", 7, 8), ("B0 L1", 8, 9), ("W0 L1", 9, 10), ("F2 L2", 10, 11), ("B1 L2", 11, 12), ("W1 L2", 12, 13),
+        ("F3 L1", 13, 14), ("B1 L1", 14, 15), ("W1 L1", 15, 16), ("F3 L2", 16, 17), ("B2 L2", 17, 18),
+        ("W2 L2", 18, 19), ("B2 L1", 19, 20), ("B3 L2", 20, 21), ("B3 L1", 21, 22), ("W2 L1", 22, 23),
+        ("W3 L2", 23, 24), ("W3 L1", 24, 25)]
+    assert result.iteration_time_s == pytest.approx(25.0)
+    assert cm.plan_cost(tiny_model(4), plan).iteration_time_s == pytest.approx(25.0)
+    # 4 chunk activations at the peak on each stage (s0: F0.0 F1.0 F2.0 F0.1; s1: F0.0 F0.1 F1.0 F1.1)
+    assert result.peak_memory_bytes == (4 * GIB, 4 * GIB)
+
+
+@pytest.mark.parametrize("schedule", sorted(REGISTRY))
+def test_every_schedule_plays_as_its_formula_on_4_stages(schedule):
+    """F = B = W = 1 per layer, one layer per chunk, instant links, m = 8: the played iteration is
+    the schedule's formula and each stage's peak activations its in_flight count. By hand, with
+    T = 3 v per stage: GPipe and 1F1B (m + pp - 1) T = 11 * 3 = 33; interleaved and Looped BFS
+    (v 2, T = 6) m T + (pp - 1) T / v = 48 + 9 = 57; ZB-H1 m T + (pp - 1)(F + B - W) = 24 + 3 = 27;
+    ZB-V and DualPipeV m T + (pp - 1)(f + b - w) per chunk = 48 + 3 = 51."""
+    entry = REGISTRY[schedule]
+    v = entry.min_virtual_stages
+    cluster = hand_cluster(4, bytes_per_s=1e15)
+    plan = uniform_plan(4 * v, pp=4, global_batch=8, micro_batches=8, schedule=schedule,
+                        **({"virtual_stages": v} if v > 1 else {}))
+    cm = HandCostModel(cluster, backward_s=2.0, weight_grad_s=1.0, activation_bytes=GIB)
+    result = simulate(tiny_model(4 * v), cluster, plan, cm)
+    expected = {"gpipe": 33, "1f1b": 33, "interleaved_1f1b": 57, "looped_bfs": 57, "zb_h1": 27, "zbv": 51,
+                "dualpipev": 51}[schedule]
+    assert result.iteration_time_s == pytest.approx(expected)
+    assert cm.plan_cost(tiny_model(4 * v), plan).iteration_time_s == pytest.approx(expected)
+    assert result.peak_memory_bytes == tuple(entry.in_flight(4, k, 8, v) * v * GIB for k in range(4))
+
+
+def test_looped_bfs_two_stages_two_chunks_four_micro_batches():
+    # 4 layers round-robin (stage 0: L0, L2; stage 1: L1, L3), F = 1, B = 2, instant links. Each
+    # stage runs its chunk 0 for every micro-batch, then chunk 1, then the backwards from the
+    # last chunk, newest micro-batch first. By hand: s0 F0-F3 L0 0-4; s1 F0-F3 L1 1-5; s0 F0 L2
+    # (input at 2, free at 4) 4-5 ... F3 L2 7-8; s1 F0 L3 5-6 ... F3 L3 8-9, then B3 L3 9-11,
+    # B2 11-13, B1 13-15, B0 15-17; s0 B3 L2 (gradient at 11) 11-13, B2 13-15, B1 15-17, B0 17-19;
+    # s1 B3 L1 (at 13, free at 17) 17-19, B2 19-21, B1 21-23, B0 23-25; s0 B3 L0 (at 19) 19-21,
+    # B2 21-23, B1 23-25, B0 25-27.
+    # 27 s = m T + (p - 1) T / v as interleaving (T = 6), every chunk activation held at once: 8.
+    cluster = hand_cluster(2, bytes_per_s=1e15)
+    plan = uniform_plan(4, pp=2, global_batch=4, micro_batches=4, schedule="looped_bfs", virtual_stages=2)
+    cm = HandCostModel(cluster, activation_bytes=GIB)
+    result = simulate(tiny_model(4), cluster, plan, cm, keep_spans=True)
+    assert timeline(result, 0) == (
+        [(f"F{i} L0", i, i + 1) for i in range(4)] + [(f"F{i} L2", 4 + i, 5 + i) for i in range(4)]
+        + [(f"B{3 - i} L2", 11 + 2 * i, 13 + 2 * i) for i in range(4)]
+        + [(f"B{3 - i} L0", 19 + 2 * i, 21 + 2 * i) for i in range(4)])
+    assert timeline(result, 1) == (
+        [(f"F{i} L1", 1 + i, 2 + i) for i in range(4)] + [(f"F{i} L3", 5 + i, 6 + i) for i in range(4)]
+        + [(f"B{3 - i} L3", 9 + 2 * i, 11 + 2 * i) for i in range(4)]
+        + [(f"B{3 - i} L1", 17 + 2 * i, 19 + 2 * i) for i in range(4)])
+    assert result.iteration_time_s == pytest.approx(27.0)
+    assert cm.plan_cost(tiny_model(4), plan).iteration_time_s == pytest.approx(27.0)
+    assert result.peak_memory_bytes == (8 * GIB, 8 * GIB)
+
+
+def test_dualpipev_two_stages_four_micro_batches():
+    # The V of ZB-V (stage 0: L0, L3; stage 1: L1, L2), F = B = W = 1, instant links. Programs:
+    #   s0: F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 F3.0 B1.1 W1.1 F2.1 B0.0 W0.0 B2.1 W2.1 F3.1 B1.0 W1.0
+    #       B3.1 W3.1 B2.0 W2.0 B3.0 W3.0
+    #   s1: F0.0 F0.1 F1.0 F1.1 F2.0 B0.1 W0.1 F2.1 B0.0 W0.0 F3.0 B1.1 W1.1 F3.1 B1.0 W1.0 B2.1 W2.1
+    #       B2.0 W2.0 B3.1 B3.0 W3.1 W3.0
+    # By hand: s0 F0-F2 L0 0-3; s1 F0 L1 1-2, F0 L2 2-3, F1 L1 3-4, F1 L2 4-5, F2 L1 5-6; s0 F0 L3
+    # 3-4, B0 L3 4-5, W0 L3 5-6, F1 L3 6-7, F3 L0 7-8, B1 L3 8-9, W1 L3 9-10; s1 B0 L2 6-7, W0 L2
+    # 7-8, F2 L2 8-9, B0 L1 9-10, W0 L1 10-11, F3 L1 11-12, B1 L2 12-13, W1 L2 13-14, F3 L2 14-15,
+    # B1 L1 15-16, W1 L1 16-17; s0 F2 L3 (input at 9) 10-11, B0 L0 11-12, W0 L0 12-13, B2 L3
+    # 13-14, W2 L3 14-15, F3 L3 (at 15) 15-16, B1 L0 (at 16) 16-17, W1 L0 17-18, B3 L3 18-19,
+    # W3 L3 19-20; s1 B2 L2 (at 14, free at 17) 17-18, W2 L2 18-19, B2 L1 19-20, W2 L1 20-21,
+    # B3 L2 (at 19) 21-22, B3 L1 22-23, W3 L2 23-24, W3 L1 24-25; s0 B2 L0 (at 20) 20-21,
+    # W2 L0 21-22, B3 L0 (at 23) 23-24, W3 L0 24-25.
+    # 25 s = m T + (p - 1)(f + b - w) (T = 6), the cost model's; 5 chunk activations at the peak.
+    cluster = hand_cluster(2, bytes_per_s=1e15)
+    plan = uniform_plan(4, pp=2, global_batch=4, micro_batches=4, schedule="dualpipev", virtual_stages=2)
+    cm = HandCostModel(cluster, activation_bytes=GIB, weight_grad_s=1.0)
+    result = simulate(tiny_model(4), cluster, plan, cm, keep_spans=True)
+    s0 = ("F0 L0 0, F1 L0 1, F2 L0 2, F0 L3 3, B0 L3 4, W0 L3 5, F1 L3 6, F3 L0 7, B1 L3 8, W1 L3 9, F2 L3 10, "
+          "B0 L0 11, W0 L0 12, B2 L3 13, W2 L3 14, F3 L3 15, B1 L0 16, W1 L0 17, B3 L3 18, W3 L3 19, B2 L0 20, "
+          "W2 L0 21, B3 L0 23, W3 L0 24")
+    s1 = ("F0 L1 1, F0 L2 2, F1 L1 3, F1 L2 4, F2 L1 5, B0 L2 6, W0 L2 7, F2 L2 8, B0 L1 9, W0 L1 10, F3 L1 11, "
+          "B1 L2 12, W1 L2 13, F3 L2 14, B1 L1 15, W1 L1 16, B2 L2 17, W2 L2 18, B2 L1 19, W2 L1 20, B3 L2 21, "
+          "B3 L1 22, W3 L2 23, W3 L1 24")
+    for gpu, spans in ((0, s0), (1, s1)):  # every op takes 1 s: "name start"
+        expected = [(" ".join(x.split()[:2]), int(x.split()[2]), int(x.split()[2]) + 1) for x in spans.split(", ")]
+        assert timeline(result, gpu) == expected
+    assert result.iteration_time_s == pytest.approx(25.0)
+    assert cm.plan_cost(tiny_model(4), plan).iteration_time_s == pytest.approx(25.0)
+    assert result.peak_memory_bytes == (5 * GIB, 5 * GIB)

@@ -26,7 +26,8 @@ def plans(draw):
                                 unique=True))) if pp > 1 else []
     bounds = [0, *cuts, len(layers)]
     stage_layers = tuple(b - a for a, b in zip(bounds, bounds[1:]))
-    v = draw(st.sampled_from([1, 2, 4]))  # the interleaved schedule's parameter
+    # the interleaved schedule's parameter: every chunk holds a layer
+    v = draw(st.sampled_from([v for v in (1, 2, 4) if min(stage_layers) >= v]))
     return Plan(pp=len(stage_layers), stage_layers=stage_layers, layers=tuple(layers),
                 global_batch=draw(st.integers(1, 512)), micro_batches=draw(st.integers(1, 16)),
                 schedule=draw(st.sampled_from(["gpipe", "1f1b"])) if v == 1 else "interleaved_1f1b",

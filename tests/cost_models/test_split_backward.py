@@ -1,0 +1,58 @@
+"""The split backward's W (weight-gradient) time in the cost models, and the zero-bubble and
+V-shaped schedules in plan_cost, on cases worked out by hand."""
+import pytest
+
+import cost_models
+from cost_models.ops import backward_ops, forward_ops, is_weight_gradient
+from cost_models.profiled import WEIGHT_GRAD_SHARE, ProfiledModel
+from specs import LayerStrategy, load_cluster, load_model, uniform_plan
+from specs.profile_format import Profile
+from tests.cost_models.test_profiled import _profile_for
+
+
+def test_analytical_w_is_the_weight_gradient_gemms():
+    """Each GEMM's backward is an input-gradient and a weight-gradient GEMM of its own FLOPs and
+    bytes, so W is the forward's GEMMs again; B (the rest of backward_s) holds the other half
+    and the attention and element-wise backwards. gpt3-175b layer at tp 8, 1 sample, no
+    recompute: large kernels, not launch-bound."""
+    cm = cost_models.get("analytical", load_cluster("dgx-a100-80g"))
+    layer, s = load_model("gpt3-175b").layers[0], LayerStrategy(tp=8)
+    lt = cm.layer_time(layer, s, 1, 1)
+    gemms = [op for op in forward_ops(layer, 8, 1) if op.flops and op.backward_flops_factor == 2.0]
+    assert lt.weight_grad_s == pytest.approx(sum(map(cm.op_time, gemms)))
+    assert [op.name for op in backward_ops(gemms) if is_weight_gradient(op)] == [op.name + "_wgrad" for op in gemms]
+    assert lt.weight_grad_s < lt.backward_s - lt.weight_grad_s  # B also has attention and element-wise work
+    # full recompute adds the forward to B, not to W
+    ckpt = cm.layer_time(layer, LayerStrategy(tp=8, recompute="full"), 1, 1)
+    assert ckpt.weight_grad_s == pytest.approx(lt.weight_grad_s)
+
+
+def test_profiled_w_is_the_stated_share_of_the_backward():
+    """The profile times the backward whole: W = 0.5 of it (recompute excluded)."""
+    layer = load_model("tiny-gpt").layers[0]
+    cm = ProfiledModel(load_cluster("cpu-2"), profile=_profile_for(layer))
+    lt = cm.layer_time(layer, LayerStrategy(), 2, 1)
+    assert WEIGHT_GRAD_SHARE == 0.5
+    assert lt.weight_grad_s == pytest.approx(0.5 * lt.backward_s)
+    ckpt = cm.layer_time(layer, LayerStrategy(recompute="full"), 2, 1)
+    assert ckpt.weight_grad_s == pytest.approx(lt.weight_grad_s)
+
+
+def test_zero_bubble_shrinks_the_bubble_and_keeps_1f1b_memory_of_stage_0():
+    """gpt3-175b on 8 stages, m 16, one stage's T and W from the analytical model: ZB-H1's time
+    is 1F1B's less (1 - b) (sum T - max T), b = 1 - 2 W/T; every stage holds pp = 8 micro-batches
+    (stage 0 under 1F1B does too; its head's logits aside, stage 7 would hold 1)."""
+    cm = cost_models.get("analytical", load_cluster("dgx-a100-80g:8"))
+    model = load_model("gpt3-175b")
+    kw = dict(tp=8, pp=8, global_batch=16, micro_batches=16, recompute="full")
+    one, zb = uniform_plan(96, **kw), uniform_plan(96, schedule="zb_h1", **kw)
+    c1, cz = cm.plan_cost(model, one), cm.plan_cost(model, zb)
+    assert c1.stage_time_s == cz.stage_time_s
+    T = c1.stage_time_s
+    w = cm._weight_share(model, zb, sum(T))
+    assert 0.1 < w < 1 / 3  # recompute puts a forward into B
+    saved = (sum(T) - max(T)) * 2 * w
+    assert cz.iteration_time_s == pytest.approx(c1.iteration_time_s - saved)
+    assert c1.stage_memory[0].activations_bytes == pytest.approx(cz.stage_memory[0].activations_bytes)
+    # stage 4: 1F1B holds pp - 4 = 4 micro-batches, ZB-H1 8
+    assert cz.stage_memory[4].activations_bytes == pytest.approx(2 * c1.stage_memory[4].activations_bytes)
