@@ -9,9 +9,10 @@ from specs.capabilities import Capabilities, check_supported
 from specs.schedules import REGISTRY
 
 CAPABILITIES = Capabilities(schedule=frozenset(s for s, e in REGISTRY.items() if e.torch_class),
-                            expert_dp_type=frozenset(EXPERT_DP_TYPES))
+                            expert_dp_type=frozenset(EXPERT_DP_TYPES), cp_comm=frozenset())
 """The axes the executor runs in part: the registered schedules torch.distributed.pipelining has a class for, and
-expert states held as flat buckets (no ZeRO-3 of the experts). Every other value runs."""
+expert states held as flat buckets (no ZeRO-3 of the experts), no context parallelism (no ring attention
+yet). Every other value runs."""
 
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
