@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator, NamedTuple
 
-from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
+from specs import (DP_TYPES, SCHEDULES, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
 from specs.capabilities import OFF, Capabilities
 from specs.schedules import PipelineFormula, schedule_entry
@@ -29,6 +29,11 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
     """Divisors of ``n`` up to ``limit`` (all when None), ascending."""
     top = n if limit is None else min(n, limit)
     return [d for d in range(1, top + 1) if n % d == 0]
+
+
+CP_DEGREES = (1, 2, 4, 8, 16, 32)
+"""Context-parallel degrees of the full preset: published long-context runs use 2-32
+(Llama 3's 128k stage: 16)."""
 
 
 class VocabChoice(NamedTuple):
@@ -92,6 +97,13 @@ class SearchSpace:
     expert_tp: tuple[int, ...] = (0,)
     """Expert tensor-parallel degrees tried with each ep > 1 (0 = the layer's weight tp, as
     Megatron-Core defaults; 1 = whole experts)."""
+    cp: tuple[int, ...] = (1,)
+    """Context-parallel degrees a layer may take (1 = none), each beside every tp (or Ulysses)
+    degree whose product divides the stage; layer_allows keeps those whose 2 * cp chunks divide
+    the sequence."""
+    cp_comm: tuple[str, ...] = (CPComm.P2P, CPComm.A2A_P2P)
+    """K/V exchanges tried with cp > 1: p2p beside tp, a2a+p2p beside Ulysses (the only type
+    there), all_gather when listed."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches"):
@@ -121,13 +133,18 @@ class SearchSpace:
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.expert_parallel)):
             raise SpecError("expert_parallel", f"must be positive integers (1 = no expert parallelism), "
                             f"got {self.expert_parallel!r}")
+        if not self.cp or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.cp):
+            raise SpecError("cp", f"must be positive integers (1 = no context parallelism), got {self.cp!r}")
+        if not self.cp_comm or any(c not in tuple(CPComm) for c in self.cp_comm):
+            raise SpecError("cp_comm", f"must be a non-empty subset of {', '.join(CPComm)}, got {self.cp_comm!r}")
         if not self.expert_tp or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.expert_tp):
             raise SpecError("expert_tp", f"must be integers >= 0 (0 = the layer's tp), got {self.expert_tp!r}")
 
     # -- presets and switches -------------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "SearchSpace":
-        """full (default: every dimension, caps lifted), galvatron (the 2022 paper's: ddp+zero3,
+        """full (default: every dimension, caps lifted, context parallelism of CP_DEGREES with
+        every K/V exchange), galvatron (the 2022 paper's: ddp+zero3,
         no checkpointing, no expert parallelism), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full
         checkpointing, Megatron-SP and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
         with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
@@ -141,7 +158,7 @@ class SearchSpace:
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
-                       micro_batch_degrees="divisors", expert_tp=(0, 1))
+                       micro_batch_degrees="divisors", expert_tp=(0, 1), cp=CP_DEGREES, cp_comm=tuple(CPComm))
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
         # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
         # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach)
@@ -187,6 +204,11 @@ class SearchSpace:
                 changes[field] = kept
         if not capabilities.supports("schedule", Schedule.INTERLEAVED_1F1B):
             changes["virtual_stages"] = (1,)
+        comms = tuple(c for c in self.cp_comm if capabilities.supports("cp_comm", c))
+        if not comms:
+            changes["cp"] = (1,)  # a consumer without context parallelism
+        elif comms != self.cp_comm:
+            changes["cp_comm"] = comms
         if capabilities.expert_parallel == frozenset({OFF}):
             changes["expert_parallel"] = (1,)  # a consumer without any expert split
         return replace(self, **changes) if changes else self
@@ -226,17 +248,26 @@ class SearchSpace:
     def _dense_strategies(self, gpus: int) -> list[LayerStrategy]:
         out = []
         for tp in self.tp_choices(gpus):
-            dp = gpus // tp
-            layouts = self.tp_consecutive if tp > 1 and dp > 1 else (True,)
-            for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
-                # a Ulysses group of this size splits tokens, not weights: its own axis, tp 1
-                split = {"tp": 1, "ulysses": tp} if sp == SequenceParallel.ULYSSES else {"tp": tp}
-                sharded = dp > 1 or sp == SequenceParallel.ULYSSES  # Ulysses shards over ulysses * dp
+            for cp in (c for c in self.cp if gpus % (tp * c) == 0):
+                out += self._split_strategies(tp, cp, gpus // (tp * cp))
+        return out
+
+    def _split_strategies(self, tp: int, cp: int, dp: int) -> list[LayerStrategy]:
+        """Strategies of one (tp or Ulysses degree, cp, dp): sp, K/V exchange, dp type, layout, recompute."""
+        out = []
+        layouts = self.tp_consecutive if tp * cp > 1 and dp > 1 else (True,)
+        for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
+            # a Ulysses group of this size splits tokens, not weights: its own axis, tp 1
+            split = {"tp": 1, "ulysses": tp} if sp == SequenceParallel.ULYSSES else {"tp": tp}
+            uly = sp == SequenceParallel.ULYSSES
+            comms = [c for c in self.cp_comm if (c == CPComm.A2A_P2P) == uly] if cp > 1 else [CPComm.P2P]
+            sharded = dp * cp > 1 or uly  # weights are whole over ulysses * cp * dp
+            for comm in comms:
                 for dp_type in (self.dp_types if sharded else (DPType.DDP,)):
                     for consec in layouts:
                         for recompute in self.recompute:
-                            out.append(LayerStrategy(dp=dp, dp_type=dp_type, tp_consecutive=consec,
-                                                     recompute=recompute, sp=sp, **split))
+                            out.append(LayerStrategy(dp=dp, dp_type=dp_type, tp_consecutive=consec, cp=cp,
+                                                     cp_comm=comm, recompute=recompute, sp=sp, **split))
         return out
 
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
@@ -285,12 +316,16 @@ def tp_splits(layer: LayerSpec, tp: int) -> bool:
 
 def layer_allows(layer: LayerSpec, s: LayerStrategy, global_batch: int, micro_batches: int) -> bool:
     """The per-layer rules of Plan.validate and the executor: tp_splits, batch divisible by dp*m,
-    sequence parallelism only on plain blocks whose sequence the degree divides."""
-    split = s.degrees.split  # Ulysses' degree divides the heads, kv heads and width as tp's would
+    sequence and context parallelism only on plain blocks whose sequence the degree divides
+    (2 * cp chunks for cp, times the Ulysses degree under a2a+p2p)."""
+    split = s.tp * s.ulysses  # Ulysses' degree divides the heads, kv heads and width as tp's would
     if not tp_splits(layer, split):
         return False
     if s.sp != SequenceParallel.NONE and (layer.seq_len % split or layer.cross_attention_seq_len
                                           or layer.downsample_to):
+        return False
+    if s.cp > 1 and (layer.seq_len % (2 * s.cp * s.ulysses) or layer.cross_attention_seq_len
+                     or layer.downsample_to):
         return False
     if s.has_expert_split and not expert_split_allowed(layer, s):
         return False

@@ -397,7 +397,7 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, glob
     if num_layers < pp:
         raise SpecError("pp", f"pp({pp}) exceeds the {num_layers} layers")
     stage_layers = even_stage_layers(num_layers, pp)
-    strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp * cp * ulysses > 1 else DPType.DDP,
+    strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp * cp > 1 else DPType.DDP,
                              tp_consecutive=tp_consecutive, recompute=recompute, sp=sp, ulysses=ulysses,
                              cp=cp, cp_comm=cp_comm)
     return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,
