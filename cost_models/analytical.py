@@ -160,7 +160,8 @@ class AnalyticalModel(CostModel):
                                             self.expert_imbalance)
         cp = self.cp_time(layer, strategy, mbs, first_rank)
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
-                         cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s,
+                         cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s, cp_core_fwd_s=cp.core_fwd_s,
+                         cp_core_bwd_s=cp.core_bwd_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb, ep_comm_s=ep_comm_s,
                          update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts))

@@ -68,6 +68,11 @@ class LayerTime:
     cp_unbalanced_s: float = 0.0
     """Attention-core time a plan with ``cp_load_balance`` none adds per micro-batch (causal
     masks on contiguous chunks); not in ``micro_batch_s``: plan_cost adds it for such plans."""
+    cp_core_fwd_s: float = 0.0
+    """Under cp > 1: the attention core's part of ``forward_s`` (load-balanced), what the K/V
+    ring overlaps block by block (the simulator plays it so); 0 without cp."""
+    cp_core_bwd_s: float = 0.0
+    """The same of ``backward_s``, a recomputed forward's core excluded."""
 
     @property
     def micro_batch_s(self) -> float:

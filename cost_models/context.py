@@ -20,10 +20,14 @@ class CPTime:
 
     comm_s: float = 0.0
     """K/V traffic not hidden behind the attention core: forward, backward and a recomputed
-    forward (full or selective recomputation re-runs the ring)."""
+    forward (reruns_core: the recomputed core re-runs the ring)."""
     unbalanced_s: float = 0.0
     """Extra attention-core time on the critical path when the tokens are in contiguous chunks
     (a plan's ``cp_load_balance`` none) under a causal mask; 0 otherwise."""
+    core_fwd_s: float = 0.0
+    """The rank's attention core in forward, load-balanced (what the ring overlaps)."""
+    core_bwd_s: float = 0.0
+    """The same in backward."""
 
 
 def blockwise_ops(ops: Sequence[Op]) -> list[Op]:
@@ -64,7 +68,7 @@ def cp_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStrategy,
     of c seconds beside a compute of a_f = core_fwd / cp, so forward exposes (cp - 1) max(0, c - a_f).
     Backward sends the K/V block and the gradient block travelling with it (2c per step) beside
     a_b = core_bwd / cp, and the last dK/dV block returns to its owner after the loop:
-    (cp - 1) max(0, 2c - a_b) + c. A recomputed forward (full or selective) runs the ring again.
+    (cp - 1) max(0, 2c - a_b) + c. A recomputed core (reruns_core) runs the forward ring again.
 
     all_gather: the whole sequence's K/V gathered before the core (not overlapped) in forward,
     again in backward with a reduce-scatter of their gradients.
@@ -77,7 +81,7 @@ def cp_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStrategy,
         return CPTime()
     groups = cp_groups(first_rank, strategy)
     block = kv_block_bytes(layer, strategy, mbs)
-    rerun = strategy.recompute != Recompute.NONE
+    rerun = reruns_core(layer, strategy)
     if strategy.cp_comm == CPComm.ALL_GATHER:
         gather = collective("all_gather", cp * block, groups)
         scatter = collective("reduce_scatter", cp * block, groups)
@@ -86,10 +90,21 @@ def cp_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStrategy,
         step = ring_step_s(collective, block, groups, cp)
         fwd, bwd = max(0.0, step - core_fwd_s / cp), max(0.0, 2 * step - core_bwd_s / cp)
         comm = (cp - 1) * (fwd * (2 if rerun else 1) + bwd) + step
-    unbalanced = 0.0
-    if layer.causal:
-        unbalanced = (core_fwd_s * (2 if rerun else 1) + core_bwd_s) * (cp - 1) / cp
-    return CPTime(comm_s=comm, unbalanced_s=unbalanced)
+    unbalanced = (core_fwd_s * (2 if rerun else 1) + core_bwd_s) * (imbalance(layer, cp) - 1)
+    return CPTime(comm_s=comm, unbalanced_s=unbalanced, core_fwd_s=core_fwd_s, core_bwd_s=core_bwd_s)
+
+
+def reruns_core(layer: LayerSpec, strategy: LayerStrategy) -> bool:
+    """Whether backward runs the attention core's forward again (and with it the ring): full
+    recomputation, or selective on an unfused core (a fused flash kernel is not re-run)."""
+    return strategy.recompute == Recompute.FULL or (strategy.recompute == Recompute.SELECTIVE
+                                                    and layer.attention != "flash")
+
+
+def imbalance(layer: LayerSpec, cp: int) -> float:
+    """The attention core's time on contiguous chunks over its load-balanced time: (2 cp - 1) / cp
+    under a causal mask (see cp_time), 1 without one."""
+    return (2 * cp - 1) / cp if layer.causal and cp > 1 else 1.0
 
 
 def cp_buffer_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:

@@ -208,7 +208,8 @@ class ProfiledModel(CostModel):
         a2a = lambda nbytes, groups: self.collective_time("all_to_all", nbytes, groups)  # noqa: E731
         cp = self._cp_time(layer, strategy, mbs, first_rank, core_fwd_s, core_bwd_s)
         return LayerTime(forward_s=forward_s, backward_s=backward_s, tp_comm_s=tp_comm_s,
-                         cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s,
+                         cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s, cp_core_fwd_s=cp.core_fwd_s,
+                         cp_core_bwd_s=cp.core_bwd_s,
                          update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts),
                          dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
                          exposed_dp_comm_s=self.exposed_time(once, backward_s),
