@@ -34,6 +34,9 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
 CP_DEGREES = (1, 2, 4, 8, 16, 32)
 """Context-parallel degrees of the full preset: published long-context runs use 2-32
 (Llama 3's 128k stage: 16)."""
+CP_MIN_TOKENS = 1024
+"""Tokens a cp rank keeps at least (SearchSpace.cp_min_tokens): smaller blocks leave each ring
+step latency-bound, and no published run splits sequences that fine."""
 
 
 class VocabChoice(NamedTuple):
@@ -103,10 +106,14 @@ class SearchSpace:
     the sequence."""
     cp_comm: tuple[str, ...] = (CPComm.P2P, CPComm.A2A_P2P)
     """K/V exchanges tried with cp > 1: p2p beside tp, a2a+p2p beside Ulysses (the only type
-    there), all_gather when listed."""
+    there), all_gather when listed (no preset lists it: it exposes all of its traffic and holds
+    the whole sequence's K/V, and would double the cp strategies)."""
+    cp_min_tokens: int = CP_MIN_TOKENS
+    """cp degrees are tried only where each rank keeps at least this many tokens of the model's
+    sequence (seq_len / cp >= it): below, a ring step's block is latency-bound."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tp", "max_pp", "max_micro_batches"):
+        for name in ("max_tp", "max_pp", "max_micro_batches", "cp_min_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise SpecError(name, f"must be a positive integer, got {v!r}")
@@ -143,8 +150,8 @@ class SearchSpace:
     # -- presets and switches -------------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "SearchSpace":
-        """full (default: every dimension, caps lifted, context parallelism of CP_DEGREES with
-        every K/V exchange), galvatron (the 2022 paper's: ddp+zero3,
+        """full (default: every dimension, caps lifted, context parallelism of CP_DEGREES where
+        ranks keep cp_min_tokens), galvatron (the 2022 paper's: ddp+zero3,
         no checkpointing, no expert parallelism), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full
         checkpointing, Megatron-SP and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
         with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
@@ -158,7 +165,7 @@ class SearchSpace:
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
-                       micro_batch_degrees="divisors", expert_tp=(0, 1), cp=CP_DEGREES, cp_comm=tuple(CPComm))
+                       micro_batch_degrees="divisors", expert_tp=(0, 1), cp=CP_DEGREES)
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
         # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
         # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach)
@@ -231,7 +238,7 @@ class SearchSpace:
     def stage_strategies(self, gpus: int, model: ModelSpec | None = None) -> list[LayerStrategy]:
         """Every strategy of a layer on a stage of ``gpus`` GPUs (before per-layer filters);
         with a ``model`` that has MoE layers, each also with the expert-parallel degrees."""
-        base = self._dense_strategies(gpus)
+        base = self._dense_strategies(gpus, model.seq_len if model is not None else None)
         experts = self.ep_choices(model) if model is not None else []
         return base + [with_ep(s, ep, etp) for ep in experts for etp in self.expert_tp for s in base
                        if _expert_tp_fits(s, ep, etp)]
@@ -245,10 +252,15 @@ class SearchSpace:
         wanted = self.expert_parallel or tuple(d for e in counts for d in self._degrees(e, e))
         return sorted({ep for ep in wanted if ep > 1 and any(e % ep == 0 for e in counts)})
 
-    def _dense_strategies(self, gpus: int) -> list[LayerStrategy]:
+    def cp_choices(self, seq_len: int | None) -> list[int]:
+        """cp degrees to try for a model of ``seq_len`` tokens (every listed one when None)."""
+        return [c for c in self.cp if c == 1 or seq_len is None or seq_len // c >= self.cp_min_tokens]
+
+    def _dense_strategies(self, gpus: int, seq_len: int | None = None) -> list[LayerStrategy]:
         out = []
+        cps = self.cp_choices(seq_len)
         for tp in self.tp_choices(gpus):
-            for cp in (c for c in self.cp if gpus % (tp * c) == 0):
+            for cp in (c for c in cps if gpus % (tp * c) == 0):
                 out += self._split_strategies(tp, cp, gpus // (tp * cp))
         return out
 

@@ -77,13 +77,14 @@ def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
     split = args.tp * args.cp
     dp = args.dp if args.dp is not None else world // (split * args.pp)
     if dp <= 0 or split * args.pp * dp != world:
-        raise SpecError("dp", f"tp({args.tp})*cp({args.cp})*pp({args.pp})*dp({dp}) != world({world})")
+        cp = f"*cp({args.cp})" if args.cp > 1 else ""
+        raise SpecError("dp", f"tp({args.tp}){cp}*pp({args.pp})*dp({dp}) != world({world})")
     global_batch = args.global_batch if args.global_batch is not None else args.micro_batch * dp
     if global_batch <= 0 or global_batch % (args.micro_batch * dp):
         raise SpecError("global-batch", f"{global_batch} is not a positive multiple of micro-batch("
                         f"{args.micro_batch})*dp({dp}) = {args.micro_batch * dp}")
     if args.zero and dp * args.cp == 1:
-        raise SpecError("zero", f"ZeRO-{args.zero} needs dp * cp > 1 (both are 1)")
+        raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 or cp > 1 (both are 1)")
     cp_comm = args.cp_comm or (CPComm.A2A_P2P if args.cp > 1 and args.sp == SequenceParallel.ULYSSES else CPComm.P2P)
     plan = uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
                         micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],

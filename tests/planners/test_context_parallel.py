@@ -2,6 +2,8 @@
 where the best plan uses cp and beats every cp-free plan and Megatron's cp recipe."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import cost_models
@@ -17,10 +19,14 @@ LONG = load_model("llama3-8b").with_seq_len(131072).scaled(num_layers=4)
 def test_the_full_space_enumerates_cp_beside_tp_and_ulysses():
     space = SearchSpace.preset("full")
     found = {(s.tp, s.ulysses, s.cp, s.dp, s.cp_comm) for s in space.stage_strategies(16)}
-    assert (2, 1, 4, 2, "p2p") in found and (2, 1, 4, 2, "all_gather") in found
+    assert (2, 1, 4, 2, "p2p") in found and (2, 1, 4, 2, "all_gather") not in found
     assert (1, 2, 8, 1, "a2a+p2p") in found and (1, 2, 8, 1, "p2p") not in found
     assert (1, 1, 16, 1, "p2p") in found
     assert {s.cp for s in SearchSpace.preset("classic").stage_strategies(16)} == {1}
+    with_ag = replace(space, cp_comm=("p2p", "all_gather", "a2a+p2p"))
+    assert (2, 1, 4, 2, "all_gather") in {(s.tp, s.ulysses, s.cp, s.dp, s.cp_comm) for s in with_ag.stage_strategies(16)}
+    # ranks keep >= 1024 tokens: at 4096 tokens cp 2 and 4, at 131072 all of 1..32
+    assert space.cp_choices(4096) == [1, 2, 4] and space.cp_choices(131072) == [1, 2, 4, 8, 16, 32]
 
 
 def test_layer_allows_needs_2_cp_chunks():
