@@ -141,6 +141,9 @@ def uniform_view(plan: Plan, model: ModelSpec, target: str, per_layer: tuple[str
     """``plan`` as one strategy; refuses, naming the first layer and field that differ from layer 0
     (or from the first MoE layer for the expert fields), except the fields in ``per_layer``."""
     first = plan.layers[0]
+    for i, s in enumerate(plan.layers):
+        if s.cp > 1:  # Megatron and torchtitan run cp; their files here do not carry it yet
+            raise SpecError(f"layer {i}", f"cp {s.cp}: context parallelism is not written to {target} files yet")
     moe = [i for i, spec in enumerate(model.layers) if spec.moe is not None]
     first_moe = plan.layers[moe[0]] if moe else first
     for i, s in enumerate(plan.layers):

@@ -116,3 +116,12 @@ def test_command_line_exports_and_imports(tmp_path, capsys):
     assert main(["--to", "torchtitan", str(tmp_path / "plan.json")]) == 2  # zero1: refused in one line
     err = capsys.readouterr().err.strip()
     assert "zero1" in err and "\n" not in err
+
+
+def test_cp_plans_are_refused_until_the_files_carry_cp():
+    model, cluster = llama()
+    cp = plan(model, cluster, tp=8, cp=2, dp=4, global_batch=64, micro_batches=4, sp="megatron", dp_type="zero1")
+    for target in ("megatron", "torchtitan", "deepspeed"):
+        _one_line(target, cp, "layer 0", "cp")
+    _one_line("galvatron", plan(model, cluster, tp=8, cp=2, dp=4, global_batch=64, micro_batches=4, dp_type="zero3"),
+              "layer 0", "context parallelism")
