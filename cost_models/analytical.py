@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from cost_models import collectives as coll
+from cost_models import context
 from cost_models import experts
 from cost_models import memory as mem
 from cost_models import sequence as seq
@@ -121,11 +122,12 @@ class AnalyticalModel(CostModel):
         gpu_s, count = kernels
         return max(gpu_s, count * self.constants.host_time_per_kernel_s - hidden_host_s)
 
-    def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split) -> tuple[tuple[float, int], ...]:
+    def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split, cp: int = 1
+                              ) -> tuple[tuple[float, int], ...]:
         """(GPU seconds, kernel count) of the layer's forward, of its backward and of the weight-
-        gradient GEMMs within that backward (W of a split backward) on one of tp GPUs: what every
-        strategy of the same tp, micro-batch size and expert split shares."""
-        fwd = forward_ops(layer, tp, mbs, split)
+        gradient GEMMs within that backward (W of a split backward) on one of tp GPUs (s / cp
+        tokens): what every strategy of the same split, micro-batch size and expert split shares."""
+        fwd = forward_ops(layer, tp, mbs, split, cp)
         bwd = backward_ops(fwd)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
@@ -146,8 +148,9 @@ class AnalyticalModel(CostModel):
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
-        fwd, bwd, wgrad = self._pass_kernels(layer, strategy.degrees.split, mbs,
-                                             experts.compute_split(layer, strategy, self.expert_imbalance))
+        fwd, bwd, wgrad = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs,
+                                             experts.compute_split(layer, strategy, self.expert_imbalance),
+                                             strategy.cp)
         forward_s = self._launch_bound(fwd, pass_comm_s)
         backward_s = self._launch_bound(bwd, pass_comm_s) + self.recompute_time(layer, strategy, mbs, pass_comm_s)
         # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
@@ -160,10 +163,22 @@ class AnalyticalModel(CostModel):
         tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
         ep_comm_s = experts.dispatch_time_s(self.all_to_all_time, layer, strategy, mbs, first_rank,
                                             self.expert_imbalance)
+        cp = self.cp_time(layer, strategy, mbs, first_rank)
         return LayerTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s, tp_comm_s=tp_comm_s,
+                         cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s, cp_core_fwd_s=cp.core_fwd_s,
+                         cp_core_bwd_s=cp.core_bwd_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb, ep_comm_s=ep_comm_s,
                          update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts))
+
+    def cp_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int) -> context.CPTime:
+        """Context parallelism's exposed K/V traffic and causal imbalance (context.cp_time), against
+        the rank's attention-core kernels (forward, and their backward)."""
+        if strategy.cp <= 1:
+            return context.CPTime()
+        core = context.blockwise_ops(seq.rank_ops(layer, strategy, mbs))
+        return context.cp_time(self.collective_time, layer, strategy, mbs, first_rank,
+                               self.ops_time(core), self.ops_time(backward_ops(core)))
 
     def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                        pass_comm_s: float = 0.0) -> float:
@@ -171,7 +186,8 @@ class AnalyticalModel(CostModel):
         host launches as in the forward) or the attention core (selective: no collective inside)."""
         if strategy.recompute == Recompute.FULL:  # the forward again, experts split as in it
             split = experts.compute_split(layer, strategy, self.expert_imbalance)
-            return self._launch_bound(self._pass_kernels(layer, strategy.degrees.split, mbs, split)[0], pass_comm_s)
+            kernels = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs, split, strategy.cp)
+            return self._launch_bound(kernels[0], pass_comm_s)
         ops = seq.recompute_ops(layer, strategy, mbs)
         return self.ops_time(ops) if ops else 0.0
 
@@ -321,8 +337,8 @@ class AnalyticalModel(CostModel):
         under tp each rank sends its 1/tp slice and the receivers all-gather the activation over
         their tp group (NVLink); under sequence parallelism the output is already split by
         tp and nothing is gathered."""
-        whole = super().pipeline_message(layer, strategy, micro_batch_size).send_bytes
-        tp = strategy.degrees.split
+        whole = super().pipeline_message(layer, strategy, micro_batch_size).send_bytes / strategy.cp
+        tp = strategy.tp * strategy.ulysses  # each cp rank sends its own s / cp tokens
         if tp == 1:
             return PipelineMessage(send_bytes=whole)
         if strategy.sp != SequenceParallel.NONE:
@@ -373,12 +389,11 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
 
 def _sequence_gather_s(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,
                        mbs: int, first_rank: int) -> float:
-    """A sequence-split output (Megatron-SP, Ulysses) feeding a layer that wants whole
+    """A sequence-split output (Megatron-SP, Ulysses, cp) feeding a layer that wants whole
     sequences, or the reverse: one all-gather over the split side's group (the activation in
     forward or its gradient in backward; the other direction is a local slice)."""
-    split = [s for s in (prev, nxt) if s.sp != "none" and s.degrees.split > 1]
+    split = [s for s in (prev, nxt) if s.degrees.seq_split > 1]
     if len(split) != 1:
         return 0.0
-    side = split[0]
-    tp_groups, _ = seq.sync_groups(first_rank, side)
-    return model.collective_time("all_gather", layer.output_elements(mbs) * BYTES_PER_ACTIVATION, tp_groups)
+    groups = seq.sequence_groups(first_rank, split[0])
+    return model.collective_time("all_gather", layer.output_elements(mbs) * BYTES_PER_ACTIVATION, groups)

@@ -5,8 +5,8 @@ A cost model is built for one cluster. Implementations answer the per-layer ques
 ``vocab_cost``); ``plan_cost`` composes them into an iteration time and per-stage memory
 with one formula that every planner optimises and every test checks:
 
-    T_k   = per-micro-batch time of stage k (forward + backward + TP comms + relayouts
-            + pipeline sends + embedding/head on the first/last stage)
+    T_k   = per-micro-batch time of stage k (forward + backward + TP comms + exposed CP traffic
+            + relayouts + pipeline sends + embedding/head on the first/last stage)
     D_k   = per-iteration tail of stage k (gradient sync not hidden behind backward,
             optimizer step)
     time  = the schedule's formula (specs.schedules): m * max_k T_k + (sum_k T_k - max_k T_k) / v
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Sequence
 
-from specs import ClusterSpec, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, stage_grid
+from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, stage_grid
 from specs.capabilities import EVERYTHING, Capabilities
 from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
@@ -64,11 +64,23 @@ class LayerTime:
     ep_comm_s: float = 0.0
     """Expert-parallel all-to-alls (dispatch and combine) of one micro-batch, forward and
     backward, on the critical path (cost_models/experts.py)."""
+    cp_comm_s: float = 0.0
+    """Context-parallel K/V traffic of one micro-batch not hidden behind the attention core
+    (cost_models/context.py)."""
+    cp_unbalanced_s: float = 0.0
+    """Attention-core time a plan with ``cp_load_balance`` none adds per micro-batch (causal
+    masks on contiguous chunks); not in ``micro_batch_s``: plan_cost adds it for such plans."""
+    cp_core_fwd_s: float = 0.0
+    """Under cp > 1: the attention core's part of ``forward_s`` (load-balanced), what the K/V
+    ring overlaps block by block (the simulator plays it so); 0 without cp."""
+    cp_core_bwd_s: float = 0.0
+    """The same of ``backward_s``, a recomputed forward's core excluded."""
 
     @property
     def micro_batch_s(self) -> float:
-        """What this layer adds to its stage's per-micro-batch time."""
-        return self.forward_s + self.backward_s + self.tp_comm_s + self.exposed_micro_batch_dp_s + self.ep_comm_s
+        """What this layer adds to its stage's per-micro-batch time (load-balanced cp tokens)."""
+        return (self.forward_s + self.backward_s + self.tp_comm_s + self.exposed_micro_batch_dp_s + self.ep_comm_s
+                + self.cp_comm_s)
 
     @property
     def tail_s(self) -> float:
@@ -303,7 +315,7 @@ class CostModel(ABC):
         for i in layer_ids:
             layer, strategy, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
             lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
-            time_s += lt.micro_batch_s
+            time_s += lt.micro_batch_s + (lt.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE else 0.0)
             tail_s += lt.tail_s
             memory = memory + self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches)
             if i not in chunk_starts:  # a chunk's first layer gets its input by p2p, not a re-layout

@@ -58,8 +58,8 @@ def _seq_split(strategy: LayerStrategy) -> bool:
 
 def dispatch_tokens(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
     """Tokens one rank dispatches per micro-batch: its micro-batch's, split by tp under
-    sequence parallelism (Megatron-SP or Ulysses), else whole on every tp rank."""
-    return mbs * layer.seq_len / (strategy.degrees.split if _seq_split(strategy) else 1)
+    sequence parallelism (Megatron-SP or Ulysses), else whole on every tp rank; / cp."""
+    return mbs * layer.seq_len / strategy.degrees.seq_split
 
 
 def compute_split(layer: LayerSpec, strategy: LayerStrategy, override: float | None = None) -> ExpertSplit | None:
@@ -71,7 +71,7 @@ def compute_split(layer: LayerSpec, strategy: LayerStrategy, override: float | N
     holds them all."""
     if not applies(layer, strategy):
         return None
-    share = min(1.0, strategy.etp / strategy.degrees.split) if _seq_split(strategy) else 1.0
+    share = min(1.0, strategy.etp / (strategy.degrees.split // strategy.cp)) if _seq_split(strategy) else 1.0
     return ExpertSplit(passes_per_token=busiest_passes_per_token(layer, strategy, override),
                        etp=strategy.etp, tokens_factor=share)
 

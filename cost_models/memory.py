@@ -3,7 +3,7 @@ Transformer activation bytes (Korthikanti et al. 2022), per docs/cost_models.md 
 """
 from __future__ import annotations
 
-from cost_models import experts
+from cost_models import context, experts
 from cost_models.base import MemoryBreakdown
 from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy, Recompute, SequenceParallel
 from specs.errors import one_of
@@ -118,9 +118,11 @@ def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size
     2022, Table 2). GPT at tp t: s b h (10 + 24/t + 5 a s / (h t)); with sequence parallelism
     (Megatron-SP, or Ulysses of degree t) all of it / t: s b h (34 + 5 a s / h) / t; selective
     recomputation drops the attention core (5 a s / h): s b h 34 / t; full: the layer input
-    only (2 s b h, / t when the sequence is split)."""
-    tp, b = strategy.degrees.split, micro_batch_size
-    tokens = b * layer.seq_len
+    only (2 s b h, / t when the sequence is split). Context parallelism splits the tokens: all of
+    it / cp."""
+    cp, b = strategy.cp, micro_batch_size
+    tp = strategy.degrees.split // cp
+    tokens = b * layer.seq_len / cp
     seq_split = strategy.sp != SequenceParallel.NONE
     if strategy.recompute == Recompute.FULL:
         return ACTIVATION_BYTES * tokens * layer.hidden_size / (tp if seq_split else 1)
@@ -169,6 +171,7 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
                       if recomputed_bytes is None else recomputed_bytes)
     elif strategy.recompute == Recompute.SELECTIVE:
         temporary += attention_core_bytes(layer, strategy, micro_batch_size)
+    temporary += context.cp_buffer_bytes(layer, strategy, micro_batch_size)
     return MemoryBreakdown(parameters_bytes=states.parameters_bytes, gradients_bytes=states.gradients_bytes,
                            optimizer_bytes=states.optimizer_bytes, activations_bytes=kept * in_flight,
                            temporary_bytes=temporary)

@@ -113,7 +113,7 @@ def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: i
     dv = layer.mla.v_head_dim if layer.mla is not None else d  # MLA: values narrower than keys
     heads = layer.num_heads / tp
     q, kv = layer.q_width / tp, layer.kv_width / tp
-    s = layer.seq_len
+    s = tokens / batch  # the rank's queries: seq_len, or seq_len / cp
     scores = batch * heads * s * span  # span: keys per query (window or sliding window, <= s)
     ops = [gemm(f"{tag}qkv", tokens, q + 2 * kv, h)]
     if layer.attention == "flash":  # dropout is fused too (a seed, no mask)
@@ -182,11 +182,12 @@ def _moe_ops(layer: LayerSpec, tp: int, tokens: float, split: ExpertSplit | None
     return ops + [elementwise("combine", routed * h, tokens * h)]
 
 
-def forward_ops(layer: LayerSpec, tp: int, batch: int, experts: ExpertSplit | None = None) -> list[Op]:
+def forward_ops(layer: LayerSpec, tp: int, batch: int, experts: ExpertSplit | None = None, cp: int = 1) -> list[Op]:
     """Kernels of one forward pass of ``layer`` over ``batch`` samples on one of tp GPUs
-    (``experts``: the routed experts' split under expert parallelism, experts.compute_split)."""
+    (``experts``: the routed experts' split under expert parallelism, experts.compute_split);
+    under context parallelism ``cp`` the rank's s / cp tokens, its queries attending to every key."""
     h = layer.hidden_size
-    tokens = float(batch * layer.seq_len)
+    tokens = float(batch * layer.seq_len) / cp
     dropout = layer.has_dropout
     ops = [elementwise("norm1", tokens * h, tokens * h)]
     attention = _attention_ops(layer, tp, tokens, batch, layer.attention_span, "", dropout)

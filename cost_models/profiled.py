@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Sequence
 
 from cost_models import collectives as coll
+from cost_models import context
 from cost_models import experts
 from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
-from cost_models.ops import forward_ops
 from cost_models.vocab import (layout_for, vocab_dp_type, vocab_ends, vocab_relayout_s, vocab_relayouts_s,
                                vocab_tp_comm_s, weight_split)
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
@@ -70,7 +70,7 @@ def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> floa
         return 0.0
     if strategy.checkpoint:
         return 1.0
-    ops = forward_ops(layer, strategy.degrees.split, mbs)
+    ops = seq.rank_ops(layer, strategy, mbs)
     core = seq.attention_core_ops(ops)
     weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
     return weight(core) / weight(ops)
@@ -90,8 +90,7 @@ def expert_compute_ratio(layer: LayerSpec, strategy: LayerStrategy, mbs: int, im
     if split is None:
         return 1.0
     weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
-    ranks = strategy.degrees.split
-    return weight(forward_ops(layer, ranks, mbs, split)) / weight(forward_ops(layer, ranks, mbs))
+    return weight(seq.rank_ops(layer, strategy, mbs, split)) / weight(seq.rank_ops(layer, strategy, mbs))
 
 
 WEIGHT_GRAD_SHARE = 0.5
@@ -166,8 +165,9 @@ class ProfiledModel(CostModel):
         are the executor's Megatron TP), less the TP collectives of the pass that the model
         charges on its own; else Galvatron's line, slope * b / tp + intercept (every tp rank
         launches the same kernels, so the fixed part does not shrink with tp)."""
-        split = strategy.degrees.split  # the ranks sharing the replica's work (tp, or Ulysses')
-        fits = self._fits(layer, split) if split > 1 and strategy.sp == "none" else None
+        split = strategy.degrees.split  # the ranks sharing the replica's work (tp, cp, Ulysses)
+        measured_tp = split > 1 and strategy.sp == "none" and strategy.cp == 1
+        fits = self._fits(layer, split) if measured_tp else None
         if fits is not None:
             (fa, fb), (ba, bb) = fits
             return (max(0.0, (fa * mbs + fb) * 1e-3 - pass_comm_s), max(0.0, (ba * mbs + bb) * 1e-3 - pass_comm_s))
@@ -203,6 +203,7 @@ class ProfiledModel(CostModel):
         forward_s, backward_s = (t * scale for t in self._compute_s(layer, strategy, mbs,
                                                                     tp_comm_s / seq.forward_passes(strategy)))
         weight_grad_s = WEIGHT_GRAD_SHARE * backward_s  # the profile times the backward whole
+        core_fwd_s, core_bwd_s = forward_s, backward_s  # scaled to the core's share in _cp_time
         backward_s += forward_s * recompute_share(layer, strategy, mbs)
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups, params)
@@ -212,7 +213,10 @@ class ProfiledModel(CostModel):
         forward_s += fsdp_fwd
         backward_s += fsdp_bwd + fsdp_fwd * recompute_share(layer, strategy, mbs)
         a2a = lambda nbytes, groups: self.collective_time("all_to_all", nbytes, groups)  # noqa: E731
+        cp = self._cp_time(layer, strategy, mbs, first_rank, core_fwd_s, core_bwd_s)
         return LayerTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s, tp_comm_s=tp_comm_s,
+                         cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s, cp_core_fwd_s=cp.core_fwd_s,
+                         cp_core_bwd_s=cp.core_bwd_s,
                          update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts),
                          dp_comm_s=once + micro_batches * (per_mb_fwd + per_mb_bwd),
                          exposed_dp_comm_s=self.exposed_time(once, backward_s),
@@ -220,6 +224,18 @@ class ProfiledModel(CostModel):
                          + self.exposed_time(per_mb_fwd, forward_s),
                          ep_comm_s=experts.dispatch_time_s(a2a, layer, strategy, mbs, first_rank,
                                                            self.expert_imbalance))
+
+    def _cp_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int,
+                 forward_s: float, backward_s: float) -> context.CPTime:
+        """Context parallelism (context.cp_time) against the measured compute's attention-core
+        share (the kernel formulas' share of the pass; the profile times whole layers)."""
+        if strategy.cp <= 1:
+            return context.CPTime()
+        ops = seq.rank_ops(layer, strategy, mbs)
+        weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
+        share = weight(context.blockwise_ops(ops)) / weight(ops)
+        return context.cp_time(self.collective_time, layer, strategy, mbs, first_rank,
+                               forward_s * share, backward_s * share)
 
     def _fsdp_overhead_s(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, gather_s: float,
                          gather_reduce_s: float) -> tuple[float, float]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from cost_models.ops import Op, forward_ops
-from specs import SPLIT_AXES, LayerSpec, LayerStrategy, RankGroups, Recompute, layer_grid
+from cost_models.ops import ExpertSplit, Op, forward_ops
+from specs import LayerSpec, LayerStrategy, RankGroups, Recompute, layer_grid
 
 BYTES_PER_ACTIVATION = 2
 ATTENTION_CORE_OPS = ("scores", "softmax", "attn_dropout", "context")
@@ -26,11 +26,17 @@ def attention_core_ops(ops: Sequence[Op]) -> list[Op]:
     return [op for op, name in zip(ops, names) if name in ATTENTION_CORE_OPS or name.startswith("softmax_")]
 
 
+def rank_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int, experts: ExpertSplit | None = None) -> list[Op]:
+    """forward_ops of one rank of ``strategy``: heads split by tp * ulysses, tokens by cp."""
+    d = strategy.degrees
+    return forward_ops(layer, d.split // d.cp, mbs, experts, cp=d.cp)
+
+
 def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> list[Op]:
     """Kernels re-run in backward: the whole forward (full), the attention core (selective)."""
     if strategy.recompute == Recompute.NONE:
         return []
-    ops = forward_ops(layer, strategy.degrees.split, mbs)
+    ops = rank_ops(layer, strategy, mbs)
     return ops if strategy.recompute == Recompute.FULL else attention_core_ops(ops)
 
 
@@ -48,9 +54,9 @@ def tp_message_bytes(layer: LayerSpec, mbs: int) -> float:
 
 
 def ulysses_message_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> tuple[float, float]:
-    """Send buffer per rank of the (QKV, output) all-to-alls: the rank's s/u tokens of Q, K, V
+    """Send buffer per rank of the (QKV, output) all-to-alls: the rank's s/(u cp) tokens of Q, K, V
     and of the attention output."""
-    tokens = mbs * layer.seq_len / strategy.ulysses
+    tokens = mbs * layer.seq_len / (strategy.ulysses * strategy.cp)
     return (tokens * (layer.q_width + 2 * layer.kv_width) * BYTES_PER_ACTIVATION,
             tokens * layer.q_width * BYTES_PER_ACTIVATION)
 
@@ -59,14 +65,15 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
                  tp_groups: Sequence[Sequence[int]], allreduces_per_pass: int) -> float:
     """TP-group traffic of one micro-batch, forward and backward (and a full recompute):
     Megatron TP all-reduces; Megatron-SP replaces each by a reduce-scatter and an all-gather
-    (same bytes on the ring, twice the latency steps); Ulysses all-to-alls instead."""
-    if strategy.degrees.split <= 1:
+    (same bytes on the ring, twice the latency steps); Ulysses all-to-alls instead. Under cp
+    each rank holds s / cp tokens, so each message is 1 / cp of the block's."""
+    if strategy.tp * strategy.ulysses <= 1:
         return 0.0
     passes = forward_passes(strategy)
     if strategy.ulysses > 1:
         qkv, out = ulysses_message_bytes(layer, strategy, mbs)
         return passes * (collective("all_to_all", qkv, tp_groups) + collective("all_to_all", out, tp_groups))
-    nbytes = tp_message_bytes(layer, mbs)
+    nbytes = tp_message_bytes(layer, mbs) / strategy.cp
     if strategy.megatron_sp:
         one = collective("reduce_scatter", nbytes, tp_groups) + collective("all_gather", nbytes, tp_groups)
     else:
@@ -74,8 +81,20 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
     return passes * allreduces_per_pass * one
 
 
+TP_COLLECTIVE_AXES = ("tp", "ulysses")
+"""The axes of a layer's TP collectives or Ulysses all-to-alls (cp runs its own, context.py)."""
+
+
 def sync_groups(first_rank: int, strategy: LayerStrategy) -> tuple[RankGroups, RankGroups]:
-    """(groups splitting one replica's work: tp, or Ulysses' all-to-all groups; gradient-sync
-    groups: the ranks holding the same weight shard, ulysses * dp under Ulysses)."""
+    """(the TP collectives' groups: tp, or Ulysses' all-to-all groups; gradient-sync groups: the
+    ranks holding the same weight shard, cp * ulysses * dp)."""
     grid = layer_grid(first_rank, strategy.degrees)
-    return grid.groups(SPLIT_AXES), grid.groups(strategy.degrees.grad_sync_axes)
+    return grid.groups(TP_COLLECTIVE_AXES), grid.groups(strategy.degrees.grad_sync_axes)
+
+
+def sequence_groups(first_rank: int, strategy: LayerStrategy) -> RankGroups:
+    """The groups that split one replica's tokens (tp under Megatron-SP, cp, ulysses): a
+    sequence-split activation is whole again after an all-gather over one."""
+    axes = tuple(a for a, on in (("tp", strategy.megatron_sp), ("cp", strategy.cp > 1),
+                                 ("ulysses", strategy.ulysses > 1)) if on)
+    return layer_grid(first_rank, strategy.degrees).groups(axes)

@@ -10,6 +10,7 @@ from torch import nn
 
 from executor.model import build_block, build_embedding, build_head, is_tied, per_sample_loss
 from executor.parallel.checkpoint import apply_ac
+from executor.parallel.context import apply_cp
 from executor.parallel.data import DataParallel, FlatBucket, apply_fsdp, local
 from executor.parallel.expert import ExpertShard, apply_ep, build_expert_groups
 from executor.parallel.layout import GroupCache, Layout, stage_mesh
@@ -164,7 +165,10 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
         shard = apply_ep(block, model.layers[i], strategy, i, stage, local, groups, device_type)
         if shard is not None:
             experts[i] = shard
-        if strategy.ulysses > 1:
+        if strategy.cp > 1:  # tp 1 (unsupported.py): the layout's split group is the cp group
+            block = apply_cp(block, meshes[layout]["tp"].get_group(), strategy.cp_comm, plan.cp_load_balance,
+                             model.layers[i].seq_len)
+        elif strategy.ulysses > 1:
             block = apply_ulysses(block, meshes[layout]["tp"].get_group())
         else:
             block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp)
@@ -228,7 +232,7 @@ def _tie(embed: nn.Module | None, head: nn.Module | None, model: ModelSpec, plan
 def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split: VocabSplit | None
               ) -> list[tuple[str, nn.Module, object, int, str, nn.Module | None]]:
     """(unit name, module, data-parallel mesh, degree, dp type, a submodule that is a unit of
-    its own, listed before) of every block (its gradient group: dp, or ulysses * dp under Ulysses), the
+    its own, listed before) of every block (its gradient group: dp, or ulysses * dp, cp * dp), the
     embedding (like the first layer's replicas) and the head (like the last's), in the order
     the chunks run them."""
     parts = []
@@ -241,7 +245,8 @@ def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split:
             parts.append(("embedding", chunk.embed, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
         for i in ids:
             s = plan.layers[i]
-            mesh = smesh["stage"] if s.ulysses > 1 else meshes[Layout.of(s)]["dp"]  # the grad-sync group
+            whole = s.ulysses > 1 or s.cp > 1  # weights whole on the split group: sync over the stage
+            mesh = smesh["stage"] if whole else meshes[Layout.of(s)]["dp"]  # the grad-sync group
             parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.degrees.grad_sync, s.dp_type, None))
         if chunk.head is not None and split is not None:
             parts += vocab_dp_parts("head", chunk.head, split, meshes, smesh, plan.layers[ids[-1]].dp_type)

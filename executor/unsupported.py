@@ -4,14 +4,16 @@ from __future__ import annotations
 from executor.model import is_tied
 from executor.parallel.expert import EXPERT_DP_TYPES
 from executor.parallel.vocab import refuse_vocab
-from specs import ModelSpec, Plan, SpecError
+from specs import CPComm, ModelSpec, Plan, SpecError
 from specs.capabilities import Capabilities, check_supported
 from specs.schedules import REGISTRY
 
 CAPABILITIES = Capabilities(schedule=frozenset(s for s, e in REGISTRY.items() if e.torch_class),
-                            expert_dp_type=frozenset(EXPERT_DP_TYPES))
-"""The axes the executor runs in part: the registered schedules torch.distributed.pipelining has a class for, and
-expert states held as flat buckets (no ZeRO-3 of the experts). Every other value runs."""
+                            expert_dp_type=frozenset(EXPERT_DP_TYPES),
+                            cp_comm=frozenset({CPComm.P2P, CPComm.ALL_GATHER}))
+"""The axes the executor runs in part: the registered schedules torch.distributed.pipelining has a class for,
+expert states held as flat buckets (no ZeRO-3 of the experts), cp by ring or all-gather (not beside Ulysses).
+Every other value runs."""
 
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
@@ -19,6 +21,9 @@ def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
     capabilities first, then what depends on the model (Ulysses beside experts, the vocabulary)."""
     check_supported(plan, model, CAPABILITIES, "executor")
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
+        if s.cp > 1 and (s.tp > 1 or spec.moe is not None or 0 < spec.attention_window < spec.seq_len):
+            raise SpecError(f"layer {i}", f"cp {s.cp} runs on dense blocks of full attention with tp 1 only "
+                            f"(tp {s.tp}, {'experts' if spec.moe is not None else 'dense'})")
         if s.ulysses > 1 and spec.moe is not None:
             raise SpecError(f"layer {i}", f"sp ulysses on a MoE layer is not run: the experts would see "
                             f"sequence chunks of degree {s.ulysses} that their groups do not sum over")

@@ -118,7 +118,7 @@ def schedule_fields(schedule: str, virtual_stages: int) -> dict[str, Any]:
 
 
 # -- the uniform view ----------------------------------------------------------------------------
-DENSE_FIELDS = ("tp", "dp", "dp_type", "tp_consecutive", "recompute", "sp")
+DENSE_FIELDS = ("tp", "dp", "dp_type", "tp_consecutive", "recompute", "sp", "cp", "cp_comm")
 EXPERT_FIELDS = ("ep", "expert_tp", "expert_dp_type")
 
 
@@ -128,6 +128,8 @@ class Uniform:
 
     tp: int
     ulysses: int = 1
+    cp: int = 1
+    cp_comm: str = "p2p"
     dp: int
     pp: int = 1
     dp_type: DPType = DPType.DDP
@@ -153,10 +155,15 @@ class Uniform:
         return self.global_batch // (self.dp * self.micro_batches)
 
 
-def uniform_view(plan: Plan, model: ModelSpec, target: str, per_layer: tuple[str, ...] = ()) -> Uniform:
+def uniform_view(plan: Plan, model: ModelSpec, target: str, per_layer: tuple[str, ...] = (),
+                 carries_cp: bool = False) -> Uniform:
     """``plan`` as one strategy; refuses, naming the first layer and field that differ from layer 0
-    (or from the first MoE layer for the expert fields), except the fields in ``per_layer``."""
+    (or from the first MoE layer for the expert fields), except the fields in ``per_layer``; cp
+    only for a target whose files carry it (``carries_cp``)."""
     first = plan.layers[0]
+    for i, s in enumerate(plan.layers):
+        if s.cp > 1 and not carries_cp:
+            raise SpecError(f"layer {i}", f"cp {s.cp}: context parallelism is not written to {target} files yet")
     moe = [i for i, spec in enumerate(model.layers) if spec.moe is not None]
     first_moe = plan.layers[moe[0]] if moe else first
     for i, s in enumerate(plan.layers):
@@ -171,7 +178,7 @@ def uniform_view(plan: Plan, model: ModelSpec, target: str, per_layer: tuple[str
                                     f"{getattr(first_moe, name)}; {target} runs one expert split for every layer")
     d = strategy_degrees(first)
     schedule, v = schedule_of(plan)
-    return Uniform(tp=d.tp, ulysses=d.ulysses, dp=d.dp, pp=plan.pp, dp_type=first.dp_type,
+    return Uniform(tp=d.tp, ulysses=d.ulysses, cp=d.cp, cp_comm=first.cp_comm, dp=d.dp, pp=plan.pp, dp_type=first.dp_type,
                    recompute=first.recompute, megatron_sp=first.megatron_sp, ep=first_moe.ep,
                    expert_tp=first_moe.expert_tp, expert_dp_type=first_moe.expert_dp_type,
                    stage_layers=plan.stage_layers, global_batch=plan.global_batch,
@@ -182,9 +189,11 @@ def uniform_view(plan: Plan, model: ModelSpec, target: str, per_layer: tuple[str
 
 def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Plan:
     """The Plan of ``u`` for ``model`` (expert fields on the MoE layers only), validated."""
-    sharded = u.dp > 1 or u.ulysses > 1
+    sharded = u.dp > 1 or u.ulysses > 1 or u.cp > 1
     sp = SequenceParallel.MEGATRON if u.megatron_sp else SequenceParallel.NONE
     base = dict(tp=u.tp, ulysses=u.ulysses, dp=u.dp, dp_type=u.dp_type if sharded else DPType.DDP)
+    if u.cp > 1:
+        base.update(cp=u.cp, cp_comm=u.cp_comm)
     layers = []
     for i, spec in enumerate(model.layers):
         recompute = u.recompute_layers[i] if u.recompute_layers else u.recompute

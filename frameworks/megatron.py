@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, register, schedule_of,
                              uniform_view)
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
+from specs import ClusterSpec, CPComm, CPLoadBalance, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 
 ARGS_FILE = "megatron_args.txt"
 BRIDGE_FILE = "megatron_bridge_override.yaml"
@@ -29,7 +29,10 @@ CANNOT_CARRY = (
 
 def _check(plan: Plan, model: ModelSpec) -> Uniform:
     """The plan as Megatron runs it; one SpecError line for the first thing it cannot run."""
-    u = uniform_view(plan, model, "Megatron", per_layer=("recompute",))
+    u = uniform_view(plan, model, "Megatron", per_layer=("recompute",), carries_cp=True)
+    if u.cp > 1 and plan.cp_load_balance != CPLoadBalance.ZIGZAG:
+        raise SpecError("cp_load_balance", f"{plan.cp_load_balance}: Megatron splits a causal sequence in 2 cp "
+                        "chunks (zigzag) always")
     for i, s in enumerate(plan.layers):
         if s.ulysses > 1:
             raise SpecError(f"layer {i}", "sp ulysses: Megatron has no Ulysses sequence parallelism "
@@ -97,10 +100,12 @@ def parallel_settings(plan: Plan, model: ModelSpec) -> dict[str, Any]:
     first, last = _first_last(plan)
     out: dict[str, Any] = {
         "tensor_model_parallel_size": u.tp, "pipeline_model_parallel_size": u.pp,
-        "sequence_parallel": u.megatron_sp, "context_parallel_size": 1,
+        "sequence_parallel": u.megatron_sp, "context_parallel_size": u.cp,
         "micro_batch_size": u.micro_batch_size, "global_batch_size": u.global_batch,
-        "seq_length": model.seq_len, "use_distributed_optimizer": u.dp_type == DPType.ZERO1 and u.dp > 1,
+        "seq_length": model.seq_len, "use_distributed_optimizer": u.dp_type == DPType.ZERO1 and u.dp * u.cp > 1,
     }
+    if u.cp > 1:
+        out["cp_comm_type"] = u.cp_comm
     if u.virtual_stages > 1:
         per_chunk, ends = chunk_pattern(plan, "Megatron")
         out["num_layers_per_virtual_pipeline_stage"] = per_chunk
@@ -264,17 +269,18 @@ def _int(settings: Mapping[str, Any], key: str, default: int | None = None, mini
 def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterSpec) -> Plan:
     """A Plan from Megatron settings (argument names with underscores)."""
     tp, pp = _int(s, "tensor_model_parallel_size", 1), _int(s, "pipeline_model_parallel_size", 1)
-    if _int(s, "context_parallel_size", 1) != 1:
-        raise SpecError("--context-parallel-size", f"{s['context_parallel_size']}: context parallelism has no "
-                        "field in hybridpar's plan")
+    cp, cp_comm = _int(s, "context_parallel_size", 1), s.get("cp_comm_type") or CPComm.P2P
+    if cp > 1 and cp_comm not in (CPComm.P2P, CPComm.ALL_GATHER):
+        raise SpecError("--cp-comm-type", f"{cp_comm}: an all-to-all inside Megatron's cp group has no field in "
+                        "hybridpar's plan (its a2a+p2p is Ulysses beside the cp ring)")
     if "num_layers" in s and _int(s, "num_layers") != model.num_layers:
         raise SpecError("--num-layers", f"{s['num_layers']} but the model config has {model.num_layers} layers")
     if "seq_length" in s and _int(s, "seq_length") != model.seq_len:
         raise SpecError("--seq-length", f"{s['seq_length']} but the model is built for seq {model.seq_len}")
     world = cluster.world_size
-    if world % (tp * pp):
-        raise SpecError("--tensor-model-parallel-size", f"tp {tp} * pp {pp} does not divide {world} GPUs")
-    dp = world // (tp * pp)
+    if world % (tp * pp * cp):
+        raise SpecError("--tensor-model-parallel-size", f"tp {tp} * pp {pp} * cp {cp} does not divide {world} GPUs")
+    dp = world // (tp * pp * cp)
     mbs, gbs = _int(s, "micro_batch_size", 1), _int(s, "global_batch_size", dp * _int(s, "micro_batch_size", 1))
     if gbs % (mbs * dp):
         raise SpecError("--global-batch-size", f"{gbs} is not a multiple of micro batch {mbs} * dp {dp}")
@@ -284,7 +290,8 @@ def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
     ep, etp = _int(s, "expert_model_parallel_size", 1), _int(s, "expert_tensor_parallel_size", tp)
     sp = s.get("sequence_parallel", False) in (True, "true", "True")
     zero1 = s.get("use_distributed_optimizer", False) in (True, "true", "True")
-    u = Uniform(tp=tp, dp=dp, pp=pp, dp_type=DPType.ZERO1 if zero1 else DPType.DDP, recompute=recompute,
+    u = Uniform(tp=tp, cp=cp, cp_comm=cp_comm, dp=dp, pp=pp, dp_type=DPType.ZERO1 if zero1 else DPType.DDP,
+                recompute=recompute,
                 megatron_sp=sp, ep=ep, expert_tp=0 if etp == tp else etp, stage_layers=stages,
                 global_batch=gbs, micro_batches=gbs // (mbs * dp), schedule="1f1b", virtual_stages=v,
                 vocab_tp=tp, vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,

@@ -226,6 +226,30 @@ class MegatronSpSelective(GridPlanner):
                    "sp": sp, "vocab_tp": tp, "vocab_sp": sp}
 
 
+@register
+class MegatronCp(GridPlanner):
+    """Megatron-LM's long-context recipe: tp inside a node with sequence parallelism, context
+    parallelism (ring, --cp-comm-type p2p) of every power of two >= 2 whose 2 * cp chunks divide
+    the sequence, pp up to the layer count, dp the rest with the distributed optimizer (ZeRO-1),
+    micro-batch size 1, recompute {none, selective, full}, 1F1B."""
+
+    name = "megatron_cp"
+
+    def candidates(self, model, cluster, batch):
+        for pp in megatron_pp_degrees(model, cluster):
+            gpus = cluster.world_size // pp
+            for tp in megatron_tp_degrees(model, cluster, gpus):
+                sp = "megatron" if tp > 1 and model.seq_len % tp == 0 else "none"
+                for cp in powers_of_two(gpus // tp)[1:]:
+                    dp = gpus // (tp * cp)
+                    if model.seq_len % (2 * cp) or batch % dp:
+                        continue
+                    for recompute in MEGATRON_RECOMPUTE:
+                        yield {"pp": pp, "tp": tp, "cp": cp, "dp": dp, "micro_batches": batch // dp,
+                               "recompute": recompute, "sp": sp, "dp_type": DPType.ZERO1, "vocab_tp": tp,
+                               "vocab_sp": sp}
+
+
 # -- mixture-of-experts baselines -------------------------------------------------------------
 def with_experts(model: ModelSpec, plan: Plan, ep: int, expert_tp: int = 0) -> Plan:
     """``plan`` with every MoE layer's routed experts over ``ep`` ranks at expert tp ``expert_tp``

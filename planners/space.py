@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator, NamedTuple
 
-from specs import (DP_TYPES, SCHEDULES, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
+from specs import (DP_TYPES, SCHEDULES, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
 from specs.capabilities import OFF, Capabilities
 from specs.schedules import PipelineFormula, schedule_entry
@@ -29,6 +29,14 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
     """Divisors of ``n`` up to ``limit`` (all when None), ascending."""
     top = n if limit is None else min(n, limit)
     return [d for d in range(1, top + 1) if n % d == 0]
+
+
+CP_DEGREES = (1, 2, 4, 8, 16, 32)
+"""Context-parallel degrees of the full preset: published long-context runs use 2-32
+(Llama 3's 128k stage: 16)."""
+CP_MIN_TOKENS = 1024
+"""Tokens a cp rank keeps at least (SearchSpace.cp_min_tokens): smaller blocks leave each ring
+step latency-bound, and no published run splits sequences that fine."""
 
 
 class VocabChoice(NamedTuple):
@@ -97,9 +105,20 @@ class SearchSpace:
     expert_tp: tuple[int, ...] = (0,)
     """Expert tensor-parallel degrees tried with each ep > 1 (0 = the layer's weight tp, as
     Megatron-Core defaults; 1 = whole experts)."""
+    cp: tuple[int, ...] = (1,)
+    """Context-parallel degrees a layer may take (1 = none), each beside every tp (or Ulysses)
+    degree whose product divides the stage; layer_allows keeps those whose 2 * cp chunks divide
+    the sequence."""
+    cp_comm: tuple[str, ...] = (CPComm.P2P, CPComm.A2A_P2P)
+    """K/V exchanges tried with cp > 1: p2p beside tp, a2a+p2p beside Ulysses (the only type
+    there), all_gather when listed (no preset lists it: it exposes all of its traffic and holds
+    the whole sequence's K/V, and would double the cp strategies)."""
+    cp_min_tokens: int = CP_MIN_TOKENS
+    """cp degrees are tried only where each rank keeps at least this many tokens of the model's
+    sequence (seq_len / cp >= it): below, a ring step's block is latency-bound."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tp", "max_pp", "max_micro_batches"):
+        for name in ("max_tp", "max_pp", "max_micro_batches", "cp_min_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise SpecError(name, f"must be a positive integer, got {v!r}")
@@ -129,13 +148,18 @@ class SearchSpace:
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.expert_parallel)):
             raise SpecError("expert_parallel", f"must be positive integers (1 = no expert parallelism), "
                             f"got {self.expert_parallel!r}")
+        if not self.cp or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.cp):
+            raise SpecError("cp", f"must be positive integers (1 = no context parallelism), got {self.cp!r}")
+        if not self.cp_comm or any(c not in tuple(CPComm) for c in self.cp_comm):
+            raise SpecError("cp_comm", f"must be a non-empty subset of {', '.join(CPComm)}, got {self.cp_comm!r}")
         if not self.expert_tp or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.expert_tp):
             raise SpecError("expert_tp", f"must be integers >= 0 (0 = the layer's tp), got {self.expert_tp!r}")
 
     # -- presets and switches -------------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "SearchSpace":
-        """full (default: every dimension, caps lifted), galvatron (the 2022 paper's: ddp+zero3,
+        """full (default: every dimension, caps lifted, context parallelism of CP_DEGREES where
+        ranks keep cp_min_tokens), galvatron (the 2022 paper's: ddp+zero3,
         no checkpointing, no expert parallelism), galvatron2 (Galvatron-2's: ZeRO-1/2/3, full
         checkpointing, Megatron-SP and Ulysses per layer, Ulysses and ZeRO-3 for the vocabulary), classic (the 2022 space
         with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
@@ -149,7 +173,7 @@ class SearchSpace:
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
-                       micro_batch_degrees="divisors", expert_tp=(0, 1),
+                       micro_batch_degrees="divisors", expert_tp=(0, 1), cp=CP_DEGREES,
                        uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V))
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
         # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
@@ -199,6 +223,11 @@ class SearchSpace:
         kept = tuple(s for s in self.uniform_schedules if capabilities.supports("schedule", s))
         if kept != self.uniform_schedules:
             changes["uniform_schedules"] = kept
+        comms = tuple(c for c in self.cp_comm if capabilities.supports("cp_comm", c))
+        if not comms:
+            changes["cp"] = (1,)  # a consumer without context parallelism
+        elif comms != self.cp_comm:
+            changes["cp_comm"] = comms
         if capabilities.expert_parallel == frozenset({OFF}):
             changes["expert_parallel"] = (1,)  # a consumer without any expert split
         return replace(self, **changes) if changes else self
@@ -221,7 +250,7 @@ class SearchSpace:
     def stage_strategies(self, gpus: int, model: ModelSpec | None = None) -> list[LayerStrategy]:
         """Every strategy of a layer on a stage of ``gpus`` GPUs (before per-layer filters);
         with a ``model`` that has MoE layers, each also with the expert-parallel degrees."""
-        base = self._dense_strategies(gpus)
+        base = self._dense_strategies(gpus, model.seq_len if model is not None else None)
         experts = self.ep_choices(model) if model is not None else []
         return base + [with_ep(s, ep, etp) for ep in experts for etp in self.expert_tp for s in base
                        if _expert_tp_fits(s, ep, etp)]
@@ -235,20 +264,34 @@ class SearchSpace:
         wanted = self.expert_parallel or tuple(d for e in counts for d in self._degrees(e, e))
         return sorted({ep for ep in wanted if ep > 1 and any(e % ep == 0 for e in counts)})
 
-    def _dense_strategies(self, gpus: int) -> list[LayerStrategy]:
+    def cp_choices(self, seq_len: int | None) -> list[int]:
+        """cp degrees to try for a model of ``seq_len`` tokens (every listed one when None)."""
+        return [c for c in self.cp if c == 1 or seq_len is None or seq_len // c >= self.cp_min_tokens]
+
+    def _dense_strategies(self, gpus: int, seq_len: int | None = None) -> list[LayerStrategy]:
         out = []
+        cps = self.cp_choices(seq_len)
         for tp in self.tp_choices(gpus):
-            dp = gpus // tp
-            layouts = self.tp_consecutive if tp > 1 and dp > 1 else (True,)
-            for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
-                # a Ulysses group of this size splits tokens, not weights: its own axis, tp 1
-                split = {"tp": 1, "ulysses": tp} if sp == SequenceParallel.ULYSSES else {"tp": tp}
-                sharded = dp > 1 or sp == SequenceParallel.ULYSSES  # Ulysses shards over ulysses * dp
+            for cp in (c for c in cps if gpus % (tp * c) == 0):
+                out += self._split_strategies(tp, cp, gpus // (tp * cp))
+        return out
+
+    def _split_strategies(self, tp: int, cp: int, dp: int) -> list[LayerStrategy]:
+        """Strategies of one (tp or Ulysses degree, cp, dp): sp, K/V exchange, dp type, layout, recompute."""
+        out = []
+        layouts = self.tp_consecutive if tp * cp > 1 and dp > 1 else (True,)
+        for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
+            # a Ulysses group of this size splits tokens, not weights: its own axis, tp 1
+            split = {"tp": 1, "ulysses": tp} if sp == SequenceParallel.ULYSSES else {"tp": tp}
+            uly = sp == SequenceParallel.ULYSSES
+            comms = [c for c in self.cp_comm if (c == CPComm.A2A_P2P) == uly] if cp > 1 else [CPComm.P2P]
+            sharded = dp * cp > 1 or uly  # weights are whole over ulysses * cp * dp
+            for comm in comms:
                 for dp_type in (self.dp_types if sharded else (DPType.DDP,)):
                     for consec in layouts:
                         for recompute in self.recompute:
-                            out.append(LayerStrategy(dp=dp, dp_type=dp_type, tp_consecutive=consec,
-                                                     recompute=recompute, sp=sp, **split))
+                            out.append(LayerStrategy(dp=dp, dp_type=dp_type, tp_consecutive=consec, cp=cp,
+                                                     cp_comm=comm, recompute=recompute, sp=sp, **split))
         return out
 
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
@@ -297,12 +340,16 @@ def tp_splits(layer: LayerSpec, tp: int) -> bool:
 
 def layer_allows(layer: LayerSpec, s: LayerStrategy, global_batch: int, micro_batches: int) -> bool:
     """The per-layer rules of Plan.validate and the executor: tp_splits, batch divisible by dp*m,
-    sequence parallelism only on plain blocks whose sequence the degree divides."""
-    split = s.degrees.split  # Ulysses' degree divides the heads, kv heads and width as tp's would
+    sequence and context parallelism only on plain blocks whose sequence the degree divides
+    (2 * cp chunks for cp, times the Ulysses degree under a2a+p2p)."""
+    split = s.tp * s.ulysses  # Ulysses' degree divides the heads, kv heads and width as tp's would
     if not tp_splits(layer, split):
         return False
     if s.sp != SequenceParallel.NONE and (layer.seq_len % split or layer.cross_attention_seq_len
                                           or layer.downsample_to):
+        return False
+    if s.cp > 1 and (layer.seq_len % (2 * s.cp * s.ulysses) or layer.cross_attention_seq_len
+                     or layer.downsample_to):
         return False
     if s.has_expert_split and not expert_split_allowed(layer, s):
         return False

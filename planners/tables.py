@@ -198,7 +198,7 @@ def layout_key(s: LayerStrategy) -> tuple:
     """What a relayout between two layers depends on (CostModel.transition_time: the strategies'
     tp, dp and rank layout; the sequence split shapes the activation too); dp type, recompute
     and the expert fields (the experts hand tokens back in the layer's layout) do not."""
-    return (s.tp, s.ulysses, s.dp, s.tp_consecutive, s.sp)
+    return (s.tp, s.cp, s.ulysses, s.dp, s.tp_consecutive, s.sp)
 
 
 def layout_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[int]]:
@@ -369,7 +369,7 @@ def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
               index)
 
     def relayout(s: LayerStrategy) -> float:
-        key = common + (s.tp, s.ulysses, s.dp, s.tp_consecutive, s.sp)
+        key = common + layout_key(s)
         if key not in cache:
             cache[key] = cm.vocab_relayout_time(model, plan, index, s)
         return cache[key]

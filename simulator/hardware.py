@@ -23,6 +23,8 @@ class Channel(StrEnum):
     """ZeRO-3 parameter all-gathers (their own stream, as FSDP has)."""
     P2P = "p2p"
     """Pipeline sends between stages."""
+    CP = "cp"
+    """Context parallelism's K/V ring sends or all-gathers (overlapped with the attention core)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,7 +219,7 @@ class Memory:
 class GPU:
     """One accelerator: a compute stream, communication channels, and its memory."""
 
-    CHANNELS = (Channel.TP, Channel.DP, Channel.GATHER, Channel.P2P)
+    CHANNELS = (Channel.TP, Channel.DP, Channel.GATHER, Channel.P2P, Channel.CP)
     """The communication streams, beside the compute stream (see Channel)."""
 
     CONTENDING = (Channel.DP, Channel.GATHER)

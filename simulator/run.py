@@ -9,11 +9,11 @@ from typing import Any
 
 import cost_models
 from cost_models.listing import cluster_lines
-from specs import SpecError, load_cluster, load_model, model_names, uniform_plan
+from specs import CPComm, CPLoadBalance, SpecError, load_cluster, load_model, model_names, uniform_plan
 from specs.cli import ArgumentParser, count, dumps, output_file
 from specs.embedded import plan_cluster, plan_model, read_plan
 from specs.errors import one_line_errors
-from specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS
+from specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_WIDTH
 from specs.plan import Plan, Recompute, Schedule, SequenceParallel
 from specs.schedules import upgrade_schedule
 
@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="uniform plan: model chunks per rank of --schedule interleaved_1f1b (> 1 with the "
                         "default 1f1b means interleaved_1f1b, as in plan files)")
     p.add_argument("--vocab-tp", type=count(MAX_GPUS), default=1, help="uniform plan: tp degree of the embedding and head")
+    p.add_argument("--cp", type=count(MAX_GPUS), default=1,
+                   help="uniform plan: context-parallel degree (the sequence split over cp ranks)")
+    p.add_argument("--cp-comm", choices=[c.value for c in CPComm], default=None,
+                   help="uniform plan: the cp group's K/V exchange (default: p2p, a2a+p2p beside --sp ulysses)")
+    p.add_argument("--cp-load-balance", choices=[c.value for c in CPLoadBalance], default=CPLoadBalance.ZIGZAG.value,
+                   help="uniform plan: token order of causal cp layers")
+    p.add_argument("--seq-length", type=count(MAX_WIDTH), default=None,
+                   help="train at this sequence length (default: the model's)")
     p.add_argument("--ep", type=count(MAX_GPUS), default=1,
                    help="uniform plan: expert-parallel degree of the MoE layers (experts over ep of the dp ranks)")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
@@ -62,22 +70,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _uniform(args: argparse.Namespace, model, cluster) -> Plan:
 
-    for name in ("tp", "pp", "micro_batch"):
+    for name in ("tp", "pp", "cp", "micro_batch"):
         if getattr(args, name) <= 0:
             raise SpecError(name.replace("_", "-"), f"must be a positive integer, got {getattr(args, name)}")
     world = cluster.world_size
-    dp = args.dp if args.dp is not None else world // (args.tp * args.pp)
-    if dp <= 0 or args.tp * args.pp * dp != world:
-        raise SpecError("dp", f"tp({args.tp})*pp({args.pp})*dp({dp}) != world({world})")
+    split = args.tp * args.cp
+    dp = args.dp if args.dp is not None else world // (split * args.pp)
+    if dp <= 0 or split * args.pp * dp != world:
+        cp = f"*cp({args.cp})" if args.cp > 1 else ""
+        raise SpecError("dp", f"tp({args.tp}){cp}*pp({args.pp})*dp({dp}) != world({world})")
     global_batch = args.global_batch if args.global_batch is not None else args.micro_batch * dp
     if global_batch <= 0 or global_batch % (args.micro_batch * dp):
         raise SpecError("global-batch", f"{global_batch} is not a positive multiple of micro-batch("
                         f"{args.micro_batch})*dp({dp}) = {args.micro_batch * dp}")
-    if args.zero and dp == 1:
-        raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 (dp is 1)")
+    if args.zero and dp * args.cp == 1:
+        raise SpecError("zero", f"ZeRO-{args.zero} needs dp > 1 or cp > 1 (both are 1)")
+    cp_comm = args.cp_comm or (CPComm.A2A_P2P if args.cp > 1 and args.sp == SequenceParallel.ULYSSES else CPComm.P2P)
     plan = uniform_plan(model.num_layers, tp=args.tp, dp=dp, pp=args.pp, global_batch=global_batch,
                         micro_batches=global_batch // (args.micro_batch * dp), dp_type=ZERO[args.zero],
                         recompute=args.recompute, sp=args.sp, vocab_tp=args.vocab_tp, model=str(args.model),
+                        cp=args.cp, cp_comm=cp_comm, cp_load_balance=args.cp_load_balance,
                         cluster=str(args.cluster),
                         **upgrade_schedule({"schedule": args.schedule, "virtual_stages": args.virtual_stages}))
     if args.ep == 1:
@@ -99,6 +111,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_name, cluster_name = args.model, args.cluster
     model = plan_model(plan, args.model) if plan else load_model(args.model)
     cluster = plan_cluster(plan, args.cluster) if plan else load_cluster(args.cluster)
+    if args.seq_length is not None:
+        model = model.with_seq_len(args.seq_length)
     if plan is None:
         args.model, args.cluster = model_name, cluster_name
         plan = _uniform(args, model, cluster)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
-from cost_models import experts
+from cost_models import context, experts
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import sync_groups, ulysses_message_bytes
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid, stage_grid
+from specs import ClusterSpec, CPLoadBalance, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid, stage_grid
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
@@ -72,10 +72,39 @@ class LayerWork:
     ep_calls: tuple[tuple[str, float, int], ...] = ()
     """Expert all-to-alls of one forward pass (dispatch and combine) over ``ep_groups``; as many
     in backward, again in a full recompute."""
+    cp: "CPWork | None" = None
+    """Context parallelism's attention, played block by block (None without cp)."""
 
     @property
     def name(self) -> str:
         return f"L{self.index}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CPWork:
+    """A layer's context-parallel attention: the K/V exchange beside the blockwise core."""
+
+    comm: str
+    """The K/V exchange (CPComm): p2p and a2a+p2p run the ring, all_gather gathers."""
+    cp: int
+    groups: tuple[tuple[int, ...], ...]
+    """The stage's cp groups (ring order)."""
+    block_bytes: float
+    """One rank's K/V block (cost_models.context.kv_block_bytes)."""
+    core_fwd_s: float
+    """The attention core's part of the layer's forward_s (each block plays 1 / cp of it)."""
+    core_bwd_s: float
+    """Its part of backward_s (a recomputed forward's core is core_fwd_s again)."""
+    rerun: bool = False
+    """Backward re-runs the core's forward, and its exchange (context.reruns_core)."""
+    block_scale: float = 1.0
+    """Each block's compute on the critical path over its balanced share: (2 cp - 1) / cp for a
+    causal layer on contiguous chunks (cp_load_balance none), else 1."""
+
+    @property
+    def ring_pairs(self) -> tuple[tuple[int, int], ...]:
+        """Every rank's send to the next rank of its ring, all groups at once."""
+        return tuple((g[i], g[(i + 1) % len(g)]) for g in self.groups for i in range(len(g)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,8 +223,15 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     parts = _sync_parts(f"L{i}", layer, s, first_rank, dp_groups, unsharded)
     gathered = sum(p.gathered_bytes for p in parts)
     ep_groups, ep_calls = _expert_calls(cm, layer, s, mbs, first_rank)
+    cp = None
+    if s.cp > 1:
+        scale = context.imbalance(layer, s.cp) if plan.cp_load_balance == CPLoadBalance.NONE else 1.0
+        cp = CPWork(comm=s.cp_comm, cp=s.cp, groups=_tuples(context.cp_groups(first_rank, s)),
+                    block_bytes=context.kv_block_bytes(layer, s, mbs), core_fwd_s=lt.cp_core_fwd_s,
+                    core_bwd_s=lt.cp_core_bwd_s, rerun=context.reruns_core(layer, s), block_scale=scale)
     return LayerWork(
-        index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, weight_grad_s=lt.weight_grad_s, update_s=lt.update_s, strategy=s,
+        index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, weight_grad_s=lt.weight_grad_s, update_s=lt.update_s,
+        strategy=s, cp=cp,
         tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
         tp_calls=tp_calls(layer, s, mbs),
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
@@ -233,12 +269,12 @@ def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, f
 
 def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int) -> tuple[tuple[str, float, int], ...]:
     """The forward pass's TP-group collectives (see LayerWork.tp_calls)."""
-    if s.degrees.split <= 1:
+    if s.tp * s.ulysses <= 1:
         return ()
     if s.ulysses > 1:
         qkv, out = ulysses_message_bytes(layer, s, mbs)
         return (("all_to_all", qkv, 1), ("all_to_all", out, 1))
-    n, count = tp_allreduce_bytes(layer, mbs), tp_allreduces_per_forward(layer)
+    n, count = tp_allreduce_bytes(layer, mbs) / s.cp, tp_allreduces_per_forward(layer)  # s / cp tokens a rank
     if s.megatron_sp:
         return (("reduce_scatter", n, count), ("all_gather", n, count))
     return (("all_reduce", n, count),)

@@ -16,7 +16,7 @@ from cost_models.base import in_flight
 from simulator.collectives import Fabric, Rendezvous
 from simulator.hardware import GPU, Channel
 from simulator.work import LayerWork, StageWork, SyncWork
-from specs import DPType
+from specs import CPComm, DPType
 from specs.schedules import OpKind, schedule_entry
 
 
@@ -135,7 +135,7 @@ class Worker:
                                             nbytes, lw.ep_groups, count * rounds)
 
     def _forward(self, mb: int, chunk):
-        w, compute = self.work, self.gpu.compute
+        w = self.work
         if not self._first_chunk(chunk):
             yield self.inbox["F"].get(lambda msg: msg == (mb, chunk.index))
             yield from self._gather_received("F", mb, chunk.input_message)
@@ -144,7 +144,7 @@ class Worker:
         layers = [w.layers[p] for p in chunk.positions]
         for pos, lw in enumerate(layers):
             yield from self._gathered(lw, mb, "F", layers[pos + 1] if pos + 1 < len(layers) else None)
-            yield from compute.run(f"F{mb} {lw.name}", lw.forward_s)
+            yield from self._layer_forward(mb, lw)
             self.gpu.memory.alloc(f"act {lw.name} mb{mb}", lw.activation_bytes)
             yield from self._tp_calls("F", mb, lw, 1)
             yield from self._ep_calls("F", mb, lw, 1)
@@ -159,7 +159,7 @@ class Worker:
     def _backward(self, mb: int, chunk):
         """The whole backward, or under a split schedule its B: the input gradient, sent back at
         once; the weight gradients, their sync and the activations' release wait for W."""
-        w, compute, mem = self.work, self.gpu.compute, self.gpu.memory
+        w, mem = self.work, self.gpu.memory
         last_mb = not self._split and self._count_backward()
         if not self._last_chunk(chunk):
             yield self.inbox["B"].get(lambda msg: msg == (mb, chunk.index))
@@ -174,7 +174,7 @@ class Worker:
             yield from self._gathered(lw, mb, "B", layers[pos - 1] if pos > 0 else None)
             mem.alloc(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.alloc(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
-            yield from compute.run(f"B{mb} {lw.name}", lw.backward_s - (lw.weight_grad_s if self._split else 0.0))
+            yield from self._layer_backward(mb, lw)
             # backward's collectives, plus the recomputed forward's under full recomputation
             yield from self._tp_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
             yield from self._ep_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
@@ -232,6 +232,60 @@ class Worker:
             # FSDP's final callback): the gradient buffers never pile up across micro-batches
             yield self.env.all_of(self._sharded_syncs)
             self._sharded_syncs = []
+
+    # -- context parallelism ---------------------------------------------------------------
+    def _layer_forward(self, mb: int, lw: LayerWork):
+        """The layer's forward compute; under cp its attention core runs beside the K/V exchange."""
+        if lw.cp is None:
+            yield from self.gpu.compute.run(f"F{mb} {lw.name}", lw.forward_s)
+            return
+        yield from self.gpu.compute.run(f"F{mb} {lw.name}", lw.forward_s - lw.cp.core_fwd_s)
+        yield from self._cp_attention("F", mb, lw, forward=True)
+
+    def _layer_backward(self, mb: int, lw: LayerWork):
+        """The layer's backward compute (with its recomputed forward; less W under a split
+        schedule); under cp the recomputed core re-runs its forward exchange, then the backward
+        exchange runs beside the core's backward."""
+        backward_s = lw.backward_s - (lw.weight_grad_s if self._split else 0.0)
+        if lw.cp is None:
+            yield from self.gpu.compute.run(f"B{mb} {lw.name}", backward_s)
+            return
+        rest = backward_s - lw.cp.core_bwd_s - (lw.cp.core_fwd_s if lw.cp.rerun else 0.0)
+        yield from self.gpu.compute.run(f"B{mb} {lw.name}", rest)
+        if lw.cp.rerun:
+            yield from self._cp_attention("R", mb, lw, forward=True)
+        yield from self._cp_attention("B", mb, lw, forward=False)
+
+    def _cp_attention(self, phase: str, mb: int, lw: LayerWork, forward: bool):
+        """p2p / a2a+p2p: cp blocks of the core, each beside the send of the next K/V block
+        (backward: K/V and their gradients, 2 blocks) on the cp channel, the last dK/dV block
+        sent home after the loop. all_gather: the exchange, then the core (backward: gather,
+        core, reduce-scatter of the gradients)."""
+        cp, name = lw.cp, f"{phase}{mb} {lw.name}"
+        core = (cp.core_fwd_s if forward else cp.core_bwd_s) * cp.block_scale
+        if cp.comm == CPComm.ALL_GATHER:
+            gathered = cp.cp * cp.block_bytes
+            yield from self._collective_now(Channel.CP, f"{name} cp ag", "all_gather", gathered, cp.groups)
+            yield from self.gpu.compute.run(f"{name} attn", core)
+            if not forward:
+                yield from self._collective_now(Channel.CP, f"{name} cp rs", "reduce_scatter", gathered, cp.groups)
+            return
+        nbytes = cp.block_bytes * (1 if forward else 2)
+        for step in range(cp.cp):
+            sent = self.gpu.channels[Channel.CP].put(f"{name} cp ring {step}", self._ring_send(
+                f"{name} cp ring {step}", nbytes, cp)) if step < cp.cp - 1 else None
+            yield from self.gpu.compute.run(f"{name} attn {step}", core / cp.cp)
+            if sent is not None:
+                yield sent
+        if not forward:
+            yield from self.gpu.channels[Channel.CP].run(f"{name} cp dkv home", self._ring_send(
+                f"{name} cp dkv home", cp.block_bytes, cp))
+
+    def _ring_send(self, name: str, nbytes: float, cp):
+        """One ring step: the rank's send to its next rank (every ring edge of the stage at once
+        for a worker that stands for the stage)."""
+        pairs = cp.ring_pairs if not self.cfg.full else tuple(p for p in cp.ring_pairs if p[0] == self.rank)
+        return lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full, None if self.cfg.full else self.rank)
 
     def _vocab_sync(self) -> None:
         """Embedding/head gradients over their replicas; the tied embedding between the two ends

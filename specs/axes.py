@@ -9,7 +9,7 @@ from specs.errors import SpecError, one_of, positive_int
 
 DENSE_AXES = ("tp", "cp", "ulysses", "dp")
 """The axes that split a stage's ranks, in the documented order: tensor (the weights), context
-(the sequence, ring attention; always 1 for now), Ulysses (the sequence, head-split all-to-alls),
+(the sequence, ring attention), Ulysses (the sequence, head-split all-to-alls),
 data (replicas). With consecutive tp the first axis varies fastest over the ranks (Megatron-Core's
 tp-cp-dp order); strided tp moves dp to the front (specs.grid)."""
 
@@ -50,6 +50,32 @@ class SequenceParallel(StrEnum):
     around the attention core (needs the degree to divide heads and seq)."""
 
 
+class CPComm(StrEnum):
+    """How a context-parallel group exchanges keys and values (Megatron-Core's --cp-comm-type)."""
+
+    P2P = "p2p"
+    """Ring: cp - 1 steps, each sending the rank's K/V block to the next rank while attending
+    to the block in hand (TransformerEngine's AttnFuncWithCPAndKVP2P)."""
+    ALL_GATHER = "all_gather"
+    """All-gather the whole sequence's K/V before the attention core, reduce-scatter their
+    gradients after it; not overlapped with the attention compute."""
+    A2A_P2P = "a2a+p2p"
+    """Hierarchical (USP): Ulysses all-to-alls over the ``ulysses`` axis (a head split), then a
+    ring over the ``cp`` axis with the local heads."""
+
+
+class CPLoadBalance(StrEnum):
+    """Token order of a context-parallel sequence under a causal mask (one order for the model:
+    the batch is permuted once, before the embedding)."""
+
+    ZIGZAG = "zigzag"
+    """2 cp chunks, rank r holds chunks r and 2 cp - 1 - r (head-tail): every ring step does
+    the same causal work on every rank (Megatron-Core, TransformerEngine, torchtitan)."""
+    NONE = "none"
+    """cp contiguous chunks: rank r's queries see r + 1 key blocks, so each ring step waits for
+    the rank with the most unmasked work."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Degrees:
     """The parallel degrees of one layer on its stage, by axis name. Built by
@@ -69,7 +95,7 @@ class Degrees:
     ulysses: int = 1
     """DeepSpeed-Ulysses degree (1 unless sp is ulysses)."""
     cp: int = 1
-    """Context-parallel degree (ring attention): part of every product, always 1 for now."""
+    """Context-parallel degree: ranks splitting the sequence, attention by ring or all-gather."""
     ep: int = 1
     """Expert parallel: ranks the routed experts are split over (a view over the same ranks)."""
     etp: int = 1

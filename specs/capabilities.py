@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Callable
 
 from specs.errors import SpecError
+from specs.axes import CPComm, CPLoadBalance
 from specs.plan import DPType, LayerStrategy, Plan, Recompute, Schedule, SequenceParallel
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ class Capabilities:
     """The pipeline schedule (Schedule values)."""
     vocab_sp: frozenset[str] | None = None
     """The embedding/head's sequence parallelism (SequenceParallel values)."""
+    cp_comm: frozenset[str] | None = None
+    """How a layer with cp > 1 exchanges keys and values (CPComm values)."""
+    cp_load_balance: frozenset[str] | None = None
+    """The token order of a plan with a cp > 1 layer (CPLoadBalance values)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -65,11 +70,13 @@ LAYER_AXES: dict[str, Callable[[LayerSpec, LayerStrategy], object]] = {
     "recompute": lambda spec, s: s.recompute,
     "expert_parallel": _expert_split,
     "expert_dp_type": lambda spec, s: s.expert_dp_kind if spec.moe is not None and s.expert_dp > 1 else None,
+    "cp_comm": lambda spec, s: s.cp_comm if s.cp > 1 else None,
 }
 """How each per-layer axis reads its value from a layer and its strategy."""
 PLAN_AXES: dict[str, Callable[[Plan], object]] = {
     "schedule": lambda plan: plan.schedule,
     "vocab_sp": lambda plan: plan.vocab_sp,
+    "cp_load_balance": lambda plan: plan.cp_load_balance if any(s.cp > 1 for s in plan.layers) else None,
 }
 """How each whole-plan axis reads its value."""
 
@@ -82,7 +89,7 @@ def refusal(who: str, where: str, axis: str, value: object, capabilities: Capabi
     return SpecError(f"{who} cannot run {where}", f"{axis} {value} (supported: {allowed})")
 
 
-_ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule) for v in enum]
+_ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule, CPComm, CPLoadBalance) for v in enum]
 
 
 def _in_enum_order(value: str) -> tuple[int, str]:

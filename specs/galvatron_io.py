@@ -101,6 +101,9 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
             raise SpecError(f"layer {i}", "sp megatron has no field in Galvatron files")
         if s.recompute == Recompute.SELECTIVE:
             raise SpecError(f"layer {i}", "recompute selective has no field in Galvatron files")
+        if s.cp > 1:
+            raise SpecError(f"layer {i}", f"{s.short()}: context parallelism has no field in the Galvatron plan "
+                            "files read here (cp_sizes_enc and its modes are refused on import too)")
         if s.has_expert_split:
             raise SpecError(f"layer {i}", f"{s.short()}: expert parallelism has no field in Galvatron's "
                             "dense plan files")

@@ -8,7 +8,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specs.axes import DPType, Degrees, SequenceParallel
+from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
@@ -56,7 +56,7 @@ class LayerStrategy:
     tp: int = 1
     """Tensor (Megatron column/row) parallel degree: the weights' split."""
     dp: int = 1
-    """Data parallel degree; dp * tp * ulysses = GPUs of the stage."""
+    """Data parallel degree; dp * tp * cp * ulysses = GPUs of the stage."""
     dp_type: DPType = DPType.DDP
     """One of DPType (a plain string is converted)."""
     tp_consecutive: bool = True
@@ -67,6 +67,12 @@ class LayerStrategy:
     """Sequence parallelism: none, megatron (over the tp group), ulysses (over ``ulysses``)."""
     ulysses: int = 1
     """DeepSpeed-Ulysses degree (> 1 exactly when sp is ulysses; tp is then 1)."""
+    cp: int = 1
+    """Context-parallel degree: the sequence split over cp ranks that hold the same weights
+    (gradients sync over dp * cp * ulysses); attention exchanges K/V as ``cp_comm`` says."""
+    cp_comm: CPComm = CPComm.P2P
+    """How the cp group exchanges K/V: p2p (ring), all_gather, a2a+p2p (Ulysses, then a ring
+    over cp). Per layer, as Megatron-Core accepts one type per layer; p2p when cp is 1."""
     ep: int = 1
     """Expert-parallel degree of a MoE layer: its routed experts are split over ``ep`` groups
     carved out of the stage's data-parallel ranks (Megatron-Core and DeepSpeed-MoE); tokens
@@ -86,6 +92,8 @@ class LayerStrategy:
         object.__setattr__(self, "recompute", Recompute(one_of(self.recompute, tuple(Recompute), "recompute")))
         object.__setattr__(self, "sp", SequenceParallel(one_of(self.sp, tuple(SequenceParallel), "sp")))
         positive_int(self.ulysses, "ulysses")
+        positive_int(self.cp, "cp")
+        object.__setattr__(self, "cp_comm", CPComm(one_of(self.cp_comm, tuple(CPComm), "cp_comm")))
         positive_int(self.ep, "ep")
         if isinstance(self.expert_tp, bool) or not isinstance(self.expert_tp, int) or self.expert_tp < 0:
             raise SpecError("expert_tp", f"must be an integer >= 0 (0 = tp), got {self.expert_tp!r}")
@@ -97,7 +105,7 @@ class LayerStrategy:
     def degrees(self) -> Degrees:
         """The named degrees of this layer (specs.axes); built once per strategy."""
         return Degrees(dp=self.dp, dp_type=self.dp_type, tp=self.tp, tp_consecutive=self.tp_consecutive, sp=self.sp,
-                       ulysses=self.ulysses, ep=self.ep, etp=self.etp, edp_type=self.expert_dp_kind)
+                       ulysses=self.ulysses, cp=self.cp, ep=self.ep, etp=self.etp, edp_type=self.expert_dp_kind)
 
     @property
     def gpus(self) -> int:
@@ -134,7 +142,7 @@ class LayerStrategy:
         return self.ep != 1 or self.expert_tp != 0 or self.expert_dp_type is not None
 
     def short(self) -> str:
-        """Compact text, e.g. ``tp2/dp2 zero3 ckpt``."""
+        """Compact text, e.g. ``tp2/dp2 zero3 ckpt``, ``tp2/dp1 sp cp4`` (``cp4/ag``: all-gather)."""
         parts = [f"tp{self.tp}" + ("" if self.tp_consecutive or self.tp == 1 or self.dp == 1 else "s")
                  + f"/dp{self.dp}"]
         if self.degrees.grad_sync > 1 and self.dp_type != DPType.DDP:
@@ -145,6 +153,8 @@ class LayerStrategy:
             parts.append("sel")
         if self.sp != SequenceParallel.NONE:
             parts.append("sp" if self.megatron_sp else f"uly{self.ulysses}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}" + ("/ag" if self.cp_comm == CPComm.ALL_GATHER else ""))
         if self.has_expert_split:
             expert = f"ep{self.ep}" + (f"/etp{self.etp}" if self.etp != self.tp else "")
             if self.expert_dp_type is not None and self.expert_dp > 1:
@@ -178,6 +188,10 @@ class Plan:
     vocab_sp: SequenceParallel = SequenceParallel.NONE
     """Sequence parallelism of the embedding and head over the vocab_tp group (Galvatron's
     vsp is Ulysses: tokens split, weights replicated)."""
+    cp_load_balance: CPLoadBalance = CPLoadBalance.ZIGZAG
+    """Token order of context-parallel layers under a causal mask: zigzag (head-tail chunks,
+    balanced) or none (contiguous chunks). Per plan: the batch is permuted once, before the
+    embedding, and every layer sees that order."""
     virtual_stages: int = 1
     """The schedule's parameter: model chunks per pipeline rank (> 1 only under a schedule of
     several chunks per rank; the schedule places them: round-robin, or V-shaped)."""
@@ -213,6 +227,8 @@ class Plan:
         schedule_entry(self.schedule).check_virtual_stages(self.virtual_stages)
         if not isinstance(self.vocab_zero3, bool):
             raise SpecError("vocab_zero3", f"must be true or false, got {self.vocab_zero3!r}")
+        object.__setattr__(self, "cp_load_balance", CPLoadBalance(one_of(self.cp_load_balance, tuple(CPLoadBalance),
+                                                                         "cp_load_balance")))
         object.__setattr__(self, "vocab_sp", SequenceParallel(one_of(self.vocab_sp, tuple(SequenceParallel),
                                                                      "vocab_sp")))
         if not isinstance(self.stage_layers, (list, tuple)):
@@ -305,11 +321,13 @@ class Plan:
 
     def summary(self) -> str:
         """One line: ``pp2 m4 [16/16] vocab tp2/sp | L0-15 tp2/dp2 zero3 | L16-31 dp4 ckpt``
-        (stage sizes when pp > 1 without interleaving, the embedding/head strategy when not
-        the default, then runs of equal layers)."""
+        (stage sizes when pp > 1 without interleaving, a cp token order other than zigzag, the
+        embedding/head strategy when not the default, then runs of equal layers)."""
         head = f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "") + f" m{self.micro_batches}"
         if self.pp > 1 and (self.virtual_stages == 1 or self.chunk_layers):
             head += f" [{'/'.join(map(str, self.chunk_layers or self.stage_layers))}]"
+        if self.cp_load_balance != CPLoadBalance.ZIGZAG and any(s.cp > 1 for s in self.layers):
+            head += f" cp-order {self.cp_load_balance}"
         vocab = [f"tp{self.vocab_tp}"] if self.vocab_tp > 1 else []
         vocab += {"megatron": ["sp"], "ulysses": ["uly"]}.get(self.vocab_sp, []) + (["zero3"] if self.vocab_zero3 else [])
         parts = [head + (f" vocab {'/'.join(vocab)}" if vocab else "")]
@@ -428,7 +446,7 @@ def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
 def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, global_batch: int,
                  micro_batches: int = 1, dp_type: str = DPType.DDP, recompute: str = Recompute.NONE,
                  sp: str = SequenceParallel.NONE, schedule: str = Schedule.ONE_F_ONE_B, tp_consecutive: bool = True,
-                 ulysses: int = 1, **meta: Any) -> Plan:
+                 ulysses: int = 1, cp: int = 1, cp_comm: str = "p2p", **meta: Any) -> Plan:
     """Every layer the same strategy; layers split as evenly as possible over pp stages (over
     the chunks as Megatron lays them out, ``chunk_layout``, with virtual_stages > 1 in ``meta``)."""
     positive_int(pp, "pp")
@@ -437,8 +455,9 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, glob
     stage_layers = even_stage_layers(num_layers, pp)
     if meta.get("virtual_stages", 1) > 1 and "chunk_layers" not in meta:
         stage_layers, meta["chunk_layers"] = chunk_layout(num_layers, pp, meta["virtual_stages"], schedule)
-    strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp > 1 else DPType.DDP,
-                             tp_consecutive=tp_consecutive, recompute=recompute, sp=sp, ulysses=ulysses)
+    strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp * cp > 1 else DPType.DDP,
+                             tp_consecutive=tp_consecutive, recompute=recompute, sp=sp, ulysses=ulysses,
+                             cp=cp, cp_comm=cp_comm)
     return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,
                 global_batch=global_batch, micro_batches=micro_batches, schedule=schedule, **meta)
 
@@ -454,6 +473,8 @@ def _vocab_degrees(vocab_tp: int, sp: SequenceParallel, zero3: bool, per_stage: 
 def _check_layer(i: int, s: LayerStrategy, spec: Any, batch: int, micro: int) -> None:
     if s.sp != SequenceParallel.NONE or s.ulysses > 1:
         _check_sequence_parallel(i, s, spec)
+    if s.cp > 1 or s.cp_comm != CPComm.P2P:
+        _check_context_parallel(i, s, spec)
     if spec.num_heads % s.tp:
         raise SpecError(f"layer {i}", f"tp({s.tp}) does not divide heads({spec.num_heads})")
     if spec.kv_heads % s.tp and s.tp % spec.kv_heads:
@@ -505,6 +526,23 @@ def _check_sequence_parallel(i: int, s: LayerStrategy, spec: Any) -> None:
         raise SpecError(f"layer {i}", f"{name} {degree} does not divide seq {spec.seq_len}")
     if spec.cross_attention_seq_len or spec.downsample_to:
         raise SpecError(f"layer {i}", f"sp {s.sp} is not modelled for blocks with cross-attention or patch merging")
+
+
+def _check_context_parallel(i: int, s: LayerStrategy, spec: Any) -> None:
+    """cp: a comm type only with cp > 1; a2a+p2p exactly with Ulysses; the sequence in 2 * cp
+    chunks (zigzag's head and tail per rank; Megatron asks it of every causal cp run), times the
+    Ulysses degree under a2a+p2p; no cross-attention or patch merging."""
+    if s.cp == 1:
+        raise SpecError(f"layer {i}", f"cp_comm {s.cp_comm} needs cp > 1 (cp is 1)")
+    if (s.cp_comm == CPComm.A2A_P2P) != (s.ulysses > 1):
+        raise SpecError(f"layer {i}", f"cp_comm {s.cp_comm} with ulysses {s.ulysses}: Ulysses beside cp > 1 is "
+                        f"cp_comm a2a+p2p, and a2a+p2p needs ulysses > 1")
+    chunks, named = (2 * s.cp * s.ulysses, f"2*cp*ulysses (2*{s.cp}*{s.ulysses})") if s.ulysses > 1 \
+        else (2 * s.cp, f"2*cp (2*{s.cp})")
+    if spec.seq_len % chunks:
+        raise SpecError(f"layer {i}", f"seq {spec.seq_len} not divisible by {named}")
+    if spec.cross_attention_seq_len or spec.downsample_to:
+        raise SpecError(f"layer {i}", f"cp {s.cp} is not modelled for blocks with cross-attention or patch merging")
 
 
 def _upgrade_layer(item: Any, version: int) -> Any:

@@ -154,6 +154,8 @@ class StrategyFile(BaseModel):
     sp: bool | Literal["none", "megatron", "ulysses"] = "none"
     """Before issue 15 a boolean (true = megatron)."""
     ulysses: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    cp: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    cp_comm: Literal["p2p", "all_gather", "a2a+p2p"] = "p2p"
     ep: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     expert_tp: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
     expert_dp_type: Literal["ddp", "zero1", "zero2", "zero3"] | None = None
@@ -171,6 +173,7 @@ class PlanFile(BaseModel):
     vocab_tp: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     vocab_zero3: bool = False
     vocab_sp: Literal["none", "megatron", "ulysses"] = "none"
+    cp_load_balance: Literal["zigzag", "none"] = "zigzag"
     virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
     chunk_layers: list[Layers] = []
     model: str = ""

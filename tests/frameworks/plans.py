@@ -15,7 +15,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, *, vocab_zero3: bool = False, v
          stage_layers: tuple[int, ...] | None = None, **kw) -> Plan:
     p = uniform_plan(model.num_layers, **kw)
     sp = p.layers[0].sp
-    p = replace(p, vocab_tp=p.layers[0].degrees.split, vocab_sp=sp, vocab_zero3=vocab_zero3, **schedule_fields(p.schedule, virtual_stages),
+    p = replace(p, vocab_tp=p.layers[0].degrees.split // p.layers[0].cp, vocab_sp=sp, vocab_zero3=vocab_zero3, **schedule_fields(p.schedule, virtual_stages),
                 model=model.name, cluster=cluster.name, stage_layers=stage_layers or p.stage_layers)
     p.validate(model, cluster)
     return p
@@ -32,6 +32,9 @@ def expressible(target: str) -> list[Plan]:
                  virtual_stages=4),
             plan(m, c, tp=8, dp=1, pp=8, global_batch=32, micro_batches=32, stage_layers=(8, 11, 11, 11, 11, 11, 11, 6)),
             plan(m, c, tp=2, dp=32, pp=1, global_batch=64, micro_batches=2, dp_type="zero1"),
+            plan(m, c, tp=8, cp=4, dp=2, pp=1, global_batch=16, micro_batches=8, sp="megatron", dp_type="zero1"),
+            plan(m, c, tp=4, cp=4, dp=1, pp=4, global_batch=16, micro_batches=16, cp_comm="all_gather",
+                 dp_type="zero1", recompute="selective"),
         ],
         "torchtitan": [
             plan(m, c, tp=8, dp=8, global_batch=64, micro_batches=2, sp="megatron", recompute="full",

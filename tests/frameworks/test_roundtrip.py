@@ -83,8 +83,11 @@ def test_megatron_block_recompute_round_trips():
 
 def test_imported_degrees_are_checked_against_the_cluster():
     model, cluster = llama()
-    with pytest.raises(SpecError, match="context"):
-        frameworks.get("megatron").import_({"megatron_args.txt": "--context-parallel-size 2"}, model, cluster)
+    with pytest.raises(SpecError, match="cp 3 does not divide"):
+        frameworks.get("megatron").import_({"megatron_args.txt": "--context-parallel-size 3"}, model, cluster)
+    with pytest.raises(SpecError, match="cp-comm-type"):
+        frameworks.get("megatron").import_({"megatron_args.txt": "--context-parallel-size 2 --cp-comm-type a2a"},
+                                           model, cluster)
     with pytest.raises(SpecError, match="HSDP"):
         frameworks.get("torchtitan").import_({"torchtitan.toml": "[parallelism]\ndata_parallel_replicate_degree = 2\n"
                                                                   "data_parallel_shard_degree = 4\n"
@@ -116,3 +119,13 @@ def test_command_line_exports_and_imports(tmp_path, capsys):
     assert main(["--to", "torchtitan", str(tmp_path / "plan.json")]) == 2  # zero1: refused in one line
     err = capsys.readouterr().err.strip()
     assert "zero1" in err and "\n" not in err
+
+
+def test_cp_plans_are_refused_where_the_files_do_not_carry_cp():
+    model, cluster = llama()
+    cp = plan(model, cluster, tp=8, cp=2, dp=4, global_batch=64, micro_batches=4, sp="megatron", dp_type="zero1")
+    for target in ("torchtitan", "deepspeed"):
+        _one_line(target, cp, "layer 0", "cp")
+    _one_line("megatron", replace(cp, cp_load_balance="none"), "cp_load_balance", "zigzag")
+    _one_line("galvatron", plan(model, cluster, tp=8, cp=2, dp=4, global_batch=64, micro_batches=4, dp_type="zero3"),
+              "layer 0", "context parallelism")

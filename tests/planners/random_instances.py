@@ -34,9 +34,9 @@ class RandomCostModel(CostModel):
         self.runtime_overhead_bytes = 64 * KIB
 
     def _rng(self, *key) -> np.random.Generator:
-        # the default Ulysses degree left out of the key: the instances stay those the tests' seeds
-        # were chosen on (before LayerStrategy had the field)
-        text = repr(key).replace(" ulysses=1,", "")
+        # the default Ulysses and cp fields left out of the key: the instances stay those the tests'
+        # seeds were chosen on (before LayerStrategy had the fields)
+        text = repr(key).replace(" ulysses=1,", "").replace(" cp=1, cp_comm=<CPComm.P2P: 'p2p'>,", "")
         return np.random.default_rng([self.seed, zlib.crc32(text.encode())])
 
     def _ticks(self, rng, lo: int, hi: int) -> float:
