@@ -59,6 +59,13 @@ def runnable_on(precisions: Iterable[str], gpu: Any) -> tuple[Precision, ...]:
     return tuple(p for p in map(Precision, precisions) if not gpu_refusal(p, gpu))
 
 
+def default_recipe(gpu: Any) -> Precision:
+    """The FP8 recipe ``fp8`` stands for on ``gpu``: MXFP8 where its tensor cores take MX scales
+    (Transformer Engine's recommendation on Blackwell), per-tensor current scaling otherwise
+    (Megatron-Bridge's FP8-CS, torchao's tensorwise)."""
+    return Precision.MXFP8 if gpu.mxfp8 else Precision.FP8_CURRENT
+
+
 def fp8_recipe(values: Iterable[str]) -> Precision:
     """The one FP8 recipe among ``values`` (BF16 when none); a SpecError when there are two:
     frameworks run one recipe per training run."""
@@ -69,4 +76,4 @@ def fp8_recipe(values: Iterable[str]) -> Precision:
     return recipes[0] if recipes else Precision.BF16
 
 
-__all__ = ["FP8_RECIPES", "PRECISIONS", "Precision", "fp8_recipe", "gpu_refusal", "precision", "runnable_on"]
+__all__ = ["FP8_RECIPES", "PRECISIONS", "Precision", "default_recipe", "fp8_recipe", "gpu_refusal", "precision", "runnable_on"]
