@@ -34,9 +34,9 @@ class RandomCostModel(CostModel):
         self.runtime_overhead_bytes = 64 * KIB
 
     def _rng(self, *key) -> np.random.Generator:
-        # the default Ulysses degree left out of the key: the instances stay those the tests' seeds
-        # were chosen on (before LayerStrategy had the field)
-        text = repr(key).replace(" ulysses=1,", "")
+        # the default Ulysses degree and precision left out of the key: the instances stay those the
+        # tests' seeds were chosen on (before LayerStrategy had the fields)
+        text = repr(key).replace(" ulysses=1,", "").replace(", precision=<Precision.BF16: 'bf16'>", "")
         return np.random.default_rng([self.seed, zlib.crc32(text.encode())])
 
     def _ticks(self, rng, lo: int, hi: int) -> float:
