@@ -3,7 +3,8 @@ training runs it never saw: H100, H200 and A100; torchtitan, Megatron-Bridge, Ll
 
 ``python -m benchmarks.published_runs`` predicts every row of data/published_runs (never
 fitted; each cluster's own calibration status is printed) and reports, by GPU, precision and
-framework, MAPE, worst error and Kendall's tau, and the runs the model cannot state and why.
+framework and for all BF16 and all FP8 runs, MAPE, worst error and Kendall's tau, and the runs
+the model cannot state and why.
 ``--sim`` also plays the runs of at most ``--sim-max-gpus`` GPUs in the simulator.
 """
 from __future__ import annotations
@@ -15,12 +16,15 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specs import ClusterSpec, ModelSpec, Plan, Recompute, load_cluster, load_model, uniform_plan
+from specs import ClusterSpec, ModelSpec, Plan, Recompute, Schedule, load_cluster, load_model, uniform_plan
 from specs.datasets import Dataset, data_path
 from specs.errors import SpecError, one_line_errors
+from specs.precision import Precision
 
-PRECISIONS = ("bf16",)
-"""Precisions the cost model states today (others: 'cannot state')."""
+RUN_PRECISIONS = {"bf16": Precision.BF16, "fp8-tensorwise": Precision.FP8_CURRENT,
+                  "fp8-current": Precision.FP8_CURRENT, "fp8-delayed": Precision.FP8_DELAYED, "mxfp8": Precision.MXFP8}
+"""The rows' precision column as a plan's (torchao's tensorwise Float8 is per-tensor current
+scaling, as Transformer Engine's FP8-CS); others (rowwise) cannot be stated."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ def flops_per_token(model: ModelSpec, seq_len: int) -> float:
 def cannot_state(run: PublishedRun) -> str:
     """Why the model cannot express ``run`` today ('' when it can)."""
     reasons = []
-    if run.precision not in PRECISIONS:
+    if run.precision not in RUN_PRECISIONS:
         reasons.append(f"precision {run.precision} not modelled yet")
     if run.cp > 1:
         reasons.append("context parallelism not modelled yet")
@@ -118,8 +122,9 @@ def cluster_for(run: PublishedRun) -> ClusterSpec:
 
 
 def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
-    """Uniform layers as the row states them; the vocabulary split like the layers (Megatron and
-    torchtitan shard the output layer over tp, and FSDP shards the embedding)."""
+    """Uniform layers as the row states them, every layer in the row's precision (none of the
+    sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
+    shard the output layer over tp, and FSDP shards the embedding)."""
     every_2nd = run.recompute == "full-every-2nd"
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, global_batch=run.global_batch,
                         micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
@@ -128,7 +133,9 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     if every_2nd:  # torchtitan's "selective layer" AC: every other block fully recomputed
         layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)
                        for i, s in enumerate(layers))
-    return replace(plan, layers=layers, virtual_stages=run.virtual_stages, vocab_tp=run.tp,
+    layers = tuple(replace(s, precision=RUN_PRECISIONS[run.precision]) for s in layers)
+    schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else plan.schedule
+    return replace(plan, layers=layers, schedule=schedule, virtual_stages=run.virtual_stages, vocab_tp=run.tp,
                    vocab_zero3=run.dp_type == "zero3")
 
 
@@ -157,9 +164,13 @@ def predict(run: PublishedRun, sim_max_gpus: int = 0) -> Prediction:
     if reason:
         return Prediction(run, reason=reason)
     model = load_model(run.model).with_seq_len(run.seq_len).with_attention(run.attention)
-    cluster, plan = cluster_for(run), plan_for(run, model)
+    cluster = cluster_for(run)
     cm = AnalyticalModel(cluster)
-    cost = cm.plan_cost(model, plan)
+    try:
+        plan = plan_for(run, model)
+        cost = cm.plan_cost(model, plan)
+    except SpecError as err:  # the row's configuration as read is not a plan (a stated field missing)
+        return Prediction(run, reason=f"the row's plan: {err}")
     sim = math.nan
     if sim_max_gpus and run.gpus <= sim_max_gpus:
         from simulator.evaluate import SimulatorEvaluator
@@ -169,13 +180,23 @@ def predict(run: PublishedRun, sim_max_gpus: int = 0) -> Prediction:
                       calibration=cm.calibration_status())
 
 
+def precision_kind(run: PublishedRun) -> str:
+    """bf16 or fp8 (every FP8 recipe), the split of the summary rows."""
+    return "bf16" if run.precision == "bf16" else "fp8"
+
+
 def group_rows(predictions: Sequence[Prediction]) -> list[list]:
-    """By GPU, precision and framework, then all stated runs: runs, stated, MAPE, worst, tau."""
+    """By GPU, precision and framework, then all BF16 runs, all FP8 runs and all runs: runs,
+    stated, MAPE, worst, tau."""
     from scipy.stats import kendalltau
     keys = sorted({(p.run.gpu, p.run.precision, p.run.framework) for p in predictions})
+    summaries = [("all", "bf16", ""), ("all", "fp8", ""), ("all", "", "")]
     rows = []
-    for key in [*keys, ("all", "", "")]:
-        group = [p for p in predictions if key[0] == "all" or (p.run.gpu, p.run.precision, p.run.framework) == key]
+    for key in [*keys, *summaries]:
+        if key[0] == "all":
+            group = [p for p in predictions if key[1] in ("", precision_kind(p.run))]
+        else:
+            group = [p for p in predictions if (p.run.gpu, p.run.precision, p.run.framework) == key]
         stated = [p for p in group if not p.reason]
         errs = [abs(p.error) * 100 for p in stated]
         tau = (kendalltau([p.predicted_s for p in stated], [p.measured_s for p in stated]).statistic
@@ -183,6 +204,21 @@ def group_rows(predictions: Sequence[Prediction]) -> list[list]:
         worst = max(stated, key=lambda p: abs(p.error), default=None)
         rows.append([*key, len(group), len(stated), sum(errs) / len(errs) if errs else math.nan,
                      worst.error * 100 if worst else math.nan, tau])
+    return rows
+
+
+def speedup_rows(predictions: Sequence[Prediction]) -> list[list]:
+    """FP8/BF16 speedup of each FP8 run whose configuration (model, GPUs, degrees, batch, software)
+    also ran in BF16: measured and predicted (target: within 5% of each other)."""
+    def config(r: PublishedRun) -> tuple:
+        return (r.model, r.cluster, r.gpus, r.tp, r.pp, r.dp, r.cp, r.global_batch, r.seq_len, r.software)
+    bf16 = {config(p.run): p for p in predictions if p.run.precision == "bf16" and not p.reason}
+    rows = []
+    for p in predictions:
+        base = bf16.get(config(p.run))
+        if p.run.precision != "bf16" and base is not None and not p.reason:
+            measured, predicted = base.measured_s / p.measured_s, base.predicted_s / p.predicted_s
+            rows.append([p.run.id, base.run.id, measured, predicted, (predicted / measured - 1) * 100])
     return rows
 
 
@@ -215,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(group_rows(predictions), headers=["GPU", "precision", "framework", "runs", "stated", "MAPE %",
                                                       "worst %", "Kendall tau"], floatfmt=".2f"))
     print()
+    pairs = speedup_rows(predictions)
+    if pairs:
+        print(tabulate(pairs, headers=["FP8 run", "BF16 run", "measured FP8/BF16", "predicted", "error %"],
+                       floatfmt=".2f"))
+        print()
     print(tabulate(run_rows(predictions, args.sim),
                    headers=["run", "GPUs", "tp pp dp cp", "precision", "constants", "measured s", "predicted s",
                             "error %"] + (["sim error %"] if args.sim else []) + ["GiB pred / meas"]))

@@ -20,7 +20,6 @@ from runners.compare_views import imported_vs_best
 from specs import load_cluster, load_model
 from specs.cli import ArgumentParser, count
 from specs.errors import one_line_errors
-from specs.units import GIB
 
 
 def build_parser() -> ArgumentParser:

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from cost_models import collectives as coll
 from cost_models import context
-from cost_models import experts
+from cost_models import experts, fp8
 from cost_models import memory as mem
 from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
@@ -22,7 +22,8 @@ from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops, is_weight_gradient
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost, vocab_relayout_s
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+from specs.precision import Precision
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
@@ -101,13 +102,27 @@ class AnalyticalModel(CostModel):
         memory bandwidth, whichever is slower.
 
         GEMM efficiency eff(F) = eff_max * F / (F + F_half): small GEMMs do not reach peak
-        (time = (F + F_half) / (peak * eff_max)). Memory-bound kernels add a launch cost."""
+        (time = (F + F_half) / (peak * eff_max)). An FP8 GEMM runs at the FP8 peak and its own
+        eff_max, with F_half scaled by the peaks' ratio (the same fixed time per kernel).
+        Memory-bound kernels add a launch cost."""
         c, gpu = self.constants, self.cluster.gpu
         memory_s = op.nbytes / (gpu.memory_bandwidth_gbytes_per_s * 1e9 * c.memory_efficiency)
         if op.flops <= 0:
             return memory_s + c.kernel_overhead_s
+        if op.fp8:
+            fp8_peak = self._fp8_peak_tflops()
+            half = c.gemm_half_efficiency_flops * fp8_peak / gpu.peak_tflops
+            return max((op.flops + half) / (fp8_peak * 1e12 * c.fp8_gemm_efficiency_max), memory_s)
         compute_s = (op.flops + c.gemm_half_efficiency_flops) / (gpu.peak_tflops * 1e12 * c.gemm_efficiency_max)
         return max(compute_s, memory_s)
+
+    def _fp8_peak_tflops(self) -> float:
+        """gpu.peak_fp8_tflops; a one-line refusal where the cluster file states none."""
+        gpu = self.cluster.gpu
+        if gpu.peak_fp8_tflops is None:
+            raise SpecError("gpu.peak_fp8_tflops", f"{gpu.name} states no FP8 peak: the analytical model "
+                            f"cannot time FP8 GEMMs on it")
+        return gpu.peak_fp8_tflops
 
     def ops_time(self, ops: Sequence[Op], hidden_host_s: float = 0.0) -> float:
         """GPU time of the kernels, or the host time to issue them if that is longer.
@@ -122,13 +137,14 @@ class AnalyticalModel(CostModel):
         gpu_s, count = kernels
         return max(gpu_s, count * self.constants.host_time_per_kernel_s - hidden_host_s)
 
-    def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split, cp: int = 1
-                              ) -> tuple[tuple[float, int], ...]:
+    def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split, cp: int = 1,
+                              precision: Precision = Precision.BF16) -> tuple[tuple[float, int], ...]:
         """(GPU seconds, kernel count) of the layer's forward, of its backward and of the weight-
         gradient GEMMs within that backward (W of a split backward) on one of tp GPUs (s / cp
-        tokens): what every strategy of the same split, micro-batch size and expert split shares."""
-        fwd = forward_ops(layer, tp, mbs, split, cp)
-        bwd = backward_ops(fwd)
+        tokens): what every strategy of the same split, micro-batch size, expert split and
+        precision shares (FP8: cost_models/fp8.py)."""
+        bf16 = forward_ops(layer, tp, mbs, split, cp)
+        fwd, bwd = fp8.forward_ops(bf16, precision), fp8.backward_ops(backward_ops(bf16), precision)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
                 (sum(map(self.op_time, wgrad)), len(wgrad)))
@@ -150,14 +166,15 @@ class AnalyticalModel(CostModel):
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
         fwd, bwd, wgrad = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs,
                                              experts.compute_split(layer, strategy, self.expert_imbalance),
-                                             strategy.cp)
+                                             strategy.cp, strategy.precision)
         forward_s = self._launch_bound(fwd, pass_comm_s)
         backward_s = self._launch_bound(bwd, pass_comm_s) + self.recompute_time(layer, strategy, mbs, pass_comm_s)
         # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
         weight_grad_s = self._launch_bound(bwd, pass_comm_s) * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
         # dense part over dp; with an expert split the routed experts over their expert-dp groups
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
-        traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups) for p in parts])
+        gather = fp8.gather_bytes_per_param(strategy.precision)
+        traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups, gather) for p in parts])
         per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
             self.exposed_time(traffic.micro_batch_fwd_s, forward_s)
         tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
@@ -186,18 +203,21 @@ class AnalyticalModel(CostModel):
         host launches as in the forward) or the attention core (selective: no collective inside)."""
         if strategy.recompute == Recompute.FULL:  # the forward again, experts split as in it
             split = experts.compute_split(layer, strategy, self.expert_imbalance)
-            kernels = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs, split, strategy.cp)
-            return self._launch_bound(kernels[0], pass_comm_s)
+            fwd = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs, split, strategy.cp,
+                                     strategy.precision)[0]
+            return self._launch_bound(fwd, pass_comm_s)
         ops = seq.recompute_ops(layer, strategy, mbs)
         return self.ops_time(ops) if ops else 0.0
 
-    def dp_traffic(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> "DPTraffic":
+    def dp_traffic(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]],
+                   gather_bytes_per_param: float = mem.WEIGHT_BYTES_PER_PARAM) -> "DPTraffic":
         """When each data-parallel collective runs, as DDP, Megatron's distributed optimizer,
         DeepSpeed ZeRO-2 and FSDP schedule them: DDP all-reduces once after the last
         micro-batch; ZeRO-1 reduce-scatters then and all-gathers the updated parameters after
         the step; ZeRO-2 keeps gradients sharded, so it reduce-scatters every micro-batch's
         gradients (and all-gathers parameters after the step); ZeRO-3 also all-gathers the
-        parameters in every micro-batch's forward and backward."""
+        parameters in every micro-batch's forward and backward, ``gather_bytes_per_param`` each
+        (FP8 layers gather FP8 weights: fp8.gather_bytes_per_param)."""
         if max(len(g) for g in dp_groups) <= 1 or local_params <= 0:
             return DPTraffic()
         nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
@@ -209,7 +229,9 @@ class AnalyticalModel(CostModel):
             return DPTraffic(iteration_bwd_s=rs, after_step_s=ag)
         if dp_type == DPType.ZERO2:
             return DPTraffic(micro_batch_bwd_s=rs, after_step_s=ag)
-        return DPTraffic(micro_batch_bwd_s=rs + ag, micro_batch_fwd_s=ag)
+        gather = ag if gather_bytes_per_param == mem.GRAD_BYTES_PER_PARAM else \
+            self._bucketed("all_gather", local_params * gather_bytes_per_param, dp_groups)
+        return DPTraffic(micro_batch_bwd_s=rs + gather, micro_batch_fwd_s=gather)
 
     def dp_sync_time(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
         """One iteration's data-parallel traffic of ``local_params`` parameters with one

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Sequence
 
-from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, stage_grid
-from specs.capabilities import EVERYTHING, Capabilities
+from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, stage_grid
+from specs.capabilities import EVERYTHING, Capabilities, check_supported
 from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
@@ -290,6 +290,7 @@ class CostModel(ABC):
     def _compute_plan_cost(self, model: ModelSpec, plan: Plan) -> PlanCost:
         world = self.cluster.world_size
         plan.validate(model, self.cluster)
+        check_supported(plan, model, self.capabilities, f"{self.name} cost model")
         times, tails, memories = [], [], []
         for stage, layer_ids in enumerate(plan.stage_ranges()):
             t, d, mem = self._stage_cost(model, plan, stage, list(layer_ids), world)

@@ -3,7 +3,7 @@ Transformer activation bytes (Korthikanti et al. 2022), per docs/cost_models.md 
 """
 from __future__ import annotations
 
-from cost_models import context, experts
+from cost_models import context, experts, fp8
 from cost_models.base import MemoryBreakdown
 from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy, Recompute, SequenceParallel
 from specs.errors import one_of
@@ -130,6 +130,9 @@ def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size
     att_rep, att_split, core = _attention_bytes_per_token(layer, layer.attention_span)
     mlp_rep, mlp_split = _mlp_bytes_per_token(layer)
     replicated, split = norms + att_rep + mlp_rep, att_split + mlp_split
+    if strategy.precision.is_fp8:  # linear layers' inputs kept as their FP8 copy
+        rep_saved, split_saved = fp8.saved_input_savings_per_token(layer)
+        replicated, split = replicated - rep_saved, split - split_saved
     if layer.cross_attention_seq_len:
         rep, spl, x_core = _attention_bytes_per_token(layer, layer.cross_attention_seq_len)
         replicated += rep + ACTIVATION_BYTES * layer.hidden_size
@@ -160,11 +163,15 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
     """States of the layer's local shard, ``in_flight`` stashed micro-batches, and temporaries:
     ZeRO-3's gathered weights, and under checkpointing the recomputed layer's full activations.
     With an expert split the routed experts' states are / (ep * etp), ZeRO-sharded over expert dp.
+    FP8 layers add their FP8 weight copies and keep FP8 inputs of their linear layers (fp8.py).
     ``weight_bytes``: the working dtype's bytes per weight (model_state_bytes)."""
     states, temporary = MemoryBreakdown(), 0.0
     for part in experts.sync_parts(layer, strategy, 0, (), params):
-        states = states + model_state_bytes(part.params, part.dp_type, part.size, weight_bytes)
-        temporary += gradient_sync_transient_bytes(part.params, part.dp_type, part.size, weight_bytes)
+        kept_copies, gathered_copies = fp8.weight_copy_bytes(part.params, part.dp_type, part.size, strategy.precision)
+        states = states + model_state_bytes(part.params, part.dp_type, part.size, weight_bytes) + \
+            MemoryBreakdown(parameters_bytes=kept_copies)
+        transient = gradient_sync_transient_bytes(part.params, part.dp_type, part.size, weight_bytes)
+        temporary += gathered_copies or transient  # FP8 ZeRO-3 gathers FP8 copies, not BF16 weights
     kept = activation_bytes(layer, strategy, micro_batch_size, imbalance) if kept_bytes is None else kept_bytes
     if strategy.checkpoint:
         temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size, imbalance)

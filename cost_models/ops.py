@@ -7,7 +7,7 @@ tensor-parallel degree tp.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from specs import EmbeddingSpec, HeadSpec, LayerSpec
@@ -41,11 +41,19 @@ class Op:
     kernels), FLASH_BACKWARD_FLOPS_FACTOR for fused attention (one kernel)."""
     backward_nbytes: float | None = None
     """Bytes its backward kernel moves, where known; None: BACKWARD_ELEMENTWISE_FACTOR x nbytes."""
+    linear: tuple[float, float, float] | None = None
+    """(m, n, k) of a linear layer's GEMM: m tokens of width k times a k x n weight. These are
+    the GEMMs an FP8 recipe runs in FP8 (cost_models/fp8.py); None for attention, the router
+    and memory-bound kernels."""
+    fp8: bool = False
+    """Runs at the GPU's FP8 peak (its operands are FP8)."""
 
 
-def gemm(name: str, m: float, n: float, k: float, batch: float = 1) -> Op:
-    """``batch`` independent (m x k) @ (k x n) products in one kernel."""
-    return Op(name, 2.0 * batch * m * n * k, ELEMENT_BYTES * batch * (m * k + k * n + m * n))
+def gemm(name: str, m: float, n: float, k: float, batch: float = 1, linear: bool = True) -> Op:
+    """``batch`` independent (m x k) @ (k x n) products in one kernel; ``linear``: a layer's
+    weight GEMM (batch 1), which an FP8 recipe runs in FP8."""
+    return Op(name, 2.0 * batch * m * n * k, ELEMENT_BYTES * batch * (m * k + k * n + m * n),
+              linear=(m, n, k) if linear and batch == 1 else None)
 
 
 def elementwise(name: str, elements_read: float, elements_written: float, masks: float = 0.0) -> Op:
@@ -119,11 +127,11 @@ def _attention_ops(layer: LayerSpec, tp: int, tokens: float, batch: int, span: i
     if layer.attention == "flash":  # dropout is fused too (a seed, no mask)
         ops.append(flash_attention(f"{tag}flash_attn", batch * heads, s, span, d, dv))
     else:
-        ops.append(gemm(f"{tag}scores", s, span, d, batch * heads))
+        ops.append(gemm(f"{tag}scores", s, span, d, batch * heads, linear=False))
         ops += softmax_ops(tag, batch * heads, s, span, causal and layer.causal)
         if dropout:
             ops.append(elementwise(f"{tag}attn_dropout", scores, scores, masks=scores))
-        ops.append(gemm(f"{tag}context", s, dv, span, batch * heads))
+        ops.append(gemm(f"{tag}context", s, dv, span, batch * heads, linear=False))
     ops += [gemm(f"{tag}proj", tokens, h, heads * dv),
             elementwise(f"{tag}residual", 2 * tokens * h, tokens * h, masks=tokens * h if dropout else 0)]
     return ops
@@ -170,7 +178,7 @@ def _moe_ops(layer: LayerSpec, tp: int, tokens: float, split: ExpertSplit | None
     routed = tokens * moe.expert_passes_per_token
     if split is not None:
         routed = tokens * split.tokens_factor * split.passes_per_token
-    ops = [gemm("router", tokens, moe.num_experts, h),
+    ops = [gemm("router", tokens, moe.num_experts, h, linear=False),
            elementwise("topk", tokens * moe.num_experts, tokens * moe.top_k),
            elementwise("dispatch", routed * h, routed * h)]
     # one grouped GEMM per matrix over all routed copies (as grouped-GEMM MoE kernels run)
@@ -178,7 +186,7 @@ def _moe_ops(layer: LayerSpec, tp: int, tokens: float, split: ExpertSplit | None
     if moe.num_shared_experts:
         ops += _mlp_ops(layer, tokens, moe.shared_ffn_hidden_size / tp, "shared_")
     if moe.shared_expert_gate:
-        ops.append(gemm("shared_gate", tokens, 1, h))
+        ops.append(gemm("shared_gate", tokens, 1, h, linear=False))
     return ops + [elementwise("combine", routed * h, tokens * h)]
 
 
@@ -225,7 +233,7 @@ def backward_ops(forward: list[Op]) -> list[Op]:
         if op.flops and op.backward_flops_factor != 2.0:
             out.append(Op(op.name + "_bwd", op.flops * op.backward_flops_factor, 2 * op.nbytes))
         elif op.flops:
-            out += [Op(op.name + "_dgrad", op.flops, op.nbytes), Op(op.name + "_wgrad", op.flops, op.nbytes)]
+            out += [replace(op, name=op.name + "_dgrad"), replace(op, name=op.name + "_wgrad")]
         else:
             nbytes = op.nbytes * BACKWARD_ELEMENTWISE_FACTOR if op.backward_nbytes is None else op.backward_nbytes
             out.append(Op(op.name + "_bwd", 0.0, nbytes))

@@ -24,6 +24,7 @@ from cost_models.sp_time import SpTimeTable, find_sp_time, read_sp_time
 from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, load_model
+from specs.capabilities import BF16_ONLY, Capabilities
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: two activation all-reduces per layer in forward and two in backward."""
@@ -105,6 +106,8 @@ class ProfiledModel(CostModel):
 
     name = "profiled"
     rank_symmetric = True
+    capabilities = Capabilities(precision=BF16_ONLY)
+    """Every axis but FP8: the profiles measure BF16 kernels (docs/profile_format.md)."""
     lazy_gradients = True  # the executor's .grad (first_backward_overlap is the same fact)
     # not linear_in_flight: with every micro-batch in flight the gradients take the place of
     # one micro-batch's activations (first_backward_overlap)

@@ -5,15 +5,15 @@ from executor.model import is_tied
 from executor.parallel.expert import EXPERT_DP_TYPES
 from executor.parallel.vocab import refuse_vocab
 from specs import CPComm, ModelSpec, Plan, SpecError
-from specs.capabilities import Capabilities, check_supported
+from specs.capabilities import BF16_ONLY, Capabilities, check_supported
 from specs.schedules import REGISTRY
 
 CAPABILITIES = Capabilities(schedule=frozenset(s for s, e in REGISTRY.items() if e.torch_class),
                             expert_dp_type=frozenset(EXPERT_DP_TYPES),
-                            cp_comm=frozenset({CPComm.P2P, CPComm.ALL_GATHER}))
+                            cp_comm=frozenset({CPComm.P2P, CPComm.ALL_GATHER}), precision=BF16_ONLY)
 """The axes the executor runs in part: the registered schedules torch.distributed.pipelining has a class for,
-expert states held as flat buckets (no ZeRO-3 of the experts), cp by ring or all-gather (not beside Ulysses).
-Every other value runs."""
+expert states held as flat buckets (no ZeRO-3 of the experts), cp by ring or all-gather (not beside Ulysses),
+and BF16 linear layers (no FP8 recipe is wired to torchao or Transformer Engine yet). Every other value runs."""
 
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:

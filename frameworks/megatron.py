@@ -5,7 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, register, schedule_of,
+from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, refuse_fp8,
+                             register, schedule_of,
                              uniform_view)
 from specs import ClusterSpec, CPComm, CPLoadBalance, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 
@@ -198,6 +199,7 @@ class Megatron(Framework):
     command_line_file = ARGS_FILE
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
+        refuse_fp8(plan)
         settings = parallel_settings(plan, model)
         args = {**_model_args(model), **settings, "bf16": True, "make_vocab_size_divisible_by": 128,
                 "tokenizer_type": "NullTokenizer", "vocab_size": model.embedding.vocab_size, "mock_data": True}

@@ -8,7 +8,8 @@ import tomllib
 from dataclasses import replace
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, register, require_even,
+from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, refuse_fp8,
+                             register, require_even,
                              uniform_view, vocab_sharded)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
 
@@ -138,6 +139,7 @@ class Torchtitan(Framework):
     file_names = (TOML_FILE, ARGS_FILE)
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
+        refuse_fp8(plan)
         sections = settings(plan, model)
         return ExportResult(target=self.name, files={TOML_FILE: toml_text(sections, model, plan.summary()),
                                                      ARGS_FILE: args_text(sections, model)},

@@ -181,10 +181,14 @@ class Planner(ABC):
         """Search, then time the search; subclasses implement ``_search``.
 
         Every planner takes ``memory_models``: more cost models whose memory a plan must also fit
-        (time still from ``cost_model``; see cost_models.fits_all). The budget a search sees is
+        (time still from ``cost_model``; see cost_models.fits_all), and ``precision``
+        (``fix_precision``). The budget a search sees is
         ``budget`` less the cost model's allocator reserve (CostModel.allocator_reserve_bytes)."""
         start = time.perf_counter()
         options = dict(options or {})
+        precision = options.pop("precision", None)
+        if precision is not None:
+            options = self.fix_precision(options, str(precision), cluster)
         others = tuple(options.pop("memory_models", ()) or ())
         if others:
             from cost_models.fits_all import FitsAll
@@ -194,6 +198,20 @@ class Planner(ABC):
         result = self._search(model, cluster, budget, cost_model, options)
         new_stats = replace(result.stats, wall_time_s=time.perf_counter() - start)
         return _replace_stats(result, new_stats)
+
+    def fix_precision(self, options: dict[str, Any], value: str, cluster: ClusterSpec) -> dict[str, Any]:
+        """``options`` with the precision of every layer set by ``value`` (``search``, ``fp8`` or a
+        specs.precision value: SearchSpace.with_precision): a planner with a ``space`` option
+        takes it into that space; one without plans in bf16 and refuses anything else."""
+        defaults = getattr(self, "defaults", {})
+        if "space" not in defaults:
+            if value != "bf16":
+                raise SpecError(f"{self.name}: precision", f"{value!r}: this planner plans in bf16 only")
+            return options
+        from planners.space import SearchSpace
+        space = options.get("space", defaults["space"])
+        space = SearchSpace.preset(space) if isinstance(space, str) else space
+        return {**options, "space": space.with_precision(value, cluster.gpu)}
 
     @abstractmethod
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,

@@ -15,14 +15,20 @@ from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
 from planners.tables import memo
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
+from specs.precision import Precision
 from specs.schedules import schedule_entry
 from specs.units import GIB
 
-DEFAULTS = {"top_k": 3}
+DEFAULTS = {"top_k": 3, "precisions": (Precision.BF16,)}
 
 
 class GridPlanner(Planner):
-    """Enumerate ``candidates``; keep the fastest plan whose peak memory fits."""
+    """Enumerate ``candidates``, each in every precision of the ``precisions`` option (bf16 by
+    default); keep the fastest plan whose peak memory fits."""
+
+    def fix_precision(self, options: dict[str, Any], value: str, cluster: ClusterSpec) -> dict[str, Any]:
+        """The ``precisions`` option: what SearchSpace.with_precision gives for ``value``."""
+        return {**options, "precisions": SearchSpace().with_precision(value, cluster.gpu).precisions}
 
     @abstractmethod
     def candidates(self, model: ModelSpec, cluster: ClusterSpec, batch: int) -> Iterator[dict]:
@@ -37,7 +43,7 @@ class GridPlanner(Planner):
         opts = pop_options(options, DEFAULTS, self.name)
         scored, smallest, tried = [], None, 0
         for batch in budget.global_batches():
-            for thr, time_s, peak, plan in self._grid(model, cluster, batch, cost_model):
+            for thr, time_s, peak, plan in self._grid(model, cluster, batch, cost_model, tuple(opts["precisions"])):
                 tried += 1
                 smallest = peak if smallest is None else min(smallest, peak)
                 if peak <= budget.memory_bytes:
@@ -52,14 +58,15 @@ class GridPlanner(Planner):
                     for thr, t, pk, p in scored[:int(opts["top_k"])])
         return scored_result(self.name, cost_model, model, scored[0][3], stats, top)
 
-    def _grid(self, model: ModelSpec, cluster: ClusterSpec, batch: int, cost_model: CostModel) -> list[tuple]:
+    def _grid(self, model: ModelSpec, cluster: ClusterSpec, batch: int, cost_model: CostModel,
+              precisions: tuple[str, ...] = (Precision.BF16,)) -> list[tuple]:
         """(throughput, time, peak memory, plan) of every candidate that can run at ``batch``: the
         same for every budget, so kept per cost model (the budgets of a compare share them)."""
-        key = ("grid", self.name, model, cluster, batch)
+        key = ("grid", self.name, model, cluster, batch, precisions)
         cache = memo(cost_model)
         if key not in cache:
             rows = []
-            for kw in self.candidates(model, cluster, batch):
+            for kw in (dict(kw, precision=p) for kw in self.candidates(model, cluster, batch) for p in precisions):
                 plan = self.build(model, cluster, batch, kw)
                 if plan is not None:
                     cost = cost_model.plan_cost(model, plan)
@@ -179,7 +186,6 @@ class Megatron3d(GridPlanner):
     dp_type = DPType.DDP
 
     def candidates(self, model, cluster, batch):
-        n = model.num_layers
         for pp in megatron_pp_degrees(model, cluster):
             gpus = cluster.world_size // pp
             for tp in megatron_tp_degrees(model, cluster, gpus):

@@ -53,12 +53,13 @@ memory_granularity_mib or max_temp_levels, where the DP is inexact)."""
 
 
 def resolve_space(space: Any, cost_model: CostModel | None = None) -> SearchSpace:
-    """The SearchSpace (or preset name) ``space``, less what ``cost_model`` cannot score."""
+    """The SearchSpace (or preset name) ``space``, less what ``cost_model`` cannot score and the
+    precisions its cluster's GPU cannot run."""
     if isinstance(space, str):
         space = SearchSpace.preset(space)
     if not isinstance(space, SearchSpace):
         raise SpecError("space", f"must be a SearchSpace or a preset name, got {space!r}")
-    return space if cost_model is None else space.within(cost_model.capabilities)
+    return space if cost_model is None else space.within(cost_model.capabilities).for_gpu(cost_model.cluster.gpu)
 
 
 @register

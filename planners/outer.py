@@ -108,6 +108,7 @@ def build_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, s
     """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps, and how many
     groups were left unbuilt because ``deadline`` (time.monotonic) passed (at least one is built)."""
     groups: dict[tuple, list[Combo]] = {}
+    space = space.for_gpu(cost_model.cluster.gpu)
     for c in combos(model, cost_model.cluster, batches, space):
         groups.setdefault((c.global_batch, c.pp, c.micro_batches, c.schedule), []).append(c)
     out = []
@@ -156,6 +157,7 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     (time.monotonic) the remaining groups are left with their lower bound, once a plan has been
     found (a call with no plan yet goes on until it has one)."""
     state = state or OuterState()
+    space = space.for_gpu(cost_model.cluster.gpu)  # no table for a precision the GPU cannot run
     prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
     start = time.perf_counter()
     tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)

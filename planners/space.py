@@ -11,6 +11,7 @@ from typing import Iterator, NamedTuple
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
 from specs.capabilities import OFF, Capabilities
+from specs.precision import PRECISIONS, Precision, default_recipe, fp8_recipe, gpu_refusal, runnable_on
 from specs.schedules import PipelineFormula, schedule_entry
 
 DEGREE_RULES = ("powers_of_two", "divisors")
@@ -116,6 +117,9 @@ class SearchSpace:
     cp_min_tokens: int = CP_MIN_TOKENS
     """cp degrees are tried only where each rank keeps at least this many tokens of the model's
     sequence (seq_len / cp >= it): below, a ring step's block is latency-bound."""
+    precisions: tuple[str, ...] = (Precision.BF16,)
+    """Per-layer precisions (specs.precision): bf16 and at most one FP8 recipe (a plan runs one);
+    the planners drop what the cluster's GPU cannot run (``for_gpu``)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches", "cp_min_tokens"):
@@ -152,6 +156,9 @@ class SearchSpace:
             raise SpecError("cp", f"must be positive integers (1 = no context parallelism), got {self.cp!r}")
         if not self.cp_comm or any(c not in tuple(CPComm) for c in self.cp_comm):
             raise SpecError("cp_comm", f"must be a non-empty subset of {', '.join(CPComm)}, got {self.cp_comm!r}")
+        if not self.precisions or any(p not in PRECISIONS for p in self.precisions):
+            raise SpecError("precisions", f"must be a non-empty subset of {', '.join(PRECISIONS)}, got {self.precisions!r}")
+        fp8_recipe(self.precisions)
         if not self.expert_tp or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.expert_tp):
             raise SpecError("expert_tp", f"must be integers >= 0 (0 = the layer's tp), got {self.expert_tp!r}")
 
@@ -166,7 +173,8 @@ class SearchSpace:
         dp+pp, 3d (tp x pp x dp, plain DDP), the pure dimensions dp, zero3, and moe (Megatron-Core's
         MoE dimensions per layer: ZeRO-1/2, Megatron-SP, every recompute, interleaving, ep with
         expert tp = tp or 1). Every preset but galvatron searches expert parallelism on MoE
-        layers (``expert_parallel`` None)."""
+        layers (``expert_parallel`` None). Only full searches precision (bf16 or FP8 with current
+        scaling per layer, where the GPU has an FP8 peak); the others are bf16."""
         classic = cls()
         paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), recompute=(Recompute.NONE,), expert_parallel=(1,))
         galvatron2 = replace(classic, sp=tuple(SequenceParallel), vocab_zero3=(False, True),
@@ -174,7 +182,8 @@ class SearchSpace:
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
                        micro_batch_degrees="divisors", expert_tp=(0, 1), cp=CP_DEGREES,
-                       uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V))
+                       uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V),
+                       precisions=(Precision.BF16, Precision.FP8_CURRENT))
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
         # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
         # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach)
@@ -230,7 +239,32 @@ class SearchSpace:
             changes["cp_comm"] = comms
         if capabilities.expert_parallel == frozenset({OFF}):
             changes["expert_parallel"] = (1,)  # a consumer without any expert split
+        kept = tuple(p for p in self.precisions if capabilities.supports("precision", p))
+        if kept and kept != self.precisions:
+            changes["precisions"] = kept
         return replace(self, **changes) if changes else self
+
+    def for_gpu(self, gpu) -> "SearchSpace":
+        """The same space less the precisions ``gpu`` cannot run (FP8 without gpu.peak_fp8_tflops,
+        MXFP8 without gpu.mxfp8); bf16 when none is left."""
+        kept = runnable_on(self.precisions, gpu) or (Precision.BF16,)
+        return self if kept == self.precisions else replace(self, precisions=kept)
+
+    def with_precision(self, value: str, gpu) -> "SearchSpace":
+        """The space with its precisions set by ``value``: ``search`` (bf16 or the GPU's FP8
+        recipe per layer, bf16 alone on a GPU without FP8), ``fp8`` (the GPU's recipe:
+        specs.precision.default_recipe) or one Precision for every layer (refused in one line
+        where ``gpu`` cannot run it)."""
+        if value == "search":
+            return replace(self, precisions=(Precision.BF16, default_recipe(gpu))).for_gpu(gpu)
+        p = default_recipe(gpu) if value == "fp8" else value
+        if p not in PRECISIONS:
+            raise SpecError("precision", f"{value!r} is not a precision; choose from search, fp8, "
+                            f"{', '.join(PRECISIONS)}")
+        refused = gpu_refusal(Precision(p), gpu)
+        if refused:
+            raise SpecError("precision", refused)
+        return replace(self, precisions=(Precision(p),))
 
     def _degrees(self, n: int, limit: int, rule: str | None = None) -> list[int]:
         if (rule or self.degrees) == "divisors":
@@ -290,8 +324,10 @@ class SearchSpace:
                 for dp_type in (self.dp_types if sharded else (DPType.DDP,)):
                     for consec in layouts:
                         for recompute in self.recompute:
-                            out.append(LayerStrategy(dp=dp, dp_type=dp_type, tp_consecutive=consec, cp=cp,
-                                                     cp_comm=comm, recompute=recompute, sp=sp, **split))
+                            for precision in self.precisions:
+                                out.append(LayerStrategy(dp=dp, dp_type=dp_type, tp_consecutive=consec, cp=cp,
+                                                         cp_comm=comm, recompute=recompute, sp=sp,
+                                                         precision=precision, **split))
         return out
 
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:

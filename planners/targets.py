@@ -17,6 +17,7 @@ from planners.galvatron import GalvatronPlanner
 from planners.registry import register
 from planners.space import SearchSpace
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
+from specs.precision import Precision
 from specs.units import GIB
 
 TARGETS = ("none", "megatron", "torchtitan", "deepspeed", "galvatron")
@@ -32,7 +33,7 @@ NONE, MEGATRON_SP = SequenceParallel.NONE, SequenceParallel.MEGATRON
 def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     """``base`` (default: the full preset) restricted to what framework ``name`` runs."""
     base = base or SearchSpace.preset("full")
-    common = dict(tp_consecutive=(True,), vocab_zero3=(False,))
+    common = dict(tp_consecutive=(True,), vocab_zero3=(False,), precisions=(Precision.BF16,))  # exports are BF16
     spaces = {
         "none": base,
         # DDP or the distributed optimizer; every recompute; Megatron-SP; interleaving; ep with etp
@@ -49,7 +50,7 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
         # per-layer tp/Ulysses, ZeRO flavours, full checkpointing; no ZeRO-1, Megatron-SP, interleaving, ep
         "galvatron": replace(base, dp_types=(DPType.DDP, DPType.ZERO2, DPType.ZERO3), sp=(NONE, SequenceParallel.ULYSSES),
                              recompute=(Recompute.NONE, Recompute.FULL), virtual_stages=(1,), expert_parallel=(1,),
-                             vocab_sp=(NONE, SequenceParallel.ULYSSES)),
+                             vocab_sp=(NONE, SequenceParallel.ULYSSES), precisions=(Precision.BF16,)),
     }
     if name not in spaces:
         raise SpecError("target", f"unknown target {name!r}; choose from {', '.join(TARGETS)}")

@@ -15,7 +15,7 @@ from cost_models.listing import cluster_lines
 from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
 from runners.compare_views import (budget_line, check_precision, gpu_budget_gib, imported_vs_best, model_lines,
-                                   same_batch, write_report)
+                                   same_batch, with_precision, write_report)
 from runners.evaluators import EVALUATORS
 from planners.registry import CLUSTER_PLANNERS, available
 from runners.report import table
@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-length", type=count(1 << 24), help="train at this sequence length (default: the model's)")
     p.add_argument("--attention", choices=ATTENTION_KINDS, help="how attention is computed (default: the config's "
                    "attn_implementation, else flash for the families that ship it, eager for the rest)")
-    p.add_argument("--precision", default="bf16", help="training precision (only bf16 is modelled today)")
+    p.add_argument("--precision", help="every layer of every plan in this precision (bf16, fp8-delayed, fp8-current, "
+                   "mxfp8; fp8: the GPU's recipe), or search: the planners choose bf16 or FP8 per layer (default: "
+                   "each planner's space: bf16, FP8 in the full preset where the GPU has an FP8 peak)")
     p.add_argument("--same-batch", action="store_true", help="re-plan every planner of a budget at the global "
                    "batch of its best plan, so rows compare like for like")
     p.add_argument("--from", dest="source", nargs=2, metavar=("TARGET", "FILE"),
@@ -157,7 +159,8 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     output_dir(args.out, "--out")  # before the work, so a bad folder never costs a search
     return Grid(model=args.model, cluster=cluster, budgets=tuple(_budget(b, args) for b in budgets),
                 seq_length=args.seq_length, attention=args.attention, keep_plans=args.report is not None,
-                planners=names, options=parse_options(args.option, names), cost_model=args.cost_model,
+                planners=names, options=with_precision(parse_options(args.option, names), names, args.precision),
+                cost_model=args.cost_model,
                 cost_model_options=_cost_model_options(args),
                 evaluator=None if args.evaluate == "cost" else args.evaluate, out=args.out,
                 progress=not args.no_progress, workers=args.workers, ray_address=args.ray)

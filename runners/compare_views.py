@@ -4,23 +4,34 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from planners.base import Budget
 from runners.cells import Grid, grid_specs, run
 from planners.html import report_page
 from specs import Plan, SpecError, load_cluster, load_model, model_names
+from specs.precision import PRECISIONS
 from specs.files import atomic_write_text
 from specs.units import GIB
 
-PRECISIONS = ("bf16",)
-"""Training precisions the cost models, simulator and executor model (FP8 is not modelled yet)."""
+PRECISION_CHOICES = ("search", "fp8", *PRECISIONS)
+"""--precision: one precision for every layer of every plan (fp8: the GPU's recipe, MXFP8 on
+Blackwell, current scaling elsewhere), or search (the planners choose bf16 or FP8 per layer);
+none: each planner's own space (bf16, but the full preset's searches FP8 where the GPU has it)."""
 
 
-def check_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise SpecError("--precision", f"{precision!r} is not modelled; precisions today: {', '.join(PRECISIONS)}")
+def check_precision(precision: str | None) -> str | None:
+    if precision is not None and precision not in PRECISION_CHOICES:
+        raise SpecError("--precision", f"{precision!r} is not a choice; choose from {', '.join(PRECISION_CHOICES)}")
     return precision
+
+
+def with_precision(options: dict[str, dict[str, Any]], planners: Sequence[str],
+                   precision: str | None) -> dict[str, dict[str, Any]]:
+    """Every planner's options with ``precision`` (Planner.fix_precision), when one is given."""
+    if precision is None:
+        return options
+    return {**options, **{name: {**options.get(name, {}), "precision": precision} for name in planners}}
 
 
 def gpu_budget_gib(cluster: str) -> float:

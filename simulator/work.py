@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
-from cost_models import context, experts
+from cost_models import context, experts, fp8
+from cost_models.memory import WEIGHT_BYTES_PER_PARAM
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import sync_groups, ulysses_message_bytes
 from specs import ClusterSpec, CPLoadBalance, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid, stage_grid
+from specs.precision import Precision
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
@@ -209,7 +211,9 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     layer, s, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
     lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
     one = cm.layer_memory(layer, s, mbs, 1)
-    unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP, expert_dp_type=None), mbs, 1)
+    # the BF16 weights, unsharded: FP8 copies are not states to gather (fp8.weight_copy_bytes)
+    unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP, expert_dp_type=None,
+                                               precision=Precision.BF16), mbs, 1)
     # the recomputed forward rebuilds what the layer did not keep while its backward runs
     # (everything under full recomputation, the attention core under selective)
     full_act = 0.0
@@ -247,13 +251,14 @@ def _sync_parts(name: str, layer: LayerSpec, s: LayerStrategy, first_rank: int, 
     parameter bytes shared out by their parameter counts."""
     parts = experts.sync_parts(layer, s, first_rank, dp_groups)
     total = sum(p.params for p in parts) or 1.0
+    gather = fp8.gather_bytes_per_param(s.precision) / WEIGHT_BYTES_PER_PARAM  # FP8 layers gather FP8
     out = []
     for part, suffix in zip(parts, ("", " experts")):
         share = part.params / total
         synced = part.size > 1
         out.append(SyncWork(name=name + suffix, grad_bytes=unsharded.gradients_bytes * share if synced else 0.0,
                             dp_groups=_tuples(part.groups), dp_type=part.dp_type,
-                            gathered_bytes=unsharded.parameters_bytes * share
+                            gathered_bytes=unsharded.parameters_bytes * share * gather
                             if part.dp_type == DPType.ZERO3 and synced else 0.0))
     return tuple(out)
 

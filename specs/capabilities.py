@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 from specs.errors import SpecError
 from specs.axes import CPComm, CPLoadBalance
 from specs.plan import DPType, LayerStrategy, Plan, Recompute, Schedule, SequenceParallel
+from specs.precision import Precision
 
 if TYPE_CHECKING:
     from specs.model import LayerSpec, ModelSpec
@@ -31,6 +32,8 @@ class Capabilities:
     """A layer's expert split: ``off``, or ``ep<e>/etp<t>`` (any split when None)."""
     expert_dp_type: frozenset[str] | None = None
     """How a MoE layer's expert data-parallel group of more than one rank holds the experts."""
+    precision: frozenset[str] | None = None
+    """A layer's arithmetic (specs.precision.Precision values: bf16 or an FP8 recipe)."""
     schedule: frozenset[str] | None = None
     """The pipeline schedule (Schedule values)."""
     vocab_sp: frozenset[str] | None = None
@@ -58,6 +61,8 @@ class Capabilities:
 
 EVERYTHING = Capabilities()
 """A consumer that runs every value of every axis."""
+BF16_ONLY = frozenset({Precision.BF16})
+"""The ``precision`` of a consumer without FP8 (its kernels, tables or profiles are BF16)."""
 
 
 def _expert_split(spec: LayerSpec, s: LayerStrategy) -> str:
@@ -71,6 +76,7 @@ LAYER_AXES: dict[str, Callable[[LayerSpec, LayerStrategy], object]] = {
     "expert_parallel": _expert_split,
     "expert_dp_type": lambda spec, s: s.expert_dp_kind if spec.moe is not None and s.expert_dp > 1 else None,
     "cp_comm": lambda spec, s: s.cp_comm if s.cp > 1 else None,
+    "precision": lambda spec, s: s.precision,
 }
 """How each per-layer axis reads its value from a layer and its strategy."""
 PLAN_AXES: dict[str, Callable[[Plan], object]] = {
@@ -89,7 +95,8 @@ def refusal(who: str, where: str, axis: str, value: object, capabilities: Capabi
     return SpecError(f"{who} cannot run {where}", f"{axis} {value} (supported: {allowed})")
 
 
-_ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule, CPComm, CPLoadBalance) for v in enum]
+_ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule, CPComm, CPLoadBalance, Precision)
+               for v in enum]
 
 
 def _in_enum_order(value: str) -> tuple[int, str]:
@@ -115,5 +122,5 @@ def layer_supported(spec: LayerSpec, s: LayerStrategy, capabilities: Capabilitie
     return all(capabilities.supports(axis, read(spec, s)) for axis, read in LAYER_AXES.items())
 
 
-__all__ = ["Capabilities", "EVERYTHING", "OFF", "LAYER_AXES", "PLAN_AXES", "check_supported",
+__all__ = ["BF16_ONLY", "Capabilities", "EVERYTHING", "OFF", "LAYER_AXES", "PLAN_AXES", "check_supported",
            "layer_supported", "refusal"]

@@ -35,8 +35,11 @@ class GPUSpec:
     source: str = ""
     """Where the figures come from (data sheet, measurement); informational."""
     peak_fp8_tflops: float | None = None
-    """Dense FP8 tensor-core peak, TFLOP/s; None = not stated. Recorded for FP8 plans; the cost
-    models do not read it yet."""
+    """Dense FP8 tensor-core peak, TFLOP/s; None = not stated, and FP8 plans are refused on it.
+    The analytical model runs FP8 GEMMs at this peak (specs.precision)."""
+    mxfp8: bool = False
+    """Tensor cores that take MX block-scaled FP8 operands (one scale per 32 elements): Blackwell.
+    Plans in ``mxfp8`` need it."""
 
     def __post_init__(self) -> None:
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbytes_per_s"):
@@ -45,6 +48,10 @@ class GPUSpec:
         _link_times(self.memory_bandwidth_gbytes_per_s, 0.0, "gpu.memory_bandwidth_gbytes_per_s", "")
         if self.peak_fp8_tflops is not None:
             positive_number(self.peak_fp8_tflops, "gpu.peak_fp8_tflops")
+        if not isinstance(self.mxfp8, bool):
+            raise SpecError("gpu.mxfp8", f"must be true or false, got {self.mxfp8!r}")
+        if self.mxfp8 and self.peak_fp8_tflops is None:
+            raise SpecError("gpu.mxfp8", "true needs gpu.peak_fp8_tflops (MXFP8 GEMMs run at the FP8 peak)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -107,6 +107,8 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
         if s.has_expert_split:
             raise SpecError(f"layer {i}", f"{s.short()}: expert parallelism has no field in Galvatron's "
                             "dense plan files")
+        if s.precision.is_fp8:
+            raise SpecError(f"layer {i}", f"precision {s.precision} has no field in Galvatron files (BF16 only)")
     if plan.schedule not in _SCHEDULE_TO:
         raise SpecError("schedule", f"{plan.schedule} (virtual_stages {plan.virtual_stages}) has no field in "
                         "Galvatron files")

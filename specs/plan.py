@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
 from specs.files import atomic_write_text
+from specs.precision import Precision, fp8_recipe, gpu_refusal
+from specs.precision import precision as to_precision
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
 from specs.chunks import chunk_layout
 from specs.schedules import SCHEDULES, Schedule, schedule_entry, upgrade_schedule
@@ -82,6 +84,9 @@ class LayerStrategy:
     Megatron-Core's default). ``ep * expert_tp`` must divide the stage's GPUs."""
     expert_dp_type: DPType | None = None
     """How the expert data-parallel group holds the expert states; None = ``dp_type``."""
+    precision: Precision = Precision.BF16
+    """Arithmetic of the layer's linear layers (specs.precision): bf16 or an FP8 recipe. A plan
+    takes one FP8 recipe; some layers may stay in bf16 (often the first and last)."""
 
     def __post_init__(self) -> None:
         positive_int(self.tp, "tp")
@@ -100,6 +105,7 @@ class LayerStrategy:
         if self.expert_dp_type is not None:
             object.__setattr__(self, "expert_dp_type", DPType(one_of(self.expert_dp_type, DP_TYPES,
                                                                      "expert_dp_type")))
+        object.__setattr__(self, "precision", to_precision(self.precision))
 
     @cached_property
     def degrees(self) -> Degrees:
@@ -160,6 +166,8 @@ class LayerStrategy:
             if self.expert_dp_type is not None and self.expert_dp > 1:
                 expert += f" e:{self.expert_dp_kind}"
             parts.append(expert)
+        if self.precision.is_fp8:
+            parts.append(str(self.precision))
         return " ".join(parts)
 
 
@@ -339,6 +347,19 @@ class Plan:
                 start = i
         return " | ".join(parts)
 
+    @property
+    def precision(self) -> Precision:
+        """The plan's FP8 recipe (the one its FP8 layers use), or bf16 when no layer is FP8."""
+        return fp8_recipe(s.precision for s in self.layers)
+
+    def with_precision(self, value: str, bf16_ends: int = 0) -> "Plan":
+        """Every layer in ``value``, but the first and last ``bf16_ends`` layers kept in bf16
+        (Megatron's --first-last-layers-bf16 with --num-layers-at-start/end-in-bf16)."""
+        p, n = to_precision(value), len(self.layers)
+        layers = tuple(replace(s, precision=Precision.BF16 if i < bf16_ends or i >= n - bf16_ends else p)
+                       for i, s in enumerate(self.layers))
+        return replace(self, layers=layers)
+
     # -- validation -------------------------------------------------------------------
     def validate(self, model: Any, cluster: Any) -> None:
         """Raise SpecError naming the field and the numbers if the plan cannot run."""
@@ -354,6 +375,10 @@ class Plan:
             s.degrees.check(per_stage, f"layer {i}", stage_of[i])
             _check_layer(i, s, spec, self.global_batch, self.micro_batches)
         self._check_vocab(model, per_stage)
+        refused = gpu_refusal(self.precision, cluster.gpu)
+        if refused:
+            first = next(i for i, s in enumerate(self.layers) if s.precision == self.precision)
+            raise SpecError(f"layer {first}", refused)
 
     def _check_vocab(self, model: Any, per_stage: int) -> None:
         vtp = self.vocab_tp
@@ -446,7 +471,8 @@ def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
 def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, global_batch: int,
                  micro_batches: int = 1, dp_type: str = DPType.DDP, recompute: str = Recompute.NONE,
                  sp: str = SequenceParallel.NONE, schedule: str = Schedule.ONE_F_ONE_B, tp_consecutive: bool = True,
-                 ulysses: int = 1, cp: int = 1, cp_comm: str = "p2p", **meta: Any) -> Plan:
+                 ulysses: int = 1, cp: int = 1, cp_comm: str = "p2p", precision: str = Precision.BF16,
+                 **meta: Any) -> Plan:
     """Every layer the same strategy; layers split as evenly as possible over pp stages (over
     the chunks as Megatron lays them out, ``chunk_layout``, with virtual_stages > 1 in ``meta``)."""
     positive_int(pp, "pp")
@@ -457,7 +483,7 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, glob
         stage_layers, meta["chunk_layers"] = chunk_layout(num_layers, pp, meta["virtual_stages"], schedule)
     strategy = LayerStrategy(tp=tp, dp=dp, dp_type=dp_type if dp * cp > 1 else DPType.DDP,
                              tp_consecutive=tp_consecutive, recompute=recompute, sp=sp, ulysses=ulysses,
-                             cp=cp, cp_comm=cp_comm)
+                             cp=cp, cp_comm=cp_comm, precision=precision)
     return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,
                 global_batch=global_batch, micro_batches=micro_batches, schedule=schedule, **meta)
 

@@ -77,7 +77,9 @@ class GPUFile(BaseModel):
     source: str = ""
     """Where the figures come from (data sheet)."""
     peak_fp8_tflops: Positive | None = None
-    """Dense FP8 tensor-core peak, TFLOP/s (not read by the cost models yet)."""
+    """Dense FP8 tensor-core peak, TFLOP/s (FP8 plans run at it; none: refused)."""
+    mxfp8: bool = False
+    """Tensor cores with MX block-scaled FP8 (Blackwell)."""
 
 
 class IntraNodeFile(BaseModel):
@@ -159,6 +161,8 @@ class StrategyFile(BaseModel):
     ep: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     expert_tp: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
     expert_dp_type: Literal["ddp", "zero1", "zero2", "zero3"] | None = None
+    precision: Literal["bf16", "fp8-delayed", "fp8-current", "mxfp8"] = "bf16"
+    """specs.precision.Precision; files without it are bf16."""
 
 
 class PlanFile(BaseModel):

@@ -1,6 +1,7 @@
 """The never-fitted validation set of published runs: rows, conversions, what cannot be stated,
 and that it shares no run with the calibration data."""
 import csv
+from dataclasses import replace
 
 import pytest
 
@@ -32,11 +33,27 @@ def test_measured_time_and_flops_reproduce_the_sources_own_figures():
     assert llama.measured_iteration_s(big) == pytest.approx(2048 * 8192 / (per_gpu * 8192))
 
 
-def test_fp8_and_context_parallel_runs_cannot_be_stated_and_say_why():
+def test_fp8_runs_are_stated_and_context_parallel_runs_say_why_not():
     assert pr.cannot_state(_run("tt-h100-8b-fsdp8-eager")) == ""
-    assert pr.cannot_state(_run("tt-h200-8b-32gpu-fp8")) == "precision fp8-tensorwise not modelled yet"
+    fp8 = _run("tt-h200-8b-32gpu-fp8")  # torchao tensorwise = per-tensor current scaling
+    assert pr.cannot_state(fp8) == ""
+    assert {s.precision for s in pr.plan_for(fp8, load_model(fp8.model)).layers} == {"fp8-current"}
+    assert pr.cannot_state(replace(fp8, precision="fp8-rowwise")) == "precision fp8-rowwise not modelled yet"
     assert pr.cannot_state(_run("llama3-405b-16k-cp16")) == "context parallelism not modelled yet"
     assert pr.predict(_run("automodel-h100-llama3-70b")).reason == "context parallelism not modelled yet"
+    # the local batch of 32 as one micro-batch under pp 8: the row does not state the micro-batches
+    assert pr.predict(_run("tt-h100-405b-3d-1f1b-fp8")).reason.startswith("the row's plan: micro_batches")
+
+
+def test_bf16_and_fp8_runs_are_summarised_apart():
+    predictions = [pr.predict(r) for r in pr.load_runs() if r.gpus <= 128]
+    rows = {tuple(r[:3]): r for r in pr.group_rows(predictions)}
+    bf16, fp8, every = rows[("all", "bf16", "")], rows[("all", "fp8", "")], rows[("all", "", "")]
+    assert bf16[3] + fp8[3] == every[3] == len(predictions)
+    assert bf16[4] + fp8[4] == every[4] and fp8[4] > 0
+    pairs = {row[0]: row for row in pr.speedup_rows(predictions)}
+    run = pairs["tt-h100-405b-2d-fp8"]  # 177 / 109 tokens/s per GPU in the source
+    assert run[1] == "tt-h100-405b-2d" and run[2] == pytest.approx(177 / 109)
 
 
 def test_plan_follows_the_row():

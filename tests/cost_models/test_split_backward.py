@@ -6,7 +6,6 @@ import cost_models
 from cost_models.ops import backward_ops, forward_ops, is_weight_gradient
 from cost_models.profiled import WEIGHT_GRAD_SHARE, ProfiledModel
 from specs import LayerStrategy, load_cluster, load_model, uniform_plan
-from specs.profile_format import Profile
 from tests.cost_models.test_profiled import _profile_for
 
 

@@ -75,10 +75,16 @@ def test_default_budget_is_the_gpu_memory_with_the_reserve_shown(capsys):
     assert "budget per GPU: 80 GiB (16 GiB allocator reserve)" in out
 
 
-def test_precision_other_than_bf16_is_one_line(capsys):
-    assert compare.main(RUN + ["--precision", "fp8"]) == 2
+def test_precision_fixes_every_plan_and_bad_values_are_one_line(capsys):
+    assert compare.main(RUN + ["--precision", "fp4"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: --precision: 'fp8' is not modelled; precisions today: bf16"
+    assert err == "error: --precision: 'fp4' is not a choice; choose from search, fp8, bf16, fp8-delayed, fp8-current, mxfp8"
+    assert compare.main(RUN + ["--precision", "fp8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all("fp8-current" in r["plan_summary"] for r in rows if r["feasible"])
+    assert compare.main(["--model", "llama3-8b", "--cluster", "dgx-h100", "--planners", "zero3",
+                         "--global-batch", "8", "--no-progress", "--precision", "mxfp8"]) == 2
+    assert capsys.readouterr().err.startswith("error: precision: mxfp8 needs tensor cores with MX block scaling")
 
 
 def test_same_batch_puts_every_planner_at_one_batch(capsys):
