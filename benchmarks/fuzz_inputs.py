@@ -80,9 +80,9 @@ def plan_is_runnable(plan: Any, model: Any, world: int) -> bool:
             and sum(plan.stage_layers) == len(layers) and len(plan.stage_layers) == plan.pp
             and (plan.schedule != "1f1b" or plan.micro_batches >= plan.pp)
             and (plan.schedule != "interleaved_1f1b" or _interleavable(plan))
-            and all(s.tp * s.ulysses * s.dp == per_stage and spec.num_heads % s.tp == 0
+            and all(s.tp * s.ulysses * s.cp * s.dp == per_stage and spec.num_heads % s.tp == 0
                     and plan.global_batch % (s.dp * plan.micro_batches) == 0
-                    and (s.dp > 1 or s.dp_type == "ddp") for s, spec in zip(layers, model.layers)))
+                    and (s.dp * s.cp > 1 or s.dp_type == "ddp") for s, spec in zip(layers, model.layers)))
 
 
 def _interleavable(plan: Any) -> bool:
