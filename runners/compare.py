@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import cost_models
 from cost_models.listing import cluster_lines
+from cost_models.reserve import DEFAULT_RESERVE
 from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
 from runners.compare_views import (budget_line, check_precision, gpu_budget_gib, imported_vs_best, model_lines,
@@ -39,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the paper's comparison)")
     p.add_argument("--budget-gib", type=number(0.0, 1e6), nargs="+",
                    help="memory budgets per GPU, GiB (default: the GPU's memory with --cluster, the paper's "
-                   f"{' '.join(f'{b:g}' for b in DEFAULT_BUDGETS)} without; the allocator reserve is kept out)")
+                   f"{' '.join(f'{b:g}' for b in DEFAULT_BUDGETS)} without; the allocator reserve is kept out: "
+                   "--reserve-gib)")
     p.add_argument("--seq-length", type=count(1 << 24), help="train at this sequence length (default: the model's)")
     p.add_argument("--attention", choices=ATTENTION_KINDS, help="how attention is computed (default: the config's "
                    "attn_implementation, else flash for the families that ship it, eager for the rest)")
@@ -63,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="search the global batch over the powers of two in [LO, HI]")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="the cost model the planners minimise")
+    reserve = p.add_mutually_exclusive_group()
+    reserve.add_argument("--reserve-gib", type=number(0.0, 1e6, low_open=False),
+                         help="allocator reserve: keep this many GiB of every budget free (0: none); default "
+                         f"{DEFAULT_RESERVE.describe().replace('%', '%%')} (caching allocator and NCCL buffers; the 1 GiB CUDA "
+                         "context is counted apart)")
+    reserve.add_argument("--reserve-fraction", type=number(0.0, 0.99, low_open=False),
+                         help="allocator reserve: keep this share of every budget free instead")
     p.add_argument("--profile", help="for --cost-model profiled: a hybridpar profile file "
                    "(python -m executor.profile)")
     p.add_argument("--galvatron-dir", help="for --cost-model profiled: a folder of Galvatron's own "
@@ -123,14 +132,20 @@ def parse_options(items: Sequence[str], planners: Sequence[str]) -> dict[str, di
 
 
 def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Where the profiled model reads its numbers from (the analytical model takes none)."""
+    """The allocator reserve when given, and where the profiled model reads its numbers from."""
+    reserve = {k: v for k, v in (("reserve_gib", args.reserve_gib), ("reserve_fraction", args.reserve_fraction))
+               if v is not None}
     if args.cost_model != "profiled":
         if args.profile or args.galvatron_dir:
             raise SpecError("--profile", "--profile/--galvatron-dir need --cost-model profiled")
-        return {}
+        return reserve
     if args.galvatron_dir:
-        return {"galvatron_dir": args.galvatron_dir, "model": args.model}
-    return {"profile_path": args.profile} if args.profile else {}
+        return {"galvatron_dir": args.galvatron_dir, "model": args.model, **reserve}
+    return {"profile_path": args.profile, **reserve} if args.profile else reserve
+
+
+def _reserve_given(args: argparse.Namespace) -> bool:
+    return args.reserve_gib is not None or args.reserve_fraction is not None
 
 
 def _budget(gib: float, args: argparse.Namespace) -> Budget:
@@ -178,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(write_report(args.report, grid, records), file=sys.stderr)
     records = [{k: v for k, v in r.items() if k != "plan"} for r in records]
     print(dumps(records, indent=1) if args.json else table(records, grid.evaluator)
-          + ("" if grid.budgets == tuple(default_budget(b) for b in DEFAULT_BUDGETS) else "\n" + budget_line(grid)))
+          + ("" if grid.budgets == tuple(default_budget(b) for b in DEFAULT_BUDGETS) and not _reserve_given(args)
+             else "\n" + budget_line(grid)))
     return 0
 
 

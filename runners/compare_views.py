@@ -34,9 +34,10 @@ def reserve_gib(grid: Grid, budget_gib: float) -> float:
 
 
 def budget_line(grid: Grid) -> str:
-    """One line saying each budget and the reserve kept out of it."""
+    """One line saying each budget, the reserve kept out of it and the reserve's rule."""
     parts = [f"{b.memory_gib:g} GiB ({reserve_gib(grid, b.memory_gib):g} GiB allocator reserve)" for b in grid.budgets]
-    return "budget per GPU: " + ", ".join(parts)
+    rule = grid_specs(grid)[2].reserve.describe()
+    return f"budget per GPU: {', '.join(parts)}; reserve: {rule} (--reserve-gib, --reserve-fraction)"
 
 
 def same_batch(grid: Grid, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
