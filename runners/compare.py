@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
                    help="a planner option, e.g. galvatron.mode=exact (repeatable; VALUE is read as "
                    "int, float, true/false, else text)")
+    p.add_argument("--robust", action="store_true", help="every planner's objective=robust: the plan of least "
+                   "worst regret over perturbation scenarios of the cost model's constants (bandwidths, network and "
+                   "GEMM efficiency, collectives at scale), with its regret beside the nominal plan's; choose "
+                   "scenarios with --option PLANNER.scenarios=bw-20%%,net-eff-0.6")
     batch = p.add_mutually_exclusive_group()  # one silently overriding the other was a trap
     batch.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), help="fix the global batch (else it "
                        f"is searched: powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
@@ -131,6 +135,15 @@ def parse_options(items: Sequence[str], planners: Sequence[str]) -> dict[str, di
     return out
 
 
+def _with_objective(options: dict[str, dict[str, Any]], planners: Sequence[str], robust: bool
+                    ) -> dict[str, dict[str, Any]]:
+    """``--robust``: objective=robust for every planner (an explicit --option objective wins)."""
+    if robust:
+        for name in planners:
+            options.setdefault(name, {}).setdefault("objective", "robust")
+    return options
+
+
 def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The allocator reserve when given, and where the profiled model reads its numbers from."""
     reserve = {k: v for k, v in (("reserve_gib", args.reserve_gib), ("reserve_fraction", args.reserve_fraction))
@@ -166,7 +179,8 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     output_dir(args.out, "--out")  # before the work, so a bad folder never costs a search
     return Grid(model=args.model, cluster=cluster, budgets=tuple(_budget(b, args) for b in budgets),
                 seq_length=args.seq_length, attention=args.attention, keep_plans=args.report is not None,
-                planners=names, options=parse_options(args.option, names), cost_model=args.cost_model,
+                planners=names, options=_with_objective(parse_options(args.option, names), names, args.robust),
+                cost_model=args.cost_model,
                 cost_model_options=_cost_model_options(args),
                 evaluator=None if args.evaluate == "cost" else args.evaluate, out=args.out,
                 progress=not args.no_progress, workers=args.workers, ray_address=args.ray)
