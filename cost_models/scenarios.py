@@ -45,7 +45,7 @@ SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in (
     Scenario("net-eff-0.6", "network efficiency at most 0.6 (default 0.96: busbw on congested fabrics)",
              cap=(("network_efficiency", 0.6),)),
     Scenario("gemm-10%", "GEMM efficiency -10%", scale=(("gemm_efficiency_max", 0.9),)),
-    Scenario("at-scale", "collectives over more groups than data/ measures (at_scale_ranks) at 0.7 of the "
+    Scenario("at-scale", "collectives over groups of more ranks than data/ measures (at_scale_ranks) at 0.7 of the "
              "modelled bandwidth (an assumption: no measured run says how much is lost)",
              cap=(("at_scale_efficiency", 0.7),)),
 )}

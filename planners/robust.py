@@ -63,7 +63,10 @@ def objective(value: object) -> str:
 
 
 REGRET_TOL = 1e-9
-"""Regrets closer than this are equal (plans of the same time differ by rounding only)."""
+"""Regrets below this are 0 (plans of the same time differ by rounding only)."""
+CHOICE_TOL = 1e-3
+"""Worst regrets within 0.1% of the least count as equal: a difference that small is far inside
+the cost model's error band, so among them the nominal time decides."""
 
 
 def regrets(times: Sequence[Sequence[float]]) -> list[list[float]]:
@@ -76,10 +79,10 @@ def regrets(times: Sequence[Sequence[float]]) -> list[list[float]]:
 
 
 def robust_index(regret: Sequence[Sequence[float]]) -> int:
-    """The plan with the least worst regret; among plans within REGRET_TOL of it, the lowest
+    """The plan with the least worst regret; among plans within CHOICE_TOL of it, the lowest
     nominal (first) regret, then the earliest plan (the nominal objective's plan comes first)."""
     least = min(max(row) for row in regret)
-    near = [p for p, row in enumerate(regret) if max(row) <= least + REGRET_TOL]
+    near = [p for p, row in enumerate(regret) if max(row) <= least + CHOICE_TOL]
     return min(near, key=lambda p: (regret[p][0], p))
 
 

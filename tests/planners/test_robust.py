@@ -38,6 +38,7 @@ def test_regret_worked_by_hand():
     assert r[2] == pytest.approx([0.2, 1.6 / 1.5 - 1])
     assert robust_index(r) == 1  # worst regrets 1/3, 0.1, 0.2
     assert robust_index([[0.0, 0.1], [0.05, 0.1]]) == 0  # equal worst: the lower nominal regret
+    assert robust_index([[0.0, 0.1005], [0.002, 0.1]]) == 0  # 0.05% less worst regret: inside CHOICE_TOL
 
 
 def test_nominal_winner_that_loses_under_a_scenario_is_not_chosen():
