@@ -62,7 +62,7 @@ def notes(records: list[dict[str, Any]], evaluator: str | None, ties: bool) -> l
         lines.append("tie ~: within the cost model's 10th-90th percentile error of the budget's best")
     if any(r.get("regret_max") is not None for r in records):
         lines.append("regret: the plan's worst time per sample over the nominal model and its perturbation scenarios "
-                     "(cost_models/scenarios.py) above the best plan found for that scenario (its worst scenario in "
+                     "(cost_models/scenarios.py) above the best plan this planner found for that scenario (its worst scenario in "
                      "brackets); worst ms: its iteration time there; a 'nominal' row: the nominal objective's plan")
     batches = {r["global_batch"] for r in records if r["feasible"]}
     if len(batches) > 1:

@@ -122,3 +122,18 @@ def test_compare_robust_records_and_table(capsys):
     assert "regret" in out and "worst ms" in out and "nominal model and its perturbation scenarios" in out
     assert compare.main(args[:-1] + ["--json"]) == 0
     assert all(r["regret_max"] is None for r in json.loads(capsys.readouterr().out))
+
+
+def test_table_shows_the_nominal_plan_under_a_robust_one_that_differs():
+    from runners.report import table
+    rec = {"budget_gib": 80, "planner": "galvatron", "global_batch": 8, "feasible": True,
+           "throughput_samples_per_s": 10.0, "seq_length": 128, "tokens_per_s_per_gpu": 1.0, "tflops_per_gpu": 1.0,
+           "mfu": 0.5, "iteration_time_s": 0.8, "peak_memory_gib": 3.0, "search_time_s": 1.0, "plan_summary": "ROBUST",
+           "calibration": "", "regret_max": 0.05, "robust_time_s": 1.0, "worst_scenario": "net-eff-0.6",
+           "nominal_throughput_samples_per_s": 11.0, "nominal_iteration_time_s": 8 / 11, "nominal_regret_max": 0.3,
+           "nominal_plan_summary": "NOMINAL"}
+    lines = table([rec]).splitlines()
+    robust = next(line for line in lines if line.rstrip().endswith("ROBUST"))
+    nominal = next(line for line in lines if line.rstrip().endswith("NOMINAL"))
+    assert "5.0% (net-eff-0.6)" in robust and "1000" in robust
+    assert "galvatron nominal" in nominal and "30.0%" in nominal and " 11" in nominal
