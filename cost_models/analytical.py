@@ -84,6 +84,15 @@ class AnalyticalModel(CostModel):
         self._transition = Memo(self._compute_transition)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
 
+    def with_constants(self, constants: AnalyticalConstants) -> "AnalyticalModel":
+        """The same model (cluster, reserve, runtime overhead, expert imbalance, calibration
+        status) with other constants: a perturbed copy, with tables of its own."""
+        other = type(self)(self.cluster, constants=constants)
+        other._calibration_source = self._calibration_source
+        other.reserve, other.runtime_overhead_bytes = self.reserve, self.runtime_overhead_bytes
+        other.expert_imbalance = self.expert_imbalance
+        return other
+
     def error_band(self) -> tuple[float, float]:
         return self.constants.cv_error_p10, self.constants.cv_error_p90
 
@@ -290,11 +299,12 @@ class AnalyticalModel(CostModel):
         link = _ring_link(self.cluster, groups)
         bandwidth = self._effective_bandwidth(link.bandwidth_gbytes_per_s, link.crosses_nodes)
         alpha = link.latency_s * self._step_factor(link.crosses_nodes)
-        best = coll.ring_time_s(kind, p, nbytes, alpha, bandwidth)
+        at_scale = self.constants.at_scale_efficiency if p > self.constants.at_scale_ranks else 1.0
+        best = coll.ring_time_s(kind, p, nbytes, alpha, bandwidth * at_scale)
         if kind == "all_reduce":
-            best = min(best, coll.tree_allreduce_time_s(p, nbytes, alpha, bandwidth))
+            best = min(best, coll.tree_allreduce_time_s(p, nbytes, alpha, bandwidth * at_scale))
             if link.crosses_nodes:
-                best = min(best, self._hierarchical_s(nbytes, groups))
+                best = min(best, self._hierarchical_s(nbytes, groups, at_scale))
         return self.constants.collective_base_latency_s + best
 
     def all_to_all_time(self, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
@@ -317,9 +327,9 @@ class AnalyticalModel(CostModel):
         c = self.constants
         return gbytes_per_s * 1e9 * (c.network_efficiency if crosses_nodes else c.bus_efficiency)
 
-    def _hierarchical_s(self, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
+    def _hierarchical_s(self, nbytes: float, groups: tuple[tuple[int, ...], ...], at_scale: float = 1.0) -> float:
         """Only for groups that hold the same number g > 1 of ranks in each of their scale-up
-        domains (nodes, or NVLink racks)."""
+        domains (nodes, or NVLink racks); ``at_scale`` scales both levels' bandwidth."""
         cl = self.cluster
         per_node: list[list[list[int]]] = []
         for g in groups:
@@ -337,8 +347,8 @@ class AnalyticalModel(CostModel):
         return coll.hierarchical_allreduce_time_s(
             g, len(per_node[0]), nbytes, intra.latency_s * self._step_factor(False),
             inter.latency_s * self._step_factor(True),
-            self._effective_bandwidth(intra.bandwidth_gbytes_per_s, False),
-            self._effective_bandwidth(inter.bandwidth_gbytes_per_s, True))
+            self._effective_bandwidth(intra.bandwidth_gbytes_per_s, False) * at_scale,
+            self._effective_bandwidth(inter.bandwidth_gbytes_per_s, True) * at_scale)
 
     def p2p_time(self, nbytes: float, src: int, dst: int, senders: int = 1) -> float:
         """alpha + n / B, with B the share of the path the concurrent senders leave this one

@@ -24,15 +24,11 @@ from functools import lru_cache
 from typing import ClassVar, Sequence
 
 from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, stage_grid
+from cost_models.reserve import DEFAULT_RESERVE, AllocatorReserve
 from specs.capabilities import EVERYTHING, Capabilities, check_supported
 from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
-ALLOCATOR_RESERVE_FRACTION = 0.2
-"""Share of a budget kept free for PyTorch's caching allocator (cached, fragmented blocks)."""
-ALLOCATOR_RESERVE_ABOVE_GIB = 20
-"""Budgets of more than 20 GiB (floor) keep the reserve; smaller ones none. Galvatron's rule
-(hetu-galvatron 2.4.0, DpOnModel: mem_cache = int(0.2 * max_mem) when max_mem // 1024 > 20)."""
 PLAN_COST_CACHE = 1 << 14
 """Plans whose cost a cost model instance keeps (least recently used go first)."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -183,9 +179,9 @@ class CostModel(ABC):
     runtime_overhead_bytes: float = 1.0 * GIB
     """Per-GPU memory outside the model (CUDA context, allocator slack); set per instance."""
 
-    allocator_reserve: bool = True
-    """Keep the caching-allocator reserve (ALLOCATOR_RESERVE_FRACTION above ALLOCATOR_RESERVE_ABOVE_GIB)
-    out of every budget; set per instance (``cost_models.get(..., allocator_reserve=False)``)."""
+    reserve: AllocatorReserve = DEFAULT_RESERVE
+    """The allocator reserve kept out of every budget (cost_models/reserve.py); set per instance
+    (``cost_models.get(..., reserve_gib=4)``, ``reserve_fraction=0.1``, ``allocator_reserve=False``)."""
 
     expert_imbalance: float | None = None
     """Busiest expert-parallel rank's routed load over the even share; None = the default from
@@ -198,9 +194,7 @@ class CostModel(ABC):
     def allocator_reserve_bytes(self, budget_bytes: float) -> float:
         """Bytes of a ``budget_bytes`` budget a plan may not use: the allocator's cache (a budget term;
         plan_cost's peaks do not include it, planners take it off the budget)."""
-        if not self.allocator_reserve or budget_bytes // GIB <= ALLOCATOR_RESERVE_ABOVE_GIB:
-            return 0.0
-        return ALLOCATOR_RESERVE_FRACTION * budget_bytes
+        return self.reserve.bytes_of(budget_bytes)
 
     def layer_memory_in(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
                         in_flight: int, micro_batches: int) -> MemoryBreakdown:

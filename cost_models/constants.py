@@ -67,6 +67,13 @@ class AnalyticalConstants:
     network_efficiency: float = 0.96
     """The same across nodes: DGX-A100 inter-node all-reduce busbw ~192 GB/s over 8 x 25 GB/s
     HDR InfiniBand (formulas.md)."""
+    at_scale_efficiency: float = 1.0
+    """Achieved fraction of the modelled bandwidth in collectives over groups of more than
+    at_scale_ranks ranks (1: as modelled). No data says otherwise, so 1; the robust objective's
+    at-scale scenario lowers it (cost_models/scenarios.py)."""
+    at_scale_ranks: float = 128
+    """The largest collective group the measured runs in data/ cover: data-parallel (ZeRO-3 over
+    128 H100 in torchtitan's 8B run, dp 128 in Llama 3 405B on 16k GPUs); groups above it are at scale."""
     p2p_efficiency: float = 0.55
     """Achieved fraction of the link in one send/recv: Galvatron's measured 164 GB/s pipeline
     p2p on A100 NVLink (300 GB/s per direction)."""
@@ -98,7 +105,7 @@ class AnalyticalConstants:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value < 0:
                 raise SpecError(f"constants.{f.name}", f"must be a number >= 0, got {value!r}")
         for name in ("gemm_efficiency_max", "fp8_gemm_efficiency_max", "memory_efficiency", "bus_efficiency",
-                     "network_efficiency", "p2p_efficiency"):
+                     "network_efficiency", "p2p_efficiency", "at_scale_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise SpecError(f"constants.{name}", f"must be in (0, 1], got {value!r}")
@@ -128,7 +135,8 @@ class AnalyticalConstants:
 _UNIT_WORK = {"gemm_efficiency_max": (1.0, "1 s of peak-rate work"),
               "fp8_gemm_efficiency_max": (1.0, "1 s of peak-rate work"), "memory_efficiency": (1.0, "1 s of peak-rate work"),
               "bus_efficiency": (1.0, "1 s of link-rate work"), "network_efficiency": (1.0, "1 s of link-rate work"),
-              "p2p_efficiency": (1.0, "1 s of link-rate work"), "dp_overlap_fraction": (1.0, "1 s of overlap"),
+              "p2p_efficiency": (1.0, "1 s of link-rate work"), "at_scale_efficiency": (1.0, "1 s of link-rate work"),
+              "at_scale_ranks": (1e-6, "a 1 us step per rank"), "dp_overlap_fraction": (1.0, "1 s of overlap"),
               "gemm_half_efficiency_flops": (1e-15, "a GEMM's fixed cost at 1 PFLOP/s"),
               "optimizer_bytes_per_param": (1e-6, "1 M parameters' optimizer step at 1 TB/s"),
               "dp_bucket_bytes": (1e-12, "a bucket at 1 TB/s"), "step_latency_factor": (1e-6, "a 1 us hop"),

@@ -15,6 +15,7 @@ import numpy as np
 
 from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from cost_models.registry import register
+from cost_models.reserve import DEFAULT_ABOVE_GIB, DEFAULT_FRACTION, DEFAULT_RESERVE
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule, SequenceParallel, SpecError
 from specs.capabilities import BF16_ONLY, OFF, Capabilities, check_supported
 from specs.datasets import Dataset, data_path
@@ -27,9 +28,10 @@ CONTEXT_MB = 1024
 """pytorch_context_mem: CUDA context charged on every stage."""
 SHARD_BIAS = 0.003
 """Galvatron adds 0.003 to 1/d in every ZeRO ratio so that its prediction is not below measured."""
-RESERVE_ABOVE_MB = 20 * 1024
-"""Above 20 GB (max_mem // 1024 > 20) Galvatron keeps 20% of the budget for the caching allocator."""
-RESERVE_FRACTION = 0.2
+RESERVE_ABOVE_MB = int(DEFAULT_ABOVE_GIB) * 1024
+"""Above 20 GB (max_mem // 1024 > 20) Galvatron keeps 20% of the budget for the caching allocator
+(the default reserve, cost_models/reserve.py, is this rule in bytes)."""
+RESERVE_FRACTION = DEFAULT_FRACTION
 
 
 def allocator_reserve_mb(budget_mb: int) -> int:
@@ -445,8 +447,10 @@ class GalvatronModel(CostModel):
         self.vocab_sp, self.embed_sdp = bool(vocab_sp), bool(embed_sdp)
 
     def allocator_reserve_bytes(self, budget_bytes: float) -> float:
-        """Galvatron's own rule in whole MB (int(0.2 x budget) above 20 GB)."""
-        return allocator_reserve_mb(int(budget_bytes // MB)) * MB if self.allocator_reserve else 0.0
+        """Galvatron's own rule in whole MB (int(0.2 x budget) above 20 GB) unless another reserve is set."""
+        if self.reserve != DEFAULT_RESERVE:
+            return super().allocator_reserve_bytes(budget_bytes)
+        return allocator_reserve_mb(int(budget_bytes // MB)) * MB
 
     # -- whole plans ------------------------------------------------------------------------------
     def gplan(self, plan: Plan, strict: bool = True) -> GPlan:

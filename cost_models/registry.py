@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cost_models.reserve import reserve_from_options
 from specs import ClusterSpec
 from specs.registry import Registry
 
@@ -18,9 +19,12 @@ available = COST_MODELS.available
 
 
 def get(name: str, cluster: ClusterSpec, **options: Any):
-    """An instance of the cost model ``name`` for ``cluster``."""
-    reserve = options.pop("allocator_reserve", None)
+    """An instance of the cost model ``name`` for ``cluster``; every model also takes the allocator
+    reserve (cost_models.reserve.reserve_from_options: ``reserve_gib``, ``reserve_fraction``,
+    ``reserve`` or ``allocator_reserve=False``)."""
+    options = dict(options)
+    reserve = reserve_from_options(options)
     model = COST_MODELS.get(name)(cluster, **options)
-    if reserve is not None:  # a budget term every model has (CostModel.allocator_reserve)
-        model.allocator_reserve = bool(reserve)
+    if reserve is not None:  # a budget term every model has (CostModel.reserve)
+        model.reserve = reserve
     return model

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from cost_models import CostModel
+from planners.robust import RobustChoice, objective, robust_plans
 from specs import ClusterSpec, ModelSpec, Plan, SpecError
 from specs.limits import made_time
 from specs.units import GIB
@@ -135,6 +136,9 @@ class PlanResult:
     """Why nothing fits, or notes from the search."""
     bubble_fraction: float = 0.0
     """The cost model's share of the iteration a GPU spends outside per-micro-batch work."""
+    robust: RobustChoice | None = None
+    """Under objective=robust: the plans compared, each one's regret, and the nominal objective's
+    plan beside the one chosen (``plan``); None under the nominal objective."""
 
     def summary(self) -> str:
         """One line: throughput, time, peak memory, the schedule and its bubble (pipelines only), the plan."""
@@ -183,19 +187,42 @@ class Planner(ABC):
         Every planner takes ``memory_models``: more cost models whose memory a plan must also fit
         (time still from ``cost_model``; see cost_models.fits_all), and ``precision``
         (``fix_precision``). The budget a search sees is
-        ``budget`` less the cost model's allocator reserve (CostModel.allocator_reserve_bytes)."""
+        ``budget`` less the cost model's allocator reserve (CostModel.allocator_reserve_bytes).
+        Every planner also takes ``objective``: ``nominal`` (default) or ``robust``, the plan of
+        least worst regret over perturbation ``scenarios`` (a comma-separated list of
+        cost_models.scenarios names; default all) among its top plans and each scenario's own
+        best (planners/robust.py; ``PlanResult.robust`` says what it compared)."""
         start = time.perf_counter()
         options = dict(options or {})
         precision = options.pop("precision", None)
         if precision is not None:
             options = self.fix_precision(options, str(precision), cluster)
         others = tuple(options.pop("memory_models", ()) or ())
-        if others:
+        goal = objective(options.pop("objective", "nominal"))
+        scenarios = options.pop("scenarios", None)
+        if scenarios is not None and goal != "robust":
+            raise SpecError("scenarios", "scenarios are for objective=robust")
+        base, full_bytes = cost_model, budget.memory_bytes
+
+        def wrap(cm: CostModel) -> CostModel:
+            if not others:
+                return cm
             from cost_models.fits_all import FitsAll
-            cost_model = FitsAll(cost_model, others, budget.memory_bytes)
+            return FitsAll(cm, others, full_bytes)
+
+        cost_model = wrap(base)
         usable = budget.memory_bytes - cost_model.allocator_reserve_bytes(budget.memory_bytes)
         budget = replace(budget, memory_gib=usable / GIB)
-        result = self._search(model, cluster, budget, cost_model, options)
+        result = self._search(model, cluster, budget, cost_model, dict(options))
+        if goal == "robust" and result.feasible:
+            def search(cm: CostModel) -> tuple[Plan, ...]:
+                found = self._search(model, cluster, budget, cm, dict(options))
+                return (found.plan, *(k.plan for k in found.top_k)) if found.feasible else ()
+            choice = robust_plans(search, model, base, (result.plan, *(k.plan for k in result.top_k)),
+                                  scenarios, wrap)
+            stats = replace(result.stats, solver_status="robust", gap=None, bound_s=None)
+            result = replace(scored_result(self.name, cost_model, model, choice.chosen.plan, stats, result.top_k,
+                                           result.message), robust=choice)
         new_stats = replace(result.stats, wall_time_s=time.perf_counter() - start)
         return _replace_stats(result, new_stats)
 

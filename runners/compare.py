@@ -12,10 +12,11 @@ from typing import Any, Sequence
 import cost_models
 import frameworks
 from cost_models.listing import cluster_lines
+from cost_models.reserve import DEFAULT_RESERVE
 from planners.base import Budget
 from runners.cells import DEFAULT_BATCH_RANGE, DEFAULT_BUDGETS, DEFAULT_PLANNERS, Grid, default_budget, run
 from runners.compare_views import (budget_line, check_precision, gpu_budget_gib, imported_vs_best, model_lines,
-                                   same_batch, with_precision, write_report)
+                                   same_batch, option_for_all, write_report)
 from runners.evaluators import EVALUATORS
 from planners.registry import CLUSTER_PLANNERS, available
 from runners.report import table
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the paper's comparison)")
     p.add_argument("--budget-gib", type=number(0.0, 1e6), nargs="+",
                    help="memory budgets per GPU, GiB (default: the GPU's memory with --cluster, the paper's "
-                   f"{' '.join(f'{b:g}' for b in DEFAULT_BUDGETS)} without; the allocator reserve is kept out)")
+                   f"{' '.join(f'{b:g}' for b in DEFAULT_BUDGETS)} without; the allocator reserve is kept out: "
+                   "--reserve-gib)")
     p.add_argument("--seq-length", type=count(1 << 24), help="train at this sequence length (default: the model's)")
     p.add_argument("--attention", choices=ATTENTION_KINDS, help="how attention is computed (default: the config's "
                    "attn_implementation, else flash for the families that ship it, eager for the rest)")
@@ -64,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
                    help="a planner option, e.g. galvatron.mode=exact (repeatable; VALUE is read as "
                    "int, float, true/false, else text)")
+    p.add_argument("--robust", action="store_true", help="every planner's objective=robust: the plan of least "
+                   "worst regret over perturbation scenarios of the cost model's constants (bandwidths, network and "
+                   "GEMM efficiency, collectives at scale), with its regret beside the nominal plan's; choose "
+                   "scenarios with --option PLANNER.scenarios=bw-20%%,net-eff-0.6")
     batch = p.add_mutually_exclusive_group()  # one silently overriding the other was a trap
     batch.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), help="fix the global batch (else it "
                        f"is searched: powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
@@ -71,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="search the global batch over the powers of two in [LO, HI]")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="the cost model the planners minimise")
+    reserve = p.add_mutually_exclusive_group()
+    reserve.add_argument("--reserve-gib", type=number(0.0, 1e6, low_open=False),
+                         help="allocator reserve: keep this many GiB of every budget free (0: none); default "
+                         f"{DEFAULT_RESERVE.describe().replace('%', '%%')} (caching allocator and NCCL buffers; the 1 GiB CUDA "
+                         "context is counted apart)")
+    reserve.add_argument("--reserve-fraction", type=number(0.0, 0.99, low_open=False),
+                         help="allocator reserve: keep this share of every budget free instead")
     p.add_argument("--profile", help="for --cost-model profiled: a hybridpar profile file "
                    "(python -m executor.profile)")
     p.add_argument("--galvatron-dir", help="for --cost-model profiled: a folder of Galvatron's own "
@@ -130,15 +143,27 @@ def parse_options(items: Sequence[str], planners: Sequence[str]) -> dict[str, di
     return out
 
 
+def _planner_options(args: argparse.Namespace, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """--option per planner, then --precision and --robust for every planner."""
+    options = option_for_all(parse_options(args.option, names), names, "precision", args.precision)
+    return option_for_all(options, names, "objective", "robust" if args.robust else None)
+
+
 def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Where the profiled model reads its numbers from (the analytical model takes none)."""
+    """The allocator reserve when given, and where the profiled model reads its numbers from."""
+    reserve = {k: v for k, v in (("reserve_gib", args.reserve_gib), ("reserve_fraction", args.reserve_fraction))
+               if v is not None}
     if args.cost_model != "profiled":
         if args.profile or args.galvatron_dir:
             raise SpecError("--profile", "--profile/--galvatron-dir need --cost-model profiled")
-        return {}
+        return reserve
     if args.galvatron_dir:
-        return {"galvatron_dir": args.galvatron_dir, "model": args.model}
-    return {"profile_path": args.profile} if args.profile else {}
+        return {"galvatron_dir": args.galvatron_dir, "model": args.model, **reserve}
+    return {"profile_path": args.profile, **reserve} if args.profile else reserve
+
+
+def _reserve_given(args: argparse.Namespace) -> bool:
+    return args.reserve_gib is not None or args.reserve_fraction is not None
 
 
 def _budget(gib: float, args: argparse.Namespace) -> Budget:
@@ -159,7 +184,7 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     output_dir(args.out, "--out")  # before the work, so a bad folder never costs a search
     return Grid(model=args.model, cluster=cluster, budgets=tuple(_budget(b, args) for b in budgets),
                 seq_length=args.seq_length, attention=args.attention, keep_plans=args.report is not None,
-                planners=names, options=with_precision(parse_options(args.option, names), names, args.precision),
+                planners=names, options=_planner_options(args, names),
                 cost_model=args.cost_model,
                 cost_model_options=_cost_model_options(args),
                 evaluator=None if args.evaluate == "cost" else args.evaluate, out=args.out,
@@ -187,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(write_report(args.report, grid, records), file=sys.stderr)
     records = [{k: v for k, v in r.items() if k != "plan"} for r in records]
     print(dumps(records, indent=1) if args.json else table(records, grid.evaluator)
-          + ("" if grid.budgets == tuple(default_budget(b) for b in DEFAULT_BUDGETS) else "\n" + budget_line(grid)))
+          + ("" if grid.budgets == tuple(default_budget(b) for b in DEFAULT_BUDGETS) and not _reserve_given(args)
+             else "\n" + budget_line(grid)))
     return 0
 
 

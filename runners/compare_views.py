@@ -26,12 +26,13 @@ def check_precision(precision: str | None) -> str | None:
     return precision
 
 
-def with_precision(options: dict[str, dict[str, Any]], planners: Sequence[str],
-                   precision: str | None) -> dict[str, dict[str, Any]]:
-    """Every planner's options with ``precision`` (Planner.fix_precision), when one is given."""
-    if precision is None:
+def option_for_all(options: dict[str, dict[str, Any]], planners: Sequence[str], name: str,
+                   value: Any) -> dict[str, dict[str, Any]]:
+    """Every planner's options with ``name`` = ``value`` (a command-line flag such as --precision
+    or --robust), when one is given; a planner's own --option of that name wins."""
+    if value is None:
         return options
-    return {**options, **{name: {**options.get(name, {}), "precision": precision} for name in planners}}
+    return {**options, **{p: {name: value, **options.get(p, {})} for p in planners}}
 
 
 def gpu_budget_gib(cluster: str) -> float:
@@ -45,9 +46,10 @@ def reserve_gib(grid: Grid, budget_gib: float) -> float:
 
 
 def budget_line(grid: Grid) -> str:
-    """One line saying each budget and the reserve kept out of it."""
+    """One line saying each budget, the reserve kept out of it and the reserve's rule."""
     parts = [f"{b.memory_gib:g} GiB ({reserve_gib(grid, b.memory_gib):g} GiB allocator reserve)" for b in grid.budgets]
-    return "budget per GPU: " + ", ".join(parts)
+    rule = grid_specs(grid)[2].reserve.describe()
+    return f"budget per GPU: {', '.join(parts)}; reserve: {rule} (--reserve-gib, --reserve-fraction)"
 
 
 def same_batch(grid: Grid, records: list[dict[str, Any]]) -> list[dict[str, Any]]:

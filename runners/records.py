@@ -12,8 +12,12 @@ from specs.units import GIB
 COLUMNS = ("planner", "model", "cluster", "budget_gib", "seq_length", "global_batch", "feasible",
            "throughput_samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
-           "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file", "calibration")
-"""The columns every record has, in table order."""
+           "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file", "calibration",
+           "regret_max", "robust_time_s", "worst_scenario", "nominal_throughput_samples_per_s",
+           "nominal_iteration_time_s", "nominal_regret_max", "nominal_plan_summary")
+"""The columns every record has, in table order. The regret columns are None but under
+objective=robust (planners/robust.py): the plan's worst regret over the scenarios, its worst
+iteration time and that scenario; the nominal_* ones only where the nominal objective's plan differs."""
 EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
 MEMORY_NOTE = ("peak GiB (cost model): states + the activations of the micro-batches in flight + the largest "
                "temporary + runtime overhead, all counted at once; {e} peak GiB: the highest total the {e}'s "
@@ -47,8 +51,27 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget, model_s
         "solver_status": result.stats.solver_status, "gap": result.stats.gap, "bound_s": result.stats.bound_s,
         "states_explored": result.stats.states_explored,
         "tie": None, "plan_summary": plan.summary() if plan else _oom_text(result), "plan_file": None,
-        "calibration": calibration,
+        "calibration": calibration, **robust_fields(result),
     }
+
+
+def robust_fields(result: PlanResult) -> dict[str, Any]:
+    """The regret columns of a record (None without a robust choice; nominal_* None when the
+    robust plan is the nominal one)."""
+    choice = result.robust
+    if choice is None:
+        return dict.fromkeys(COLUMNS[COLUMNS.index("regret_max"):])
+    chosen, nominal = choice.chosen, choice.nominal
+    worst = max(range(len(choice.scenarios)), key=lambda s: chosen.regret[s])
+    out = {"regret_max": chosen.regret_max, "robust_time_s": chosen.worst_time_s,
+           "worst_scenario": choice.scenarios[worst] if chosen.regret_max > 0 else None}
+    differs = choice.differs
+    out["nominal_throughput_samples_per_s"] = (nominal.plan.global_batch / nominal.iteration_time_s[0]
+                                               if differs else None)
+    out["nominal_iteration_time_s"] = nominal.iteration_time_s[0] if differs else None
+    out["nominal_regret_max"] = nominal.regret_max if differs else None
+    out["nominal_plan_summary"] = nominal.plan.summary() if differs else None
+    return out
 
 
 def mark_ties(records: list[dict], band: tuple[float, float]) -> None:

@@ -20,13 +20,37 @@ def table(records: list[dict[str, Any]], evaluator: str | None = None) -> str:
     where the cost model's error band is known; notes under the table say what the figures count."""
     from tabulate import tabulate
     ties = any(r.get("tie") is not None for r in records)
+    robust = any(r.get("regret_max") is not None for r in records)
     head = (["GiB", "planner", "batch", "samples/s"] + ([f"{evaluator} samples/s"] if evaluator else [])
             + ["seq", "tok/s/GPU", "TFLOP/s/GPU", "MFU", "iter ms", "peak GiB"]
-            + ([f"{evaluator} peak GiB"] if evaluator else []) + ["search s"] + (["tie"] if ties else []) + ["plan"])
-    rows = [_row(r, evaluator, ties) for r in records]
+            + ([f"{evaluator} peak GiB"] if evaluator else []) + ["search s"] + (["tie"] if ties else [])
+            + (["regret", "worst ms"] if robust else []) + ["plan"])
+    rows = []
+    for r in records:
+        rows.append(_row(r, evaluator, ties) if not robust else _row(r, evaluator, ties)[:-1] + _regret(r)
+                    + [r["plan_summary"]])
+        if robust and r.get("nominal_plan_summary"):  # the nominal objective's plan, beside the robust one
+            rows.append(_nominal_row(r, len(head)))
     statuses = sorted({r["calibration"] for r in records if r.get("calibration")})
     return "\n".join([f"cost model constants: {s}" for s in statuses]
                      + [tabulate(rows, headers=head, tablefmt="simple"), *notes(records, evaluator, ties)])
+
+
+def _regret(r: dict[str, Any]) -> list:
+    if r.get("regret_max") is None:
+        return ["", ""]
+    worst = f" ({r['worst_scenario']})" if r.get("worst_scenario") else ""
+    return [f"{r['regret_max']:.1%}{worst}", f"{r['robust_time_s'] * 1e3:.1f}"]
+
+
+def _nominal_row(r: dict[str, Any], width: int) -> list:
+    """The nominal plan under its robust record: samples/s, iteration time, regret, plan."""
+    row = [""] * width
+    batch = round(r["nominal_throughput_samples_per_s"] * r["nominal_iteration_time_s"])
+    row[1], row[2] = f"{r['planner']} nominal", batch
+    row[3] = f"{r['nominal_throughput_samples_per_s']:.2f}"
+    row[-1], row[-3] = r["nominal_plan_summary"], f"{r['nominal_regret_max']:.1%}"
+    return row
 
 
 def notes(records: list[dict[str, Any]], evaluator: str | None, ties: bool) -> list[str]:
@@ -36,6 +60,10 @@ def notes(records: list[dict[str, Any]], evaluator: str | None, ties: bool) -> l
         lines.append("memory: " + MEMORY_NOTE.format(e=evaluator))
     if ties:
         lines.append("tie ~: within the cost model's 10th-90th percentile error of the budget's best")
+    if any(r.get("regret_max") is not None for r in records):
+        lines.append("regret: the plan's worst time per sample over the nominal model and its perturbation scenarios "
+                     "(cost_models/scenarios.py) above the best plan this planner found for that scenario (its worst scenario in "
+                     "brackets); worst ms: its iteration time there; a 'nominal' row: the nominal objective's plan")
     batches = {r["global_batch"] for r in records if r["feasible"]}
     if len(batches) > 1:
         lines.append(f"batch: planners chose global batches {min(batches)}..{max(batches)}; "
