@@ -19,6 +19,7 @@ import numpy as np
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.outer import (
+    GAP_RTOL,
     OuterState,
     finish,
     lower_bound_s,
@@ -35,7 +36,7 @@ from specs.units import MIB
 
 DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0,
-            "prove_candidates": 2_000_000}
+            "prove_candidates": 2_000_000, "precision_per": "plan"}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
 distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper). time_limit_s: bounds
@@ -49,7 +50,10 @@ groups whose bound leaves a gap (lowest bound first, the best plan as cut), coun
 handed to its Pareto pruning (about 1 us each on a 2-core machine): each group it finishes is
 proven (its optimum, or that nothing in it beats the best) and may give a better plan; work, not
 seconds, so that a call returns the same plan and gap on every machine (0: no proof; ignored with
-memory_granularity_mib or max_temp_levels, where the DP is inexact)."""
+memory_granularity_mib or max_temp_levels, where the DP is inexact). precision_per: ``plan``
+searches each of the space's precisions for every layer and keeps the best plan (Megatron-Core and
+Transformer Engine run one recipe for the whole model; the DP's strategies stay as many as in BF16);
+``layer`` lets each layer choose (twice the strategies: exact, much slower on large models)."""
 
 
 def resolve_space(space: Any, cost_model: CostModel | None = None) -> SearchSpace:
@@ -73,8 +77,13 @@ class GalvatronPlanner(Planner):
 
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                 options: dict[str, Any]) -> PlanResult:
+        given = dict(options)
         opts = pop_options(options, self.defaults, self.name)
         space = resolve_space(opts["space"], cost_model)
+        if opts["precision_per"] not in ("plan", "layer"):
+            raise SpecError("precision_per", f"must be plan or layer, got {opts['precision_per']!r}")
+        if opts["precision_per"] == "plan" and len(space.precisions) > 1:
+            return self._per_precision(model, cluster, budget, cost_model, given, space, opts)
         if opts["mode"] not in ("fast", "exact"):
             raise SpecError("mode", f"must be fast or exact, got {opts['mode']!r}")
         if opts["partition"] not in ("search", "even"):
@@ -168,6 +177,58 @@ class GalvatronPlanner(Planner):
         result = finish(self.name, model, cost_model, state, tables, budget.memory_bytes, int(opts["top_k"]),
                         status, gap)
         return replace(result, stats=replace(result.stats, bound_s=bound_s))
+
+
+    def _per_precision(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+                       given: dict[str, Any], space: SearchSpace, opts: dict[str, Any]) -> PlanResult:
+        """precision_per=plan: one search per precision of ``space`` (every layer in it), the best
+        kept; a time limit covers them all (a search that has no time left is not started)."""
+        limit = opts["time_limit_s"]
+        deadline = None if limit is None else time.monotonic() + time_limit(limit)
+        results, timed_out = [], False
+        for p in space.precisions:
+            sub = {**given, "space": replace(space, precisions=(p,)), "precision_per": "layer"}
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 and results:
+                    timed_out = True
+                    break
+                sub["time_limit_s"] = max(left, 1e-3)
+            results.append(self._search(model, cluster, budget, cost_model, sub))
+        return _union(self.name, results, int(opts["top_k"]), timed_out)
+
+def _union(name: str, results: list[PlanResult], top_k: int, timed_out: bool) -> PlanResult:
+    """The best of searches over disjoint spaces: its plan, the union's top plans, the work of all,
+    and the gap against the highest throughput bound of any (an infeasible search bounds its
+    space at 0; one without a bound leaves the union without one)."""
+    best = max(results, key=lambda r: (r.feasible, r.throughput_samples_per_s))
+    uppers = []
+    for r in results:
+        if r.feasible and r.stats.gap is not None:
+            uppers.append(r.throughput_samples_per_s / (1.0 - r.stats.gap) if r.stats.gap < 1 else np.inf)
+        elif not r.feasible and r.stats.solver_status == "infeasible":
+            uppers.append(0.0)
+        else:
+            uppers.append(None)
+    work = {k: sum(getattr(r.stats, k) for r in results)
+            for k in ("wall_time_s", "states_explored", "candidates", "pruned", "tables_s", "groups_s", "proof_s")}
+    if not best.feasible:
+        status = "time_limit" if timed_out or any(r.stats.solver_status == "time_limit" for r in results) \
+            else "infeasible"
+        floors = [r.min_memory_gib for r in results if r.min_memory_gib is not None]
+        return replace(best, planner=name, min_memory_gib=min(floors) if floors else None,
+                       stats=replace(best.stats, solver_status=status, **work))
+    gap = bound_s = None
+    if None not in uppers:
+        upper = max(max(uppers), best.throughput_samples_per_s)
+        gap = 1.0 - best.throughput_samples_per_s / upper
+        gap, bound_s = (0.0 if gap <= GAP_RTOL else gap), best.plan.global_batch / upper
+    stopped = timed_out or any(r.stats.solver_status == "time_limit" for r in results)
+    status = "time_limit" if stopped else "optimal" if gap == 0.0 and all(
+        r.stats.solver_status in ("optimal", "infeasible") for r in results) else "heuristic"
+    top = tuple(sorted((k for r in results for k in r.top_k), key=lambda k: -k.throughput_samples_per_s))[:top_k]
+    return replace(best, planner=name, top_k=top,
+                   stats=replace(best.stats, solver_status=status, gap=gap, bound_s=bound_s, **work))
 
 
 def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,

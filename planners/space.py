@@ -35,9 +35,10 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
 CP_DEGREES = (1, 2, 4, 8, 16, 32)
 """Context-parallel degrees of the full preset: published long-context runs use 2-32
 (Llama 3's 128k stage: 16)."""
-CP_MIN_TOKENS = 1024
+CP_MIN_TOKENS = 4096
 """Tokens a cp rank keeps at least (SearchSpace.cp_min_tokens): smaller blocks leave each ring
-step latency-bound, and no published run splits sequences that fine."""
+step latency-bound, and no published run splits sequences finer (Llama 3's 128k stage keeps 8192
+per rank; the 8192-token runs use no cp): cp 2 at 8192 tokens, up to 32 at 131072."""
 
 
 class VocabChoice(NamedTuple):
@@ -118,8 +119,10 @@ class SearchSpace:
     """cp degrees are tried only where each rank keeps at least this many tokens of the model's
     sequence (seq_len / cp >= it): below, a ring step's block is latency-bound."""
     precisions: tuple[str, ...] = (Precision.BF16,)
-    """Per-layer precisions (specs.precision): bf16 and at most one FP8 recipe (a plan runs one);
-    the planners drop what the cluster's GPU cannot run (``for_gpu``)."""
+    """Precisions (specs.precision): bf16 and at most one FP8 recipe (a plan runs one); the
+    planners drop what the cluster's GPU cannot run (``for_gpu``). Every preset is bf16: FP8 is
+    searched when asked (``--precision search``, ``with_precision``), as the FP8 speed-up is the
+    least validated term (over-predicted on the published pairs) and its searches are the slowest."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches", "cp_min_tokens"):
@@ -182,8 +185,7 @@ class SearchSpace:
         full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
                        micro_batch_degrees="divisors", expert_tp=(0, 1), cp=CP_DEGREES,
-                       uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V),
-                       precisions=(Precision.BF16, Precision.FP8_CURRENT))
+                       uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V))
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
         # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
         # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach)

@@ -375,7 +375,7 @@ class Plan:
             s.degrees.check(per_stage, f"layer {i}", stage_of[i])
             _check_layer(i, s, spec, self.global_batch, self.micro_batches)
         self._check_vocab(model, per_stage)
-        refused = gpu_refusal(self.precision, cluster.gpu)
+        refused = gpu_refusal(self.precision, cluster.gpu) if self.precision.is_fp8 else None
         if refused:
             first = next(i for i, s in enumerate(self.layers) if s.precision == self.precision)
             raise SpecError(f"layer {first}", refused)

@@ -45,8 +45,8 @@ def llama():
 
 def test_the_planner_chooses_fp8_where_it_pays(llama):
     cm, budget = cost_models.get("analytical", H100), Budget(memory_gib=80, global_batch=32)
-    bf16 = get("galvatron").plan(llama, H100, budget, cm, {})
-    searched = get("galvatron").plan(llama, H100, budget, cm, {"precision": "search"})
+    bf16 = get("galvatron").plan(llama, H100, budget, cm, {"precision": "bf16"})
+    searched = get("galvatron").plan(llama, H100, budget, cm, {})  # the full space searches FP8 on H100
     assert all(s.precision == "bf16" for s in bf16.plan.layers)
     assert searched.plan.precision == "fp8-current"
     assert searched.iteration_time_s < bf16.iteration_time_s
