@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=ATTENTION_KINDS, help="how attention is computed (default: the config's "
                    "attn_implementation, else flash for the families that ship it, eager for the rest)")
     p.add_argument("--precision", help="every layer of every plan in this precision (bf16, fp8-delayed, fp8-current, "
-                   "mxfp8; fp8: the GPU's recipe), or search: the planners choose bf16 or FP8 per layer (default: "
-                   "each planner's space: bf16, FP8 in the full preset where the GPU has an FP8 peak)")
+                   "mxfp8; fp8: the GPU's recipe), or search: the planners try bf16 and the GPU's FP8 recipe (galvatron: "
+                   "one search per precision, the best plan kept; baselines: their grid in each; default: bf16)")
     p.add_argument("--same-batch", action="store_true", help="re-plan every planner of a budget at the global "
                    "batch of its best plan, so rows compare like for like")
     p.add_argument("--from", dest="source", nargs=2, metavar=("TARGET", "FILE"),

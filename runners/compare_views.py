@@ -16,8 +16,8 @@ from specs.units import GIB
 
 PRECISION_CHOICES = ("search", "fp8", *PRECISIONS)
 """--precision: one precision for every layer of every plan (fp8: the GPU's recipe, MXFP8 on
-Blackwell, current scaling elsewhere), or search (the planners choose bf16 or FP8 per layer);
-none: each planner's own space (bf16, but the full preset's searches FP8 where the GPU has it)."""
+Blackwell, current scaling elsewhere), or search (the planners try bf16 and that recipe: galvatron
+per plan by default, ``precision_per``); none: each planner's own space, bf16."""
 
 
 def check_precision(precision: str | None) -> str | None:

@@ -25,8 +25,9 @@ def test_the_full_space_enumerates_cp_beside_tp_and_ulysses():
     assert {s.cp for s in SearchSpace.preset("classic").stage_strategies(16)} == {1}
     with_ag = replace(space, cp_comm=("p2p", "all_gather", "a2a+p2p"))
     assert (2, 1, 4, 2, "all_gather") in {(s.tp, s.ulysses, s.cp, s.dp, s.cp_comm) for s in with_ag.stage_strategies(16)}
-    # ranks keep >= 1024 tokens: at 4096 tokens cp 2 and 4, at 131072 all of 1..32
-    assert space.cp_choices(4096) == [1, 2, 4] and space.cp_choices(131072) == [1, 2, 4, 8, 16, 32]
+    # ranks keep >= 4096 tokens: none at 4096 tokens, cp 2 at 8192, all of 1..32 at 131072
+    assert space.cp_choices(4096) == [1] and space.cp_choices(8192) == [1, 2]
+    assert space.cp_choices(131072) == [1, 2, 4, 8, 16, 32]
 
 
 def test_layer_allows_needs_2_cp_chunks():
