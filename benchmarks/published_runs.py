@@ -104,8 +104,6 @@ def cannot_state(run: PublishedRun) -> str:
     reasons = []
     if run.precision not in RUN_PRECISIONS:
         reasons.append(f"precision {run.precision} not modelled yet")
-    if run.cp > 1:
-        reasons.append("context parallelism not modelled yet")
     if run.tp * run.pp * run.dp * run.cp != run.gpus:
         reasons.append(f"tp*pp*dp*cp = {run.tp * run.pp * run.dp * run.cp} != {run.gpus} GPUs")
     return "; ".join(reasons)
@@ -126,7 +124,7 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
     shard the output layer over tp, and FSDP shards the embedding)."""
     every_2nd = run.recompute == "full-every-2nd"
-    plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, global_batch=run.global_batch,
+    plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, global_batch=run.global_batch,
                         micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
                         recompute=Recompute.NONE if every_2nd else run.recompute)
     layers = plan.layers

@@ -13,15 +13,15 @@ from specs import SpecError, load_cluster, load_model
 H100, A100, B200 = (load_cluster(n) for n in ("dgx-h100", "dgx-a100-80g", "dgx-b200"))
 
 
-def test_classic_presets_are_bf16_and_full_searches_fp8_where_the_gpu_has_it():
+def test_presets_are_bf16_and_fp8_is_searched_on_request():
     assert SearchSpace().precisions == ("bf16",) and SearchSpace.preset("classic").precisions == ("bf16",)
-    full = SearchSpace.preset("full")
-    assert full.precisions == ("bf16", "fp8-current")
-    assert full.for_gpu(A100.gpu).precisions == ("bf16",) and full.for_gpu(H100.gpu) is full
+    assert SearchSpace.preset("full").precisions == ("bf16",)
+    searched = SearchSpace.preset("full").with_precision("search", H100.gpu)
+    assert searched.precisions == ("bf16", "fp8-current")
+    assert searched.for_gpu(A100.gpu).precisions == ("bf16",) and searched.for_gpu(H100.gpu) is searched
     galvatron = cost_models.get("galvatron", A100).capabilities
-    assert full.within(galvatron).precisions == ("bf16",)
-    strategies = full.stage_strategies(8)
-    assert len(strategies) == 2 * len(full.for_gpu(A100.gpu).stage_strategies(8))
+    assert searched.within(galvatron).precisions == ("bf16",)
+    assert len(searched.stage_strategies(8)) == 2 * len(SearchSpace.preset("full").stage_strategies(8))
 
 
 def test_with_precision_search_fixed_and_refused():
@@ -45,11 +45,16 @@ def llama():
 
 def test_the_planner_chooses_fp8_where_it_pays(llama):
     cm, budget = cost_models.get("analytical", H100), Budget(memory_gib=80, global_batch=32)
-    bf16 = get("galvatron").plan(llama, H100, budget, cm, {"precision": "bf16"})
-    searched = get("galvatron").plan(llama, H100, budget, cm, {})  # the full space searches FP8 on H100
+    bf16 = get("galvatron").plan(llama, H100, budget, cm, {})  # every preset is BF16
+    searched = get("galvatron").plan(llama, H100, budget, cm, {"precision": "search"})
     assert all(s.precision == "bf16" for s in bf16.plan.layers)
-    assert searched.plan.precision == "fp8-current"
+    assert {s.precision for s in searched.plan.layers} == {"fp8-current"}  # one search per precision
     assert searched.iteration_time_s < bf16.iteration_time_s
+    # the union counts both searches' work; its top plans are the best of both, best first
+    assert searched.stats.states_explored > bf16.stats.states_explored
+    thr = [k.throughput_samples_per_s for k in searched.top_k]
+    assert thr == sorted(thr, reverse=True) and thr[0] == pytest.approx(searched.throughput_samples_per_s)
+    assert thr[-1] > bf16.throughput_samples_per_s  # here the top 3 are all FP8
     fixed = get("megatron_3d").plan(llama, H100, budget, cm, {"precision": "fp8-delayed"})
     assert {s.precision for s in fixed.plan.layers} == {"fp8-delayed"}
 
