@@ -34,6 +34,7 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     """``base`` (default: the full preset) restricted to what framework ``name`` runs."""
     base = base or SearchSpace.preset("full")
     common = dict(tp_consecutive=(True,), vocab_zero3=(False,), precisions=(Precision.BF16,))  # exports are BF16
+    no_cp = dict(cp=(1,))  # only the Megatron files carry context parallelism
     spaces = {
         "none": base,
         # DDP or the distributed optimizer; every recompute; Megatron-SP; interleaving; ep with etp
@@ -42,15 +43,15 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
         # DDP or FSDP2 (zero3; zero2 = reshard_after_forward never); full AC or none; TP with or
         # without sequence parallelism; interleaving; ep with whole experts
         "torchtitan": replace(base, dp_types=(DPType.DDP, DPType.ZERO2, DPType.ZERO3), sp=(NONE, MEGATRON_SP),
-                              recompute=(Recompute.NONE, Recompute.FULL), vocab_sp=(NONE, MEGATRON_SP), **common),
+                              recompute=(Recompute.NONE, Recompute.FULL), vocab_sp=(NONE, MEGATRON_SP), **common, **no_cp),
         # ZeRO 0-3 (0-1 under its pipeline engine, checked on export); full checkpointing or none;
         # Megatron-SP and Ulysses; no interleaving, no expert parallelism
         "deepspeed": replace(base, sp=tuple(SequenceParallel), recompute=(Recompute.NONE, Recompute.FULL),
-                             virtual_stages=(1,), expert_parallel=(1,), **common),
+                             virtual_stages=(1,), expert_parallel=(1,), **common, **no_cp),
         # per-layer tp/Ulysses, ZeRO flavours, full checkpointing; no ZeRO-1, Megatron-SP, interleaving, ep
         "galvatron": replace(base, dp_types=(DPType.DDP, DPType.ZERO2, DPType.ZERO3), sp=(NONE, SequenceParallel.ULYSSES),
                              recompute=(Recompute.NONE, Recompute.FULL), virtual_stages=(1,), expert_parallel=(1,),
-                             vocab_sp=(NONE, SequenceParallel.ULYSSES), precisions=(Precision.BF16,)),
+                             vocab_sp=(NONE, SequenceParallel.ULYSSES), precisions=(Precision.BF16,), **no_cp),
     }
     if name not in spaces:
         raise SpecError("target", f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
