@@ -231,6 +231,8 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
                         "in hybridpar's plan (one data-parallel flavour over the whole dp group)")
     dp = replicate * shard
     reshard = par.get("fsdp_reshard_after_forward", "default")
+    if not isinstance(reshard, str) or reshard not in ("default", "always", "never"):
+        raise SpecError("parallelism.fsdp_reshard_after_forward", f"expected default, always or never, got {reshard!r}")
     dp_type = DPType.DDP if shard == 1 else {"always": DPType.ZERO3, "never": DPType.ZERO2}.get(
         reshard, DPType.ZERO2 if pp > 1 else DPType.ZERO3)  # default: no resharding under pp
     local = _get(training, "local_batch_size", 8, "training")
