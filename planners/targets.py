@@ -118,8 +118,9 @@ class TargetPlanner(Planner):
         if target in UNIFORM:
             return _best_uniform(self.name, target, model, cluster, budget, cost_model, space, int(opts["top_k"]))
         families = GALVATRON_FAMILIES if target == "galvatron" else (space.dp_types,)
-        results = [GalvatronPlanner().plan(model, cluster, budget, cost_model,
-                                           {**opts["galvatron"], "space": replace(space, dp_types=f)})
+        # _search, not plan: ``budget`` is already less the allocator reserve (plan would take it twice)
+        results = [GalvatronPlanner()._search(model, cluster, budget, cost_model,
+                                              {**opts["galvatron"], "space": replace(space, dp_types=f)})
                    for f in families]
         best = max(results, key=lambda r: (r.feasible, r.throughput_samples_per_s))
         if not best.feasible:

@@ -53,6 +53,13 @@ def test_restricted_best_is_at_most_the_exact_unrestricted_optimum(results, cost
         assert r.peak_memory_gib <= BUDGET.memory_gib
 
 
+def test_target_none_is_the_galvatron_planner_under_the_same_budget(results, cost_model):
+    """The allocator reserve comes off the budget once: target none finds galvatron's plan."""
+    alone = get("galvatron").plan(MODEL, CLUSTER, BUDGET, cost_model)
+    assert results["none"].throughput_samples_per_s == pytest.approx(alone.throughput_samples_per_s, rel=1e-12)
+    assert results["none"].peak_memory_gib == pytest.approx(alone.peak_memory_gib, rel=1e-12)
+
+
 def test_uniform_targets_search_every_launchable_uniform_plan(cost_model):
     plans = list(uniform_plans("deepspeed", MODEL, CLUSTER, 16, target_space("deepspeed")))
     assert plans and all(len(set(p.layers)) == 1 for p in plans)
