@@ -53,11 +53,22 @@ def test_restricted_best_is_at_most_the_exact_unrestricted_optimum(results, cost
         assert r.peak_memory_gib <= BUDGET.memory_gib
 
 
-def test_target_none_is_the_galvatron_planner_under_the_same_budget(results, cost_model):
-    """The allocator reserve comes off the budget once: target none finds galvatron's plan."""
-    alone = get("galvatron").plan(MODEL, CLUSTER, BUDGET, cost_model)
-    assert results["none"].throughput_samples_per_s == pytest.approx(alone.throughput_samples_per_s, rel=1e-12)
-    assert results["none"].peak_memory_gib == pytest.approx(alone.peak_memory_gib, rel=1e-12)
+def test_the_dp_targets_search_the_budget_less_one_reserve(cost_model, monkeypatch):
+    """The allocator reserve comes off the budget once: targets none and galvatron hand the DP
+    what galvatron alone would search (80 GiB less 20%: 64 GiB), not that less 20% again."""
+    from planners.galvatron import GalvatronPlanner
+    seen, search = [], GalvatronPlanner._search
+
+    def spy(self, model, cluster, budget, cm, options):
+        seen.append(budget.memory_gib)
+        return search(self, model, cluster, budget, cm, options)
+
+    monkeypatch.setattr(GalvatronPlanner, "_search", spy)
+    budget = Budget(memory_gib=80, global_batch=16)
+    for target in ("none", "galvatron"):
+        plan_for_target(target, MODEL, CLUSTER, budget, cost_model)
+    get("galvatron").plan(MODEL, CLUSTER, budget, cost_model)
+    assert seen and all(gib == pytest.approx(64.0) for gib in seen), seen
 
 
 def test_uniform_targets_search_every_launchable_uniform_plan(cost_model):
