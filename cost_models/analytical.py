@@ -177,9 +177,10 @@ class AnalyticalModel(CostModel):
                                              experts.compute_split(layer, strategy, self.expert_imbalance),
                                              strategy.cp, strategy.precision)
         forward_s = self._launch_bound(fwd, pass_comm_s)
-        backward_s = self._launch_bound(bwd, pass_comm_s) + self.recompute_time(layer, strategy, mbs, pass_comm_s)
+        own_backward_s = self._launch_bound(bwd, pass_comm_s)
+        backward_s = own_backward_s + self.recompute_time(layer, strategy, mbs, pass_comm_s)
         # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
-        weight_grad_s = self._launch_bound(bwd, pass_comm_s) * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
+        weight_grad_s = own_backward_s * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
         # dense part over dp; with an expert split the routed experts over their expert-dp groups
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
         gather = fp8.gather_bytes_per_param(strategy.precision)

@@ -4,6 +4,7 @@ FP8 parameter all-gather of ZeRO-3. Attention, norms and TP collectives stay BF1
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from cost_models.ops import ELEMENT_BYTES, Op
 from specs import DPType, LayerSpec
@@ -43,22 +44,25 @@ def _fp8_gemm(op: Op, p: Precision, operands: tuple[float, float], output: float
     return replace(op, fp8=True, nbytes=element_bytes(p) * sum(operands) + ELEMENT_BYTES * output)
 
 
+def _per_linear(ops: list[Op], p: Precision, fp8: Callable[[Op, float, float, float], list[Op]]) -> list[Op]:
+    """``ops`` with each linear GEMM (m, n, k) replaced by ``fp8``'s kernels; unchanged under BF16."""
+    if not p.is_fp8:
+        return ops
+    out: list[Op] = []
+    for op in ops:
+        out += [op] if op.linear is None else fp8(op, *op.linear)
+    return out
+
+
 def forward_ops(ops: list[Op], p: Precision) -> list[Op]:
     """A layer's BF16 forward kernels under ``p``: each linear GEMM (m tokens, k x n weight) gets
     the casts of its input (m k) and of its weight (k n) and runs in FP8 (reads m k + k n FP8
     elements, writes m n BF16). The weight is cast every micro-batch (torchao; Transformer
     Engine casts it once per iteration, which this over-charges)."""
-    if not p.is_fp8:
-        return ops
-    out: list[Op] = []
-    for op in ops:
-        if op.linear is None:
-            out.append(op)
-            continue
-        m, n, k = op.linear
-        out += _casts(f"{op.name}_input", m * k, p) + _casts(f"{op.name}_weight", k * n, p)
-        out.append(_fp8_gemm(op, p, (m * k, k * n), m * n))
-    return out
+    def fp8(op: Op, m: float, n: float, k: float) -> list[Op]:
+        return [*_casts(f"{op.name}_input", m * k, p), *_casts(f"{op.name}_weight", k * n, p),
+                _fp8_gemm(op, p, (m * k, k * n), m * n)]
+    return _per_linear(ops, p, fp8)
 
 
 def backward_ops(ops: list[Op], p: Precision) -> list[Op]:
@@ -66,20 +70,12 @@ def backward_ops(ops: list[Op], p: Precision) -> list[Op]:
     linear GEMM (m n) is cast once for both GEMMs; dgrad reads it and the weight's transposed copy
     (m n + n k FP8) and writes m k BF16; wgrad reads it and the input's saved FP8 copy (m n + m k)
     and writes the k n weight gradient in BF16."""
-    if not p.is_fp8:
-        return ops
-    out: list[Op] = []
-    for op in ops:
-        if op.linear is None:
-            out.append(op)
-            continue
-        m, n, k = op.linear
+    def fp8(op: Op, m: float, n: float, k: float) -> list[Op]:
         if op.name.endswith("_dgrad"):
-            out += _casts(f"{op.name.removesuffix('_dgrad')}_grad_output", m * n, p)
-            out.append(_fp8_gemm(op, p, (m * n, n * k), m * k))
-        else:
-            out.append(_fp8_gemm(op, p, (m * n, m * k), k * n))
-    return out
+            return [*_casts(f"{op.name.removesuffix('_dgrad')}_grad_output", m * n, p),
+                    _fp8_gemm(op, p, (m * n, n * k), m * k)]
+        return [_fp8_gemm(op, p, (m * n, m * k), k * n)]
+    return _per_linear(ops, p, fp8)
 
 
 def saved_input_savings_per_token(layer: LayerSpec) -> tuple[float, float]:

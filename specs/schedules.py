@@ -3,6 +3,7 @@ time, micro-batch rules and the torch.distributed.pipelining class that runs it 
 Cost models, planners, the simulator and the executor read them through ``schedule_entry``."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
 from enum import StrEnum
@@ -94,7 +95,7 @@ class PipelineFormula:
         return self.fill * total_s + self.steady * slowest_s + tail_s
 
 
-class PipelineSchedule:
+class PipelineSchedule(ABC):
     """One registered schedule. Subclasses set the class attributes and ``ops``/``in_flight``;
     chunks are placed round-robin (chunk j of pp * v on stage j % pp)."""
 
@@ -105,14 +106,14 @@ class PipelineSchedule:
     max_virtual_stages: ClassVar[int] = 1
     """Model chunks per rank allowed (the schedule's parameter)."""
 
+    @abstractmethod
     def ops(self, stage: int, pp: int, micro_batches: int, virtual_stages: int = 1) -> list[Op]:
         """The order of the stage's ops in one iteration."""
-        raise NotImplementedError
 
+    @abstractmethod
     def in_flight(self, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
         """Micro-batches whose activations ``stage`` holds at its peak, in units of the whole
         stage's activations."""
-        raise NotImplementedError
 
     splits_backward: ClassVar[bool] = False
     """Its programs run W ops (the backward split into B and W)."""
