@@ -178,7 +178,6 @@ class GalvatronPlanner(Planner):
                         status, gap)
         return replace(result, stats=replace(result.stats, bound_s=bound_s))
 
-
     def _per_precision(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                        given: dict[str, Any], space: SearchSpace, opts: dict[str, Any]) -> PlanResult:
         """precision_per=plan: one search per precision of ``space`` (every layer in it), the best
@@ -196,6 +195,7 @@ class GalvatronPlanner(Planner):
                 sub["time_limit_s"] = max(left, 1e-3)
             results.append(self._search(model, cluster, budget, cost_model, sub))
         return _union(self.name, results, int(opts["top_k"]), timed_out)
+
 
 def _union(name: str, results: list[PlanResult], top_k: int, timed_out: bool) -> PlanResult:
     """The best of searches over disjoint spaces: its plan, the union's top plans, the work of all,
