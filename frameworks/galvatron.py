@@ -13,7 +13,7 @@ PLAN_FILE = "galvatron_plan.json"
 
 @register
 class Galvatron(Framework):
-    """Galvatron(-2)'s runtime: per-layer tp/Ulysses, dp types (one of ddp/zero2, plus zero3), checkpointing."""
+    """Galvatron(-2)'s runtime: per-layer tp/Ulysses/cp, dp types (one of ddp/zero2, plus zero3), checkpointing."""
 
     name = "galvatron"
     file_names = (PLAN_FILE,)
@@ -24,8 +24,9 @@ class Galvatron(Framework):
         return ExportResult(target=self.name, files={PLAN_FILE: text},
                             assumptions=("Galvatron's runtime and its model of the same architecture; its own "
                                          "optimizer and data settings",),
-                            cannot_carry=("ZeRO-1, Megatron-SP, selective recompute, interleaving and expert "
-                                          "parallelism (plans with them are refused)",))
+                            cannot_carry=("ZeRO-1, Megatron-SP, selective recompute, interleaving, expert "
+                                          "parallelism, cp_comm all_gather and a cp token order other than "
+                                          "zigzag (plans with them are refused)",))
 
     def import_(self, files: Mapping[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
         if PLAN_FILE not in files:

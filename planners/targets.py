@@ -34,7 +34,7 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     """``base`` (default: the full preset) restricted to what framework ``name`` runs."""
     base = base or SearchSpace.preset("full")
     common = dict(tp_consecutive=(True,), vocab_zero3=(False,), precisions=(Precision.BF16,))  # exports are BF16
-    no_cp = dict(cp=(1,))  # only the Megatron files carry context parallelism
+    no_cp = dict(cp=(1,))  # only the Megatron and Galvatron files carry context parallelism
     spaces = {
         "none": base,
         # DDP or the distributed optimizer; every recompute; Megatron-SP; interleaving; ep with etp
@@ -48,10 +48,11 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
         # Megatron-SP and Ulysses; no interleaving, no expert parallelism
         "deepspeed": replace(base, sp=tuple(SequenceParallel), recompute=(Recompute.NONE, Recompute.FULL),
                              virtual_stages=(1,), expert_parallel=(1,), **common, **no_cp),
-        # per-layer tp/Ulysses, ZeRO flavours, full checkpointing; no ZeRO-1, Megatron-SP, interleaving, ep
+        # per-layer tp/Ulysses/cp (the full preset's p2p, a2a+p2p), ZeRO flavours, full checkpointing;
+        # no ZeRO-1, Megatron-SP, interleaving, ep
         "galvatron": replace(base, dp_types=(DPType.DDP, DPType.ZERO2, DPType.ZERO3), sp=(NONE, SequenceParallel.ULYSSES),
                              recompute=(Recompute.NONE, Recompute.FULL), virtual_stages=(1,), expert_parallel=(1,),
-                             vocab_sp=(NONE, SequenceParallel.ULYSSES), precisions=(Precision.BF16,), **no_cp),
+                             vocab_sp=(NONE, SequenceParallel.ULYSSES), precisions=(Precision.BF16,)),
     }
     if name not in spaces:
         raise SpecError("target", f"unknown target {name!r}; choose from {', '.join(TARGETS)}")

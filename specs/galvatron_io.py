@@ -6,6 +6,7 @@ from typing import Any
 
 from specs.errors import SpecError, load_json_with
 from specs.files import atomic_write_json
+from specs.axes import CPComm, CPLoadBalance
 from specs.plan import DPType, LayerStrategy, Plan, Recompute, SequenceParallel, even_stage_layers
 from specs.schema import GalvatronPlanFile, check
 
@@ -30,7 +31,7 @@ def _ints(raw: dict, key: str, n: int | None = None, default: int | None = None)
 
 KNOWN_KEYS = frozenset({"pp_deg", "tp_sizes_enc", "tp_consecutive_flags", "dp_types_enc", "use_sp", "sp_sizes_enc",
                         "checkpoint", "global_bsz", "chunks", "pp_division", "pipeline_type", "default_dp_type",
-                        "vtp", "vsp", "embed_sdp"})
+                        "vtp", "vsp", "embed_sdp", "cp_sizes_enc", "vcp"})
 """Every key Galvatron(-2) writes that means something here; any other key is refused."""
 
 
@@ -39,7 +40,11 @@ def plan_from_galvatron(raw: dict[str, Any], world_size: int) -> Plan:
 
     use_sp = 1 makes the layer's group Ulysses sequence parallel, of degree sp_sizes_enc
     (Galvatron-2) or tp_sizes_enc (older files); vtp/vsp/embed_sdp set the vocabulary's tp
-    degree, Ulysses flag and ZeRO-3 flag. Keys without a meaning here are refused, never dropped.
+    degree, Ulysses flag and ZeRO-3 flag. cp_sizes_enc (Galvatron-2; absent: all 1) is each
+    layer's context-parallel degree, run as Galvatron runs it: zigzag ring attention (cp_comm
+    p2p), inside Ulysses' all-to-alls where use_sp is set (a2a+p2p); dp = world / (pp * degree *
+    cp). vcp, the vocabulary's cp degree, has no field in a Plan: only 1 is read. Keys without a
+    meaning here are refused, never dropped.
     """
     if not isinstance(raw, dict):
         raise SpecError("(top level)", "expected a JSON object")
@@ -56,12 +61,18 @@ def plan_from_galvatron(raw: dict[str, Any], world_size: int) -> Plan:
     ckpt = _flags(raw, "checkpoint", n)
     use_sp = _flags(raw, "use_sp", n)
     sps = _ints(raw, "sp_sizes_enc", n, default=1)
+    cps = _ints(raw, "cp_sizes_enc", n, default=1)
+    bad = [(i, c) for i, c in enumerate(cps) if c < 1]
+    if bad:
+        raise SpecError("cp_sizes_enc", f"layer {bad[0][0]}: cp {bad[0][1]} is not a positive integer")
+    if raw.get("vcp", 1) != 1:
+        raise SpecError("vcp", f"vocabulary cp {raw['vcp']!r} has no field in hybridpar plans (only 1 is read)")
     default_dp = str(raw.get("default_dp_type", "ddp"))
     if default_dp not in ("ddp", "zero2"):
         raise SpecError("default_dp_type", f"must be ddp or zero2, got {default_dp!r}")
     per_stage = world_size // pp
-    layers = [_layer(i, tps[i], sps[i], use_sp[i], per_stage, bool(sdp[i]), default_dp, bool(consec[i]), ckpt[i])
-              for i in range(n)]
+    layers = [_layer(i, tps[i], sps[i], cps[i], use_sp[i], per_stage, bool(sdp[i]), default_dp, bool(consec[i]),
+                     ckpt[i]) for i in range(n)]
     schedule = _SCHEDULE_FROM.get(str(raw.get("pipeline_type", "pipedream_flush")))
     if schedule is None:
         raise SpecError("pipeline_type", f"must be gpipe or pipedream_flush, got {raw.get('pipeline_type')!r}")
@@ -72,8 +83,8 @@ def plan_from_galvatron(raw: dict[str, Any], world_size: int) -> Plan:
                 vocab_sp=SequenceParallel.ULYSSES if vsp else SequenceParallel.NONE)
 
 
-def _layer(i: int, tp: int, sp: int, use_sp: int, per_stage: int, sdp: bool, default_dp: str, consecutive: bool,
-           ckpt: int) -> LayerStrategy:
+def _layer(i: int, tp: int, sp: int, cp: int, use_sp: int, per_stage: int, sdp: bool, default_dp: str,
+           consecutive: bool, ckpt: int) -> LayerStrategy:
     if use_sp and tp > 1 and sp > 1:
         raise SpecError("sp_sizes_enc", f"layer {i}: tp {tp} combined with ulysses {sp} has no meaning in hybridpar")
     if not use_sp and sp > 1:
@@ -81,18 +92,23 @@ def _layer(i: int, tp: int, sp: int, use_sp: int, per_stage: int, sdp: bool, def
     degree = sp if use_sp and sp > 1 else tp
     if degree <= 0 or per_stage % degree:
         raise SpecError("tp_sizes_enc", f"layer {i}: tp({degree}) does not divide {per_stage} GPUs per stage")
-    dp = per_stage // degree
+    if per_stage % (degree * cp):
+        raise SpecError("cp_sizes_enc", f"layer {i}: tp({degree}) * cp({cp}) does not divide {per_stage} GPUs per stage")
+    dp = per_stage // (degree * cp)
     tp, ulysses = (1, degree) if use_sp else (degree, 1)
-    sharded = dp * ulysses > 1  # Ulysses shards states over ulysses * dp
+    sharded = dp * ulysses * cp > 1  # Ulysses and cp shard states over dp * ulysses * cp
     dp_type = ("zero3" if sdp else default_dp) if sharded else "ddp"
-    return LayerStrategy(tp=tp, ulysses=ulysses, dp=dp, dp_type=dp_type, tp_consecutive=consecutive,
+    cp_comm = CPComm.A2A_P2P if cp > 1 and ulysses > 1 else CPComm.P2P
+    return LayerStrategy(tp=tp, ulysses=ulysses, dp=dp, cp=cp, cp_comm=cp_comm, dp_type=dp_type,
+                         tp_consecutive=consecutive,
                          recompute=Recompute.FULL if ckpt else Recompute.NONE,
                          sp=SequenceParallel.ULYSSES if use_sp else SequenceParallel.NONE)
 
 
 def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
     """Galvatron's plan dict for ``plan`` (ZeRO-2 layers set default_dp_type zero2); what a
-    Galvatron file cannot say (ZeRO-1, Megatron-SP, selective recompute, interleaving) is refused."""
+    Galvatron file cannot say (ZeRO-1, Megatron-SP, selective recompute, interleaving, a cp
+    exchange or token order other than Galvatron's zigzag ring) is refused."""
     types = {s.dp_type for s in plan.layers if s.degrees.grad_sync > 1}
     if DPType.ZERO1 in types or (DPType.ZERO2 in types and DPType.DDP in types):
         raise SpecError("dp_type", f"Galvatron files express one default dp type besides zero3; plan mixes {sorted(types)}")
@@ -101,9 +117,10 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
             raise SpecError(f"layer {i}", "sp megatron has no field in Galvatron files")
         if s.recompute == Recompute.SELECTIVE:
             raise SpecError(f"layer {i}", "recompute selective has no field in Galvatron files")
-        if s.cp > 1:
-            raise SpecError(f"layer {i}", f"{s.short()}: context parallelism has no field in the Galvatron plan "
-                            "files read here (cp_sizes_enc and its modes are refused on import too)")
+        galvatron_comm = CPComm.A2A_P2P if s.cp > 1 and s.ulysses > 1 else CPComm.P2P
+        if s.cp_comm != galvatron_comm:
+            raise SpecError(f"layer {i}", f"cp_comm {s.cp_comm} (cp {s.cp}, ulysses {s.ulysses}) has no field in "
+                            f"Galvatron files (its cp is a zigzag ring: {galvatron_comm} here)")
         if s.has_expert_split:
             raise SpecError(f"layer {i}", f"{s.short()}: expert parallelism has no field in Galvatron's "
                             "dense plan files")
@@ -112,6 +129,9 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
     if plan.schedule not in _SCHEDULE_TO:
         raise SpecError("schedule", f"{plan.schedule} (virtual_stages {plan.virtual_stages}) has no field in "
                         "Galvatron files")
+    if plan.cp_load_balance != CPLoadBalance.ZIGZAG:
+        raise SpecError("cp_load_balance", f"cp_load_balance {plan.cp_load_balance} has no field in Galvatron files "
+                        "(its runtime cp_mode, zigzag by default, is not in the plan file)")
     if plan.vocab_sp == SequenceParallel.MEGATRON:
         raise SpecError("vocab_sp", "vocab_sp megatron has no field in Galvatron files (vsp is Ulysses)")
     join = lambda xs: ",".join(str(int(x)) for x in xs)  # noqa: E731
@@ -122,6 +142,7 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
         "dp_types_enc": join(s.dp_type == DPType.ZERO3 for s in plan.layers),
         "use_sp": join(s.sp == SequenceParallel.ULYSSES for s in plan.layers),
         "sp_sizes_enc": join(s.ulysses for s in plan.layers),
+        "cp_sizes_enc": join(s.cp for s in plan.layers),
         "checkpoint": join(s.checkpoint for s in plan.layers),
         "global_bsz": plan.global_batch,
         "chunks": plan.micro_batches,

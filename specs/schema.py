@@ -273,6 +273,7 @@ class GalvatronPlanFile(BaseModel):
     use_sp: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
     checkpoint: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
     pp_division: CsvInts = None  # type: ignore[assignment]  (absent: Galvatron's default; null: refused)
+    cp_sizes_enc: CsvInts = None  # type: ignore[assignment]  (absent: cp 1 on every layer; null: refused)
     global_bsz: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH)]
     chunks: Annotated[int, Field(ge=1, le=MAX_MICRO_BATCHES)] = 1
     pipeline_type: Literal["gpipe", "pipedream_flush"] = "pipedream_flush"
@@ -282,6 +283,8 @@ class GalvatronPlanFile(BaseModel):
     """Galvatron's vocabulary sequence parallelism (Plan.vocab_sp)."""
     embed_sdp: Flag = 0
     """Galvatron's ZeRO-3 for the embedding (Plan.vocab_zero3)."""
+    vcp: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    """Galvatron-2's context-parallel degree of the vocabulary (only 1 is read: Plan has no field)."""
 
 
 # -- Galvatron's profile files (read by cost_models.galvatron_profile) ------------------------

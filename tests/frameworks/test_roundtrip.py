@@ -121,11 +121,63 @@ def test_command_line_exports_and_imports(tmp_path, capsys):
     assert "zero1" in err and "\n" not in err
 
 
-def test_cp_plans_are_refused_where_the_files_do_not_carry_cp():
+def test_cp_plans_are_refused_where_the_files_do_not_carry_cp():  # galvatron's: below
     model, cluster = llama()
     cp = plan(model, cluster, tp=8, cp=2, dp=4, global_batch=64, micro_batches=4, sp="megatron", dp_type="zero1")
     for target in ("torchtitan", "deepspeed"):
         _one_line(target, cp, "layer 0", "cp")
     _one_line("megatron", replace(cp, cp_load_balance="none"), "cp_load_balance", "zigzag")
-    _one_line("galvatron", plan(model, cluster, tp=8, cp=2, dp=4, global_batch=64, micro_batches=4, dp_type="zero3"),
-              "layer 0", "context parallelism")
+
+
+def _galvatron_cp_plan():
+    """pp 2 over 64 GPUs: tp4 cp2 dp4 (zero3), tp2 dp16 (zero2), Ulysses 2 cp2 dp8 (a2a+p2p, zero2)."""
+    model, cluster = llama()
+    base = plan(model, cluster, tp=4, cp=2, dp=4, pp=2, global_batch=128, micro_batches=8, recompute="full",
+                dp_type="zero3")
+    layers = list(base.layers)
+    layers[10:20] = [replace(layers[0], tp=2, cp=1, dp=16, dp_type=DPType.ZERO2, recompute=Recompute.NONE)] * 10
+    layers[50:60] = [replace(layers[0], tp=1, ulysses=2, sp="ulysses", cp=2, cp_comm="a2a+p2p", dp=8,
+                             dp_type=DPType.ZERO2)] * 10
+    p = replace(base, layers=tuple(layers))
+    p.validate(model, cluster)
+    return model, cluster, p
+
+
+def test_galvatron_cp_round_trips_per_layer():
+    model, cluster, p = _galvatron_cp_plan()
+    fw = frameworks.get("galvatron")
+    files = fw.export(p, model, cluster).files
+    back = fw.import_(files, model, cluster)
+    assert back == p and [s.cp for s in back.layers] == [2] * 10 + [1] * 10 + [2] * 60
+    assert back.layers[50].cp_comm == "a2a+p2p" and back.layers[0].cp_comm == "p2p"
+
+
+@pytest.mark.parametrize("value, words", [
+    ("2,2", ["cp_sizes_enc", "2 entries for 80 layers"]),
+    (",".join(["2"] * 79 + ["0"]), ["cp_sizes_enc", "layer 79", "cp 0"]),
+    (",".join(["2"] * 79 + ["x"]), ["cp_sizes_enc"]),
+    (",".join(["2"] * 79 + ["3"]), ["cp_sizes_enc", "layer 79", "cp(3)", "32 GPUs"]),
+])
+def test_malformed_galvatron_cp_is_refused_in_one_line(value, words):
+    import json
+    model, cluster, p = _galvatron_cp_plan()
+    fw = frameworks.get("galvatron")
+    raw = json.loads(fw.export(p, model, cluster).files["galvatron_plan.json"])
+    with pytest.raises(SpecError) as err:
+        fw.import_({"galvatron_plan.json": json.dumps({**raw, "cp_sizes_enc": value})}, model, cluster)
+    text = str(err.value)
+    assert "\n" not in text and all(w in text for w in words), text
+    with pytest.raises(SpecError, match="^vcp: vocabulary cp 2"):
+        fw.import_({"galvatron_plan.json": json.dumps({**raw, "vcp": 2})}, model, cluster)
+    del raw["cp_sizes_enc"]  # a file without the field is cp 1 everywhere
+    raw["tp_sizes_enc"] = ",".join(["4"] * 80)
+    raw["use_sp"] = raw["sp_sizes_enc"] = ",".join(["0"] * 80)
+    assert {s.cp for s in fw.import_({"galvatron_plan.json": json.dumps(raw)}, model, cluster).layers} == {1}
+
+
+def test_galvatron_refuses_the_cp_options_it_cannot_express():
+    model, cluster = llama()
+    ag = plan(model, cluster, tp=4, cp=4, dp=1, pp=4, global_batch=16, micro_batches=16, cp_comm="all_gather")
+    _one_line("galvatron", ag, "layer 0", "cp_comm all_gather", "zigzag ring")
+    _, _, p = _galvatron_cp_plan()
+    _one_line("galvatron", replace(p, cp_load_balance="none"), "cp_load_balance none", "zigzag")

@@ -87,9 +87,10 @@ def test_target_spaces_hold_the_frameworks_flavours():
     assert set(target_space("megatron").dp_types) == {DPType.DDP, DPType.ZERO1}
     assert SequenceParallel.ULYSSES not in target_space("megatron").sp
     assert target_space("galvatron").virtual_stages == (1,)
-    # context parallelism: only Megatron's files carry it
-    assert target_space("megatron").cp == full.cp and len(full.cp) > 1
-    assert all(target_space(t).cp == (1,) for t in ("torchtitan", "deepspeed", "galvatron"))
+    # context parallelism: only Megatron's and Galvatron's files carry it
+    assert target_space("megatron").cp == full.cp == target_space("galvatron").cp and len(full.cp) > 1
+    assert all(target_space(t).cp == (1,) for t in ("torchtitan", "deepspeed"))
+    assert set(target_space("galvatron").cp_comm) <= {"p2p", "a2a+p2p"}
     with pytest.raises(SpecError, match="unknown target"):
         target_space("jax")
 

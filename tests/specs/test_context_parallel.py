@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from specs import (CPComm, CPLoadBalance, LayerStrategy, Plan, SpecError, load_cluster, load_model,
-                   plan_to_galvatron, uniform_plan)
+                   plan_from_galvatron, plan_to_galvatron, uniform_plan)
 from specs.capabilities import Capabilities, check_supported
 
 LLAMA = load_model("llama3-8b").with_seq_len(131072)  # 32 layers, 32 heads, 8 kv heads
@@ -64,6 +64,10 @@ def test_consumers_refuse_cp_in_one_line():
     check_supported(_plan(dp=8), LLAMA, Capabilities(cp_comm=frozenset(), cp_load_balance=frozenset()), "x")
 
 
-def test_galvatron_files_refuse_cp():
-    with pytest.raises(SpecError, match=r"^layer 0: tp1/dp1 cp8: context parallelism has no field"):
-        plan_to_galvatron(_plan(cp=8))
+def test_galvatron_files_carry_cp_per_layer():
+    plan = _plan(cp=8)
+    raw = plan_to_galvatron(plan)
+    assert raw["cp_sizes_enc"] == ",".join(["8"] * 32)
+    assert plan_from_galvatron(raw, 8) == plan
+    with pytest.raises(SpecError, match=r"^layer 0: cp_comm all_gather \(cp 8, ulysses 1\) has no field"):
+        plan_to_galvatron(_plan(cp=8, cp_comm="all_gather"))

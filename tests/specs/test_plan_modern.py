@@ -122,7 +122,8 @@ def test_galvatron_sp_fields_import_and_export():
 
 @pytest.mark.parametrize("raw, message", [
     ({"tp_sizes_enc": "2", "sp_sizes_enc": "2", "use_sp": "1"}, "sp_sizes_enc: layer 0: tp 2 combined with ulysses 2"),
-    ({"tp_sizes_enc": "1", "cp_sizes_enc": "2"}, "cp_sizes_enc: Galvatron key 'cp_sizes_enc' has no meaning"),
+    ({"tp_sizes_enc": "1", "cp_sizes_enc": "3"}, r"cp_sizes_enc: layer 0: tp\(1\) \* cp\(3\) does not divide 8"),
+    ({"tp_sizes_enc": "1", "vcp": 2}, "vcp: vocabulary cp 2 has no field in hybridpar plans"),
     ({"tp_sizes_enc": "1", "use_sp": "2"}, "use_sp: entries must be 0 or 1, got 2"),
     ({"tp_sizes_enc": "1", "vsp": 3}, "vsp: .* 1, got 3"),
 ])
