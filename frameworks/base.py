@@ -148,6 +148,8 @@ class Uniform:
     """0: the layer's weight tp."""
     expert_dp_type: DPType | None = None
     stage_layers: tuple[int, ...] = ()
+    chunk_layers: tuple[int, ...] = ()
+    """Layers of each model chunk when a framework's split sets them (else empty: the even split)."""
     global_batch: int
     micro_batches: int
     schedule: str = "1f1b"
@@ -212,7 +214,7 @@ def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Pla
     stages = u.stage_layers or tuple(model.num_layers // u.pp for _ in range(u.pp))
     plan = Plan(pp=u.pp, stage_layers=stages, layers=tuple(layers), global_batch=u.global_batch,
                 micro_batches=u.micro_batches, vocab_tp=u.vocab_tp, vocab_sp=u.vocab_sp,
-                vocab_zero3=u.vocab_zero3, model=model.name, cluster=cluster.name,
+                vocab_zero3=u.vocab_zero3, model=model.name, cluster=cluster.name, chunk_layers=u.chunk_layers,
                 **schedule_fields(u.schedule, u.virtual_stages))
     plan.validate(model, cluster)
     return plan

@@ -3,6 +3,7 @@ as the command-line overrides its ConfigManager parses (``--parallelism.tensor_p
 and the way back from either to a Plan."""
 from __future__ import annotations
 
+import math
 import shlex
 import tomllib
 from dataclasses import replace
@@ -12,12 +13,30 @@ from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, co
                              register, require_even,
                              uniform_view, vocab_sharded)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+from specs.schedules import REGISTRY, PipelineSchedule, Schedule
 
 TOML_FILE = "torchtitan.toml"
 ARGS_FILE = "torchtitan_args.txt"
 
-SCHEDULES = {("gpipe", 1): "GPipe", ("1f1b", 1): "1F1B"}
-INTERLEAVED = "Interleaved1F1B"
+SINGLE_STAGE = ("GPipe", "1F1B")
+"""torchtitan's schedules of one stage per rank (torch's PipelineScheduleSingle); the others
+(PipelineScheduleMulti) need at least 2 stages per rank."""
+
+
+def torchtitan_name(entry: PipelineSchedule) -> str | None:
+    """The ``pipeline_parallel_schedule`` that runs ``entry``: its torch.distributed.pipelining
+    class name less "Schedule" (what torch's get_schedule_class reads), or None where torchtitan's
+    stages per rank rule out the schedule's chunks per rank (ZB-H1 is torch's InterleavedZeroBubble
+    with one stage per rank, which torchtitan refuses)."""
+    name = entry.torch_class.removeprefix("Schedule")
+    fits = entry.max_virtual_stages == 1 if name in SINGLE_STAGE else entry.min_virtual_stages >= 2
+    return name if fits else None
+
+
+SCHEDULES: dict[Schedule, str] = {s: n for s, e in REGISTRY.items() if (n := torchtitan_name(e)) is not None}
+"""hybridpar schedule -> torchtitan's pipeline_parallel_schedule, for every schedule torchtitan runs."""
+FROM_TORCHTITAN = {n.lower(): s for s, n in SCHEDULES.items()}
+"""The way back, by lower-case name (torch matches schedule names case-insensitively)."""
 RESHARD = {DPType.ZERO3: "always", DPType.ZERO2: "never"}
 AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
 MODULES = {"llama3-8b": ("llama3", "llama3_8b", "8B"), "llama3-70b": ("llama3", "llama3_70b", "70B")}
@@ -29,7 +48,7 @@ ASSUMES = (
     "tokenizer and data: the recipe's own (hf_assets_path, dataset c4)",
     "optimizer: AdamW; FSDP mixed precision bf16 parameters, fp32 gradient reduction",
     "pipeline: layers split evenly, the embedding and the head not counted as layers "
-    "(first/last_stage_less_layers 0)",
+    "(first/last_stage_less_layers 0, or 1 where the plan's end chunks are one layer short)",
 )
 CANNOT_CARRY = (
     "selective recompute: torchtitan's selective AC is a per-op save policy, not Megatron's attention-core "
@@ -57,8 +76,12 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
                         "experts whole (expert tp 1)")
     if u.ep > 1 and u.expert_dp_type not in (None, u.dp_type):
         raise SpecError("layer 0", f"expert_dp_type {u.expert_dp_type}: torchtitan shards experts like the rest")
-    if (u.schedule, 1) not in SCHEDULES or (u.virtual_stages > 1 and u.schedule != "1f1b"):
-        raise SpecError("schedule", f"{u.schedule} with virtual stages {u.virtual_stages} has no torchtitan schedule")
+    if plan.schedule not in SCHEDULES:
+        torch_name = REGISTRY[plan.schedule].torch_class.removeprefix("Schedule")
+        stages = "1 stage" if torch_name in SINGLE_STAGE else "2 or more stages"
+        raise SpecError("schedule", f"{plan.schedule} has no torchtitan schedule (torchtitan runs {torch_name} with "
+                        f"{stages} per rank, {plan.schedule} {plan.virtual_stages}; it reads "
+                        f"{', '.join(SCHEDULES.values())})")
     if u.virtual_stages == 1:
         require_even(plan, "torchtitan")
     else:
@@ -90,7 +113,7 @@ def settings(plan: Plan, model: ModelSpec) -> dict[str, dict[str, Any]]:
                                 "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"}
     if u.pp > 1:  # the micro-batches are the pipeline's; no gradient accumulation
         per_chunk, ends = chunk_pattern(plan, "torchtitan") if u.virtual_stages > 1 else (model.num_layers // u.pp, 0)
-        par.update(pipeline_parallel_schedule=INTERLEAVED if u.virtual_stages > 1 else SCHEDULES[(u.schedule, 1)],
+        par.update(pipeline_parallel_schedule=SCHEDULES[plan.schedule],
                    pipeline_parallel_microbatch_size=u.micro_batch_size,
                    pipeline_parallel_layers_per_stage=per_chunk,
                    pipeline_parallel_first_stage_less_layers=ends, pipeline_parallel_last_stage_less_layers=ends)
@@ -241,13 +264,13 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
     if global_batch % (local * dp):
         raise SpecError("training.global_batch_size", f"{global_batch} is not a multiple of local batch {local} * dp {dp}")
     steps = global_batch // (local * dp)  # gradient accumulation
-    micro, v, schedule, stages = steps, 1, "1f1b", (model.num_layers,)
+    micro, v, schedule, stages, chunks = steps, 1, "1f1b", (model.num_layers,), ()
     if pp > 1:
         mbs = _get(par, "pipeline_parallel_microbatch_size", 1, "parallelism")
         if local % mbs:
             raise SpecError("parallelism.pipeline_parallel_microbatch_size", f"{mbs} does not divide local batch {local}")
         micro = steps * (local // mbs)
-        schedule, v, stages = _pipeline(par, model, pp)
+        schedule, v, stages, chunks = _pipeline(par, model, pp)
     mode = _table(sections, "activation_checkpoint").get("mode", "none")
     recompute = {m: r for r, m in AC_MODES.items()}.get(mode) if isinstance(mode, str) else None
     if recompute is None:
@@ -256,6 +279,7 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
     u = Uniform(tp=tp, dp=dp, pp=pp, dp_type=dp_type, recompute=recompute, megatron_sp=sp,
                 ep=_get(par, "expert_parallel_degree", 1, "parallelism"), global_batch=global_batch,
                 micro_batches=micro, schedule=schedule, virtual_stages=v, vocab_tp=tp, stage_layers=stages,
+                chunk_layers=chunks,
                 vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
                 vocab_zero3=vocab_sharded(dp_type, dp, model))
     if u.ep > 1:
@@ -263,22 +287,31 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
     return plan_from_uniform(u, model, cluster)
 
 
-def _pipeline(par: Mapping[str, Any], model: ModelSpec, pp: int) -> tuple[str, int, tuple[int, ...]]:
-    """(schedule, virtual stages, layers per stage) as torchtitan splits the model."""
+def _pipeline(par: Mapping[str, Any], model: ModelSpec,
+              pp: int) -> tuple[str, int, tuple[int, ...], tuple[int, ...]]:
+    """(schedule, virtual stages, layers per stage, layers per chunk) as torchtitan splits the
+    model: a one-stage schedule over pp stages; the others over ceil((layers + first less + last
+    less) / layers_per_stage) stages (2 per rank without it), placed as the schedule places its
+    chunks (round-robin, or a V for ZBVZeroBubble and DualPipeV)."""
     name = par.get("pipeline_parallel_schedule", "1F1B")
+    schedule = FROM_TORCHTITAN.get(name.lower()) if isinstance(name, str) else None
+    if schedule is None:
+        raise SpecError("parallelism.pipeline_parallel_schedule", f"{name!r}: hybridpar reads "
+                        f"{', '.join(SCHEDULES.values())}")
     first = _get(par, "pipeline_parallel_first_stage_less_layers", 1, "parallelism")
     last = _get(par, "pipeline_parallel_last_stage_less_layers", 1, "parallelism")
-    if name == INTERLEAVED:
-        per_chunk = _get(par, "pipeline_parallel_layers_per_stage", 0, "parallelism")
-        if first or last or not per_chunk or model.num_layers % (pp * per_chunk):
-            raise SpecError("parallelism.pipeline_parallel_layers_per_stage", f"{per_chunk} (first/last less "
-                            f"{first}/{last}): hybridpar needs the {model.num_layers} layers in even chunks over pp {pp}")
-        v = model.num_layers // (pp * per_chunk)
-        return "1f1b", v, (model.num_layers // pp,) * pp
-    found = {t: k for k, t in SCHEDULES.items()}.get(name)
-    if found is None:
-        raise SpecError("parallelism.pipeline_parallel_schedule", f"{name!r}: hybridpar reads GPipe, 1F1B, {INTERLEAVED}")
-    return found[0], 1, torchtitan_split(model.num_layers, pp, first, last)
+    entry = REGISTRY[schedule]
+    if entry.max_virtual_stages == 1:
+        return schedule, 1, torchtitan_split(model.num_layers, pp, first, last), ()
+    per_chunk = _get(par, "pipeline_parallel_layers_per_stage", 0, "parallelism")
+    total = math.ceil((model.num_layers + first + last) / per_chunk) if per_chunk else 2 * pp
+    if total % pp:
+        raise SpecError("parallelism.pipeline_parallel_layers_per_stage", f"{per_chunk} (first/last less "
+                        f"{first}/{last}) makes {total} stages of {model.num_layers} layers, not a multiple of pp {pp}")
+    v = total // pp
+    chunks = torchtitan_split(model.num_layers, total, first, last)
+    stages = tuple(sum(chunks[j] for j in entry.stage_chunks(k, pp, v)) for k in range(pp))
+    return schedule, v, stages, chunks
 
 
 def torchtitan_split(num_layers: int, stages: int, first_less: int, last_less: int) -> tuple[int, ...]:

@@ -56,7 +56,9 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     }
     if name not in spaces:
         raise SpecError("target", f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
-    # the exports write 1F1B, GPipe and interleaving only (not yet torchtitan's zero-bubble names)
+    # searched: 1F1B, GPipe and interleaving. torchtitan's export also writes ZBVZeroBubble,
+    # DualPipeV and LoopedBFS, but the unrestricted search runs the V schedules only at 1F1B's
+    # micro-batch counts and never Looped BFS, so a target searching them could beat it
     return spaces[name] if name == "none" else replace(spaces[name], uniform_schedules=())
 
 

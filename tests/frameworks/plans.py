@@ -13,9 +13,10 @@ def llama() -> tuple[ModelSpec, ClusterSpec]:
 
 def plan(model: ModelSpec, cluster: ClusterSpec, *, vocab_zero3: bool = False, virtual_stages: int = 1,
          stage_layers: tuple[int, ...] | None = None, **kw) -> Plan:
-    p = uniform_plan(model.num_layers, **kw)
+    schedule = kw.pop("schedule", "1f1b")  # a many-chunk schedule is set with its virtual stages below
+    p = uniform_plan(model.num_layers, schedule=schedule if virtual_stages == 1 else "1f1b", **kw)
     sp = p.layers[0].sp
-    p = replace(p, vocab_tp=p.layers[0].degrees.split // p.layers[0].cp, vocab_sp=sp, vocab_zero3=vocab_zero3, **schedule_fields(p.schedule, virtual_stages),
+    p = replace(p, vocab_tp=p.layers[0].degrees.split // p.layers[0].cp, vocab_sp=sp, vocab_zero3=vocab_zero3, **schedule_fields(schedule, virtual_stages),
                 model=model.name, cluster=cluster.name, stage_layers=stage_layers or p.stage_layers)
     p.validate(model, cluster)
     return p

@@ -181,3 +181,58 @@ def test_galvatron_refuses_the_cp_options_it_cannot_express():
     _one_line("galvatron", ag, "layer 0", "cp_comm all_gather", "zigzag ring")
     _, _, p = _galvatron_cp_plan()
     _one_line("galvatron", replace(p, cp_load_balance="none"), "cp_load_balance none", "zigzag")
+
+
+@pytest.mark.parametrize("schedule, v, micro_batches, name", [
+    ("interleaved_1f1b", 2, 8, "Interleaved1F1B"), ("zbv", 2, 8, "ZBVZeroBubble"),
+    ("dualpipev", 2, 8, "DualPipeV"), ("looped_bfs", 2, 8, "LoopedBFS"), ("looped_bfs", 4, 4, "LoopedBFS")])
+def test_torchtitan_schedules_round_trip(schedule, v, micro_batches, name):
+    model, cluster = llama()
+    p = plan(model, cluster, tp=4, dp=4, pp=4, global_batch=64, micro_batches=micro_batches, sp="megatron",
+             dp_type="zero2", schedule=schedule, virtual_stages=v)
+    fw = frameworks.get("torchtitan")
+    result = fw.export(p, model, cluster)
+    assert f'pipeline_parallel_schedule = "{name}"' in result.files["torchtitan.toml"]
+    assert f"--parallelism.pipeline_parallel_schedule {name}" in result.files["torchtitan_args.txt"]
+    for files in (result.files, *({n: text} for n, text in result.files.items())):
+        back = fw.import_(files, model, cluster)
+        assert back == p
+        assert (back.schedule, back.virtual_stages, back.stage_layers, back.layers_per_chunk(), back.micro_batches) == (
+            p.schedule, p.virtual_stages, p.stage_layers, p.layers_per_chunk(), p.micro_batches)
+
+
+def _titan_pp(schedule, **extra):
+    keys = {"pipeline_parallel_degree": 4, "pipeline_parallel_schedule": f'"{schedule}"',
+            "tensor_parallel_degree": 2, "data_parallel_shard_degree": 8, **extra}
+    toml = "[parallelism]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
+    return {"torchtitan.toml": toml + "[training]\nlocal_batch_size = 8\nglobal_batch_size = 64\n"}
+
+
+def test_torchtitan_v_schedules_place_their_chunks_as_a_v():
+    """torchtitan's own split (the embedding and head each one layer) over 8 chunks, rank k
+    running chunks k and 7 - k."""
+    model, cluster = llama()
+    back = frameworks.get("torchtitan").import_(_titan_pp("zbvzerobubble", pipeline_parallel_layers_per_stage=11),
+                                                model, cluster)
+    assert (back.schedule, back.virtual_stages) == ("zbv", 2)
+    assert back.layers_per_chunk() == (10, 11, 10, 10, 10, 10, 10, 9)
+    assert back.stage_layers == (19, 21, 20, 20)
+    default = frameworks.get("torchtitan").import_(_titan_pp("DualPipeV", pipeline_parallel_first_stage_less_layers=0,
+                                                             pipeline_parallel_last_stage_less_layers=0),
+                                                   model, cluster)  # 2 stages per rank without layers_per_stage
+    assert (default.schedule, default.virtual_stages, default.stage_layers) == ("dualpipev", 2, (20, 20, 20, 20))
+
+
+@pytest.mark.parametrize("name", ["InterleavedZeroBubble", "ZeroBubble", "PipelineScheduleMulti"])
+def test_unknown_torchtitan_schedule_is_one_line_naming_the_field(name):
+    model, cluster = llama()
+    with pytest.raises(SpecError) as err:
+        frameworks.get("torchtitan").import_(_titan_pp(name), model, cluster)
+    text = str(err.value)
+    assert "\n" not in text and "parallelism.pipeline_parallel_schedule" in text and name in text, text
+
+
+def test_zb_h1_is_refused_by_torchtitan_naming_the_schedule():
+    model, cluster = llama()
+    zb = plan(model, cluster, tp=4, dp=4, pp=4, global_batch=64, micro_batches=8, schedule="zb_h1")
+    _one_line("torchtitan", zb, "schedule", "zb_h1", "InterleavedZeroBubble")
