@@ -398,21 +398,22 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
     """Same degrees and layout: free. Same dp, other layout: every rank fetches its batch
     shard (p2p, forward and backward). Different dp (ratio r): the smaller-dp side
     all-gathers r shards (forward when dp shrinks, gradients in backward when it grows)."""
+    prev_split, next_split = prev.degrees.split, nxt.degrees.split
     gather_s = _sequence_gather_s(model, layer, prev, nxt, mbs, first_rank)
-    layout_matters = prev.degrees.split > 1 and prev.dp > 1
-    if gather_s > 0 and prev.degrees.split == nxt.degrees.split and prev.dp == nxt.dp:
+    same_degrees = prev_split == next_split and prev.dp == nxt.dp
+    if gather_s > 0 and same_degrees:
         return gather_s
-    if prev.degrees.split == nxt.degrees.split and prev.dp == nxt.dp and (prev.tp_consecutive == nxt.tp_consecutive
-                                                    or not layout_matters):
+    layout_matters = prev_split > 1 and prev.dp > 1
+    if same_degrees and (prev.tp_consecutive == nxt.tp_consecutive or not layout_matters):
         return 0.0
     nbytes = layer.output_elements(mbs) * BYTES_PER_ACTIVATION
-    gpus = prev.degrees.split * prev.dp
+    gpus = prev_split * prev.dp
     if prev.dp == nxt.dp:
         return 2 * model.p2p_time(nbytes, first_rank, first_rank + gpus - 1)
     ratio = max(prev.dp, nxt.dp) // min(prev.dp, nxt.dp)
     gathered = nbytes * ratio if prev.dp > nxt.dp else nbytes
     ranks = list(range(first_rank, first_rank + gpus))
-    consecutive = nxt.tp_consecutive if nxt.degrees.split > prev.degrees.split else prev.tp_consecutive
+    consecutive = nxt.tp_consecutive if next_split > prev_split else prev.tp_consecutive
     if consecutive:
         groups = [ranks[i:i + ratio] for i in range(0, gpus, ratio)]
     else:

@@ -4,6 +4,7 @@ recomputation (the attention core re-run in backward) and the interleaved pipeli
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, Sequence
 
 from cost_models.ops import ExpertSplit, Op, forward_ops
@@ -32,12 +33,19 @@ def rank_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int, experts: Exper
     return forward_ops(layer, d.split // d.cp, mbs, experts, cp=d.cp)
 
 
-def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> list[Op]:
+def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> tuple[Op, ...]:
     """Kernels re-run in backward: the whole forward (full), the attention core (selective)."""
     if strategy.recompute == Recompute.NONE:
-        return []
-    ops = rank_ops(layer, strategy, mbs)
-    return ops if strategy.recompute == Recompute.FULL else attention_core_ops(ops)
+        return ()
+    d = strategy.degrees
+    return _recompute_ops(layer, d.split // d.cp, d.cp, mbs, strategy.recompute)
+
+
+@lru_cache(maxsize=4096)
+def _recompute_ops(layer: LayerSpec, heads_split: int, cp: int, mbs: int, recompute: Recompute) -> tuple[Op, ...]:
+    """recompute_ops per (layer, split, micro-batch): the tables ask for them thousands of times."""
+    ops = forward_ops(layer, heads_split, mbs, cp=cp)
+    return tuple(ops if recompute == Recompute.FULL else attention_core_ops(ops))
 
 
 def forward_passes(strategy: LayerStrategy) -> int:

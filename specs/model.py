@@ -167,7 +167,15 @@ class LayerSpec:
         return 2 * width if self.norm == "layernorm" else width
 
     def param_count(self) -> int:
-        """Parameters of the block (attention, cross-attention, MLP, norms, merging)."""
+        """Parameters of the block (attention, cross-attention, MLP, norms, merging); counted
+        once per spec (the tables ask for it thousands of times)."""
+        cached = self.__dict__.get("_param_count")
+        if cached is None:
+            cached = self._count_params()
+            object.__setattr__(self, "_param_count", cached)
+        return cached
+
+    def _count_params(self) -> int:
         n_attn = 2 if self.cross_attention_seq_len else 1
         total = n_attn * self._attention_params() + self._ffn_params()
         norms = n_attn + 1 + (2 if self.sandwich_norm else 0) + (1 if self.stack_norm else 0)
