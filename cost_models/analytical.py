@@ -22,7 +22,8 @@ from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops, is_weight_gradient
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost, vocab_relayout_s
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, RankGroups, Recompute,
+                   SequenceParallel, SpecError)
 from specs.precision import Precision
 
 TP_ALLREDUCES_PER_PASS = 2
@@ -412,13 +413,19 @@ def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: 
         return 2 * model.p2p_time(nbytes, first_rank, first_rank + gpus - 1)
     ratio = max(prev.dp, nxt.dp) // min(prev.dp, nxt.dp)
     gathered = nbytes * ratio if prev.dp > nxt.dp else nbytes
-    ranks = list(range(first_rank, first_rank + gpus))
     consecutive = nxt.tp_consecutive if next_split > prev_split else prev.tp_consecutive
+    return gather_s + model.collective_time("all_gather", gathered,
+                                            _gather_groups(first_rank, gpus, ratio, consecutive))
+
+
+@lru_cache(maxsize=4096)
+def _gather_groups(first_rank: int, gpus: int, ratio: int, consecutive: bool) -> RankGroups:
+    """The groups of ``ratio`` ranks that gather a changed data-parallel split: neighbours
+    (consecutive) or ranks ``gpus / ratio`` apart."""
+    ranks = range(first_rank, first_rank + gpus)
     if consecutive:
-        groups = [ranks[i:i + ratio] for i in range(0, gpus, ratio)]
-    else:
-        groups = [ranks[j::gpus // ratio] for j in range(gpus // ratio)]
-    return gather_s + model.collective_time("all_gather", gathered, groups)
+        return coll.rank_groups([ranks[i:i + ratio] for i in range(0, gpus, ratio)])
+    return coll.rank_groups([ranks[j::gpus // ratio] for j in range(gpus // ratio)])
 
 
 def _sequence_gather_s(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,

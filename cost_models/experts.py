@@ -159,7 +159,7 @@ def sync_parts(layer: LayerSpec, strategy: LayerStrategy, first_rank: int, dp_gr
     experts / (ep * etp) over the expert-dp groups with ``expert_dp_kind``. ``params``: the
     layer's total (a profile's count) split in the spec's proportion; default the spec's."""
     total = float(layer.param_count()) if params is None else float(params)
-    groups = tuple(tuple(g) for g in dp_groups)
+    groups = coll.rank_groups(dp_groups)
     if not applies(layer, strategy):
         return [SyncPart(total / strategy.tp, strategy.dp_type, groups, strategy.degrees.grad_sync)]
     expert = total * expert_params(layer) / layer.param_count()
