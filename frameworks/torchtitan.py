@@ -23,12 +23,17 @@ SINGLE_STAGE = ("GPipe", "1F1B")
 (PipelineScheduleMulti) need at least 2 stages per rank."""
 
 
+def _torch_name(entry: PipelineSchedule) -> str:
+    """The schedule's torch.distributed.pipelining class less "Schedule" (get_schedule_class's name)."""
+    return entry.torch_class.removeprefix("Schedule")
+
+
 def torchtitan_name(entry: PipelineSchedule) -> str | None:
     """The ``pipeline_parallel_schedule`` that runs ``entry``: its torch.distributed.pipelining
     class name less "Schedule" (what torch's get_schedule_class reads), or None where torchtitan's
     stages per rank rule out the schedule's chunks per rank (ZB-H1 is torch's InterleavedZeroBubble
     with one stage per rank, which torchtitan refuses)."""
-    name = entry.torch_class.removeprefix("Schedule")
+    name = _torch_name(entry)
     fits = entry.max_virtual_stages == 1 if name in SINGLE_STAGE else entry.min_virtual_stages >= 2
     return name if fits else None
 
@@ -77,7 +82,7 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
     if u.ep > 1 and u.expert_dp_type not in (None, u.dp_type):
         raise SpecError("layer 0", f"expert_dp_type {u.expert_dp_type}: torchtitan shards experts like the rest")
     if plan.schedule not in SCHEDULES:
-        torch_name = REGISTRY[plan.schedule].torch_class.removeprefix("Schedule")
+        torch_name = _torch_name(REGISTRY[plan.schedule])
         stages = "1 stage" if torch_name in SINGLE_STAGE else "2 or more stages"
         raise SpecError("schedule", f"{plan.schedule} has no torchtitan schedule (torchtitan runs {torch_name} with "
                         f"{stages} per rank, {plan.schedule} {plan.virtual_stages}; it reads "

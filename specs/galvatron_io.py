@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specs.axes import CPComm, CPLoadBalance
 from specs.errors import SpecError, load_json_with
 from specs.files import atomic_write_json
-from specs.axes import CPComm, CPLoadBalance
 from specs.plan import DPType, LayerStrategy, Plan, Recompute, SequenceParallel, even_stage_layers
 from specs.schema import GalvatronPlanFile, check
 
@@ -98,11 +98,15 @@ def _layer(i: int, tp: int, sp: int, cp: int, use_sp: int, per_stage: int, sdp: 
     tp, ulysses = (1, degree) if use_sp else (degree, 1)
     sharded = dp * ulysses * cp > 1  # Ulysses and cp shard states over dp * ulysses * cp
     dp_type = ("zero3" if sdp else default_dp) if sharded else "ddp"
-    cp_comm = CPComm.A2A_P2P if cp > 1 and ulysses > 1 else CPComm.P2P
-    return LayerStrategy(tp=tp, ulysses=ulysses, dp=dp, cp=cp, cp_comm=cp_comm, dp_type=dp_type,
+    return LayerStrategy(tp=tp, ulysses=ulysses, dp=dp, cp=cp, cp_comm=_cp_comm(cp, ulysses), dp_type=dp_type,
                          tp_consecutive=consecutive,
                          recompute=Recompute.FULL if ckpt else Recompute.NONE,
                          sp=SequenceParallel.ULYSSES if use_sp else SequenceParallel.NONE)
+
+
+def _cp_comm(cp: int, ulysses: int) -> CPComm:
+    """How Galvatron runs a layer's cp: a zigzag ring (p2p), inside Ulysses' all-to-alls beside it."""
+    return CPComm.A2A_P2P if cp > 1 and ulysses > 1 else CPComm.P2P
 
 
 def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
@@ -117,7 +121,7 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
             raise SpecError(f"layer {i}", "sp megatron has no field in Galvatron files")
         if s.recompute == Recompute.SELECTIVE:
             raise SpecError(f"layer {i}", "recompute selective has no field in Galvatron files")
-        galvatron_comm = CPComm.A2A_P2P if s.cp > 1 and s.ulysses > 1 else CPComm.P2P
+        galvatron_comm = _cp_comm(s.cp, s.ulysses)
         if s.cp_comm != galvatron_comm:
             raise SpecError(f"layer {i}", f"cp_comm {s.cp_comm} (cp {s.cp}, ulysses {s.ulysses}) has no field in "
                             f"Galvatron files (its cp is a zigzag ring: {galvatron_comm} here)")
