@@ -18,8 +18,9 @@ class Memo:
     def __call__(self, *args: Any) -> Any:
         key = tuple(map(id, args))
         hit = self._by_id.get(key)
-        # the stored args keep their objects alive, so a matching id is the same object
-        if hit is not None and all(a is b for a, b in zip(hit[0], args)):
+        # the stored args keep their objects alive, and no two live objects share an id: a
+        # matching key is the very same objects
+        if hit is not None:
             return hit[1]
         try:
             value = self._by_value[args]

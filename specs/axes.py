@@ -3,9 +3,10 @@ and the one invariant they obey (their product is the stage's GPUs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from enum import StrEnum
 
-from specs.errors import SpecError, one_of, positive_int
+from specs.errors import SpecError, member, positive_int
 
 DENSE_AXES = ("tp", "cp", "ulysses", "dp")
 """The axes that split a stage's ranks, in the documented order: tensor (the weights), context
@@ -107,7 +108,7 @@ class Degrees:
         for name in ("dp", "tp", "ulysses", "cp", "ep", "etp"):
             positive_int(getattr(self, name), name)
         for name, kind in (("dp_type", DPType), ("sp", SequenceParallel), ("edp_type", DPType)):
-            object.__setattr__(self, name, kind(one_of(getattr(self, name), tuple(kind), name)))
+            object.__setattr__(self, name, member(getattr(self, name), kind, name))
 
     def __hash__(self) -> int:  # keys the grid cache, asked for thousands of times
         cached = self.__dict__.get("_hash")
@@ -120,25 +121,25 @@ class Degrees:
     def __getstate__(self) -> dict:  # the cached hash is per process (str hashes are salted)
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         """Ranks the layer spans: dp * tp * cp * ulysses."""
         return self.dp * self.split
 
-    @property
+    @cached_property
     def split(self) -> int:
         """Ranks that split one data-parallel replica's work: tp * cp * ulysses (each computes
         1 / split of the replica's FLOPs)."""
         return self.tp * self.cp * self.ulysses
 
-    @property
+    @cached_property
     def seq_split(self) -> int:
         """Degree the activations between blocks are split by along the sequence (Megatron-SP
         over tp, Ulysses over its degree, cp over its own); 1 when tokens are whole."""
         tp = self.tp if self.sp == SequenceParallel.MEGATRON else 1
         return tp * self.cp * self.ulysses
 
-    @property
+    @cached_property
     def grad_sync(self) -> int:
         """Ranks holding the same weight shard (the gradient-sync and ZeRO group):
         dp * cp * ulysses."""
@@ -149,7 +150,7 @@ class Degrees:
         """The axes of the gradient-sync group, for ``RankGrid.groups``."""
         return GRAD_SYNC_AXES
 
-    @property
+    @cached_property
     def edp(self) -> int:
         """Ranks holding the same expert shard: gpus / (ep * etp)."""
         return self.gpus // (self.ep * self.etp)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
 
 
 class SpecError(ValueError):
@@ -41,6 +43,8 @@ def require(condition: bool, field: str, message: str) -> None:
 
 def positive_int(value: object, field: str) -> int:
     """``value`` as an int > 0, or a SpecError naming the field and the value."""
+    if type(value) is int and value > 0:  # the common case, checked first: planners build many records
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(field, f"must be a positive integer, got {value!r}")
     return value
@@ -61,6 +65,14 @@ def one_of(value: object, choices: tuple, field: str) -> object:
     if value not in choices:
         raise SpecError(field, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
     return value
+
+
+def member(value: object, kind: type[E], field: str) -> E:
+    """``value`` as a member of the enum ``kind`` (a member itself, or its value), else a SpecError
+    listing the members."""
+    if type(value) is kind:
+        return value
+    return kind(one_of(value, tuple(kind), field))
 
 
 def check_fields(cls: type, given: Iterable[str], where: str = "") -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, SequenceParallel
-from specs.errors import SpecError, check_fields, load_json_with, one_of, positive_int
+from specs.errors import SpecError, check_fields, load_json_with, member, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.precision import Precision, fp8_recipe, gpu_refusal
 from specs.precision import precision as to_precision
@@ -91,27 +91,26 @@ class LayerStrategy:
     def __post_init__(self) -> None:
         positive_int(self.tp, "tp")
         positive_int(self.dp, "dp")
-        object.__setattr__(self, "dp_type", DPType(one_of(self.dp_type, DP_TYPES, "dp_type")))
+        object.__setattr__(self, "dp_type", member(self.dp_type, DPType, "dp_type"))
         if not isinstance(self.tp_consecutive, bool):
             raise SpecError("tp_consecutive", f"must be true or false, got {self.tp_consecutive!r}")
-        object.__setattr__(self, "recompute", Recompute(one_of(self.recompute, tuple(Recompute), "recompute")))
-        object.__setattr__(self, "sp", SequenceParallel(one_of(self.sp, tuple(SequenceParallel), "sp")))
+        object.__setattr__(self, "recompute", member(self.recompute, Recompute, "recompute"))
+        object.__setattr__(self, "sp", member(self.sp, SequenceParallel, "sp"))
         positive_int(self.ulysses, "ulysses")
         positive_int(self.cp, "cp")
-        object.__setattr__(self, "cp_comm", CPComm(one_of(self.cp_comm, tuple(CPComm), "cp_comm")))
+        object.__setattr__(self, "cp_comm", member(self.cp_comm, CPComm, "cp_comm"))
         positive_int(self.ep, "ep")
         if isinstance(self.expert_tp, bool) or not isinstance(self.expert_tp, int) or self.expert_tp < 0:
             raise SpecError("expert_tp", f"must be an integer >= 0 (0 = tp), got {self.expert_tp!r}")
         if self.expert_dp_type is not None:
-            object.__setattr__(self, "expert_dp_type", DPType(one_of(self.expert_dp_type, DP_TYPES,
-                                                                     "expert_dp_type")))
+            object.__setattr__(self, "expert_dp_type", member(self.expert_dp_type, DPType, "expert_dp_type"))
         object.__setattr__(self, "precision", to_precision(self.precision))
 
     @cached_property
     def degrees(self) -> Degrees:
-        """The named degrees of this layer (specs.axes); built once per strategy."""
-        return Degrees(dp=self.dp, dp_type=self.dp_type, tp=self.tp, tp_consecutive=self.tp_consecutive, sp=self.sp,
-                       ulysses=self.ulysses, cp=self.cp, ep=self.ep, etp=self.etp, edp_type=self.expert_dp_kind)
+        """The named degrees of this layer (specs.axes); one shared record per distinct value."""
+        return _layer_degrees(self.dp, self.dp_type, self.tp, self.tp_consecutive, self.sp, self.ulysses, self.cp,
+                              self.ep, self.etp, self.expert_dp_kind)
 
     @property
     def gpus(self) -> int:
@@ -235,10 +234,8 @@ class Plan:
         schedule_entry(self.schedule).check_virtual_stages(self.virtual_stages)
         if not isinstance(self.vocab_zero3, bool):
             raise SpecError("vocab_zero3", f"must be true or false, got {self.vocab_zero3!r}")
-        object.__setattr__(self, "cp_load_balance", CPLoadBalance(one_of(self.cp_load_balance, tuple(CPLoadBalance),
-                                                                         "cp_load_balance")))
-        object.__setattr__(self, "vocab_sp", SequenceParallel(one_of(self.vocab_sp, tuple(SequenceParallel),
-                                                                     "vocab_sp")))
+        object.__setattr__(self, "cp_load_balance", member(self.cp_load_balance, CPLoadBalance, "cp_load_balance"))
+        object.__setattr__(self, "vocab_sp", member(self.vocab_sp, SequenceParallel, "vocab_sp"))
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
@@ -486,6 +483,15 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, glob
                              cp=cp, cp_comm=cp_comm, precision=precision)
     return Plan(pp=pp, stage_layers=stage_layers, layers=(strategy,) * num_layers,
                 global_batch=global_batch, micro_batches=micro_batches, schedule=schedule, **meta)
+
+
+@lru_cache(maxsize=4096)
+def _layer_degrees(dp: int, dp_type: DPType, tp: int, tp_consecutive: bool, sp: SequenceParallel, ulysses: int,
+                   cp: int, ep: int, etp: int, edp_type: DPType) -> Degrees:
+    """A layer's Degrees, shared: a search builds tens of thousands of strategies over a few
+    hundred distinct records, and the grid caches are keyed by them."""
+    return Degrees(dp=dp, dp_type=dp_type, tp=tp, tp_consecutive=tp_consecutive, sp=sp, ulysses=ulysses, cp=cp,
+                   ep=ep, etp=etp, edp_type=edp_type)
 
 
 @lru_cache(maxsize=4096)
