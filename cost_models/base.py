@@ -26,6 +26,7 @@ from typing import ClassVar, Sequence
 from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, stage_grid
 from cost_models.reserve import DEFAULT_RESERVE, AllocatorReserve
 from specs.capabilities import EVERYTHING, Capabilities, check_supported
+from specs.schedule_play import StageWork, played_s
 from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
@@ -146,11 +147,18 @@ def in_flight(schedule: str, pp: int, stage: int, micro_batches: int, virtual_st
 
 
 def pipeline_time(stage_time_s: Sequence[float], stage_tail_s: Sequence[float], micro_batches: int,
-                  schedule: str, virtual_stages: int = 1, weight_share: float = DEFAULT_WEIGHT_SHARE) -> float:
-    """The schedule's iteration time: m max_k T_k + bubble (sum_k T_k - max_k T_k) / v + max_k D_k
-    (``weight_share``: W / (F + B + W) of the stages, read by the zero-bubble schedules)."""
-    formula = schedule_entry(schedule).formula(micro_batches, virtual_stages, weight_share)
-    return formula.time_s(max(stage_time_s), sum(stage_time_s), max(stage_tail_s))
+                  schedule: str, virtual_stages: int = 1, stage_work: Sequence[StageWork] | None = None) -> float:
+    """The schedule's iteration time. A whole-backward schedule: its formula, m max_k T_k +
+    (sum_k T_k - max_k T_k) / v + max_k D_k. A split-backward one (zero-bubble, V-shaped): its
+    programs played op by op on the stages' F, B and W (``stage_work``; default T_k split
+    F = B = W) plus max_k D_k, the bubble no closed form gives at every micro-batch count."""
+    entry = schedule_entry(schedule)
+    if not entry.splits_backward:
+        formula = entry.formula(micro_batches, virtual_stages)
+        return formula.time_s(max(stage_time_s), sum(stage_time_s), max(stage_tail_s))
+    if stage_work is None:
+        stage_work = [StageWork.split(t, DEFAULT_WEIGHT_SHARE, DEFAULT_WEIGHT_SHARE) for t in stage_time_s]
+    return played_s(entry, stage_work, micro_batches, virtual_stages) + max(stage_tail_s)
 
 
 class CostModel(ABC):
@@ -291,9 +299,8 @@ class CostModel(ABC):
             times.append(t)
             tails.append(d)
             memories.append(mem)
-        share = self._weight_share(model, plan, sum(times)) if schedule_entry(plan.schedule).splits_backward \
-            else DEFAULT_WEIGHT_SHARE
-        total = pipeline_time(times, tails, plan.micro_batches, plan.schedule, plan.virtual_stages, share)
+        work = self._stage_work(model, plan, times) if schedule_entry(plan.schedule).splits_backward else None
+        total = pipeline_time(times, tails, plan.micro_batches, plan.schedule, plan.virtual_stages, work)
         busy = sum(times) * plan.micro_batches / plan.pp
         return PlanCost(iteration_time_s=total, throughput_samples_per_s=plan.global_batch / total,
                         stage_time_s=tuple(times), stage_tail_s=tuple(tails),
@@ -320,14 +327,22 @@ class CostModel(ABC):
         time_s += self._pipeline_send_s(model, plan, stage, layer_ids, world)
         return time_s, tail_s, memory
 
-    def _weight_share(self, model: ModelSpec, plan: Plan, total_s: float) -> float:
-        """W / (F + B + W): the layers' weight-gradient time over the stages' per-micro-batch
-        time (what a zero-bubble schedule moves into its fill and drain)."""
-        world = self.cluster.world_size
-        weight_s = sum(self.layer_time(model.layers[i], plan.layers[i], plan.micro_batch_size(i), plan.micro_batches,
-                                       plan.stage_first_rank(stage, world)).weight_grad_s
-                       for stage, ids in enumerate(plan.stage_ranges()) for i in ids)
-        return weight_s / total_s if total_s > 0 else DEFAULT_WEIGHT_SHARE
+    def _stage_work(self, model: ModelSpec, plan: Plan, stage_time_s: Sequence[float]) -> list[StageWork]:
+        """Each stage's T_k as a split-backward schedule runs it: W its layers' weight-gradient
+        compute, the rest (communication, sends and the vocabulary's work included) shared
+        between F and B as the layers' forward and input-gradient compute are."""
+        world, work = self.cluster.world_size, []
+        for stage, (ids, total_s) in enumerate(zip(plan.stage_ranges(), stage_time_s)):
+            first_rank = plan.stage_first_rank(stage, world)
+            times = [self.layer_time(model.layers[i], plan.layers[i], plan.micro_batch_size(i), plan.micro_batches,
+                                     first_rank) for i in ids]
+            weight_s = min(sum(t.weight_grad_s for t in times), total_s)
+            forward_s = sum(t.forward_s for t in times)
+            input_s = sum(t.backward_s - t.weight_grad_s for t in times)
+            forward_share = forward_s / (forward_s + input_s) if forward_s + input_s > 0 else 0.5
+            rest_s = total_s - weight_s
+            work.append(StageWork(rest_s * forward_share, rest_s * (1.0 - forward_share), weight_s))
+        return work
 
     def _pipeline_send_s(self, model: ModelSpec, plan: Plan, stage: int, layer_ids: list[int],
                          world: int) -> float:

@@ -247,14 +247,14 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
     over uniform plans (one strategy for every layer, the vocabulary sharded like the layers,
     Megatron's chunk layout: how frameworks run them), scored by plan_cost. Strategies go in
     order of a lower bound from the tables and stop once it cannot reach the top_k plans found
-    so far; plans the tables show cannot fit are not scored. The bound takes W as half the
-    backward (w = 1/2, its most when B >= W): no bubble left under a zero-bubble schedule."""
+    so far; plans the tables show cannot fit are not scored. The bound is the schedule's formula,
+    with no bubble under a split-backward schedule."""
     c, n, entry = t.combo, len(t.layer_type), schedule_entry(schedule)
     if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v) or n < c.pp * v:
         return
     stage_layers, chunk_layers = chunk_layout(n, c.pp, v, schedule) if v > 1 else (even_stage_layers(n, c.pp), ())
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v, weight_share=0.5),
+    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v),
                                      cost_model.linear_in_flight, stage_layers)
     order = np.argsort(floor)
     for pos, i in enumerate(order):

@@ -66,7 +66,7 @@ class Op(NamedTuple):
 class PipelineFormula:
     """Iteration time from per-stage T_k (one micro-batch) and D_k (per-iteration tail):
     m max_k T_k + bubble (sum_k T_k - max_k T_k) / v + max_k D_k, with v the fill divisor and
-    ``bubble`` the share of the fill and drain a zero-bubble schedule leaves idle (1 otherwise).
+    ``bubble`` the share of the fill and drain left idle (1; 0 in a split-backward schedule's bound).
     Planners use its linear form ``fill * sum_k T_k + steady * max_k T_k + max_k D_k`` (same
     value, their rounding); one stage is m T_0 + D_0."""
 
@@ -74,7 +74,8 @@ class PipelineFormula:
     fill_divisor: int
     """v: interleaving shrinks the fill and drain (sum T - max T) v-fold."""
     bubble: float = 1.0
-    """Share of the fill and drain left idle: 1, or less where W ops fill it (zero-bubble)."""
+    """Share of the fill and drain left idle: 1, or 0 in the bound of a split-backward schedule
+    (whose time is played, not given by this formula)."""
 
     @property
     def fill(self) -> float:
@@ -118,10 +119,9 @@ class PipelineSchedule(ABC):
     splits_backward: ClassVar[bool] = False
     """Its programs run W ops (the backward split into B and W)."""
 
-    def formula(self, micro_batches: int, virtual_stages: int = 1,
-                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
-        """The iteration time's formula; ``weight_share`` is W / (F + B + W) of the stages'
-        compute (read by the zero-bubble schedules only)."""
+    def formula(self, micro_batches: int, virtual_stages: int = 1) -> PipelineFormula:
+        """The iteration time's formula (a lower bound for a split-backward schedule, whose time
+        plan_cost plays op by op: specs.schedule_play)."""
         return PipelineFormula(micro_batches, virtual_stages)
 
     def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
@@ -265,6 +265,12 @@ class SplitBackward(PipelineSchedule):
         """The peak of its own program, chunk-micro-batches of 1/v of the stage each."""
         return _held(self.name, pp, stage, micro_batches, virtual_stages) / virtual_stages
 
+    def formula(self, micro_batches: int, virtual_stages: int = 1) -> PipelineFormula:
+        """No bubble: the bound planners prune with (every stage runs its m micro-batches at
+        least). The bubble left depends on F, B and W and, below about 2 pp micro-batches, on the
+        micro-batch count: plan_cost plays the program (specs.schedule_play)."""
+        return PipelineFormula(micro_batches, 1, 0.0)
+
 
 class ZeroBubbleH1(SplitBackward):
     name = Schedule.ZB_H1
@@ -282,12 +288,6 @@ class ZeroBubbleH1(SplitBackward):
             out += [Op(OpKind.BACKWARD, i, 0)] + ([Op(OpKind.WEIGHT, i - stage, 0)] if i >= stage else [])
         return out + [Op(OpKind.WEIGHT, i, 0) for i in range(max(m - stage, 0), m)]
 
-    def formula(self, micro_batches: int, virtual_stages: int = 1,
-                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
-        """Bubble (pp - 1)(F + B - W) of 1F1B's (pp - 1)(F + B + W): 1 - 2 w of the fill and drain
-        (1/3 at F = B = W), w = W / (F + B + W)."""
-        return PipelineFormula(micro_batches, 1, max(0.0, 1.0 - 2.0 * weight_share))
-
     def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
         m = micro_batches
         if m < pp:
@@ -296,11 +296,6 @@ class ZeroBubbleH1(SplitBackward):
             return (f"{self.name} needs micro-batches a multiple of its rounds (torch's ZB1P): micro_batches {m}, "
                     f"rounds {m} // pp {pp} = {m // pp}")
         return None
-
-
-def v_shape_formula(micro_batches: int, weight_share: float) -> PipelineFormula:
-    """Bubble (1 - 2 w) / 2 of 1F1B's fill and drain: (pp - 1)(f + b - w) in chunk times."""
-    return PipelineFormula(micro_batches, 1, max(0.0, 1.0 - 2.0 * weight_share) / 2.0)
 
 
 class VShape(SplitBackward):
@@ -364,13 +359,6 @@ class ZeroBubbleV(VShape):
             add(W, 0)
         return [op for op in out if op.micro_batch < micro_batches]
 
-    def formula(self, micro_batches: int, virtual_stages: int = 2,
-                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
-        """Bubble (pp - 1)(f + b - w) in chunk times, a chunk being half a stage: (1 - 2 w) / 2 of
-        1F1B's fill and drain. That is what this order leaves when played op by op (the
-        simulator, for f <= b); the paper's optimised ZB-V reaches (pp - 1)(f + b - 2 w)."""
-        return v_shape_formula(micro_batches, weight_share)
-
 
 class DualPipeV(VShape):
     name = Schedule.DUALPIPE_V
@@ -420,13 +408,6 @@ class DualPipeV(VShape):
         for _ in range(stage + 1):
             pending_w()
         return out
-
-    def formula(self, micro_batches: int, virtual_stages: int = 2,
-                weight_share: float = DEFAULT_WEIGHT_SHARE) -> PipelineFormula:
-        """As ZB-V's, (pp - 1)(f + b - w) in chunk times (the order played op by op, for
-        b <= f): the paired forward and backward run one after the other here, so DeepSeek's
-        (pp - 1)(F&B + b - 3 w), which hides one under the other's communication, does not apply."""
-        return v_shape_formula(micro_batches, weight_share)
 
     def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
         if micro_batches < 2 * pp:

@@ -128,19 +128,6 @@ def test_the_formula_and_its_linear_form():
     assert two.linear_s(3.0, 2.0, 0.3) == pytest.approx(8.8)
 
 
-@pytest.mark.parametrize("schedule, v, w, bubble", [
-    # ZB-H1: (F + B - W) / (F + B + W); F = B = W: 1/3; W a quarter: (0.75 - 0.25) / 1 = 0.5
-    ("zb_h1", 1, 1 / 3, 1 / 3), ("zb_h1", 1, 0.25, 0.5),
-    # ZB-V and DualPipeV: (f + b - w) / (2 (f + b + w)): F = B = W: 1/6; W a quarter: 0.5 / 2
-    ("zbv", 2, 1 / 3, 1 / 6), ("zbv", 2, 0.25, 0.25), ("dualpipev", 2, 0.25, 0.25), ("dualpipev", 2, 0.5, 0.0),
-])
-def test_zero_bubble_formulas(schedule, v, w, bubble):
-    formula = schedule_entry(schedule).formula(8, v, weight_share=w)
-    assert formula.fill == pytest.approx(bubble)
-    # T = (1, 2) s, D = 0.3, m = 8: 8 * 2 + bubble * (3 - 2) + 0.3
-    assert formula.time_s(2.0, 3.0, 0.3) == pytest.approx(16.3 + bubble)
-
-
 @pytest.mark.parametrize("schedule, pp, m, v, message", [
     ("1f1b", 4, 3, 1, r"micro_batches: 1f1b needs micro_batches\(3\) >= pp\(4\)"),
     ("interleaved_1f1b", 4, 6, 2,
