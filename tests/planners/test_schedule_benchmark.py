@@ -1,0 +1,33 @@
+"""benchmarks/schedules.py on a small case: each row's plan runs its schedule, fits the budget,
+and the cost model and the simulator agree on it within the benchmark's 3%."""
+from __future__ import annotations
+
+import pytest
+
+import cost_models
+from benchmarks.schedules import ROWS, UNIFORM_1F1B, best_of_schedule
+from planners import Budget, SearchSpace
+from specs import load_cluster, load_model
+
+
+@pytest.fixture(scope="module")
+def case():
+    model, cluster = load_model("llama2-7b").scaled(num_layers=16), load_cluster("dgx-a100-80g:2")
+    space = SearchSpace.preset("full")
+    return model, cluster, cost_models.get("analytical", cluster), Budget(memory_gib=40, global_batch=64), space
+
+
+@pytest.mark.parametrize("schedule, v", ROWS)
+def test_each_row_runs_its_schedule_and_the_simulator_agrees(case, schedule, v):
+    from simulator import simulate
+    model, cluster, cm, budget, space = case
+    res = best_of_schedule(model, cluster, budget, cm, space, schedule, v, time_limit_s=60)
+    assert res.feasible, res.message
+    expected = "1f1b" if schedule == UNIFORM_1F1B else schedule
+    assert res.plan.schedule == expected
+    if res.plan.pp > 1:
+        assert res.plan.virtual_stages == v
+    usable_gib = (budget.memory_bytes - cm.allocator_reserve_bytes(budget.memory_bytes)) / 2**30
+    assert res.peak_memory_gib <= usable_gib + 1e-9
+    sim = simulate(model, cluster, res.plan, cm)
+    assert res.throughput_samples_per_s == pytest.approx(sim.throughput_samples_per_s, rel=0.03)
