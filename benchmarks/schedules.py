@@ -3,6 +3,7 @@ analytical cost model and in the simulator, their ratio, peak memory and search 
 
     python -m benchmarks.schedules                          # the three cases
     python -m benchmarks.schedules --case gpt3-175b --time-limit-s 60
+    python -m benchmarks.schedules --part memory            # each schedule run on CPU: peak memory
 
 GPipe and 1F1B rows are the galvatron search (per-layer strategies, searched stage split) with
 only that schedule; the others are their best uniform plan (one strategy for every layer, in
@@ -18,7 +19,7 @@ import argparse
 import sys
 import time
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import cost_models
 import planners
@@ -113,13 +114,62 @@ def _shape(res: PlanResult) -> str:
     return (f"pp {p.pp} m {p.micro_batches} | layer 0 {first.short()} | stages {list(p.stage_layers)}"[:110])
 
 
+MEMORY_MODEL = dict(hidden_size=256, num_layers=8, seq_len=128)
+"""gpt-1.7b cut down for the CPU runs (8 layers: 2 per chunk at pp 4 x v 2), vocabulary MEMORY_VOCAB."""
+MEMORY_VOCAB = 4096
+MEMORY_MICRO_BATCHES = 8
+"""One sample each: DualPipeV needs 2 pp at pp 4."""
+
+
+def memory_model():
+    model = load_model("gpt-1.7b").scaled(**MEMORY_MODEL)
+    layers = tuple(replace(layer, num_heads=4, head_dim=0) for layer in model.layers)
+    return replace(model, layers=layers, embedding=replace(model.embedding, vocab_size=MEMORY_VOCAB),
+                   head=replace(model.head, output_size=MEMORY_VOCAB))
+
+
+def memory_rows(pps=(2, 4)) -> Iterator[str]:
+    """Each schedule run by the executor on CPU (gloo, pp ranks, dp 1): measured peak memory per
+    stage (MemTracker; executor.live_memory under a split backward) beside the profiled cost
+    model's on this machine's profile of the model (fp32, the executor's Adam), runtime overhead
+    excluded, as the loop benchmark compares them."""
+    from executor.profile import build_profile
+    from executor.run import run_plan
+    from specs import uniform_plan
+    model = memory_model()
+    profile = build_profile(model, batch_sizes=[1], tps=[1], world_size=2, repeats=1, max_error=None)
+    yield f"{'schedule':<20} {'pp':>2}  measured / predicted MiB per stage (error)"
+    for pp in pps:
+        cluster = load_cluster(f"cpu-{pp}")
+        cm = cost_models.get("profiled", cluster, profile=profile)
+        for schedule, v in ROWS:
+            if schedule == UNIFORM_1F1B or model.num_layers < pp * v:
+                continue
+            plan = uniform_plan(model.num_layers, pp=pp, global_batch=MEMORY_MICRO_BATCHES,
+                                micro_batches=MEMORY_MICRO_BATCHES, schedule=schedule,
+                                **({"virtual_stages": v} if v > 1 else {}))
+            predicted = [b - cm.runtime_overhead_bytes for b in cm.plan_cost(model, plan).stage_peak_bytes]
+            measured = run_plan(plan, model, steps=1, warmup=1, timeout_s=900).peak_memory_bytes
+            cells = [f"{m / 2**20:6.1f}/{p / 2**20:6.1f} ({m / p - 1:+5.1%})" for m, p in zip(measured, predicted)]
+            label = f"{schedule}" + (f" v{v}" if v > 1 else "")
+            yield f"{label:<20} {pp:>2}  " + "  ".join(cells)
+
+
 @one_line_errors()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.schedules", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", nargs="+", choices=tuple(CASES), default=list(CASES))
     p.add_argument("--time-limit-s", type=float, default=120.0, help="per schedule's search")
+    p.add_argument("--part", choices=("plans", "memory", "all"), default="plans",
+                   help="plans: the three cases; memory: each schedule run on CPU, peak memory per stage")
     args = p.parse_args(argv)
+    if args.part in ("memory", "all"):
+        for line in memory_rows():
+            print(line, flush=True)
+        print()
+    if args.part == "memory":
+        return 0
     for name in args.case:
         for line in case_rows(CASES[name], args.time_limit_s):
             print(line, flush=True)
