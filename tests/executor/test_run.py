@@ -198,6 +198,17 @@ def test_split_backward_v_shaped_and_looped_schedules_on_2_ranks(tiny_gpt, sched
     assert_matches_reference(plan, tiny_gpt, 2)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, v", [("zb_h1", 1), ("zbv", 2), ("dualpipev", 2), ("looped_bfs", 2)])
+def test_split_backward_v_shaped_and_looped_schedules_on_4_ranks(tiny_gpt, schedule, v):
+    """The same on pp 4 (8 layers: a chunk each under a V), uneven stage work as the V puts the
+    embedding and the head on rank 0; DualPipeV needs 2 pp = 8 micro-batches."""
+    model = tiny_gpt.scaled(num_layers=8)
+    plan = uniform_plan(8, pp=4, global_batch=8, micro_batches=8, schedule=schedule,
+                        **({"virtual_stages": v} if v > 1 else {}))
+    assert_matches_reference(plan, model, 4)
+
+
 def test_the_pipeline_keeps_no_stage_output_for_the_caller():
     """The schedules are asked not to keep the last stage's outputs (every micro-batch's logits
     until the step ends): training reads only the losses."""
