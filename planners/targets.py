@@ -18,13 +18,18 @@ from planners.registry import register
 from planners.space import SearchSpace
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 from specs.precision import Precision
+from specs.schedules import schedule_entry
 from specs.units import GIB
 
 TARGETS = ("none", "megatron", "torchtitan", "deepspeed", "galvatron")
 UNIFORM = ("megatron", "torchtitan", "deepspeed")
-SCHEDULES = {"megatron": (Schedule.ONE_F_ONE_B,), "torchtitan": (Schedule.ONE_F_ONE_B, Schedule.GPIPE),
+SCHEDULES = {"megatron": (Schedule.ONE_F_ONE_B,),
+             "torchtitan": (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.ZBV, Schedule.DUALPIPE_V),
              "deepspeed": (Schedule.ONE_F_ONE_B,)}
-"""Pipeline schedules each uniform target runs (interleaving where its space has virtual stages)."""
+"""Pipeline schedules each uniform target runs (interleaving where its space has virtual stages).
+torchtitan's V-shaped ZBVZeroBubble and DualPipeV are tried at 1F1B's micro-batch counts, as the
+unrestricted search tries them; its LoopedBFS, which the full space does not search (it holds
+every micro-batch, as GPipe), is exported and imported but not searched."""
 GALVATRON_FAMILIES = ((DPType.DDP, DPType.ZERO3), (DPType.ZERO2, DPType.ZERO3))
 """A Galvatron file names one default dp type (ddp or zero2) besides per-layer ZeRO-3."""
 NONE, MEGATRON_SP = SequenceParallel.NONE, SequenceParallel.MEGATRON
@@ -56,9 +61,7 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     }
     if name not in spaces:
         raise SpecError("target", f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
-    # searched: 1F1B, GPipe and interleaving. torchtitan's export also writes ZBVZeroBubble,
-    # DualPipeV and LoopedBFS, but the unrestricted search runs the V schedules only at 1F1B's
-    # micro-batch counts and never Looped BFS, so a target searching them could beat it
+    # the uniform targets' schedules are SCHEDULES' (uniform_plans), Galvatron's 1F1B
     return spaces[name] if name == "none" else replace(spaces[name], uniform_schedules=())
 
 
@@ -72,12 +75,26 @@ def uniform_plans(target: str, model: ModelSpec, cluster: ClusterSpec, batch: in
             continue
         for s in space.stage_strategies(cluster.world_size // pp, model):
             for schedule in SCHEDULES[target]:
-                spaced = replace(space, schedule=schedule)
-                for v in (space.virtual_stages if schedule == Schedule.ONE_F_ONE_B and pp > 1 else (1,)):
-                    for m in spaced.micro_batch_choices(batch, pp, v):
+                for v, counts in _micro_batch_counts(space, schedule, batch, pp):
+                    for m in counts:
                         plan = _uniform(model, cluster, s, pp, m, v, batch, schedule)
                         if plan is not None and _launchable(framework, plan, model, cluster):
                             yield plan
+
+
+def _micro_batch_counts(space: SearchSpace, schedule: str, batch: int, pp: int) -> Iterator[tuple[int, list[int]]]:
+    """(chunks per rank, micro-batch counts) of ``schedule`` on ``pp`` stages: a flat schedule's
+    own rules, interleaving at each of the space's virtual stages, a split or V-shaped one at
+    1F1B's counts that it allows (as the unrestricted search's uniform phase tries it)."""
+    entry = schedule_entry(schedule)
+    if entry.splits_backward:
+        v = entry.min_virtual_stages
+        flat = replace(space, schedule=Schedule.ONE_F_ONE_B).micro_batch_choices(batch, pp)
+        yield v, [m for m in flat if entry.allows(pp, m, v)]
+        return
+    spaced = replace(space, schedule=schedule)
+    for v in (space.virtual_stages if schedule == Schedule.ONE_F_ONE_B and pp > 1 else (1,)):
+        yield v, spaced.micro_batch_choices(batch, pp, v)
 
 
 def _uniform(model: ModelSpec, cluster: ClusterSpec, s: Any, pp: int, m: int, v: int, batch: int,
