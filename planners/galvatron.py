@@ -18,17 +18,10 @@ import numpy as np
 
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
-from planners.outer import (
-    GAP_RTOL,
-    OuterState,
-    finish,
-    lower_bound_s,
-    passed,
-    run_outer,
-    vocab_min_memory_bytes,
-)
+from planners.deadline import DeadlinePassed, passed
+from planners.outer import GAP_RTOL, OuterState, finish, lower_bound_s, run_outer, vocab_min_memory_bytes
 from planners.registry import register
-from planners.segments import DeadlinePassed, GroupDP, GroupSolution
+from planners.segments import GroupDP, GroupSolution
 from planners.space import SearchSpace
 from planners.tables import ComboTables
 from specs import ClusterSpec, ModelSpec, SpecError
@@ -94,9 +87,9 @@ class GalvatronPlanner(Planner):
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
             raise SpecError("gap_tolerance", f"must be a number in [0, 1), got {tolerance!r}")
         granularity = float(opts["memory_granularity_mib"]) * MIB
-        state = OuterState()
         limit = opts["time_limit_s"]
-        deadline = None if limit is None else time.monotonic() + time_limit(limit)
+        state = OuterState(limit_s=None if limit is None else time_limit(limit))
+        deadline = None if limit is None else time.monotonic() + state.limit_s
 
         provable = opts["prove_candidates"] > 0 and not granularity and opts["max_temp_levels"] is None
         pending: list[tuple[ComboTables, Any, float]] = []
@@ -107,8 +100,7 @@ class GalvatronPlanner(Planner):
         def group_dp(tables):
             return GroupDP(tables, exact=exact, even=even, granularity_bytes=granularity,
                            stage_imbalance=None if exact else opts["stage_imbalance"],
-                           max_temp_levels=None if exact else opts["max_temp_levels"],
-                           deadline=deadline if state.solutions else None)  # a call goes on until it has a plan
+                           max_temp_levels=None if exact else opts["max_temp_levels"], deadline=deadline)
 
         def refine(tables, incumbent_s):  # the group's floor without the tail caps: cheaper, enough to order
             try:
@@ -124,7 +116,7 @@ class GalvatronPlanner(Planner):
             found = []
 
             def stopped():  # by the deadline, part-way or between vocab choices: the cheap bound
-                state.timed_out = True
+                state.stop("searching the groups")
                 state.bound(tables.combo.global_batch, lower_bound_s(tables))
                 return found
 
@@ -141,11 +133,11 @@ class GalvatronPlanner(Planner):
                         state.bound(tables.combo.global_batch, floor)
                         state.pruned += len(tables.vocab)
                         return found
-                    choices = _by_bound(dp, incumbent_s, lambda: bool(state.solutions) and passed(deadline))
+                    choices = _by_bound(dp, incumbent_s, lambda: passed(deadline))
             except DeadlinePassed:
                 return stopped()
             for v in choices:
-                if (found or state.solutions) and passed(deadline):
+                if passed(deadline):
                     return stopped()
                 try:
                     cut = [f.objective_s * (1.0 - tolerance) for f in found if sound]
@@ -256,7 +248,8 @@ def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,
         try:
             sol = dp.solve(v, incumbent_s, bound=False)
         except DeadlinePassed:
-            state.timed_out = dp.deadline is not None and passed(dp.deadline)
+            if passed(dp.deadline):
+                state.stop("proving the open groups")
             sol = None
         candidates -= dp.candidates - before
         state.states += dp.points - points

@@ -13,6 +13,7 @@ import numpy as np
 
 from cost_models import CostModel, in_flight
 from cost_models.memo import hash_once
+from planners.deadline import check
 from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
 from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, even_stage_layers
 
@@ -132,21 +133,23 @@ def temp_levels(t: ComboTables) -> np.ndarray:
 
 
 def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
-                 space: SearchSpace, budget_bytes: float) -> ComboTables:
+                 space: SearchSpace, budget_bytes: float, deadline: float | None = None) -> ComboTables:
     """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s
     (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``. The
     tables do not depend on the budget: built once per cost model and shared by every budget
     and planner of a run (planners read them, never write them); each call gets its own
-    ``shared`` memo (ComboTables.shared)."""
+    ``shared`` memo (ComboTables.shared). Past ``deadline`` (time.monotonic) the build stops
+    between layer types, stages and vocab choices with DeadlinePassed (the cost model's answers
+    so far stay cached)."""
     key = ("tables", model, combo, tuple(vocab_tps), space)
     cache = memo(cost_model)
     if key not in cache:
-        cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space)
+        cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space, deadline)
     return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes, shared={})
 
 
 def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
-                  space: SearchSpace) -> ComboTables:
+                  space: SearchSpace, deadline: float | None) -> ComboTables:
     world = cost_model.cluster.world_size
     gpus = world // combo.pp
     strategies = space.stage_strategies(gpus, model)
@@ -156,8 +159,14 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
     shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies])}
-    stages = [_stage(cost_model, combo, types, strategies, allowed, k, gpus, shared) for k in range(combo.pp)]
-    vocab = {v: _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies) for v in vocab_tps}
+    stages = []
+    for k in range(combo.pp):
+        check(deadline)
+        stages.append(_stage(cost_model, combo, types, strategies, allowed, k, gpus, shared, deadline))
+    vocab = {}
+    for v in vocab_tps:
+        check(deadline)
+        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies)
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
@@ -210,16 +219,18 @@ def layout_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[in
 
 
 def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-           k: int, gpus: int, shared: dict) -> StageTables:
+           k: int, gpus: int, shared: dict, deadline: float | None) -> StageTables:
     """Stage k's tables. Its layer times and relayouts depend on the stage only through its
     (canonical) first rank, its memory only through its in-flight count: ``shared`` (one dict per
-    group, holding each strategy's micro-batch size) keeps both parts for the group's other stages."""
+    group, holding each strategy's micro-batch size) keeps both parts for the group's other stages.
+    ``deadline`` is checked before each layer-time and relayout question the cache cannot answer,
+    and between layer types."""
     first = k * gpus
     local = canonical_first_rank(cm, first, gpus)  # stage-local questions; sends keep the true ranks
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
     mbs = shared["mbs"]
     if ("local", local) not in shared:
-        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, local)
+        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, local, deadline)
     if ("memory", held) not in shared:
         shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
     (time_s, tail_s, trans), (memory, temp) = shared["local", local], shared["memory", held]
@@ -227,6 +238,7 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     if k < combo.pp - 1:
         cache = memo(cm)
         for ti, layer in enumerate(types):
+            check(deadline)
             if ("messages", ti) not in shared:
                 shared["messages", ti] = _by_message(cm, layer, strategies, allowed[ti], mbs)
             src = first - node_shift(cm, first)  # the same pair of stages, moved by whole nodes
@@ -248,7 +260,7 @@ def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy]
 
 
 def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-                 mbs: np.ndarray, local: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 mbs: np.ndarray, local: int, deadline: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts, asked at ``local``."""
     cache = memo(cm)
     nt, ns = len(types), len(strategies)
@@ -258,11 +270,12 @@ def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[Laye
         for si in np.flatnonzero(allowed[ti]):
             key = ("lt", layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
             if key not in cache:
+                check(deadline)
                 cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
             time_s[ti, si], tail_s[ti, si] = cache[key].micro_batch_s, cache[key].tail_s
         rows = allowed[ti]
         if rows.any():
-            small = _trans_classes(cm, cache, layer, combo, strategies, reps, local)
+            small = _trans_classes(cm, cache, layer, combo, strategies, reps, local, deadline)
             trans[ti][rows] = small[cls[rows]][:, cls]
     return time_s, tail_s, trans
 
@@ -297,8 +310,9 @@ def _memory_parts(cm: CostModel, combo: Combo, types: list, strategies: list[Lay
 
 
 def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: list[LayerStrategy],
-                   reps: list[int], first: int) -> np.ndarray:
-    """[from class, to class] relayout times of ``layer``'s output, one call per layout pair."""
+                   reps: list[int], first: int, deadline: float | None) -> np.ndarray:
+    """[from class, to class] relayout times of ``layer``'s output, one call per layout pair
+    (``deadline`` checked before each call the cache cannot answer)."""
     out = np.zeros((len(reps), len(reps)))
     for a, i in enumerate(reps):
         s = strategies[i]
@@ -307,6 +321,7 @@ def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: 
             u = strategies[j]
             key = ("tr", layer, layout_key(s), layout_key(u), mbs, first)
             if key not in cache:
+                check(deadline)
                 cache[key] = cm.transition_time(layer, _layout(s), _layout(u), mbs, first)
             out[a, b] = cache[key]
     return out
