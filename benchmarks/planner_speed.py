@@ -5,6 +5,7 @@ to head with Galvatron's own search inputs (its LLaMA-2 7B profiles, read by the
     python -m benchmarks.planner_speed --part scaling --max-gpus 64
     python -m benchmarks.planner_speed --part head-to-head
     python -m benchmarks.planner_speed --part targets --repeats 3   # the speed targets, full space
+    python -m benchmarks.planner_speed --part scale --repeats 3     # today's scale: 1024-16,384 H100
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import itertools
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import cost_models
 import planners
@@ -103,6 +105,58 @@ def targets(args) -> None:
           f"of {len(walls)} run(s)", flush=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScaleCase:
+    """One search at today's scale: a zoo model on H100 nodes (8 GPUs each), 80 GiB, one global batch."""
+
+    model: str
+    """Zoo name."""
+    nodes: int
+    """dgx-h100 nodes (8 GPUs each)."""
+    global_batch: int
+    """Samples per iteration."""
+    planner: str
+    target_s: float | None
+    """Wall-time target; None: the search must finish (the baselines)."""
+    gib: float = 80.0
+
+
+SCALE = (ScaleCase(model="deepseek-v3", nodes=256, global_batch=4096, planner="galvatron_moe", target_s=15.0),
+         ScaleCase(model="deepseek-v3", nodes=256, global_batch=4096, planner="megatron_moe", target_s=None),
+         ScaleCase(model="deepseek-v3", nodes=256, global_batch=4096, planner="deepspeed_moe", target_s=None),
+         ScaleCase(model="llama3.1-405b", nodes=2048, global_batch=2048, planner="galvatron", target_s=10.0),
+         ScaleCase(model="llama3-70b", nodes=128, global_batch=2048, planner="galvatron", target_s=5.0))
+"""DeepSeek-V3 on 2048 H100 at 4096 sequences (16M tokens at its 4k context), its MoE baselines on
+the same; the 126-layer 405B model on 16,384 H100 and llama3-70b on 1024 H100 at 2048 sequences
+(16M tokens at 8k: Llama 3's batch at 16K GPUs). galvatron on the full space, galvatron_moe on
+its own MoE space; targets: proven optimal or with a proven gap within the time (the 405B and
+70B searches: optimal), the baselines finishing."""
+
+
+def scale(args) -> None:
+    """Medians of --repeats (each on a fresh cost model: tables are not shared between repeats),
+    the search under a time limit of the case's target (--scale-limit-s to change it)."""
+    print(_row(["GPUs", "layers", "model", "planner", "wall s", "samples/s", "status",
+                "gap | tables s, DP s, outer s | target"]))
+    for case in SCALE:
+        model, cluster = load_model(case.model), load_cluster(f"dgx-h100:{case.nodes}")
+        limit = args.scale_limit_s or case.target_s
+        opts = {} if limit is None else {"time_limit_s": limit}
+        budget = Budget(memory_gib=case.gib, global_batch=case.global_batch)
+        runs = [planners.get(case.planner).plan(model, cluster, budget, cost_models.get("analytical", cluster), opts)
+                for _ in range(args.repeats)]
+        res = sorted(runs, key=lambda r: r.stats.wall_time_s)[len(runs) // 2]
+        st = res.stats
+        gap = "none" if st.gap is None else f"{st.gap * 100:.2f}%"
+        split = f"{st.tables_s:.1f}, {st.groups_s:.1f}, {st.wall_time_s - st.tables_s - st.groups_s:.1f}"
+        thr = f"{res.throughput_samples_per_s:.2f}" if res.feasible else "none"
+        target = "finishes" if case.target_s is None else f"<= {case.target_s:g} s"
+        print(_row([cluster.world_size, model.num_layers, case.model, case.planner, f"{st.wall_time_s:.2f}", thr,
+                    st.solver_status, f"{gap} | {split} | {target}"]), flush=True)
+        if not res.feasible:
+            print(f"  {res.message}", flush=True)
+
+
 def head_to_head(args) -> None:
     if not PROFILES.exists():
         print(f"skipped: Galvatron's profiles not found at {PROFILES}")
@@ -172,8 +226,11 @@ def _one(model, cluster, cm, budget, args) -> None:
 @one_line_errors()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner_speed", description=__doc__)
-    p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss", "targets"), default="all")
-    p.add_argument("--repeats", type=int, default=1, help="targets: runs per case (the median is printed)")
+    p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss", "targets", "scale"),
+                   default="all")
+    p.add_argument("--repeats", type=int, default=1, help="targets, scale: runs per case (the median is printed)")
+    p.add_argument("--scale-limit-s", type=float, default=None,
+                   help="scale: the searches' time_limit_s (default: each case's target)")
     p.add_argument("--galvatron-limit-s", type=float, default=120.0, help="targets: galvatron's time_limit_s")
     p.add_argument("--planners", nargs="+", default=["galvatron", "ilp", "cpsat"])
     p.add_argument("--h2h-planners", nargs="+", default=["galvatron_classic"])
@@ -190,6 +247,8 @@ def main(argv=None) -> int:
         public_loss(args)
     if args.part in ("all", "targets"):
         targets(args)
+    if args.part in ("all", "scale"):
+        scale(args)
     return 0
 
 

@@ -158,7 +158,7 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies])}
+    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies]), "layouts": layout_classes(strategies)}
     stages = []
     for k in range(combo.pp):
         check(deadline)
@@ -166,7 +166,7 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     vocab = {}
     for v in vocab_tps:
         check(deadline)
-        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies)
+        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies, shared["layouts"])
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
@@ -230,7 +230,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
     mbs = shared["mbs"]
     if ("local", local) not in shared:
-        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, local, deadline)
+        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, shared["layouts"], local,
+                                              deadline)
     if ("memory", held) not in shared:
         shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
     (time_s, tail_s, trans), (memory, temp) = shared["local", local], shared["memory", held]
@@ -260,12 +261,14 @@ def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy]
 
 
 def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-                 mbs: np.ndarray, local: int, deadline: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts, asked at ``local``."""
+                 mbs: np.ndarray, layouts: tuple[np.ndarray, list[int]], local: int, deadline: float | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts (over the
+    strategies' ``layouts``: layout_classes), asked at ``local``."""
     cache = memo(cm)
     nt, ns = len(types), len(strategies)
     time_s, tail_s, trans = np.full((nt, ns), np.inf), np.full((nt, ns), np.inf), np.full((nt, ns, ns), np.inf)
-    cls, reps = layout_classes(strategies)
+    cls, reps = layouts
     for ti, layer in enumerate(types):
         for si in np.flatnonzero(allowed[ti]):
             key = ("lt", layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
@@ -341,22 +344,22 @@ def _send(cm: CostModel, cache: dict, msg, layer: LayerSpec, s: LayerStrategy, m
     return cache[key]
 
 
-def _vocab_stages(cm: CostModel, model: ModelSpec, combo: Combo, strategies: list[LayerStrategy]
-                  ) -> list[VocabCost]:
+def _vocab_stages(cm: CostModel, model: ModelSpec, combo: Combo, strategies: list[LayerStrategy],
+                  layouts: tuple[np.ndarray, list[int]]) -> list[VocabCost]:
     """One VocabCost per stage; for a rank-symmetric cost model the stages that hold neither the
     embedding nor the head are alike (its contract), so they share one answer."""
     out, middle = [], None
     for k in range(combo.pp):
         if 0 < k < combo.pp - 1 and cm.rank_symmetric:
-            middle = middle or _vocab(cm, model, combo, k, strategies)
+            middle = middle or _vocab(cm, model, combo, k, strategies, layouts)
             out.append(middle)
         else:
-            out.append(_vocab(cm, model, combo, k, strategies))
+            out.append(_vocab(cm, model, combo, k, strategies, layouts))
     return out
 
 
-def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
-           strategies: list[LayerStrategy]) -> VocabCost:
+def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, strategies: list[LayerStrategy],
+           layouts: tuple[np.ndarray, list[int]]) -> VocabCost:
     """vocab_cost under probe plans: all layers DDP (the base), then layer 0 / the last layer
     under each dp type (the deltas)."""
     base = _vocab_probe(cm, model, combo, stage, DPType.DDP, DPType.DDP)
@@ -364,20 +367,20 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
     out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
     if stage == 0:
         delta = {d: _delta(_vocab_probe(cm, model, combo, stage, d, DPType.DDP), base) for d in types}
-        out.first_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(cm, model, combo, 0,
-                                                                                              strategies)
+        out.first_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(
+            cm, model, combo, 0, strategies, layouts)
     if stage == combo.pp - 1:
         delta = {d: _delta(_vocab_probe(cm, model, combo, stage, DPType.DDP, d), base) for d in types}
         out.last_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(
-            cm, model, combo, model.num_layers - 1, strategies)
+            cm, model, combo, model.num_layers - 1, strategies, layouts)
     return out
 
 
-def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
-                    strategies: list[LayerStrategy]) -> np.ndarray:
+def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int, strategies: list[LayerStrategy],
+                    layouts: tuple[np.ndarray, list[int]]) -> np.ndarray:
     """[strategy, (T, 0, 0)]: the relayout between the vocabulary's layout and layer ``index``
     under each strategy, less the probe layer's (which the base holds); computed once per
-    layout a strategy can have (tp, dp, tp order, sp) and micro-batch."""
+    layout a strategy can have (``layouts``: layout_classes) and micro-batch."""
     cache = memo(cm)
     plan = _cached_probe_plan(cm, model, combo, DPType.DDP, DPType.DDP)
     common = ("vocab relayout", hash_once(model), combo.pp, combo.vocab, combo.global_batch // combo.micro_batches,
@@ -390,8 +393,9 @@ def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
         return cache[key]
 
     probe = relayout(plan.layers[index])
+    cls, reps = layouts
     out = np.zeros((len(strategies), 3))
-    out[:, 0] = [relayout(s) - probe for s in strategies]
+    out[:, 0] = np.array([relayout(strategies[i]) - probe for i in reps])[cls]
     return out
 
 
