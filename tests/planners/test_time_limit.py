@@ -31,10 +31,11 @@ def _run(name: str, limit_s: float, monkeypatch) -> tuple[planners.PlanResult, i
     and how many readings the call took."""
     model, cluster, _, budget = _case(1)
     clock = StepClock()
+    options = {"time_limit_s": limit_s} | ({"space": PIPE_SPACE} if "space" in getattr(planners.get(name), "defaults", {}) else {})
     with monkeypatch.context() as patch:
         patch.setattr(time, "monotonic", clock)
         res = planners.get(name).plan(model, cluster, replace(budget, memory_gib=budget.memory_gib * 4),
-                                      RandomCostModel(cluster, 1), {"space": PIPE_SPACE, "time_limit_s": limit_s})
+                                      RandomCostModel(cluster, 1), options)
     return res, clock.readings
 
 
@@ -78,3 +79,19 @@ def test_a_limit_passing_at_any_step_returns_the_best_plan_so_far_or_none(name, 
         assert res.stats.bound_s <= unlimited.iteration_time_s * (1 + 1e-9)  # the bound holds
         seen.add("plan and gap")
     assert seen == outcomes
+
+
+@pytest.mark.parametrize("name", ["megatron_3d", "megatron_moe"])
+def test_a_grid_baseline_stopped_returns_its_best_plan_so_far_or_none(name, monkeypatch):
+    unlimited, readings = _run(name, 1e9, monkeypatch)
+    assert unlimited.feasible and unlimited.stats.solver_status == "exhaustive" and unlimited.stats.gap == 0.0
+    outcomes = set()
+    for limit_s in (0.5, readings / 2):  # passed at the first check; half-way
+        res, _ = _run(name, limit_s, monkeypatch)
+        assert res.stats.solver_status == "time_limit" and "\n" not in res.message
+        assert res.message.startswith(f"time limit of {limit_s:g} s reached while scoring the grid (")
+        if res.feasible:  # the plans not scored bound nothing
+            assert res.stats.gap is None and res.message.endswith("the best plan so far, no bound")
+            assert res.throughput_samples_per_s <= unlimited.throughput_samples_per_s
+        outcomes.add(res.feasible)
+    assert outcomes == {False, True}
