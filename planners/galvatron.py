@@ -69,7 +69,9 @@ class GalvatronPlanner(Planner):
     defaults: dict[str, Any] = DEFAULTS
 
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
-                options: dict[str, Any]) -> PlanResult:
+                options: dict[str, Any], deadline: float | None = None) -> PlanResult:
+        """``deadline``: the time.monotonic() instant time_limit_s ends, where a caller's search
+        has already started the clock (precision_per=plan)."""
         given = dict(options)
         opts = pop_options(options, self.defaults, self.name)
         space = resolve_space(opts["space"], cost_model)
@@ -89,7 +91,8 @@ class GalvatronPlanner(Planner):
         granularity = float(opts["memory_granularity_mib"]) * MIB
         limit = opts["time_limit_s"]
         state = OuterState(limit_s=None if limit is None else time_limit(limit))
-        deadline = None if limit is None else time.monotonic() + state.limit_s
+        if deadline is None and limit is not None:
+            deadline = time.monotonic() + state.limit_s
 
         provable = opts["prove_candidates"] > 0 and not granularity and opts["max_temp_levels"] is None
         pending: list[tuple[ComboTables, Any, float]] = []
@@ -176,25 +179,24 @@ class GalvatronPlanner(Planner):
         kept; a time limit covers them all (a search that has no time left is not started)."""
         limit = opts["time_limit_s"]
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
-        results, timed_out = [], False
+        results, skipped = [], []
         for p in space.precisions:
+            if results and passed(deadline):
+                skipped.append(str(p))
+                continue
             sub = {**given, "space": replace(space, precisions=(p,)), "precision_per": "layer"}
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 and results:
-                    timed_out = True
-                    break
-                sub["time_limit_s"] = max(left, 1e-3)
-            results.append(self._search(model, cluster, budget, cost_model, sub))
-        return _union(self.name, results, int(opts["top_k"]), timed_out)
+            results.append(self._search(model, cluster, budget, cost_model, sub, deadline))
+        return _union(self.name, results, int(opts["top_k"]), skipped, limit)
 
 
-def _union(name: str, results: list[PlanResult], top_k: int, timed_out: bool) -> PlanResult:
+def _union(name: str, results: list[PlanResult], top_k: int, skipped: list[str], limit_s: float | None
+           ) -> PlanResult:
     """The best of searches over disjoint spaces: its plan, the union's top plans, the work of all,
     and the gap against the highest throughput bound of any (an infeasible search bounds its
-    space at 0; one without a bound leaves the union without one)."""
+    space at 0; one without a bound, or a precision ``skipped`` by the time limit, leaves the union
+    without one); stopped by the limit, the message says where, in one line."""
     best = max(results, key=lambda r: (r.feasible, r.throughput_samples_per_s))
-    uppers = []
+    uppers: list[float | None] = [None] * len(skipped)
     for r in results:
         if r.feasible and r.stats.gap is not None:
             uppers.append(r.throughput_samples_per_s / (1.0 - r.stats.gap) if r.stats.gap < 1 else np.inf)
@@ -204,22 +206,26 @@ def _union(name: str, results: list[PlanResult], top_k: int, timed_out: bool) ->
             uppers.append(None)
     work = {k: sum(getattr(r.stats, k) for r in results)
             for k in ("wall_time_s", "states_explored", "candidates", "pruned", "tables_s", "groups_s", "proof_s")}
+    stopped = next((r.message.split(": ")[0] for r in results if r.stats.solver_status == "time_limit"), "")
+    if skipped:
+        stopped = f"time limit of {limit_s:g} s reached before the {', '.join(skipped)} search"
     if not best.feasible:
-        status = "time_limit" if timed_out or any(r.stats.solver_status == "time_limit" for r in results) \
-            else "infeasible"
         floors = [r.min_memory_gib for r in results if r.min_memory_gib is not None]
-        return replace(best, planner=name, min_memory_gib=min(floors) if floors else None,
-                       stats=replace(best.stats, solver_status=status, **work))
+        return replace(best, planner=name, min_memory_gib=None if stopped else min(floors) if floors else None,
+                       message=f"{stopped}: no plan found before it" if stopped else best.message,
+                       stats=replace(best.stats, solver_status="time_limit" if stopped else "infeasible", **work))
     gap = bound_s = None
     if None not in uppers:
         upper = max(max(uppers), best.throughput_samples_per_s)
         gap = 1.0 - best.throughput_samples_per_s / upper
         gap, bound_s = (0.0 if gap <= GAP_RTOL else gap), best.plan.global_batch / upper
-    stopped = timed_out or any(r.stats.solver_status == "time_limit" for r in results)
     status = "time_limit" if stopped else "optimal" if gap == 0.0 and all(
         r.stats.solver_status in ("optimal", "infeasible") for r in results) else "heuristic"
+    message = best.message
+    if stopped:
+        message = f"{stopped}: the best plan so far, " + ("no bound" if gap is None else f"gap {gap:.2%}")
     top = tuple(sorted((k for r in results for k in r.top_k), key=lambda k: -k.throughput_samples_per_s))[:top_k]
-    return replace(best, planner=name, top_k=top,
+    return replace(best, planner=name, top_k=top, message=message,
                    stats=replace(best.stats, solver_status=status, gap=gap, bound_s=bound_s, **work))
 
 

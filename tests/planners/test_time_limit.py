@@ -10,7 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+import cost_models
 import planners
+from planners import Budget
+from specs import load_cluster, load_model
 from tests.planners.random_instances import RandomCostModel
 from tests.planners.test_gap import PIPE_SPACE, _case
 
@@ -95,3 +98,27 @@ def test_a_grid_baseline_stopped_returns_its_best_plan_so_far_or_none(name, monk
             assert res.throughput_samples_per_s <= unlimited.throughput_samples_per_s
         outcomes.add(res.feasible)
     assert outcomes == {False, True}
+
+
+def test_a_limit_passing_between_precisions_leaves_the_union_without_a_bound(monkeypatch):
+    """precision_per=plan searches bf16, then FP8: a limit that passes as the bf16 search ends
+    keeps its plan, and the FP8 space, not searched, bounds nothing."""
+    model, cluster, budget = load_model("tiny-gpt"), load_cluster("dgx-h100"), Budget(memory_gib=80, global_batch=16)
+
+    def run(precision: str, limit_s: float) -> tuple[planners.PlanResult, int]:
+        clock = StepClock()
+        with monkeypatch.context() as patch:
+            patch.setattr(time, "monotonic", clock)
+            res = planners.get("galvatron").plan(model, cluster, budget, cost_models.get("analytical", cluster),
+                                                 {"precision": precision, "time_limit_s": limit_s})
+        return res, clock.readings
+
+    bf16, readings = run("bf16", 1e9)  # its deadline takes one reading, as the two searches' does
+    assert bf16.stats.solver_status == "optimal"
+    both, _ = run("search", 1e9)
+    assert both.stats.solver_status == "optimal" and both.stats.gap == 0.0
+    stopped, _ = run("search", readings - 0.5)  # passes after the bf16 search's last reading
+    assert stopped.plan == bf16.plan and stopped.stats.solver_status == "time_limit"
+    assert stopped.stats.gap is None and stopped.stats.bound_s is None
+    assert stopped.message == f"time limit of {readings - 0.5:g} s reached before the fp8-current search: " \
+                              "the best plan so far, no bound"
