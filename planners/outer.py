@@ -57,8 +57,8 @@ class OuterState:
     """Of groups_s: proving open groups after the search (galvatron's fast mode)."""
     limit_s: float | None = None
     """The call's time_limit_s (None: no limit), named in the message of a search it stops."""
-    doing: str = "starting"
-    """The step under way, named in the message of a search the time limit stops."""
+    doing: str = ""
+    """The step the time limit stopped (``stop``), named in the search's message."""
 
     def keep(self, cost_model: CostModel, model: ModelSpec, plan, budget_bytes: float):
         """Score ``plan`` with plan_cost and keep it if it fits the budget (a solver working in
@@ -169,7 +169,6 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     space = space.for_gpu(cost_model.cluster.gpu)  # no table for a precision the GPU cannot run
     prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
     start = time.perf_counter()
-    state.doing = "building cost tables"
     tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
     state.tables_s += time.perf_counter() - start
     state.unbounded += unbuilt
