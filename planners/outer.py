@@ -244,14 +244,16 @@ def _seed_uniform(tables: list[ComboTables], model: ModelSpec, cost_model: CostM
     seeds = []
     for t in tables:
         if passed(deadline):
-            return state.stop("seeding uniform plans")
+            state.stop("seeding uniform plans")
+            return
         for v in t.vocab:
             found = uniform_seed(t, v)
             if found is not None:
                 seeds.append((t.combo.global_batch / found[0], found[1], v, t))
     for _, strategy, v, t in sorted(seeds, key=lambda s: -s[0])[:top_k]:
         if passed(deadline):
-            return state.stop("seeding uniform plans")
+            state.stop("seeding uniform plans")
+            return
         n, pp = len(t.layer_type), t.combo.pp
         state.keep(cost_model, model, t.plan([strategy] * n, list(even_stage_layers(n, pp)), v, meta), budget_bytes)
 

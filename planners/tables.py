@@ -138,9 +138,9 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``. The
     tables do not depend on the budget: built once per cost model and shared by every budget
     and planner of a run (planners read them, never write them); each call gets its own
-    ``shared`` memo (ComboTables.shared). Past ``deadline`` (time.monotonic) the build stops
-    between layer types, stages and vocab choices with DeadlinePassed (the cost model's answers
-    so far stay cached)."""
+    ``shared`` memo (ComboTables.shared). Past ``deadline`` (time.monotonic) the build stops with
+    DeadlinePassed before the next layer-time or relayout question the cache cannot answer, or
+    between stages and vocab choices (the cost model's answers so far stay cached)."""
     key = ("tables", model, combo, tuple(vocab_tps), space)
     cache = memo(cost_model)
     if key not in cache:
@@ -222,7 +222,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
            k: int, gpus: int, shared: dict, deadline: float | None) -> StageTables:
     """Stage k's tables. Its layer times and relayouts depend on the stage only through its
     (canonical) first rank, its memory only through its in-flight count: ``shared`` (one dict per
-    group, holding each strategy's micro-batch size) keeps both parts for the group's other stages.
+    group, holding each strategy's micro-batch size and layout classes) keeps both parts for the
+    group's other stages.
     ``deadline`` is checked before each layer-time and relayout question the cache cannot answer,
     and between layer types."""
     first = k * gpus
