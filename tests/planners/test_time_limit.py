@@ -34,7 +34,8 @@ def _run(name: str, limit_s: float, monkeypatch) -> tuple[planners.PlanResult, i
     and how many readings the call took."""
     model, cluster, _, budget = _case(1)
     clock = StepClock()
-    options = {"time_limit_s": limit_s} | ({"space": PIPE_SPACE} if "space" in getattr(planners.get(name), "defaults", {}) else {})
+    searches = "space" in getattr(planners.get(name), "defaults", {})  # not a grid baseline
+    options = {"time_limit_s": limit_s} | ({"space": PIPE_SPACE} if searches else {})
     with monkeypatch.context() as patch:
         patch.setattr(time, "monotonic", clock)
         res = planners.get(name).plan(model, cluster, replace(budget, memory_gib=budget.memory_gib * 4),
