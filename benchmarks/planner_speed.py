@@ -24,6 +24,7 @@ from planners import Budget, PlanResult, SearchSpace
 from specs import load_cluster, load_galvatron_plan, load_model
 from specs.datasets import DATA_ROOT, Dataset
 from specs.errors import one_line_errors
+from specs.processes import worker_pool
 from specs.units import GIB
 
 PROFILES = DATA_ROOT / Dataset.GALVATRON_LLAMA2_7B.value
@@ -125,6 +126,10 @@ class ScaleCase:
     """The target holds with a proven gap (else only proven optimal, or a finished baseline)."""
     gib: float = 80.0
 
+    @property
+    def cluster(self) -> str:
+        return f"dgx-h100:{self.nodes}"
+
     def met(self, res: PlanResult) -> bool:
         """Whether ``res`` meets this case's target."""
         st = res.stats
@@ -147,18 +152,28 @@ its own MoE space; targets: proven optimal or with a proven gap within the time 
 70B searches: optimal), the baselines finishing."""
 
 
+def _scale_run(case: ScaleCase, limit_s: float) -> PlanResult:
+    """One search of ``case`` under ``limit_s``."""
+    model, cluster = load_model(case.model), load_cluster(case.cluster)
+    budget = Budget(memory_gib=case.gib, global_batch=case.global_batch)
+    return planners.get(case.planner).plan(model, cluster, budget, cost_models.get("analytical", cluster),
+                                           {"time_limit_s": limit_s})
+
+
 def scale(args) -> None:
-    """Medians of --repeats (each on a fresh cost model: tables are not shared between repeats),
-    every search under --scale-limit-s."""
+    """Medians of --repeats, every search under --scale-limit-s, each in a process of its own
+    forked from this one, which searches nothing: the cost model's topology answers are cached
+    per process, so a repeat in the same process would find them and time what a second call
+    costs, not the first."""
     print(_row(["GPUs", "layers", "model", "planner", "wall s", "samples/s", "status", "gap",
                 "tables / DP / outer s", "target"], SCALE_WIDTHS))
     for case in SCALE:
-        model, cluster = load_model(case.model), load_cluster(f"dgx-h100:{case.nodes}")
-        opts = {"time_limit_s": args.scale_limit_s}
-        budget = Budget(memory_gib=case.gib, global_batch=case.global_batch)
-        runs = [planners.get(case.planner).plan(model, cluster, budget, cost_models.get("analytical", cluster), opts)
-                for _ in range(args.repeats)]
+        runs = []
+        for _ in range(args.repeats):
+            with worker_pool(1) as pool:
+                runs.append(pool.submit(_scale_run, case, args.scale_limit_s).result())
         res = sorted(runs, key=lambda r: r.stats.wall_time_s)[len(runs) // 2]
+        model, cluster = load_model(case.model), load_cluster(case.cluster)
         st = res.stats
         gap = "none" if st.gap is None else f"{st.gap * 100:.2f}%"
         split = f"{st.tables_s:.1f} / {st.groups_s:.1f} / {st.wall_time_s - st.tables_s - st.groups_s:.1f}"
