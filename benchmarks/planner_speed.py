@@ -1,10 +1,11 @@
 """Search wall time of the galvatron DP, the MILP (ilp) and CP-SAT on growing problems, and a head
 to head with Galvatron's own search inputs (its LLaMA-2 7B profiles, read by the profiled model).
 
-    python -m benchmarks.planner_speed                 # both parts
+    python -m benchmarks.planner_speed                 # every part but scale
     python -m benchmarks.planner_speed --part scaling --max-gpus 64
     python -m benchmarks.planner_speed --part head-to-head
     python -m benchmarks.planner_speed --part targets --repeats 3   # the speed targets, full space
+    python -m benchmarks.planner_speed --part scale --repeats 3     # today's scale: 1024-16,384 H100
 """
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ import itertools
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import cost_models
 import planners
-from planners import Budget, SearchSpace
+from planners import Budget, PlanResult, SearchSpace
 from specs import load_cluster, load_galvatron_plan, load_model
 from specs.datasets import DATA_ROOT, Dataset
 from specs.errors import one_line_errors
+from specs.processes import worker_pool
 from specs.units import GIB
 
 PROFILES = DATA_ROOT / Dataset.GALVATRON_LLAMA2_7B.value
@@ -32,8 +35,11 @@ SPACES = {"base": SearchSpace.preset("galvatron"),
           "+zero2+ckpt": SearchSpace.preset("galvatron").widened(zero2=True, checkpoint=True)}
 
 
-def _row(cells) -> str:
-    return "  ".join(str(c).ljust(w) for c, w in zip(cells, (6, 7, 12, 10, 10, 12, 14, 60)))
+def _row(cells, widths=(6, 7, 12, 10, 10, 12, 14, 60)) -> str:
+    return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))
+
+
+SCALE_WIDTHS = (6, 7, 14, 14, 8, 10, 11, 9, 22, 30)
 
 
 def scaling(args) -> None:
@@ -101,6 +107,84 @@ def targets(args) -> None:
         walls.append(time.perf_counter() - start)
     print(f"default compare (python -m planners.compare): median {statistics.median(walls):.2f} s "
           f"of {len(walls)} run(s)", flush=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleCase:
+    """One search at today's scale: a zoo model on H100 nodes (8 GPUs each), 80 GiB, one global batch."""
+
+    model: str
+    """Zoo name."""
+    nodes: int
+    """dgx-h100 nodes (8 GPUs each)."""
+    global_batch: int
+    """Samples per iteration."""
+    planner: str
+    target_s: float | None
+    """Wall-time target; None: the search must finish within the time limit (the baselines)."""
+    gap_suffices: bool = False
+    """The target holds with a proven gap (else only proven optimal, or a finished baseline)."""
+    gib: float = 80.0
+
+    @property
+    def cluster(self) -> str:
+        return f"dgx-h100:{self.nodes}"
+
+    def met(self, res: PlanResult) -> bool:
+        """Whether ``res`` meets this case's target."""
+        st = res.stats
+        if self.target_s is None:
+            return st.solver_status == "exhaustive"
+        proven = st.solver_status == "optimal" or (self.gap_suffices and res.feasible and st.gap is not None)
+        return proven and st.wall_time_s <= self.target_s
+
+
+SCALE = (ScaleCase(model="deepseek-v3", nodes=256, global_batch=4096, planner="galvatron_moe", target_s=15.0,
+                   gap_suffices=True),
+         ScaleCase(model="deepseek-v3", nodes=256, global_batch=4096, planner="megatron_moe", target_s=None),
+         ScaleCase(model="deepseek-v3", nodes=256, global_batch=4096, planner="deepspeed_moe", target_s=None),
+         ScaleCase(model="llama3.1-405b", nodes=2048, global_batch=2048, planner="galvatron", target_s=10.0),
+         ScaleCase(model="llama3-70b", nodes=128, global_batch=2048, planner="galvatron", target_s=5.0))
+"""DeepSeek-V3 on 2048 H100 at 4096 sequences (16M tokens at its 4k context), its MoE baselines on
+the same; the 126-layer 405B model on 16,384 H100 and llama3-70b on 1024 H100 at 2048 sequences
+(16M tokens at 8k: Llama 3's batch at 16K GPUs). galvatron on the full space, galvatron_moe on
+its own MoE space; targets: proven optimal or with a proven gap within the time (the 405B and
+70B searches: optimal), the baselines finishing."""
+
+
+def _scale_run(case: ScaleCase, limit_s: float) -> PlanResult:
+    """One search of ``case`` under ``limit_s``."""
+    model, cluster = load_model(case.model), load_cluster(case.cluster)
+    budget = Budget(memory_gib=case.gib, global_batch=case.global_batch)
+    return planners.get(case.planner).plan(model, cluster, budget, cost_models.get("analytical", cluster),
+                                           {"time_limit_s": limit_s})
+
+
+def scale(args) -> None:
+    """Medians of --repeats, every search under --scale-limit-s, each in a process of its own
+    forked from this one, which searches nothing: the cost model's topology answers are cached
+    per process, so a repeat in the same process would find them and time what a second call
+    costs, not the first."""
+    print(_row(["GPUs", "layers", "model", "planner", "wall s", "samples/s", "status", "gap",
+                "tables / DP / outer s", "target"], SCALE_WIDTHS))
+    for case in SCALE:
+        runs = []
+        for _ in range(args.repeats):
+            with worker_pool(1) as pool:
+                runs.append(pool.submit(_scale_run, case, args.scale_limit_s).result())
+        res = sorted(runs, key=lambda r: r.stats.wall_time_s)[len(runs) // 2]
+        model, cluster = load_model(case.model), load_cluster(case.cluster)
+        st = res.stats
+        gap = "none" if st.gap is None else f"{st.gap * 100:.2f}%"
+        split = f"{st.tables_s:.1f} / {st.groups_s:.1f} / {st.wall_time_s - st.tables_s - st.groups_s:.1f}"
+        thr = f"{res.throughput_samples_per_s:.2f}" if res.feasible else "none"
+        target = "finishes" if case.target_s is None else f"<= {case.target_s:g} s" + (
+            ", gap" if case.gap_suffices else ", optimal")
+        target += ": met" if case.met(res) else ": missed"
+        print(_row([cluster.world_size, model.num_layers, case.model, case.planner, f"{st.wall_time_s:.2f}", thr,
+                    st.solver_status, gap, split, target], SCALE_WIDTHS), flush=True)
+        if not res.feasible:
+            print(f"  {res.message}", flush=True)
 
 
 def head_to_head(args) -> None:
@@ -172,8 +256,10 @@ def _one(model, cluster, cm, budget, args) -> None:
 @one_line_errors()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner_speed", description=__doc__)
-    p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss", "targets"), default="all")
-    p.add_argument("--repeats", type=int, default=1, help="targets: runs per case (the median is printed)")
+    p.add_argument("--part", choices=("all", "scaling", "head-to-head", "public-loss", "targets", "scale"),
+                   default="all")
+    p.add_argument("--repeats", type=int, default=1, help="targets, scale: runs per case (the median is printed)")
+    p.add_argument("--scale-limit-s", type=float, default=120.0, help="scale: every search's time_limit_s")
     p.add_argument("--galvatron-limit-s", type=float, default=120.0, help="targets: galvatron's time_limit_s")
     p.add_argument("--planners", nargs="+", default=["galvatron", "ilp", "cpsat"])
     p.add_argument("--h2h-planners", nargs="+", default=["galvatron_classic"])
@@ -190,6 +276,8 @@ def main(argv=None) -> int:
         public_loss(args)
     if args.part in ("all", "targets"):
         targets(args)
+    if args.part == "scale":  # minutes per repeat: not part of all
+        scale(args)
     return 0
 
 

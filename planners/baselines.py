@@ -4,13 +4,15 @@ its uniform plans, scores them with plan_cost, and returns the fastest that fits
 megatron_moe and deepspeed_moe add the expert-parallel degree (and expert tp) to their grids."""
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from dataclasses import replace
 from typing import Any, Iterator
 
 from cost_models import CostModel
 from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result,
-                           pop_options, scored_result)
+                           pop_options, scored_result, time_limit)
+from planners.deadline import passed
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
 from planners.tables import memo
@@ -19,7 +21,9 @@ from specs.precision import Precision
 from specs.schedules import schedule_entry
 from specs.units import GIB
 
-DEFAULTS = {"top_k": 3, "precisions": (Precision.BF16,)}
+DEFAULTS = {"top_k": 3, "precisions": (Precision.BF16,), "time_limit_s": None}
+"""time_limit_s: bounds the whole call from its first second; stopped, the grid returns its best
+plan so far (no gap: the candidates not scored are not bounded), or says it has none."""
 
 
 class GridPlanner(Planner):
@@ -41,38 +45,55 @@ class GridPlanner(Planner):
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                 options: dict[str, Any]) -> PlanResult:
         opts = pop_options(options, DEFAULTS, self.name)
-        scored, smallest, tried = [], None, 0
+        limit = opts["time_limit_s"]
+        deadline = None if limit is None else time.monotonic() + time_limit(limit)
+        scored, smallest, tried, complete = [], None, 0, True
         for batch in budget.global_batches():
-            for thr, time_s, peak, plan in self._grid(model, cluster, batch, cost_model, tuple(opts["precisions"])):
+            rows, complete = self._grid(model, cluster, batch, cost_model, tuple(opts["precisions"]), deadline)
+            for thr, time_s, peak, plan in rows:
                 tried += 1
                 smallest = peak if smallest is None else min(smallest, peak)
                 if peak <= budget.memory_bytes:
                     scored.append((thr, time_s, peak, plan))
-        stats = SearchStats(states_explored=tried, candidates=tried, solver_status="exhaustive")
+            if not complete:
+                break
+        stats = SearchStats(states_explored=tried, candidates=tried,
+                            solver_status="exhaustive" if complete else "time_limit")
+        stopped = "" if complete else f"time limit of {limit:g} s reached while scoring the grid ({tried} plans scored)"
         if not scored:
-            return infeasible_result(self.name, smallest, stats)
+            return infeasible_result(self.name, None if stopped else smallest, stats,
+                                     f"{stopped}: no plan found before it" if stopped else "")
         scored.sort(key=lambda s: (-s[0], s[1]))
-        # every candidate scored by plan_cost: the plan is the best of the grid, its time the bound
-        stats = replace(stats, gap=0.0, bound_s=scored[0][1])
         top = tuple(RankedPlan(plan=p, iteration_time_s=t, throughput_samples_per_s=thr, peak_memory_gib=pk / GIB)
                     for thr, t, pk, p in scored[:int(opts["top_k"])])
+        if stopped:
+            return scored_result(self.name, cost_model, model, scored[0][3], stats, top,
+                                 f"{stopped}: the best plan so far, no bound")
+        # every candidate scored by plan_cost: the plan is the best of the grid, its time the bound
+        stats = replace(stats, gap=0.0, bound_s=scored[0][1])
         return scored_result(self.name, cost_model, model, scored[0][3], stats, top)
 
     def _grid(self, model: ModelSpec, cluster: ClusterSpec, batch: int, cost_model: CostModel,
-              precisions: tuple[str, ...] = (Precision.BF16,)) -> list[tuple]:
-        """(throughput, time, peak memory, plan) of every candidate that can run at ``batch``: the
-        same for every budget, so kept per cost model (the budgets of a compare share them)."""
+              precisions: tuple[str, ...] = (Precision.BF16,), deadline: float | None = None
+              ) -> tuple[list[tuple], bool]:
+        """(throughput, time, peak memory, plan) of every candidate that can run at ``batch``, and
+        whether that is all of them: a grid is the same for every budget, so kept per cost model
+        (the budgets of a compare share it) once complete; past ``deadline`` (time.monotonic) the
+        rows scored so far, not kept."""
         key = ("grid", self.name, model, cluster, batch, precisions)
         cache = memo(cost_model)
-        if key not in cache:
-            rows = []
-            for kw in (dict(kw, precision=p) for kw in self.candidates(model, cluster, batch) for p in precisions):
-                plan = self.build(model, cluster, batch, kw)
-                if plan is not None:
-                    cost = cost_model.plan_cost(model, plan)
-                    rows.append((cost.throughput_samples_per_s, cost.iteration_time_s, cost.peak_memory_bytes, plan))
-            cache[key] = rows
-        return cache[key]
+        if key in cache:
+            return cache[key], True
+        rows = []
+        for kw in (dict(kw, precision=p) for kw in self.candidates(model, cluster, batch) for p in precisions):
+            if passed(deadline):
+                return rows, False
+            plan = self.build(model, cluster, batch, kw)
+            if plan is not None:
+                cost = cost_model.plan_cost(model, plan)
+                rows.append((cost.throughput_samples_per_s, cost.iteration_time_s, cost.peak_memory_bytes, plan))
+        cache[key] = rows
+        return rows, True
 
 
 def _plan_or_none(model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) -> Plan | None:

@@ -15,8 +15,9 @@ from typing import Any
 import pulp
 
 from cost_models import CostModel
-from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners import count_formulation
+from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
+from planners.deadline import passed
 from planners.formulation import Formulation, build
 from planners.galvatron import GalvatronPlanner, resolve_space
 from planners.outer import OuterState, finish, lower_bound_s, run_outer
@@ -140,7 +141,7 @@ class ExactPlanner(Planner):
             raise SpecError("formulation", f"must be one of {', '.join(FORMULATIONS)}, got {opts['formulation']!r}")
         self.check_options(opts)
         space, even = resolve_space(opts["space"], cost_model), opts["partition"] == "even"
-        log, state = SolveLog(), OuterState()
+        log, state = SolveLog(), OuterState(limit_s=limit_s)
         if opts["warm_start"]:
             seed = GalvatronPlanner().plan(model, cluster, budget, cost_model,
                                            {"space": space, "partition": opts["partition"], "top_k": 1,
@@ -155,7 +156,7 @@ class ExactPlanner(Planner):
                 (opts["formulation"] == "counts" or count_formulation.pays(tables, even))
             formulate = count_formulation.build if counts else build
             for v in tables.vocab:
-                if time.monotonic() > deadline:  # before the formulation, whose build takes seconds
+                if passed(deadline):  # before the formulation, whose build takes seconds
                     log.solved("time_limit")
                     state.bound(gb, lower_bound_s(tables))
                     continue
@@ -183,9 +184,11 @@ class ExactPlanner(Planner):
 
         meta = {"model": model.name, "cluster": cluster.name}
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
-                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state,
+                                  budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline,
                                   seed=False)  # the warm start (galvatron, seeded) stands in for it
-        status = log.overall()
+        status = "time_limit" if state.timed_out else log.overall()
+        if status == "time_limit":  # a solver stopped by it: the step under way was the groups' search
+            state.stop("searching the groups")
         bound_s, gap = state.gap()  # over every group: solver bounds, or the cheap bound where stopped
         if status == "optimal":
             gap = 0.0

@@ -18,17 +18,10 @@ import numpy as np
 
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
-from planners.outer import (
-    GAP_RTOL,
-    OuterState,
-    finish,
-    lower_bound_s,
-    passed,
-    run_outer,
-    vocab_min_memory_bytes,
-)
+from planners.deadline import DeadlinePassed, passed
+from planners.outer import GAP_RTOL, OuterState, finish, lower_bound_s, run_outer, vocab_min_memory_bytes
 from planners.registry import register
-from planners.segments import DeadlinePassed, GroupDP, GroupSolution
+from planners.segments import GroupDP, GroupSolution
 from planners.space import SearchSpace
 from planners.tables import ComboTables
 from specs import ClusterSpec, ModelSpec, SpecError
@@ -76,7 +69,9 @@ class GalvatronPlanner(Planner):
     defaults: dict[str, Any] = DEFAULTS
 
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
-                options: dict[str, Any]) -> PlanResult:
+                options: dict[str, Any], deadline: float | None = None) -> PlanResult:
+        """``deadline``: the time.monotonic() instant time_limit_s ends, where a caller's search
+        has already started the clock (precision_per=plan)."""
         given = dict(options)
         opts = pop_options(options, self.defaults, self.name)
         space = resolve_space(opts["space"], cost_model)
@@ -94,9 +89,10 @@ class GalvatronPlanner(Planner):
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
             raise SpecError("gap_tolerance", f"must be a number in [0, 1), got {tolerance!r}")
         granularity = float(opts["memory_granularity_mib"]) * MIB
-        state = OuterState()
         limit = opts["time_limit_s"]
-        deadline = None if limit is None else time.monotonic() + time_limit(limit)
+        state = OuterState(limit_s=None if limit is None else time_limit(limit))
+        if deadline is None and limit is not None:
+            deadline = time.monotonic() + state.limit_s
 
         provable = opts["prove_candidates"] > 0 and not granularity and opts["max_temp_levels"] is None
         pending: list[tuple[ComboTables, Any, float]] = []
@@ -107,8 +103,7 @@ class GalvatronPlanner(Planner):
         def group_dp(tables):
             return GroupDP(tables, exact=exact, even=even, granularity_bytes=granularity,
                            stage_imbalance=None if exact else opts["stage_imbalance"],
-                           max_temp_levels=None if exact else opts["max_temp_levels"],
-                           deadline=deadline if state.solutions else None)  # a call goes on until it has a plan
+                           max_temp_levels=None if exact else opts["max_temp_levels"], deadline=deadline)
 
         def refine(tables, incumbent_s):  # the group's floor without the tail caps: cheaper, enough to order
             try:
@@ -124,7 +119,7 @@ class GalvatronPlanner(Planner):
             found = []
 
             def stopped():  # by the deadline, part-way or between vocab choices: the cheap bound
-                state.timed_out = True
+                state.stop("searching the groups")
                 state.bound(tables.combo.global_batch, lower_bound_s(tables))
                 return found
 
@@ -141,11 +136,11 @@ class GalvatronPlanner(Planner):
                         state.bound(tables.combo.global_batch, floor)
                         state.pruned += len(tables.vocab)
                         return found
-                    choices = _by_bound(dp, incumbent_s, lambda: bool(state.solutions) and passed(deadline))
+                    choices = _by_bound(dp, incumbent_s, lambda: passed(deadline))
             except DeadlinePassed:
                 return stopped()
             for v in choices:
-                if (found or state.solutions) and passed(deadline):
+                if passed(deadline):
                     return stopped()
                 try:
                     cut = [f.objective_s * (1.0 - tolerance) for f in found if sound]
@@ -184,25 +179,24 @@ class GalvatronPlanner(Planner):
         kept; a time limit covers them all (a search that has no time left is not started)."""
         limit = opts["time_limit_s"]
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
-        results, timed_out = [], False
+        results, skipped = [], []
         for p in space.precisions:
+            if results and passed(deadline):
+                skipped.append(str(p))
+                continue
             sub = {**given, "space": replace(space, precisions=(p,)), "precision_per": "layer"}
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 and results:
-                    timed_out = True
-                    break
-                sub["time_limit_s"] = max(left, 1e-3)
-            results.append(self._search(model, cluster, budget, cost_model, sub))
-        return _union(self.name, results, int(opts["top_k"]), timed_out)
+            results.append(self._search(model, cluster, budget, cost_model, sub, deadline))
+        return _union(self.name, results, int(opts["top_k"]), skipped, limit)
 
 
-def _union(name: str, results: list[PlanResult], top_k: int, timed_out: bool) -> PlanResult:
+def _union(name: str, results: list[PlanResult], top_k: int, skipped: list[str], limit_s: float | None
+           ) -> PlanResult:
     """The best of searches over disjoint spaces: its plan, the union's top plans, the work of all,
     and the gap against the highest throughput bound of any (an infeasible search bounds its
-    space at 0; one without a bound leaves the union without one)."""
+    space at 0; one without a bound, or a precision ``skipped`` by the time limit, leaves the union
+    without one); stopped by the limit, the message says where, in one line."""
     best = max(results, key=lambda r: (r.feasible, r.throughput_samples_per_s))
-    uppers = []
+    uppers: list[float | None] = [None] * len(skipped)
     for r in results:
         if r.feasible and r.stats.gap is not None:
             uppers.append(r.throughput_samples_per_s / (1.0 - r.stats.gap) if r.stats.gap < 1 else np.inf)
@@ -212,22 +206,26 @@ def _union(name: str, results: list[PlanResult], top_k: int, timed_out: bool) ->
             uppers.append(None)
     work = {k: sum(getattr(r.stats, k) for r in results)
             for k in ("wall_time_s", "states_explored", "candidates", "pruned", "tables_s", "groups_s", "proof_s")}
+    stopped = next((r.message.split(": ")[0] for r in results if r.stats.solver_status == "time_limit"), "")
+    if skipped:
+        stopped = f"time limit of {limit_s:g} s reached before the {', '.join(skipped)} search"
     if not best.feasible:
-        status = "time_limit" if timed_out or any(r.stats.solver_status == "time_limit" for r in results) \
-            else "infeasible"
         floors = [r.min_memory_gib for r in results if r.min_memory_gib is not None]
-        return replace(best, planner=name, min_memory_gib=min(floors) if floors else None,
-                       stats=replace(best.stats, solver_status=status, **work))
+        return replace(best, planner=name, min_memory_gib=None if stopped else min(floors) if floors else None,
+                       message=f"{stopped}: no plan found before it" if stopped else best.message,
+                       stats=replace(best.stats, solver_status="time_limit" if stopped else "infeasible", **work))
     gap = bound_s = None
     if None not in uppers:
         upper = max(max(uppers), best.throughput_samples_per_s)
         gap = 1.0 - best.throughput_samples_per_s / upper
         gap, bound_s = (0.0 if gap <= GAP_RTOL else gap), best.plan.global_batch / upper
-    stopped = timed_out or any(r.stats.solver_status == "time_limit" for r in results)
     status = "time_limit" if stopped else "optimal" if gap == 0.0 and all(
         r.stats.solver_status in ("optimal", "infeasible") for r in results) else "heuristic"
+    message = best.message
+    if stopped:
+        message = f"{stopped}: the best plan so far, " + ("no bound" if gap is None else f"gap {gap:.2%}")
     top = tuple(sorted((k for r in results for k in r.top_k), key=lambda k: -k.throughput_samples_per_s))[:top_k]
-    return replace(best, planner=name, top_k=top,
+    return replace(best, planner=name, top_k=top, message=message,
                    stats=replace(best.stats, solver_status=status, gap=gap, bound_s=bound_s, **work))
 
 
@@ -256,7 +254,8 @@ def prove(pending: list[tuple[ComboTables, Any, float]], state: OuterState,
         try:
             sol = dp.solve(v, incumbent_s, bound=False)
         except DeadlinePassed:
-            state.timed_out = dp.deadline is not None and passed(dp.deadline)
+            if passed(dp.deadline):
+                state.stop("proving the open groups")
             sol = None
         candidates -= dp.candidates - before
         state.states += dp.points - points

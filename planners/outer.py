@@ -17,6 +17,7 @@ from planners.base import (
     infeasible_result,
     scored_result,
 )
+from planners.deadline import DeadlinePassed, check, passed
 from planners.seed import uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
@@ -54,6 +55,10 @@ class OuterState:
     """Seconds spent building tables / inside the group solver."""
     proof_s: float = 0.0
     """Of groups_s: proving open groups after the search (galvatron's fast mode)."""
+    limit_s: float | None = None
+    """The call's time_limit_s (None: no limit), named in the message of a search it stops."""
+    doing: str = ""
+    """The step the time limit stopped (``stop``), named in the search's message."""
 
     def keep(self, cost_model: CostModel, model: ModelSpec, plan, budget_bytes: float):
         """Score ``plan`` with plan_cost and keep it if it fits the budget (a solver working in
@@ -72,6 +77,11 @@ class OuterState:
         if cost is not None:
             rel = abs(cost.iteration_time_s - sol.objective_s) / cost.iteration_time_s
             self.mismatch = max(self.mismatch, rel)
+
+    def stop(self, doing: str) -> None:
+        """The time limit stopped the search during ``doing`` (the first step it stopped is named)."""
+        if not self.timed_out:
+            self.timed_out, self.doing = True, doing
 
     def throughputs(self, top_k: int) -> tuple[float, float]:
         """(best, top_k-th best) throughput kept so far, 0 where there are not that many plans:
@@ -106,16 +116,19 @@ def grouped_tables(model: ModelSpec, cost_model: CostModel, budget_bytes: float,
 def build_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
                  batches: tuple[int, ...], deadline: float | None = None) -> tuple[list[ComboTables], int]:
     """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps, and how many
-    groups were left unbuilt because ``deadline`` (time.monotonic) passed (at least one is built)."""
+    groups were left unbuilt because ``deadline`` (time.monotonic) passed, part-way through one
+    group or before it (then possibly none is built)."""
     groups: dict[tuple, list[Combo]] = {}
     space = space.for_gpu(cost_model.cluster.gpu)
     for c in combos(model, cost_model.cluster, batches, space):
         groups.setdefault((c.global_batch, c.pp, c.micro_batches, c.schedule), []).append(c)
     out = []
-    for cs in groups.values():
-        if out and deadline is not None and time.monotonic() > deadline:
-            break
-        out.append(build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes))
+    try:
+        for cs in groups.values():
+            check(deadline)
+            out.append(build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes, deadline))
+    except DeadlinePassed:
+        pass
     return out, len(groups) - len(out)
 
 
@@ -140,10 +153,6 @@ def _least_delta(vocab) -> float:
     return out
 
 
-def passed(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() > deadline
-
-
 def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
               batches: tuple[int, ...], solve: Callable[[ComboTables, float], list[GroupSolution]],
               top_k: int, meta: dict, state: OuterState | None = None, deadline: float | None = None,
@@ -154,8 +163,8 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     bound cannot beat the best. ``refine(tables, incumbent_s)``: a tighter bound of a group,
     asked of every group the cheap bound keeps after the seeds, so that the groups are searched
     in its order (the best group first, whose plan then rules the others out). Past ``deadline``
-    (time.monotonic) the remaining groups are left with their lower bound, once a plan has been
-    found (a call with no plan yet goes on until it has one)."""
+    (time.monotonic) every step stops where it is (tables, seeds, groups): the groups built keep
+    their lower bound, those not built have none; ``state.doing`` names the step."""
     state = state or OuterState()
     space = space.for_gpu(cost_model.cluster.gpu)  # no table for a precision the GPU cannot run
     prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
@@ -163,10 +172,11 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
     state.tables_s += time.perf_counter() - start
     state.unbounded += unbuilt
-    state.timed_out |= unbuilt > 0
+    if unbuilt:
+        state.stop(f"building cost tables ({len(tables)} of {len(tables) + unbuilt} groups built)")
     bounds = [lower_bound_s(t) for t in tables]
     if seed:
-        _seed_uniform(tables, model, cost_model, budget_bytes, top_k, meta, state)
+        _seed_uniform(tables, model, cost_model, budget_bytes, top_k, meta, state, deadline)
         _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     order = sorted(range(len(tables)), key=lambda i: -tables[i].combo.global_batch / bounds[i])
     if refine is not None and prune:
@@ -181,8 +191,8 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         if prune and t.combo.global_batch / bounds[i] <= threshold:
             state.pruned += len(t.vocab)
             continue
-        if state.solutions and passed(deadline):
-            state.timed_out = True
+        if passed(deadline):
+            state.stop("searching the groups")
             state.bound(t.combo.global_batch, bounds[i])
             continue
         incumbent = t.combo.global_batch / best_thr if best_thr > 0 and prune else float("inf")
@@ -205,7 +215,8 @@ def _refine(tables: list[ComboTables], bounds: list[float], order: list[int], re
         gb = tables[i].combo.global_batch
         if gb / bounds[i] <= threshold:
             continue
-        if state.solutions and passed(deadline):
+        if passed(deadline):
+            state.stop("bounding the groups")
             return
         bounds[i] = max(bounds[i], refine(tables[i], gb / best_thr if best_thr > 0 else np.inf))
 
@@ -223,19 +234,26 @@ def _all_interleaved(tables: list[ComboTables], model: ModelSpec, cost_model: Co
 
 
 def _seed_uniform(tables: list[ComboTables], model: ModelSpec, cost_model: CostModel, budget_bytes: float,
-                  top_k: int, meta: dict, state: OuterState) -> None:
+                  top_k: int, meta: dict, state: OuterState, deadline: float | None) -> None:
     """Before any group is searched: the best uniform plans (one strategy for every layer, even
     stages: the recipes Megatron and DeepSpeed run) of every group and vocab choice, scored from
     the tables at once; the top_k of them are re-scored with plan_cost and kept. The first
     incumbent is then at least as good as every uniform recipe of the space, so a search stopped
-    by its time limit never returns less."""
+    by its time limit after the seeds never returns less (``deadline`` is checked between groups
+    and between the plans re-scored)."""
     seeds = []
     for t in tables:
+        if passed(deadline):
+            state.stop("seeding uniform plans")
+            return
         for v in t.vocab:
             found = uniform_seed(t, v)
             if found is not None:
                 seeds.append((t.combo.global_batch / found[0], found[1], v, t))
     for _, strategy, v, t in sorted(seeds, key=lambda s: -s[0])[:top_k]:
+        if passed(deadline):
+            state.stop("seeding uniform plans")
+            return
         n, pp = len(t.layer_type), t.combo.pp
         state.keep(cost_model, model, t.plan([strategy] * n, list(even_stage_layers(n, pp)), v, meta), budget_bytes)
 
@@ -265,8 +283,8 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
         if not fits[i]:
             state.pruned += 1
             continue
-        if state.solutions and passed(deadline):  # the rest, bounded by the best of them
-            state.timed_out = True
+        if passed(deadline):  # the rest, bounded by the best of them
+            state.stop(f"scoring {schedule} plans")
             state.bound(c.global_batch, floor[i])
             return
         s = t.strategies[uniform[i]]
@@ -296,12 +314,16 @@ def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFor
 
 def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],
            budget_bytes: float, top_k: int, status: str, gap: float | None, extra_states: int = 0) -> PlanResult:
-    """PlanResult of the best plan (re-scored), or the smallest memory at which the space fits."""
+    """PlanResult of the best plan (re-scored), or the smallest memory at which the space fits; a
+    search the time limit stopped says so in one line (with no plan: nothing else)."""
     stats = SearchStats(states_explored=state.states + extra_states, candidates=state.candidates,
                         pruned=state.pruned, gap=gap, tables_s=state.tables_s, groups_s=state.groups_s,
                         proof_s=state.proof_s,
                         solver_status=status if state.solutions or status == "time_limit" else "infeasible")
+    stopped = f"time limit of {state.limit_s:g} s reached while {state.doing}" if status == "time_limit" else ""
     if not state.solutions:
+        if stopped:  # the groups not searched may hold plans: no smallest memory to claim
+            return infeasible_result(name, None, stats, f"{stopped}: no plan found before it")
         if not tables:
             return infeasible_result(name, None, stats, "the search space is empty for these global batches "
                                      "(no pp, micro-batch and tp/dp split divides them)")
@@ -311,9 +333,13 @@ def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState
     top = tuple(RankedPlan(plan=p, iteration_time_s=tm, throughput_samples_per_s=thr,
                            peak_memory_gib=cost_model.plan_cost(model, p).peak_memory_bytes / GIB)
                 for thr, tm, p in ranked[:top_k])
-    note = f"objective vs plan_cost mismatch {state.mismatch:.1e}" if state.mismatch > RESCORE_RTOL else ""
-    if note and stats.solver_status == "optimal":  # the bounds bound the solver's objective, not plan_cost
+    mismatch = f"objective vs plan_cost mismatch {state.mismatch:.1e}" if state.mismatch > RESCORE_RTOL else ""
+    if mismatch and stats.solver_status == "optimal":  # the bounds bound the solver's objective, not plan_cost
         stats = replace(stats, solver_status="heuristic")
+    if stopped:
+        stopped += (f": the best plan so far, gap {gap:.2%}" if gap is not None else
+                    f": the best plan so far, no bound ({state.unbounded} groups not bounded)")
+    note = "; ".join(n for n in (stopped, mismatch) if n)
     return scored_result(name, cost_model, model, ranked[0][2], stats, top, note)
 
 

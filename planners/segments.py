@@ -3,12 +3,12 @@ segment options, and the partition DP that picks stage boundaries; plans come ba
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
+from planners.deadline import DeadlinePassed, passed
 from planners.memory_floor import memory_floor
 from planners.pareto import Completion, PassRunner, SegmentPass, _staircase_keep, argmin_low_tail
 from planners.partition import StageOptions, partition_floor, search_partition, stage_windows
@@ -32,11 +32,6 @@ class GroupSolution:
 
 def _last_mem_floor(vc) -> float:
     return float(vc.last_delta[:, 2].min()) if vc.last_delta is not None else 0.0
-
-
-class DeadlinePassed(Exception):
-    """A group search reached the planner call's deadline, or its work budget (max_candidates),
-    part-way (nothing of it is kept)."""
 
 
 class GroupDP:
@@ -145,7 +140,7 @@ class GroupDP:
     def check_deadline(self, running: int = 0) -> None:
         """Raise DeadlinePassed past the deadline or once the candidates pruned (``running`` of a
         pass under way besides) exceed max_candidates."""
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        if passed(self.deadline):
             raise DeadlinePassed
         if self.max_candidates is not None and self.candidates + running > self.max_candidates:
             raise DeadlinePassed

@@ -13,6 +13,7 @@ import numpy as np
 
 from cost_models import CostModel, in_flight
 from cost_models.memo import hash_once
+from planners.deadline import check
 from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
 from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, even_stage_layers
 
@@ -132,21 +133,23 @@ def temp_levels(t: ComboTables) -> np.ndarray:
 
 
 def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
-                 space: SearchSpace, budget_bytes: float) -> ComboTables:
+                 space: SearchSpace, budget_bytes: float, deadline: float | None = None) -> ComboTables:
     """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s
     (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``. The
     tables do not depend on the budget: built once per cost model and shared by every budget
     and planner of a run (planners read them, never write them); each call gets its own
-    ``shared`` memo (ComboTables.shared)."""
+    ``shared`` memo (ComboTables.shared). Past ``deadline`` (time.monotonic) the build stops with
+    DeadlinePassed before the next layer-time or relayout question the cache cannot answer, or
+    between stages and vocab choices (the cost model's answers so far stay cached)."""
     key = ("tables", model, combo, tuple(vocab_tps), space)
     cache = memo(cost_model)
     if key not in cache:
-        cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space)
+        cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space, deadline)
     return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes, shared={})
 
 
 def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
-                  space: SearchSpace) -> ComboTables:
+                  space: SearchSpace, deadline: float | None) -> ComboTables:
     world = cost_model.cluster.world_size
     gpus = world // combo.pp
     strategies = space.stage_strategies(gpus, model)
@@ -155,9 +158,15 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies])}
-    stages = [_stage(cost_model, combo, types, strategies, allowed, k, gpus, shared) for k in range(combo.pp)]
-    vocab = {v: _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies) for v in vocab_tps}
+    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies]), "layouts": layout_classes(strategies)}
+    stages = []
+    for k in range(combo.pp):
+        check(deadline)
+        stages.append(_stage(cost_model, combo, types, strategies, allowed, k, gpus, shared, deadline))
+    vocab = {}
+    for v in vocab_tps:
+        check(deadline)
+        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies, shared["layouts"])
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
@@ -210,16 +219,20 @@ def layout_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[in
 
 
 def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-           k: int, gpus: int, shared: dict) -> StageTables:
+           k: int, gpus: int, shared: dict, deadline: float | None) -> StageTables:
     """Stage k's tables. Its layer times and relayouts depend on the stage only through its
     (canonical) first rank, its memory only through its in-flight count: ``shared`` (one dict per
-    group, holding each strategy's micro-batch size) keeps both parts for the group's other stages."""
+    group, holding each strategy's micro-batch size and layout classes) keeps both parts for the
+    group's other stages.
+    ``deadline`` is checked before each layer-time and relayout question the cache cannot answer,
+    and between layer types."""
     first = k * gpus
     local = canonical_first_rank(cm, first, gpus)  # stage-local questions; sends keep the true ranks
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
     mbs = shared["mbs"]
     if ("local", local) not in shared:
-        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, local)
+        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, shared["layouts"], local,
+                                              deadline)
     if ("memory", held) not in shared:
         shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
     (time_s, tail_s, trans), (memory, temp) = shared["local", local], shared["memory", held]
@@ -227,6 +240,7 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     if k < combo.pp - 1:
         cache = memo(cm)
         for ti, layer in enumerate(types):
+            check(deadline)
             if ("messages", ti) not in shared:
                 shared["messages", ti] = _by_message(cm, layer, strategies, allowed[ti], mbs)
             src = first - node_shift(cm, first)  # the same pair of stages, moved by whole nodes
@@ -248,21 +262,24 @@ def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy]
 
 
 def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-                 mbs: np.ndarray, local: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts, asked at ``local``."""
+                 mbs: np.ndarray, layouts: tuple[np.ndarray, list[int]], local: int, deadline: float | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts (over the
+    strategies' ``layouts``: layout_classes), asked at ``local``."""
     cache = memo(cm)
     nt, ns = len(types), len(strategies)
     time_s, tail_s, trans = np.full((nt, ns), np.inf), np.full((nt, ns), np.inf), np.full((nt, ns, ns), np.inf)
-    cls, reps = layout_classes(strategies)
+    cls, reps = layouts
     for ti, layer in enumerate(types):
         for si in np.flatnonzero(allowed[ti]):
             key = ("lt", layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
             if key not in cache:
+                check(deadline)
                 cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
             time_s[ti, si], tail_s[ti, si] = cache[key].micro_batch_s, cache[key].tail_s
         rows = allowed[ti]
         if rows.any():
-            small = _trans_classes(cm, cache, layer, combo, strategies, reps, local)
+            small = _trans_classes(cm, cache, layer, combo, strategies, reps, local, deadline)
             trans[ti][rows] = small[cls[rows]][:, cls]
     return time_s, tail_s, trans
 
@@ -297,8 +314,9 @@ def _memory_parts(cm: CostModel, combo: Combo, types: list, strategies: list[Lay
 
 
 def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: list[LayerStrategy],
-                   reps: list[int], first: int) -> np.ndarray:
-    """[from class, to class] relayout times of ``layer``'s output, one call per layout pair."""
+                   reps: list[int], first: int, deadline: float | None) -> np.ndarray:
+    """[from class, to class] relayout times of ``layer``'s output, one call per layout pair
+    (``deadline`` checked before each call the cache cannot answer)."""
     out = np.zeros((len(reps), len(reps)))
     for a, i in enumerate(reps):
         s = strategies[i]
@@ -307,6 +325,7 @@ def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: 
             u = strategies[j]
             key = ("tr", layer, layout_key(s), layout_key(u), mbs, first)
             if key not in cache:
+                check(deadline)
                 cache[key] = cm.transition_time(layer, _layout(s), _layout(u), mbs, first)
             out[a, b] = cache[key]
     return out
@@ -326,22 +345,22 @@ def _send(cm: CostModel, cache: dict, msg, layer: LayerSpec, s: LayerStrategy, m
     return cache[key]
 
 
-def _vocab_stages(cm: CostModel, model: ModelSpec, combo: Combo, strategies: list[LayerStrategy]
-                  ) -> list[VocabCost]:
+def _vocab_stages(cm: CostModel, model: ModelSpec, combo: Combo, strategies: list[LayerStrategy],
+                  layouts: tuple[np.ndarray, list[int]]) -> list[VocabCost]:
     """One VocabCost per stage; for a rank-symmetric cost model the stages that hold neither the
     embedding nor the head are alike (its contract), so they share one answer."""
     out, middle = [], None
     for k in range(combo.pp):
         if 0 < k < combo.pp - 1 and cm.rank_symmetric:
-            middle = middle or _vocab(cm, model, combo, k, strategies)
+            middle = middle or _vocab(cm, model, combo, k, strategies, layouts)
             out.append(middle)
         else:
-            out.append(_vocab(cm, model, combo, k, strategies))
+            out.append(_vocab(cm, model, combo, k, strategies, layouts))
     return out
 
 
-def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
-           strategies: list[LayerStrategy]) -> VocabCost:
+def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, strategies: list[LayerStrategy],
+           layouts: tuple[np.ndarray, list[int]]) -> VocabCost:
     """vocab_cost under probe plans: all layers DDP (the base), then layer 0 / the last layer
     under each dp type (the deltas)."""
     base = _vocab_probe(cm, model, combo, stage, DPType.DDP, DPType.DDP)
@@ -349,20 +368,20 @@ def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int,
     out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
     if stage == 0:
         delta = {d: _delta(_vocab_probe(cm, model, combo, stage, d, DPType.DDP), base) for d in types}
-        out.first_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(cm, model, combo, 0,
-                                                                                              strategies)
+        out.first_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(
+            cm, model, combo, 0, strategies, layouts)
     if stage == combo.pp - 1:
         delta = {d: _delta(_vocab_probe(cm, model, combo, stage, DPType.DDP, d), base) for d in types}
         out.last_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(
-            cm, model, combo, model.num_layers - 1, strategies)
+            cm, model, combo, model.num_layers - 1, strategies, layouts)
     return out
 
 
-def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
-                    strategies: list[LayerStrategy]) -> np.ndarray:
+def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int, strategies: list[LayerStrategy],
+                    layouts: tuple[np.ndarray, list[int]]) -> np.ndarray:
     """[strategy, (T, 0, 0)]: the relayout between the vocabulary's layout and layer ``index``
     under each strategy, less the probe layer's (which the base holds); computed once per
-    layout a strategy can have (tp, dp, tp order, sp) and micro-batch."""
+    layout a strategy can have (``layouts``: layout_classes) and micro-batch."""
     cache = memo(cm)
     plan = _cached_probe_plan(cm, model, combo, DPType.DDP, DPType.DDP)
     common = ("vocab relayout", hash_once(model), combo.pp, combo.vocab, combo.global_batch // combo.micro_batches,
@@ -375,8 +394,9 @@ def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int,
         return cache[key]
 
     probe = relayout(plan.layers[index])
+    cls, reps = layouts
     out = np.zeros((len(strategies), 3))
-    out[:, 0] = [relayout(s) - probe for s in strategies]
+    out[:, 0] = np.array([relayout(strategies[i]) - probe for i in reps])[cls]
     return out
 
 

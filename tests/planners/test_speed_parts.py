@@ -1,6 +1,7 @@
 """The speed-ups of issue 16 change no answer: level-by-level Pareto pruning keeps exactly the
-points a brute-force dominance check keeps, relayouts asked once per layout pair and stage
-questions asked at an equivalent first rank (pipeline sends: moved by whole nodes) give the true tables."""
+points a brute-force dominance check keeps, relayouts asked once per layout pair, stage questions
+asked at an equivalent first rank (pipeline sends: moved by whole nodes) and the vocabulary's
+relayouts asked once per layout class give the true tables."""
 from __future__ import annotations
 
 import dataclasses
@@ -96,3 +97,24 @@ def test_completion_bound_is_the_knapsack_lp_worked_by_hand():
     assert np.allclose(c.least(0, np.array([4.0, 3.0, 10.0])), [12.0, 16.0, 10.0])
     assert np.allclose(c.least(1, np.array([1.0, 2.0])), [10.0, 6.0]) and c.least(2, np.array([0.0]))[0] == 0
     assert list(c.memory_after) == [2.0, 1.0, 0.0]
+
+
+def test_vocab_relayout_deltas_asked_per_layout_class_equal_each_strategys_answer():
+    """tables._relayout_delta asks one strategy per layout class: every strategy's delta is the
+    cost model's own answer for it, less the probe layer's."""
+    from planners.tables import _cached_probe_plan, _relayout_delta, layout_classes
+    from specs import DPType
+    model, cluster = load_model("llama2-7b").scaled(num_layers=4), load_cluster("dgx-a100-80g:2")
+    cm = cost_models.get("analytical", cluster)
+    checked = 0
+    for t in grouped_tables(model, cm, 40 * 2**30, SearchSpace.preset("full"), (32,))[::4]:
+        for v in t.vocab:
+            combo = dataclasses.replace(t.combo, vocab=v)
+            probe = _cached_probe_plan(cm, model, combo, DPType.DDP, DPType.DDP)
+            for index in (0, model.num_layers - 1):
+                got = _relayout_delta(cm, model, combo, index, t.strategies, layout_classes(t.strategies))
+                base = cm.vocab_relayout_time(model, probe, index, probe.layers[index])
+                want = [cm.vocab_relayout_time(model, probe, index, s) - base for s in t.strategies]
+                assert list(got[:, 0]) == want and not got[:, 1:].any()
+                checked += len(want)
+    assert checked > 1000
