@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import lru_cache
+from typing import Callable, NamedTuple, Sequence
 
 from cost_models import collectives as coll
 from cost_models.ops import ExpertSplit
@@ -106,16 +107,38 @@ def topology_all_to_all_s(cluster: ClusterSpec, nbytes: float, groups: Sequence[
 
     ``alpha_s(crosses_nodes)`` is the per-step latency, ``efficiency(crosses_nodes)`` the
     achieved share of a link (a NIC is a node-crossing link, GPU ports and uplinks are not)."""
-    groups = [tuple(g) for g in groups if len(g) > 1]
+    groups = tuple(tuple(g) for g in groups if len(g) > 1)
     if not groups or nbytes <= 0:
         return 0.0
-    p = max(len(g) for g in groups)
+    shape = _pairwise_shape(cluster, groups)
+    seconds_per_byte = max(shape.nic_s_per_byte / efficiency(True), shape.link_s_per_byte / efficiency(False))
+    bandwidth = (shape.p - 1) / shape.p / seconds_per_byte
+    return coll.ring_time_s("all_to_all", shape.p, nbytes, alpha_s(shape.crosses), bandwidth)
+
+
+class PairwiseShape(NamedTuple):
+    """What a pairwise all-to-all over some groups sees of the topology, whatever its size."""
+
+    p: int
+    """The largest group."""
+    nic_s_per_byte: float
+    """max over the NICs of load / capacity (s per byte of one rank's buffer at full efficiency)."""
+    link_s_per_byte: float
+    """The same over the other resources (GPU ports, PCIe uplinks)."""
+    crosses: bool
+    """Some group spans two scale-up domains."""
+
+
+@lru_cache(maxsize=1024)
+def _pairwise_shape(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -> PairwiseShape:
+    """The size-independent part of ``topology_all_to_all_s`` (it walks every pair's path: a
+    planner asks it once per message size)."""
     caps = {res: cap for g in groups for a in g for b in g if a != b for res, cap in cluster.path(a, b)}
     load = pairwise_load(cluster, groups)
-    seconds_per_byte = max(load[r] / (caps[r] * 1e9 * efficiency(r[0].startswith("nic"))) for r in load)
-    bandwidth = (p - 1) / p / seconds_per_byte
+    ratio = {kind: max((load[r] / (caps[r] * 1e9) for r in load if r[0].startswith("nic") == kind), default=0.0)
+             for kind in (True, False)}
     crosses = any(cluster.domain_of(a) != cluster.domain_of(g[0]) for g in groups for a in g)
-    return coll.ring_time_s("all_to_all", p, nbytes, alpha_s(crosses), bandwidth)
+    return PairwiseShape(max(len(g) for g in groups), ratio[True], ratio[False], crosses)
 
 
 def passes(strategy: LayerStrategy) -> int:

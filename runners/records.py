@@ -99,6 +99,8 @@ def add_evaluation(rec: dict[str, Any], evaluator: str, evaluation: Any | None) 
 
 
 def _oom_text(result: PlanResult) -> str:
+    if result.stats.solver_status == "time_limit":  # stopped before any plan: not out of memory
+        return f"no plan: {result.message}"
     if result.min_memory_gib is None:
         return "OOM (no plan in this space)"
     return f"OOM (needs {result.min_memory_gib:.1f} GiB)"

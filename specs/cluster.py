@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from specs.errors import SpecError, check_fields, one_of, positive_int, positive_number, require
 from specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SCALE_UP_DOMAIN_GPUS, at_most, unit_time
 from specs.schema import ClusterFile, check
@@ -218,14 +220,36 @@ class ClusterSpec:
         edges = [(a, b) for a, b in pairs if a != b]
         if not edges:
             return GroupLink(float("inf"), 0.0, False)
-        for r in {r for e in edges for r in e}:
-            require(0 <= r < self.world_size, "ranks", f"rank {r} outside world of {self.world_size}")
-        paths = [self.path(a, b) for a, b in edges]
-        load = Counter(res for p in paths for res, _ in p)
-        bandwidth = min(cap / load[res] for p in paths for res, cap in p)
-        crosses = any(self.domain_of(a) != self.domain_of(b) for a, b in edges)
+        src, dst = (np.fromiter((e[i] for e in edges), dtype=np.int64, count=len(edges)) for i in (0, 1))
+        for ranks in (src, dst):
+            bad = ranks[(ranks < 0) | (ranks >= self.world_size)]
+            require(bad.size == 0, "ranks", f"rank {bad[0] if bad.size else 0} outside world of {self.world_size}")
+        crosses = bool((src // self.domain_gpus != dst // self.domain_gpus).any())
+        shared_uplink = self.intra_node.kind == "pcie" and self.intra_node.gpus_per_switch > 0
+        bandwidth = self._paths_bandwidth(edges) if shared_uplink else self._ports_bandwidth(src, dst)
         latency_us = self.inter_node.latency_us if crosses else self.intra_node.latency_us
         return GroupLink(bandwidth, latency_us * 1e-6, crosses)
+
+    def _paths_bandwidth(self, edges: list[tuple[int, int]]) -> float:
+        """Each edge's path (``path``) laid out, each resource shared equally by the edges on it."""
+        paths = [self.path(a, b) for a, b in edges]
+        load = Counter(res for p in paths for res, _ in p)
+        return min(cap / load[res] for p in paths for res, cap in p)
+
+    def _ports_bandwidth(self, src: np.ndarray, dst: np.ndarray) -> float:
+        """``_paths_bandwidth`` where a path is only GPU ports and, across scale-up domains, the
+        nodes' NICs: the slowest edge is the one on the most loaded resource, so count the edges
+        per port and per NIC instead of laying out each path (the same number)."""
+        port_gbs = self.intra_node.bandwidth_gbytes_per_s
+        worst_port = max(np.bincount(src).max(), np.bincount(dst).max())
+        bandwidth = port_gbs / worst_port
+        across = src // self.domain_gpus != dst // self.domain_gpus
+        if across.any():
+            nic_gbs = self.inter_node.nics_per_node * self.inter_node.nic_bandwidth_gbytes_per_s
+            nodes = self.gpus_per_node
+            worst_nic = max(np.bincount(src[across] // nodes).max(), np.bincount(dst[across] // nodes).max())
+            bandwidth = min(bandwidth, nic_gbs / worst_nic)
+        return float(bandwidth)
 
     def group_link(self, ranks: Sequence[int]) -> GroupLink:
         """What one collective over ``ranks`` sees when it runs alone."""

@@ -171,3 +171,14 @@ def test_from_needs_a_cluster(capsys):
     assert compare.main(["--from", "torchtitan", "x.toml", "--model", "llama3-8b"]) == 2
     assert capsys.readouterr().err.strip() == ("error: --from: needs --cluster (and --model): the files name "
                                                "neither exactly")
+
+
+def test_a_search_the_time_limit_stopped_before_any_plan_is_not_called_out_of_memory():
+    """Its row says why there is no plan (the planner's one line), not "OOM"."""
+    from planners.base import Budget, SearchStats, infeasible_result
+    from runners.records import record
+    from specs import load_cluster, load_model
+    stopped = infeasible_result("galvatron", None, SearchStats(solver_status="time_limit"),
+                                "time limit of 1 s reached while building cost tables (0 of 3 groups built)")
+    row = record(stopped, "tiny-gpt", "cpu-2", Budget(memory_gib=8), load_model("tiny-gpt"), load_cluster("cpu-2"))
+    assert row["plan_summary"] == "no plan: time limit of 1 s reached while building cost tables (0 of 3 groups built)"

@@ -130,3 +130,20 @@ def test_scale_up_domain_is_checked_when_built_in_code():
     with pytest.raises(SpecError, match="scale_up_domain_gpus.*not a multiple"):
         replace(base, scale_up_domain_gpus=12)
     assert replace(base, scale_up_domain_gpus=16).with_nodes(2).group_link(range(16)).bandwidth_gbytes_per_s == 900.0
+
+
+@pytest.mark.parametrize("name", ["dgx-h100:4", "gb200-nvl72:2", "dgx-a100-80g:3"])
+def test_port_counting_gives_the_laid_out_paths_bandwidth(name):
+    """transfers_link counts edges per GPU port and NIC where paths have no shared uplink: the
+    same bandwidth as laying out every edge's path and sharing each resource (random edge sets,
+    within and across nodes and NVLink domains)."""
+    import random
+    import numpy as np
+    cluster = load_cluster(name)
+    rng = random.Random(name)
+    for _ in range(20):
+        edges = [(rng.randrange(cluster.world_size), rng.randrange(cluster.world_size)) for _ in range(rng.randint(1, 64))]
+        edges = [(a, b) for a, b in edges if a != b] or [(0, 1)]
+        src, dst = np.array([a for a, _ in edges]), np.array([b for _, b in edges])
+        assert cluster._ports_bandwidth(src, dst) == pytest.approx(cluster._paths_bandwidth(edges), rel=1e-12)
+        assert cluster.transfers_link(edges).bandwidth_gbytes_per_s == pytest.approx(cluster._paths_bandwidth(edges))
