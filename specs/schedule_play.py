@@ -7,10 +7,11 @@ gives at every micro-batch count (the split-backward ones)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from specs.errors import SpecError, positive_number
-from specs.schedules import OpKind, PipelineSchedule
+from specs.schedules import OpKind, PipelineSchedule, schedule_entry
 
 
 @dataclass(frozen=True)
@@ -70,46 +71,55 @@ def steady_micro_batches(pp: int) -> int:
 
 
 def _play(entry: PipelineSchedule, stages: Sequence[StageWork], micro_batches: int, v: int) -> float:
-    pp, split = len(stages), entry.splits_backward
-    programs = [entry.ops(k, pp, micro_batches, v) for k in range(pp)]
-    chunks = [entry.stage_chunks(k, pp, v) for k in range(pp)]
-    durations = [_op_durations(s, v, split) for s in stages]
-    last, ends = pp * v - 1, {}
-    free, position = [0.0] * pp, [0] * pp
-    remaining = sum(map(len, programs))
-    while remaining:
-        progressed = False
-        for k in range(pp):
-            program = programs[k]
-            while position[k] < len(program):
-                op = program[position[k]]
-                key = (op.kind, chunks[k][op.chunk], op.micro_batch)
-                ready = _ready_s(key, last, ends)
-                if ready is None:
-                    break
-                free[k] = ends[key] = max(free[k], ready) + durations[k][op.kind]
-                position[k] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise SpecError("schedule", f"{entry.name} deadlocks on pp({pp}) with micro_batches({micro_batches})")
+    """Each op starts when its stage is free and its input is ready, in an order (``_order``) that
+    meets both before it."""
+    split = entry.splits_backward
+    durations = [(s.forward_s / v, (s.input_grad_s if split else s.input_grad_s + s.weight_grad_s) / v,
+                  s.weight_grad_s / v) for s in stages]
+    order = _order(entry.name, len(stages), micro_batches, v)
+    free, ends = [0.0] * len(stages), [0.0] * len(order)
+    for i, (k, kind, dep) in enumerate(order):
+        start = free[k] if dep < 0 or ends[dep] <= free[k] else ends[dep]
+        ends[i] = free[k] = start + durations[k][kind]
     return max(free)
 
 
-def _op_durations(stage: StageWork, v: int, split: bool) -> dict:
-    backward = stage.input_grad_s if split else stage.input_grad_s + stage.weight_grad_s
-    return {OpKind.FORWARD: stage.forward_s / v, OpKind.BACKWARD: backward / v, OpKind.WEIGHT: stage.weight_grad_s / v}
+KIND_INDEX = {OpKind.FORWARD: 0, OpKind.BACKWARD: 1, OpKind.WEIGHT: 2}
 
 
-def _ready_s(key: tuple, last: int, ends: dict) -> float | None:
-    """When the input of op ``key`` = (kind, global chunk, micro-batch) is ready (None: not yet)."""
+@lru_cache(maxsize=512)
+def _order(name: str, pp: int, micro_batches: int, v: int) -> tuple[tuple[int, int, int], ...]:
+    """Every stage's program merged into one order in which each op comes after the op before it
+    on its stage and after the op whose output it needs: (stage, kind index, position of that op
+    in the order or -1). SpecError where no such order exists (the programs deadlock)."""
+    entry = schedule_entry(name)
+    programs = [entry.ops(k, pp, micro_batches, v) for k in range(pp)]
+    chunks = [entry.stage_chunks(k, pp, v) for k in range(pp)]
+    last, placed, position = pp * v - 1, {}, [0] * pp
+    order: list[tuple[int, int, int]] = []
+    while len(order) < sum(map(len, programs)):
+        progressed = False
+        for k, program in enumerate(programs):
+            while position[k] < len(program):
+                op = program[position[k]]
+                key = (op.kind, chunks[k][op.chunk], op.micro_batch)
+                dep = _input_of(key, last)
+                if dep is not None and dep not in placed:
+                    break
+                placed[key] = len(order)
+                order.append((k, KIND_INDEX[op.kind], -1 if dep is None else placed[dep]))
+                position[k] += 1
+                progressed = True
+        if not progressed:
+            raise SpecError("schedule", f"{name} deadlocks on pp({pp}) with micro_batches({micro_batches})")
+    return tuple(order)
+
+
+def _input_of(key: tuple, last: int) -> tuple | None:
+    """The op whose output op ``key`` = (kind, global chunk, micro-batch) needs (None: the batch)."""
     kind, chunk, mb = key
     if kind == OpKind.FORWARD:
-        dep = (OpKind.FORWARD, chunk - 1, mb) if chunk > 0 else None
-    elif kind == OpKind.BACKWARD:
-        dep = (OpKind.BACKWARD, chunk + 1, mb) if chunk < last else (OpKind.FORWARD, chunk, mb)
-    else:
-        dep = (OpKind.BACKWARD, chunk, mb)
-    if dep is None:
-        return 0.0
-    return ends.get(dep)
+        return (OpKind.FORWARD, chunk - 1, mb) if chunk > 0 else None
+    if kind == OpKind.BACKWARD:
+        return (OpKind.BACKWARD, chunk + 1, mb) if chunk < last else (OpKind.FORWARD, chunk, mb)
+    return (OpKind.BACKWARD, chunk, mb)
