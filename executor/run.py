@@ -90,7 +90,7 @@ def _measurement(model: ModelSpec, plan: Plan, world_size: int, per_rank: list[d
     if cfg.check:
         ref = reference_run(model, plan, cfg.steps, cfg.seed, cfg.lr, cfg.adam_eps, cfg.bf16)
         atol = check_atol if check_atol is not None else (CHECK_ATOL_BF16 if cfg.bf16 else CHECK_ATOL)
-        result = compare(per_rank, losses, ref, atol=atol, bf16=cfg.bf16)
+        result = compare(per_rank, losses, ref, plan, model, atol=atol, bf16=cfg.bf16)
     return Measurement(model=model.name, plan_summary=plan.summary(), world_size=world_size,
                        step_time_s=median, step_times_s=tuple(times),
                        peak_memory_bytes=tuple(r.get("peak_memory_bytes", 0) for r in per_rank),
@@ -135,7 +135,10 @@ def format_measurement(m: Measurement) -> str:
         lines.append(f"  check {'PASSED' if c.passed else 'FAILED'}: loss {c.loss_max_abs_diff:.2e} "
                      f"grad {c.grad_max_abs_diff:.2e} param {c.param_max_abs_diff:.2e} (atol {c.atol:.0e}; "
                      f"worst: {c.worst})")
+        lines.append(f"  gradient error relative to its norm {c.grad_norm_rel_diff:.2e} (tolerance {c.grad_rtol:.0e}; "
+                     f"worst: {c.grad_norm_worst})")
         lines += [f"  state bytes not the plan's: {e}" for e in c.state_bytes_errors]
+        lines += [f"  not executed as planned: {e}" for e in c.execution_errors]
     if any(m.reserved_memory_bytes):
         lines.append("  reserved memory per rank (MiB): "
                      + " ".join(f"{b / 2**20:.1f}" for b in m.reserved_memory_bytes))

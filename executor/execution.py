@@ -1,0 +1,174 @@
+"""Proof that a rank executed the plan, not only reached its numbers: what ran in one training
+step (the pipeline ops per stage, each block's and each attention's forward passes, the tokens
+each block's first norm saw), recorded by hooks inside the rank, and --check's comparison of
+those records with what the plan and the schedule registry say."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from executor.model import Attention, Block
+from specs import ModelSpec, Plan, Recompute
+from specs.schedules import Op, OpKind, schedule_entry
+
+RECOMPUTED_FORWARDS = {
+    # (block forwards, attention forwards) per micro-batch: full recomputation re-runs the whole
+    # block in backward, selective only the attention sub-layer (its core), none nothing
+    Recompute.NONE: (1, 1),
+    Recompute.SELECTIVE: (1, 2),
+    Recompute.FULL: (2, 2),
+}
+
+
+def _first(module: nn.Module, cls: type) -> nn.Module:
+    """The outermost instance of ``cls`` inside ``module`` (wrappers such as checkpointing or
+    FSDP sit around it; FSDP's class is a subclass)."""
+    return next(m for m in module.modules() if isinstance(m, cls))
+
+
+def _chunks(module: nn.Module) -> list[nn.Module]:
+    """This rank's model chunks (one StageModule, or the children of a ChunkedStage)."""
+    return list(module.children()) if not hasattr(module, "layers") else [module]
+
+
+class ExecutionRecorder:
+    """Hooks that record what this rank runs while ``active`` (one training step): pipeline ops
+    as (kind, micro-batch, pipeline stage index), per layer the block's and the attention's
+    forward calls (recomputations included) and the tokens its first norm saw."""
+
+    def __init__(self, stage_module: nn.Module, schedule: object | None) -> None:
+        self.active = False
+        self.ops: list[tuple[str, int, int]] = []
+        self.block_forwards: Counter[int] = Counter()
+        self.attention_forwards: Counter[int] = Counter()
+        self.norm_tokens: dict[int, int] = {}
+        self.pipelined, self.in_op = schedule is not None, 0
+        for chunk in _chunks(stage_module):
+            for key, wrapped in chunk.layers.items():
+                self._hook_layer(int(key), _first(wrapped, Block))
+        if schedule is not None:
+            stages = getattr(schedule, "_stages", None) or [schedule._stage]
+            for stage in stages:
+                self._wrap_stage(stage)
+
+    def _hook_layer(self, i: int, block: Block) -> None:
+        self._count(block, self.block_forwards, i)
+        self._count(_first(block.attn, Attention), self.attention_forwards, i)
+
+        def tokens(_module, args):
+            if self._counts():
+                x = args[0].to_local() if isinstance(args[0], DTensor) else args[0]
+                self.norm_tokens[i] = int(x.shape[1])
+        block.norm1.register_forward_pre_hook(tokens)
+
+    def _counts(self) -> bool:
+        """Whether a call is one to record: during the step and, under a pipeline schedule,
+        inside one of its ops (torch's stage first infers its shapes by a forward of its own)."""
+        return self.active and (not self.pipelined or self.in_op > 0)
+
+    def _count(self, module: nn.Module, counter: Counter, i: int) -> None:
+        def hook(_module, args):
+            if self._counts():
+                counter[i] += 1
+        module.register_forward_pre_hook(hook)
+
+    def _wrap_stage(self, stage) -> None:
+        """Record each op the schedule runs on ``stage`` (torch's PipelineStage methods)."""
+        j = stage.stage_index
+        for method, kind in (("forward_one_chunk", OpKind.FORWARD), ("backward_one_chunk", OpKind.BACKWARD),
+                             ("backward_weight_one_chunk", OpKind.WEIGHT)):
+            setattr(stage, method, self._recording(getattr(stage, method), kind, j))
+
+    def _recording(self, run: Callable, kind: OpKind, j: int) -> Callable:
+        def wrapped(chunk_id, *args, **kwargs):
+            self.op(kind, chunk_id, j)
+            self.in_op += 1
+            try:
+                return run(chunk_id, *args, **kwargs)
+            finally:
+                self.in_op -= 1
+        return wrapped
+
+    def op(self, kind: OpKind, micro_batch: int, stage_index: int) -> None:
+        if self.active:
+            self.ops.append((str(kind), int(micro_batch), stage_index))
+
+    def record(self) -> dict:
+        """What the active step ran (plain data for the launcher)."""
+        return {"ops": list(self.ops), "block_forwards": dict(self.block_forwards),
+                "attention_forwards": dict(self.attention_forwards), "norm_tokens": dict(self.norm_tokens)}
+
+
+def expected_ops(plan: Plan, stage: int) -> list[Op]:
+    """The op order of ``stage`` in one iteration: the schedule registry's (pp > 1), or the
+    gradient-accumulation loop (forward and backward of each micro-batch in turn)."""
+    if plan.pp == 1:
+        return [Op(kind, i, 0) for i in range(plan.micro_batches) for kind in (OpKind.FORWARD, OpKind.BACKWARD)]
+    return schedule_entry(plan.schedule).ops(stage, plan.pp, plan.micro_batches, plan.virtual_stages)
+
+
+def _ran_ops(plan: Plan, stage: int, ops: list[tuple[str, int, int]]) -> list[Op]:
+    """Recorded ops in the registry's vocabulary: the chunk as its position on the stage."""
+    chunks = plan.stage_chunks(stage)
+    return [Op(OpKind(kind), mb, chunks.index(j) if plan.pp > 1 else 0) for kind, mb, j in ops]
+
+
+def _op_text(ops: list[Op], limit: int = 12) -> str:
+    text = " ".join(f"{o.kind}{o.micro_batch}" + (f".{o.chunk}" if o.chunk else "") for o in ops[:limit])
+    return text + (f" ... ({len(ops)} ops)" if len(ops) > limit else "")
+
+
+def schedule_errors(plan: Plan, stage: int, rank: int, record: dict) -> list[str]:
+    """The op order ``rank`` ran against the registry's for its stage (one line if they differ)."""
+    want, got = expected_ops(plan, stage), _ran_ops(plan, stage, record["ops"])
+    if want == got:
+        return []
+    name = plan.schedule if plan.pp > 1 else "gradient accumulation"
+    return [f"stage {stage} (rank {rank}): ran {_op_text(got)}; {name} with {plan.micro_batches} micro-batches "
+            f"is {_op_text(want)}"]
+
+
+def expected_tokens(plan: Plan, model: ModelSpec, i: int) -> int:
+    """Tokens per sequence of layer ``i``'s first norm on one rank: the sequence split over
+    Megatron-SP's tp group, Ulysses' group or the context-parallel group."""
+    s = plan.layers[i]
+    split = (s.tp if s.megatron_sp else 1) * s.ulysses * s.cp
+    return model.layers[i].seq_len // split
+
+
+def layer_errors(plan: Plan, model: ModelSpec, rank: int, record: dict) -> list[str]:
+    """Per layer this rank ran: forward passes against the plan's recomputation and the tokens
+    its first norm saw against the plan's sequence split."""
+    errors = []
+    m = plan.micro_batches
+    for i in sorted(record["block_forwards"]):
+        s = plan.layers[i]
+        block, attention = RECOMPUTED_FORWARDS[s.recompute]
+        got = (record["block_forwards"][i], record["attention_forwards"][i])
+        if got != (block * m, attention * m):
+            errors.append(f"layer {i} (rank {rank}): block ran forward {got[0]}x, attention {got[1]}x in a step of "
+                          f"{m} micro-batches; recompute {s.recompute} means {block * m}x and {attention * m}x")
+        tokens = expected_tokens(plan, model, i)
+        if record["norm_tokens"].get(i) != tokens:
+            errors.append(f"layer {i} (rank {rank}): norm1 saw {record['norm_tokens'].get(i)} tokens per sequence; "
+                          f"{s.short()} splits the sequence to {tokens}")
+    return errors
+
+
+def execution_errors(plan: Plan, model: ModelSpec, per_rank: list[dict]) -> list[str]:
+    """Every difference between what the ranks ran (``per_rank[r]["executed"]``) and the plan:
+    schedule order per stage, forward passes and sequence split per layer, and every layer
+    held by some rank."""
+    errors, seen = [], set()
+    for rank, result in enumerate(per_rank):
+        record = result["executed"]
+        errors += schedule_errors(plan, result["stage"], rank, record)
+        errors += layer_errors(plan, model, rank, record)
+        seen.update(record["block_forwards"])
+    missing = sorted(set(range(len(plan.layers))) - seen)
+    if missing:
+        errors.append(f"layers {missing} ran on no rank")
+    return errors
