@@ -24,6 +24,10 @@ from torch.distributed.tensor import DTensor
 
 from specs import DPType
 
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); older releases have only those
+ALL_GATHER_FLAT = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_FLAT = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 SHARDED_OPTIMIZER = (DPType.ZERO1, DPType.ZERO2)
 """dp types whose flat bucket keeps only a 1/dp shard of the fp32 master and Adam states."""
 
@@ -120,7 +124,7 @@ class FlatBucket:
         if self.shards == 1:
             return dist.all_reduce(flat, group=self.group, async_op=True), flat, flat
         out = flat.new_empty(self.shard_numel)
-        return dist.reduce_scatter_single(out, flat, group=self.group, async_op=True), out, flat
+        return REDUCE_SCATTER_FLAT(out, flat, group=self.group, async_op=True), out, flat
 
     def _drain(self) -> None:
         for work, out, _ in self.pending:
@@ -156,7 +160,7 @@ class FlatBucket:
         shard = self.master.to(dtype)
         if self.shards > 1:
             full = shard.new_empty(self.shard_numel * self.shards)
-            dist.all_gather_single(full, shard, group=self.group)
+            ALL_GATHER_FLAT(full, shard, group=self.group)
         else:
             full = shard
         self._scatter_into(full, lambda p: local(p))
@@ -167,7 +171,7 @@ class FlatBucket:
         red = self.reduced
         if self.shards > 1:
             full = red.new_empty(self.shard_numel * self.shards)
-            dist.all_gather_single(full, red.contiguous(), group=self.group)
+            ALL_GATHER_FLAT(full, red.contiguous(), group=self.group)
             red = full
         self._grads_from(red)
 
