@@ -67,6 +67,9 @@ class CheckResult:
     execution_errors: tuple[str, ...] = ()
     """What the ranks ran that the plan does not say (executor.execution): schedule order per
     stage, forward passes and sequence split per layer."""
+    memory_errors: tuple[str, ...] = ()
+    """Ranks whose measured peak exceeds the predicted one beyond the tolerance (when a
+    prediction was given)."""
 
 
 def expected_state_bytes(dp_type: str, dp: int, numel: int, bf16: bool) -> dict[str, float]:
