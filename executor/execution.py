@@ -5,6 +5,7 @@ those records with what the plan and the schedule registry say."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 from torch import nn
@@ -193,4 +194,76 @@ def memory_errors(plan: Plan, measured_bytes: tuple[int, ...], predicted_bytes: 
             errors.append(f"rank {rank} (stage {stage}: {layers}): peak {got / 2**20:.1f} MiB, predicted "
                           f"{want / 2**20:.1f} MiB ({got / want - 1:+.0%}, tolerance +{rtol:.0%}): a memory-saving "
                           f"choice of the stage was not applied")
+    return errors
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostPrediction:
+    """What a cost model says of a plan, for --check to hold the run to (the executor imports no
+    cost model: the caller passes one's)."""
+
+    peak_bytes: tuple[float, ...] | None = None
+    """Per rank: the predicted peak memory (runtime overhead removed); None: not checked."""
+    collectives: tuple | None = None
+    """The data-parallel collectives charged (``cost_models.charged.ChargedCollective`` rows:
+    layer, part, op, group_axes, group_size, elements, calls); None: not checked."""
+
+
+COLLECTIVE_RTOL = 0.02
+"""Elements per call may differ by this share (plus one per rank of the group, for the flat
+buffer's padding): the cost model splits the whole layer by tp, the executor keeps norms and
+row-parallel biases whole (0.4 % of a tiny-gpt block at tp 2)."""
+
+
+def bucket_trace(units: list) -> dict[str, list[tuple[str, int, int]]]:
+    """Per bucketed unit, the collectives it ran so far (FlatBucket.trace); ZeRO-3 units run
+    FSDP2's own collectives, which are not traced."""
+    return {u.name: list(u.bucket.trace) for u in units if u.bucket is not None}
+
+
+def _part_key(unit_name: str) -> tuple[int, str] | None:
+    """(layer, part) of a layer unit ("layer 3" -> (3, "dense"), "layer 3 experts" -> (3, "experts"))."""
+    words = unit_name.split()
+    if words[0] != "layer":
+        return None
+    return int(words[1]), ("experts" if words[-1] == "experts" else "dense")
+
+
+def _calls_text(calls: dict[str, tuple[int, float, int]]) -> str:
+    return ", ".join(f"{op} x{n} of {elements:.0f} elements over {size} ranks"
+                     for op, (n, elements, size) in sorted(calls.items())) or "none"
+
+
+def _ran(trace: list[tuple[str, int, int]]) -> dict[str, tuple[int, float, int]]:
+    out: dict[str, tuple[int, float, int]] = {}
+    for op, elements, size in trace:
+        n = out.get(op, (0, 0, 0))[0]
+        out[op] = (n + 1, max(elements, out.get(op, (0, 0, 0))[1]), size)
+    return out
+
+
+def _same(ran: dict, charged: dict) -> bool:
+    if set(ran) != set(charged):
+        return False
+    return all(ran[op][0] == charged[op][0] and ran[op][2] == charged[op][2]
+               and abs(ran[op][1] - charged[op][1]) <= COLLECTIVE_RTOL * charged[op][1] + ran[op][2]
+               for op in ran)
+
+
+def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[str]:
+    """Per rank and bucketed layer part (DDP, ZeRO-1/2; ``per_rank[r]["collectives"]``: the first
+    step's): kinds, calls, group sizes and elements against the cost model's ``charged`` rows."""
+    want: dict[tuple[int, str], dict[str, tuple[int, float, int]]] = {}
+    for row in charged:
+        want.setdefault((row.layer, str(row.part)), {})[str(row.op)] = (row.calls, row.elements, row.group_size)
+    errors = []
+    for rank, result in enumerate(per_rank):
+        for name, trace in result["collectives"].items():
+            key = _part_key(name)
+            if key is None:
+                continue
+            ran, charges = _ran(trace), want.get(key, {})
+            if not _same(ran, charges):
+                errors.append(f"{name} (rank {rank}): ran {_calls_text(ran)}; the cost model charges "
+                              f"{_calls_text(charges)}")
     return errors

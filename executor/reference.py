@@ -70,6 +70,9 @@ class CheckResult:
     memory_errors: tuple[str, ...] = ()
     """Ranks whose measured peak exceeds the predicted one beyond the tolerance (when a
     prediction was given)."""
+    collective_errors: tuple[str, ...] = ()
+    """Layer parts whose data-parallel collectives differ from those the cost model charges
+    (when a prediction was given)."""
 
 
 def expected_state_bytes(dp_type: str, dp: int, numel: int, bf16: bool) -> dict[str, float]:

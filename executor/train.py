@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from executor.execution import ExecutionRecorder
+from executor.execution import ExecutionRecorder, bucket_trace
 from executor.launch import progress
 from executor.model import is_tied, synthetic_batch
 from executor.parallel.data import local
@@ -181,6 +181,7 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
             held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
             opt.step()
             if held is not None:
+                result["collectives"] = bucket_trace(pm.units)
                 result["state_bytes"] = _merge_grads(state_bytes(pm), held)
                 _check_state(result, pm, model)
             opt.zero_grad()

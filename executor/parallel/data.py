@@ -74,6 +74,9 @@ class FlatBucket:
         """After sync(): this rank's shard (or all, under DDP) of the summed gradients."""
         self.pending: list[tuple[object, torch.Tensor, torch.Tensor]] = []
         self.calls = 0
+        self.trace: list[tuple[str, int, int]] = []
+        """Every training collective started, in order: (kind, elements of the full flat
+        buffer, group size); --check compares a step's with the cost model's."""
         for p in params if eager else ():  # else reduced in sync(), after backward
             p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -121,6 +124,7 @@ class FlatBucket:
         Returns (work, output, input kept alive until the work is done)."""
         if self.size == 1:
             return None, flat, flat
+        self.trace.append(("all_reduce" if self.shards == 1 else "reduce_scatter", flat.numel(), self.size))
         if self.shards == 1:
             return dist.all_reduce(flat, group=self.group, async_op=True), flat, flat
         out = flat.new_empty(self.shard_numel)
@@ -160,6 +164,7 @@ class FlatBucket:
         shard = self.master.to(dtype)
         if self.shards > 1:
             full = shard.new_empty(self.shard_numel * self.shards)
+            self.trace.append(("all_gather", full.numel(), self.size))
             ALL_GATHER_FLAT(full, shard, group=self.group)
         else:
             full = shard

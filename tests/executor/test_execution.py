@@ -4,7 +4,7 @@ naming what was not executed; the unmutated plans pass."""
 import pytest
 
 import cost_models
-from executor.execution import execution_errors, expected_ops, expected_tokens
+from executor.execution import CostPrediction, collective_errors, execution_errors, expected_ops, expected_tokens
 from executor.reference import layer_unit_plan
 from executor.run import run_plan
 from specs import LayerStrategy as L
@@ -58,25 +58,28 @@ def test_check_fails_on_a_plan_not_executed(tiny_gpt, fault):
         assert line in c.state_bytes_errors + c.execution_errors, c.state_bytes_errors + c.execution_errors
 
 
-def predicted_peak_bytes(plan, model, world):
-    """Per rank: the analytical cost model's peak on cpu-<world>, its runtime overhead removed
-    (what analysis.validate compares)."""
+def prediction(plan, model, world):
+    """The analytical cost model's per-rank peak on cpu-<world>, its runtime overhead removed
+    (what analysis.validate compares), and its charged data-parallel collectives."""
     cm = cost_models.get("analytical", load_cluster(f"cpu-{world}"))
     cost = cm.plan_cost(model, plan)
-    return tuple(cost.stage_peak_bytes[r // (world // plan.pp)] - cm.runtime_overhead_bytes for r in range(world))
+    peak = tuple(cost.stage_peak_bytes[r // (world // plan.pp)] - cm.runtime_overhead_bytes for r in range(world))
+    return CostPrediction(peak_bytes=peak, collectives=tuple(cost_models.charged_dp_collectives(model, plan, world)))
 
 
 def test_the_unmutated_plans_pass_every_proof(tiny_gpt):
     """The plans of the mutations above, all at once on 4 ranks in bf16 (the cost model's
-    precision): tp with Megatron-SP, full and selective recomputation, ZeRO-1, ZeRO-3, 2
-    micro-batches under 1F1B; peak memory within the tolerance of the cost model's."""
+    precision): tp with Megatron-SP, full and selective recomputation, ZeRO-1, ZeRO-2, DDP, 2
+    micro-batches under 1F1B; peak memory within the tolerance of the cost model's and every
+    bucket's collectives those it charges."""
     plan = Plan(pp=2, stage_layers=(2, 2), layers=(L(tp=2, sp="megatron"), L(dp=2, dp_type="zero1", recompute="full"),
-                                                   L(tp=2, recompute="selective"), L(dp=2, dp_type="zero3")),
+                                                   L(tp=2, recompute="selective"), L(dp=2, dp_type="zero2")),
                 global_batch=8, micro_batches=2, model="tiny-gpt")
     m = run_plan(plan, tiny_gpt, world_size=4, steps=2, check=True, timeout_s=180, bf16=True,
-                 predicted_peak_bytes=predicted_peak_bytes(plan, tiny_gpt, 4))
+                 prediction=prediction(plan, tiny_gpt, 4))
     c = m.check
-    assert c.passed, (c.execution_errors, c.state_bytes_errors, c.memory_errors, c.grad_norm_rel_diff, c.worst)
+    assert c.passed, (c.execution_errors, c.state_bytes_errors, c.memory_errors, c.collective_errors,
+                      c.grad_norm_rel_diff, c.worst)
     assert c.grad_norm_rel_diff < c.grad_rtol / 3 and min(m.peak_memory_bytes) > 0
 
 
@@ -84,7 +87,7 @@ def test_the_unmutated_plans_pass_every_proof(tiny_gpt):
 def test_memory_above_the_cost_model_s_fails_when_a_saving_is_not_applied(tiny_gpt, fault):
     plan = MUTATIONS[fault][0]
     m = run_plan(plan, tiny_gpt, world_size=2, steps=2, check=True, timeout_s=180, bf16=True,
-                 predicted_peak_bytes=predicted_peak_bytes(plan, tiny_gpt, 2), rank_fn=getattr(broken_workers, fault))
+                 prediction=prediction(plan, tiny_gpt, 2), rank_fn=getattr(broken_workers, fault))
     c = m.check
     assert not c.passed and c.state_bytes_errors and len(c.memory_errors) == 2
     assert c.memory_errors[0].startswith(f"rank 0 (stage 0: {plan.layers[0].short()}): peak ")
@@ -125,3 +128,31 @@ def test_a_layer_s_elements_per_rank_follow_megatron_s_split(tiny_gpt):
     assert layer_unit_plan(plan, shapes, "layer 1") == ("ddp", 1, 8)
     assert layer_unit_plan(plan, shapes, "embedding") is None
     assert expected_tokens(TP_SP, tiny_gpt, 0) == tiny_gpt.layers[0].seq_len // 2
+
+
+@pytest.mark.parametrize("fault, line", [
+    ("zero1_run_as_ddp", "layer 0 (rank 0): ran all_reduce x1 of 198272 elements over 2 ranks; the cost model charges "
+                         "all_gather x1 of 198272 elements over 2 ranks, reduce_scatter x1 of 198272 elements over 2 "
+                         "ranks"),
+    pytest.param("one_layer_all_reduce_skipped", "layer 1 (rank 0): ran none; the cost model charges all_reduce x1 of "
+                 "198272 elements over 2 ranks", marks=pytest.mark.slow)])
+def test_collectives_not_the_cost_model_s_fail(tiny_gpt, fault, line):
+    plan = MUTATIONS[fault][0]
+    m = run_plan(plan, tiny_gpt, world_size=2, steps=2, check=True, track_memory=False, timeout_s=180,
+                 prediction=prediction(plan, tiny_gpt, 2), rank_fn=getattr(broken_workers, fault))
+    assert not m.check.passed and line in m.check.collective_errors, m.check.collective_errors
+
+
+def test_collective_errors_by_hand(tiny_gpt):
+    plan = uniform_plan(4, model="tiny-gpt", global_batch=4, micro_batches=2, dp=2, dp_type="zero2")
+    charged = cost_models.charged_dp_collectives(tiny_gpt, plan, 2)
+    assert [(c.layer, c.op, c.calls, c.group_axes) for c in charged[:2]] == [
+        (0, "reduce_scatter", 2, ("dp",)), (0, "all_gather", 1, ("dp",))]
+    n = int(charged[0].elements)
+    ran = {"layer 0": [("reduce_scatter", n, 2), ("reduce_scatter", n, 2), ("all_gather", n + 1, 2)], "head": []}
+    assert collective_errors(plan, [{"collectives": ran}], tuple(charged[:2])) == []
+    ran["layer 0"] = ran["layer 0"][1:]
+    assert collective_errors(plan, [{"collectives": ran}], tuple(charged[:2])) == [
+        f"layer 0 (rank 0): ran all_gather x1 of {n + 1} elements over 2 ranks, reduce_scatter x1 of {n} elements "
+        f"over 2 ranks; the cost model charges all_gather x1 of {n} elements over 2 ranks, reduce_scatter x2 of "
+        f"{n} elements over 2 ranks"]
