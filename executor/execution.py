@@ -1,7 +1,8 @@
 """Proof that a rank executed the plan, not only reached its numbers: what ran in one training
 step (the pipeline ops per stage, each block's and each attention's forward passes, the tokens
-each block's first norm saw), recorded by hooks inside the rank, and --check's comparison of
-those records with what the plan and the schedule registry say."""
+each block's first norm saw, each bucket's data-parallel collectives), recorded inside the rank,
+and --check's comparison of those records with what the plan, the schedule registry and a cost
+model's prediction (peak memory, charged collectives) say."""
 from __future__ import annotations
 
 from collections import Counter
@@ -221,7 +222,7 @@ def bucket_trace(units: list) -> dict[str, list[tuple[str, int, int]]]:
     return {u.name: list(u.bucket.trace) for u in units if u.bucket is not None}
 
 
-def _part_key(unit_name: str) -> tuple[int, str] | None:
+def part_key(unit_name: str) -> tuple[int, str] | None:
     """(layer, part) of a layer unit ("layer 3" -> (3, "dense"), "layer 3 experts" -> (3, "experts"))."""
     words = unit_name.split()
     if words[0] != "layer":
@@ -259,7 +260,7 @@ def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[
     errors = []
     for rank, result in enumerate(per_rank):
         for name, trace in result["collectives"].items():
-            key = _part_key(name)
+            key = part_key(name)
             if key is None:
                 continue
             ran, charges = _ran(trace), want.get(key, {})

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.execution import execution_errors
+from executor.execution import execution_errors, part_key
 from executor.model import Transformer, per_sample_loss, synthetic_batch
 from specs import ModelSpec, Plan
 
@@ -95,13 +95,13 @@ def layer_unit_plan(plan: Plan, shapes: dict[str, tuple[int, ...]], name: str) -
     """(dp type, dp degree, elements per rank before data parallelism) the plan gives unit ``name``
     ("layer i" or "layer i experts"), from the full model's parameter ``shapes``; None for the
     other units (embedding, head, tied weight: their elements are taken as built)."""
-    words = name.split()
-    if words[0] != "layer":
+    key = part_key(name)
+    if key is None:
         return None
-    i, s = int(words[1]), plan.layers[int(words[1])]
-    prefix = f"layers.{i}."
-    numels = {n: math.prod(shape) for n, shape in shapes.items() if n.startswith(prefix)}
-    if words[-1] == "experts":
+    i, part = key
+    s = plan.layers[i]
+    numels = {n: math.prod(shape) for n, shape in shapes.items() if n.startswith(f"layers.{i}.")}
+    if part == "experts":
         numel = sum(v for n, v in numels.items() if ".mlp.experts." in n) // (s.ep * s.etp)
         return (s.expert_dp_kind if s.expert_dp > 1 else "ddp"), s.expert_dp, numel
     numel = sum(v // s.tp if TP_COLUMNS.search(n) or TP_ROWS.search(n) else v
