@@ -1,6 +1,6 @@
 """Proof that a rank executed the plan, not only reached its numbers: what ran in one training
 step (the pipeline ops per stage, each block's and each attention's forward passes, the tokens
-each block's first norm saw, each bucket's data-parallel collectives), recorded inside the rank,
+each block's first norm saw, each layer's data-parallel collectives), recorded inside the rank,
 and --check's comparison of those records with what the plan, the schedule registry and a cost
 model's prediction (peak memory, charged collectives) say."""
 from __future__ import annotations
@@ -216,10 +216,11 @@ buffer's padding): the cost model splits the whole layer by tp, the executor kee
 row-parallel biases whole (0.4 % of a tiny-gpt block at tp 2)."""
 
 
-def bucket_trace(units: list) -> dict[str, list[tuple[str, int, int]]]:
-    """Per bucketed unit, the collectives it ran so far (FlatBucket.trace); ZeRO-3 units run
-    FSDP2's own collectives, which are not traced."""
-    return {u.name: list(u.bucket.trace) for u in units if u.bucket is not None}
+def unit_traces(units: list, since: dict[str, int] | None = None) -> dict[str, list[tuple[str, int, int]]]:
+    """Per unit, the data-parallel collectives it ran (its bucket's or FSDP module's), after the
+    first ``since[name]`` of them."""
+    since = since or {}
+    return {u.name: list(u.trace[since.get(u.name, 0):]) for u in units if u.trace is not None}
 
 
 def part_key(unit_name: str) -> tuple[int, str] | None:
@@ -252,8 +253,8 @@ def _same(ran: dict, charged: dict) -> bool:
 
 
 def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[str]:
-    """Per rank and bucketed layer part (DDP, ZeRO-1/2; ``per_rank[r]["collectives"]``: the first
-    step's): kinds, calls, group sizes and elements against the cost model's ``charged`` rows."""
+    """Per rank and layer part (``per_rank[r]["collectives"]``: the last step's): kinds, calls,
+    group sizes and elements against the cost model's ``charged`` rows."""
     want: dict[tuple[int, str], dict[str, tuple[int, float, int]]] = {}
     for row in charged:
         want.setdefault((row.layer, str(row.part)), {})[str(row.op)] = (row.calls, row.elements, row.group_size)

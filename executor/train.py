@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from executor.execution import ExecutionRecorder, bucket_trace
+from executor.execution import ExecutionRecorder, unit_traces
 from executor.launch import progress
 from executor.model import is_tied, synthetic_batch
 from executor.parallel.data import local
@@ -177,11 +177,15 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
             timer.start()
             if recorder is not None:
                 recorder.active = step == 0
+            # collectives of the last step: a pipeline's first also runs torch's shape inference
+            traced = {n: len(t) for n, t in unit_traces(pm.units).items()} if cfg.check and step == total_steps - 1 \
+                else None
             local = train_step(pm, plan, inputs, targets, loss_fn, recorder)
             held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
             opt.step()
+            if traced is not None:
+                result["collectives"] = unit_traces(pm.units, since=traced)
             if held is not None:
-                result["collectives"] = bucket_trace(pm.units)
                 result["state_bytes"] = _merge_grads(state_bytes(pm), held)
                 _check_state(result, pm, model)
             opt.zero_grad()

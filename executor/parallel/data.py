@@ -20,6 +20,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, share_comm_ctx
+# FSDP2's default collectives, subclassed to record them (set_custom_all_gather and
+# set_custom_reduce_scatter take them; they have no public import path)
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.tensor import DTensor
 
 from specs import DPType
@@ -269,11 +272,34 @@ class DataParallel:
             p.grad = None
 
 
+class _TracedAllGather(DefaultAllGather):
+    """FSDP2's all-gather, appending (kind, elements gathered, group size) to ``trace``."""
+
+    def __init__(self, trace: list[tuple[str, int, int]]) -> None:
+        self.trace = trace
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        self.trace.append(("all_gather", output_tensor.numel(), group.size()))
+        return super().__call__(output_tensor, input_tensor, group, async_op)
+
+
+class _TracedReduceScatter(DefaultReduceScatter):
+    """FSDP2's reduce-scatter, appending (kind, elements reduced, group size) to ``trace``."""
+
+    def __init__(self, trace: list[tuple[str, int, int]]) -> None:
+        self.trace = trace
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        self.trace.append(("reduce_scatter", input_tensor.numel(), group.size()))
+        return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+
 def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: bool,
-               ignored: set[nn.Parameter]) -> None:
+               ignored: set[nn.Parameter]) -> list[tuple[str, int, int]]:
     """ZeRO-3: shard ``module`` over ``dp_mesh``; gathered parameters are freed after forward
     and after backward of every micro-batch. Under bf16 the fp32 shards are the master
-    weights; gathers and gradient reductions move bf16."""
+    weights; gathers and gradient reductions move bf16. Returns the list its collectives are
+    recorded in, as FlatBucket.trace."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
         else MixedPrecisionPolicy()
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=True, mp_policy=policy,
@@ -283,3 +309,7 @@ def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: b
     module.set_force_sum_reduction_for_comms(True)
     dp.fsdp_params.extend(p for p in module.parameters() if p not in ignored)
     dp.fsdp_modules.append(module)
+    trace: list[tuple[str, int, int]] = []
+    module.set_custom_all_gather(_TracedAllGather(trace))
+    module.set_custom_reduce_scatter(_TracedReduceScatter(trace))
+    return trace

@@ -97,8 +97,9 @@ def zero3_averaged(rank, world_size, model, plan, cfg):
     real = parallelize_module.apply_fsdp
 
     def apply_fsdp(module, dp_mesh, *args):
-        real(module, dp_mesh, *args)
+        trace = real(module, dp_mesh, *args)
         module.set_gradient_divide_factor(float(dp_mesh.size()))
+        return trace
 
     parallelize_module.apply_fsdp = apply_fsdp
     return train.worker(rank, world_size, model, plan, cfg)

@@ -156,3 +156,15 @@ def test_collective_errors_by_hand(tiny_gpt):
         f"layer 0 (rank 0): ran all_gather x1 of {n + 1} elements over 2 ranks, reduce_scatter x1 of {n} elements "
         f"over 2 ranks; the cost model charges all_gather x1 of {n} elements over 2 ranks, reduce_scatter x2 of "
         f"{n} elements over 2 ranks"]
+
+
+@pytest.mark.slow
+def test_zero3_collectives_are_those_charged_without_a_pipeline(tiny_gpt):
+    """FSDP2's all-gathers (forward and backward of each micro-batch) and reduce-scatters, traced
+    through its custom-collective hooks, with and without recomputation."""
+    plan = Plan(pp=1, stage_layers=(4,), layers=(L(dp=2, dp_type="zero3"), L(dp=2, dp_type="zero3", recompute="full"),
+                                                 L(dp=2, dp_type="zero3", recompute="selective"), L(dp=2)),
+                global_batch=4, micro_batches=2, model="tiny-gpt")
+    m = run_plan(plan, tiny_gpt, world_size=2, steps=2, check=True, track_memory=False, timeout_s=180,
+                 prediction=CostPrediction(collectives=tuple(cost_models.charged_dp_collectives(tiny_gpt, plan, 2))))
+    assert m.check.passed, m.check.collective_errors
