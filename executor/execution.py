@@ -179,8 +179,8 @@ def execution_errors(plan: Plan, model: ModelSpec, per_rank: list[dict]) -> list
 MEMORY_RTOL_CPU = 0.35
 """How far a rank's measured peak (MemTracker, CPU) may exceed the predicted one. Seen on
 tiny-gpt over 2 ranks in bf16 against the analytical model: -11 % (ZeRO-3) to +31 % (full
-recomputation, whose saving the small model's peak does not show); a TP, ZeRO or micro-batch
-choice not applied there costs +60 % or more."""
+recomputation, whose saving the small model's peak does not show); weights not split over tp
+read +68 %, ZeRO-1 run as DDP +61 %."""
 
 
 def memory_errors(plan: Plan, measured_bytes: tuple[int, ...], predicted_bytes: tuple[float, ...],
