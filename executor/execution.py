@@ -16,6 +16,9 @@ from executor.model import Attention, Block
 from specs import ModelSpec, Plan, Recompute
 from specs.schedules import Op, OpKind, schedule_entry
 
+FULL_BACKWARD = "BW"
+"""Recorded kind of a backward that computes input and weight gradients at once."""
+
 RECOMPUTED_FORWARDS = {
     # (block forwards, attention forwards) per micro-batch: full recomputation re-runs the whole
     # block in backward, selective only the attention sub-layer (its core), none nothing
@@ -86,7 +89,9 @@ class ExecutionRecorder:
 
     def _recording(self, run: Callable, kind: OpKind, j: int) -> Callable:
         def wrapped(chunk_id, *args, **kwargs):
-            self.op(kind, chunk_id, j)
+            # a full backward (torch's default; DualPipeV runs some under a split schedule) is B and W
+            full = kind == OpKind.BACKWARD and kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+            self.op(FULL_BACKWARD if full else kind, chunk_id, j)
             self.in_op += 1
             try:
                 return run(chunk_id, *args, **kwargs)
@@ -94,7 +99,7 @@ class ExecutionRecorder:
                 self.in_op -= 1
         return wrapped
 
-    def op(self, kind: OpKind, micro_batch: int, stage_index: int) -> None:
+    def op(self, kind: OpKind | str, micro_batch: int, stage_index: int) -> None:
         if self.active:
             self.ops.append((str(kind), int(micro_batch), stage_index))
 
@@ -113,9 +118,17 @@ def expected_ops(plan: Plan, stage: int) -> list[Op]:
 
 
 def _ran_ops(plan: Plan, stage: int, ops: list[tuple[str, int, int]]) -> list[Op]:
-    """Recorded ops in the registry's vocabulary: the chunk as its position on the stage."""
+    """Recorded ops in the registry's vocabulary: the chunk as its position on the stage, a full
+    backward as B then W where the schedule splits the backward (else as B)."""
     chunks = plan.stage_chunks(stage)
-    return [Op(OpKind(kind), mb, chunks.index(j) if plan.pp > 1 else 0) for kind, mb, j in ops]
+    split = plan.pp > 1 and schedule_entry(plan.schedule).splits_backward
+    out = []
+    for kind, mb, j in ops:
+        chunk = chunks.index(j) if plan.pp > 1 else 0
+        kinds = ([OpKind.BACKWARD, OpKind.WEIGHT] if split else [OpKind.BACKWARD]) if kind == FULL_BACKWARD \
+            else [OpKind(kind)]
+        out += [Op(k, mb, chunk) for k in kinds]
+    return out
 
 
 def _op_text(ops: list[Op], limit: int = 12) -> str:
@@ -216,11 +229,10 @@ buffer's padding): the cost model splits the whole layer by tp, the executor kee
 row-parallel biases whole (0.4 % of a tiny-gpt block at tp 2)."""
 
 
-def unit_traces(units: list, since: dict[str, int] | None = None) -> dict[str, list[tuple[str, int, int]]]:
-    """Per unit, the data-parallel collectives it ran (its bucket's or FSDP module's), after the
-    first ``since[name]`` of them."""
-    since = since or {}
-    return {u.name: list(u.trace[since.get(u.name, 0):]) for u in units if u.trace is not None}
+def unit_traces(units: list) -> dict[str, list[tuple[str, int, int]]]:
+    """Per unit, the data-parallel collectives it ran since the gradients were last zeroed (its
+    bucket's or FSDP module's)."""
+    return {u.name: list(u.trace) for u in units if u.trace is not None}
 
 
 def part_key(unit_name: str) -> tuple[int, str] | None:

@@ -177,14 +177,11 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
             timer.start()
             if recorder is not None:
                 recorder.active = step == 0
-            # collectives of the last step: a pipeline's first also runs torch's shape inference
-            traced = {n: len(t) for n, t in unit_traces(pm.units).items()} if cfg.check and step == total_steps - 1 \
-                else None
             local = train_step(pm, plan, inputs, targets, loss_fn, recorder)
             held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
             opt.step()
-            if traced is not None:
-                result["collectives"] = unit_traces(pm.units, since=traced)
+            if cfg.check and step == total_steps - 1:  # a pipeline's first step also runs torch's shape inference
+                result["collectives"] = unit_traces(pm.units)
             if held is not None:
                 result["state_bytes"] = _merge_grads(state_bytes(pm), held)
                 _check_state(result, pm, model)

@@ -78,8 +78,8 @@ class FlatBucket:
         self.pending: list[tuple[object, torch.Tensor, torch.Tensor]] = []
         self.calls = 0
         self.trace: list[tuple[str, int, int]] = []
-        """Every training collective started, in order: (kind, elements of the full flat
-        buffer, group size); --check compares a step's with the cost model's."""
+        """The training collectives started since the last ``clear``, in order: (kind, elements
+        of the full flat buffer, group size); --check compares a step's with the cost model's."""
         for p in params if eager else ():  # else reduced in sync(), after backward
             p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -200,6 +200,7 @@ class FlatBucket:
         for p in self.params:
             p.grad = None
         self.grad_shard = self.reduced = None
+        self.trace.clear()
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """What this bucket keeps per category (for the byte accounting of --check)."""
@@ -219,6 +220,8 @@ class DataParallel:
         self.buckets: list[FlatBucket] = []
         self.fsdp_params: list[nn.Parameter] = []
         self.fsdp_modules: list[nn.Module] = []
+        self.fsdp_traces: list[list[tuple[str, int, int]]] = []
+        """Each FSDP module's recorded collectives (apply_fsdp), cleared with the gradients."""
         self.adam: torch.optim.Adam | None = None
         self.in_flight: list[FlatBucket] = []
         """ZeRO-2 buckets whose reduce-scatter is under way (FlatBucket._reduce_now)."""
@@ -270,6 +273,8 @@ class DataParallel:
             b.clear()
         for p in self.fsdp_params:
             p.grad = None
+        for trace in self.fsdp_traces:
+            trace.clear()
 
 
 class _TracedAllGather(DefaultAllGather):
@@ -299,7 +304,7 @@ def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: b
     """ZeRO-3: shard ``module`` over ``dp_mesh``; gathered parameters are freed after forward
     and after backward of every micro-batch. Under bf16 the fp32 shards are the master
     weights; gathers and gradient reductions move bf16. Returns the list its collectives are
-    recorded in, as FlatBucket.trace."""
+    recorded in (cleared by ``dp.zero_grad``), as FlatBucket.trace."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
         else MixedPrecisionPolicy()
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=True, mp_policy=policy,
@@ -310,6 +315,7 @@ def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: b
     dp.fsdp_params.extend(p for p in module.parameters() if p not in ignored)
     dp.fsdp_modules.append(module)
     trace: list[tuple[str, int, int]] = []
+    dp.fsdp_traces.append(trace)
     module.set_custom_all_gather(_TracedAllGather(trace))
     module.set_custom_reduce_scatter(_TracedReduceScatter(trace))
     return trace
