@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from executor.parallel.data import ALL_GATHER_FLAT, REDUCE_SCATTER_FLAT
 from executor.parallel.layout import GroupCache
 from specs import stage_grid
 
@@ -27,10 +28,6 @@ BUS_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (
 """Bytes each rank moves per byte of the full buffer, on a ring (nccl-tests' bus bandwidth)."""
 OVERLAP_MATMULS = 20
 """256 x 256 matmuls of the overlap probe's compute."""
-
-# torch 2.13 renamed the flat-tensor collectives (the old names warn); older releases have only those
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def rank_sets(world: int, size: int, consecutive: bool) -> list[tuple[int, ...]]:
@@ -63,8 +60,8 @@ def _call(kind: str, nbytes: int, group, size: int, device: str) -> Callable[[],
     part = torch.ones(nbytes // 4 // size, device=device)
     whole = whole[:part.numel() * size]
     if kind == "all_gather":
-        return lambda: _ALL_GATHER(whole, part, group=group)
-    return lambda: _REDUCE_SCATTER(part, whole, group=group)
+        return lambda: ALL_GATHER_FLAT(whole, part, group=group)
+    return lambda: REDUCE_SCATTER_FLAT(part, whole, group=group)
 
 
 def _exchange(nbytes: int, stride: int, device: str) -> Callable[[], None]:

@@ -58,6 +58,9 @@ class Unit:
     """The flat bucket (DDP, ZeRO-1/2), else None."""
     ignored: frozenset = frozenset()
     """Parameters of ``module`` that are not this unit's (the tied weight)."""
+    trace: list | None = None
+    """The data-parallel collectives it has run: (kind, elements of the full buffer, group
+    size), its bucket's or its FSDP module's (None: it runs none)."""
 
 
 class ChunkedStage(nn.Module):
@@ -275,19 +278,22 @@ def _apply_data_parallel(chunks: list[StageModule], plan: Plan, meshes: dict, sm
         unit = Unit(name=name, dp_type=dp_type, dp=degree, numel=sum(local(p).numel() for p in params))
         if dp_type == DPType.ZERO3:
             ignored = (skip | others) & set(module.parameters())
-            apply_fsdp(module, dp_mesh, dp, bf16, set(ignored))
+            unit.trace = apply_fsdp(module, dp_mesh, dp, bf16, set(ignored))
             unit.module, unit.ignored = module, frozenset(ignored)
         else:
             unit.bucket = dp.add_bucket(params, dp_mesh.get_group(), dp_type, dtype)
+            unit.trace = unit.bucket.trace
         units.append(unit)
     for i, e in experts.items():
-        units.append(Unit(name=f"layer {i} experts", dp_type=e.dp_type, dp=e.dp, numel=e.numel,
-                          bucket=dp.add_bucket(e.params, e.group, e.dp_type, dtype)))
+        bucket = dp.add_bucket(e.params, e.group, e.dp_type, dtype)
+        units.append(Unit(name=f"layer {i} experts", dp_type=e.dp_type, dp=e.dp, numel=e.numel, bucket=bucket,
+                          trace=bucket.trace))
     dp.share_fsdp_comms()
     if tied:
         weight, group = tied
+        # its group's ranks reach the tied weight's last use at different points of backward
+        # (TP duplicates add nothing): reduce after it
+        bucket = dp.add_bucket([weight], group, DPType.DDP, dtype, eager=False)
         units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=local(weight).numel(),
-                          # its group's ranks reach the tied weight's last use at different
-                          # points of backward (TP duplicates add nothing): reduce after it
-                          bucket=dp.add_bucket([weight], group, DPType.DDP, dtype, eager=False)))
+                          bucket=bucket, trace=bucket.trace))
     return dp, units

@@ -2,10 +2,13 @@
 parallel run against it: numerics, and each layer's per-rank state bytes against the plan's."""
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import torch
 
+from executor.execution import execution_errors, part_key
 from executor.model import Transformer, per_sample_loss, synthetic_batch
 from specs import ModelSpec, Plan
 
@@ -14,6 +17,15 @@ CHECK_ATOL = 1e-5
 CHECK_ATOL_BF16 = 2e-2
 """bf16 tolerance: bf16 rounds to 8 bits of mantissa (relative 4e-3), and the order of the
 summations differs between the parallel run and the reference (docs/executor.md)."""
+
+GRAD_RTOL = 1e-4
+"""fp32 tolerance of each first-step gradient tensor's error relative to its norm."""
+GRAD_RTOL_BF16 = 1e-1
+"""bf16 tolerance of the same: a gradient sync that is dropped or scaled by 1/dp moves a tensor
+by half its norm or more at dp 2, far above bf16's rounding of a sum (docs/executor.md)."""
+GRAD_NORM_FLOOR = 1e-3
+"""Share of the largest reference gradient norm added to each tensor's norm: a gradient that is
+zero up to rounding (a key bias) is compared absolutely."""
 
 STATE_BYTES_PER_ELEMENT = {
     # (parameters, gradients, optimizer) bytes per element and the dp_type's sharding of each;
@@ -45,6 +57,22 @@ class CheckResult:
     """Tolerance the differences were held to."""
     state_bytes_errors: tuple[str, ...] = ()
     """Layers whose per-rank parameter/gradient/optimizer bytes differ from the plan's."""
+    grad_norm_rel_diff: float = 0.0
+    """Largest ||g - g_ref|| / (||g_ref|| + floor) of a first-step gradient tensor, in fp32 after
+    the data-parallel reductions (floor: GRAD_NORM_FLOOR of the largest reference tensor norm)."""
+    grad_norm_worst: str = ""
+    """Gradient (and rank) with the largest ``grad_norm_rel_diff``."""
+    grad_rtol: float = 0.0
+    """Tolerance of ``grad_norm_rel_diff``."""
+    execution_errors: tuple[str, ...] = ()
+    """What the ranks ran that the plan does not say (executor.execution): schedule order per
+    stage, forward passes and sequence split per layer."""
+    memory_errors: tuple[str, ...] = ()
+    """Ranks whose measured peak exceeds the predicted one beyond the tolerance (when a
+    prediction was given)."""
+    collective_errors: tuple[str, ...] = ()
+    """Layer parts whose data-parallel collectives differ from those the cost model charges
+    (when a prediction was given)."""
 
 
 def expected_state_bytes(dp_type: str, dp: int, numel: int, bf16: bool) -> dict[str, float]:
@@ -57,18 +85,45 @@ def expected_state_bytes(dp_type: str, dp: int, numel: int, bf16: bool) -> dict[
     return out
 
 
-def state_bytes_errors(per_rank: list[dict], bf16: bool) -> list[str]:
-    """Every (rank, layer, category) whose bytes are not the plan's, up to shard padding (one
-    element per rank of the group and per tensor row)."""
+TP_COLUMNS = re.compile(r"\.(attn|cross)\.(q|k|v)\.|\.mlp\.(shared\.)?(fc1|gate|up)\.")
+TP_ROWS = re.compile(r"\.(attn|cross)\.o\.weight$|\.mlp\.(shared\.)?(fc2|down)\.weight$")
+"""Megatron's split of a block: column-parallel projections (weights and biases) and the weights
+of row-parallel ones are 1/tp per rank; norms, routers and row-parallel biases are whole."""
+
+
+def layer_unit_plan(plan: Plan, shapes: dict[str, tuple[int, ...]], name: str) -> tuple[str, int, int] | None:
+    """(dp type, dp degree, elements per rank before data parallelism) the plan gives unit ``name``
+    ("layer i" or "layer i experts"), from the full model's parameter ``shapes``; None for the
+    other units (embedding, head, tied weight: their elements are taken as built)."""
+    key = part_key(name)
+    if key is None:
+        return None
+    i, part = key
+    s = plan.layers[i]
+    numels = {n: math.prod(shape) for n, shape in shapes.items() if n.startswith(f"layers.{i}.")}
+    if part == "experts":
+        numel = sum(v for n, v in numels.items() if ".mlp.experts." in n) // (s.ep * s.etp)
+        return (s.expert_dp_kind if s.expert_dp > 1 else "ddp"), s.expert_dp, numel
+    numel = sum(v // s.tp if TP_COLUMNS.search(n) or TP_ROWS.search(n) else v
+                for n, v in numels.items() if ".mlp.experts." not in n)
+    dp = s.degrees.grad_sync
+    return (s.dp_type if dp > 1 else "ddp"), dp, numel
+
+
+def state_bytes_errors(per_rank: list[dict], bf16: bool, plan: Plan, shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """Every (rank, unit, category) whose bytes are not the plan's, up to shard padding (one
+    element per rank of the group and per tensor row). A layer's dp type, degree and elements
+    come from the plan and the full model (not from what the rank built or says it built)."""
     errors = []
     for rank, result in enumerate(per_rank):
         for name, got in result.get("state_bytes", {}).items():
-            want = expected_state_bytes(got["dp_type"], got["dp"], got["numel"], bf16)
-            for key, value in want.items():
-                slack = 0.01 * value + 64 * got["dp"]
-                if abs(got[key] - value) > slack:
-                    errors.append(f"rank {rank} {name} ({got['dp_type']} dp{got['dp']}): {key} {got[key]} B, "
-                                  f"plan {value:.0f} B")
+            dp_type, dp, numel = layer_unit_plan(plan, shapes, name) or (got["dp_type"], got["dp"], got["numel"])
+            want = expected_state_bytes(dp_type, dp, numel, bf16)
+            if any(abs(got[key] - value) > 0.01 * value + 64 * dp for key, value in want.items()):
+                held = " / ".join(str(got[key]) for key in want)
+                means = " / ".join(f"{value:.0f}" for value in want.values())
+                errors.append(f"{name} (rank {rank}): holds {held} B of params / grads / optimizer; the plan means "
+                              f"{means} B ({numel} elements per rank after tensor parallelism, {dp_type} dp{dp})")
     return errors
 
 
@@ -129,9 +184,23 @@ def _max_diff(got: dict, want: dict, rank: int, tag: str) -> tuple[float, str, i
     return worst, where, n
 
 
-def compare(per_rank: list[dict], losses: list[float], ref: dict, atol: float = CHECK_ATOL,
-            bf16: bool = False) -> CheckResult:
-    """Every rank's gradients and parameters (full tensors) against the reference's."""
+def grad_norm_diff(per_rank: list[dict], ref_grads: dict) -> tuple[float, str]:
+    """Largest error of a gradient tensor relative to its norm, over every rank's copy, and where."""
+    floor = GRAD_NORM_FLOOR * max(float(g.norm()) for g in ref_grads.values())
+    worst, where = 0.0, ""
+    for rank, result in enumerate(per_rank):
+        for name, g in result["grads"].items():
+            ref = ref_grads[name]
+            diff = float((g - ref).norm()) / (float(ref.norm()) + floor)
+            if diff >= worst:
+                worst, where = diff, f"grad {name} on rank {rank}"
+    return worst, where
+
+
+def compare(per_rank: list[dict], losses: list[float], ref: dict, plan: Plan, model: ModelSpec,
+            atol: float = CHECK_ATOL, bf16: bool = False, grad_rtol: float | None = None) -> CheckResult:
+    """Every rank's gradients and parameters (full tensors) against the reference's, its state
+    bytes against the plan's, and what it ran against the plan (executor.execution)."""
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref["loss"]))
     grad_diff = param_diff = 0.0
     worst, worst_val, count = "loss", loss_diff, 0
@@ -148,8 +217,15 @@ def compare(per_rank: list[dict], losses: list[float], ref: dict, atol: float = 
     missing = set(ref["params"]) - covered
     if missing:
         raise ValueError(f"no rank holds {len(missing)} parameters, e.g. {sorted(missing)[0]}")
-    bytes_errors = state_bytes_errors(per_rank, bf16)
-    passed = max(loss_diff, grad_diff, param_diff) <= atol and not bytes_errors
+    shapes = {name: tuple(t.shape) for name, t in ref["params"].items()}
+    bytes_errors = state_bytes_errors(per_rank, bf16, plan, shapes)
+    ran_errors = execution_errors(plan, model, per_rank)
+    grad_rtol = grad_rtol if grad_rtol is not None else (GRAD_RTOL_BF16 if bf16 else GRAD_RTOL)
+    norm_diff, norm_where = grad_norm_diff(per_rank, ref["grads"])
+    passed = (max(loss_diff, grad_diff, param_diff) <= atol and norm_diff <= grad_rtol
+              and not bytes_errors and not ran_errors)
     return CheckResult(passed=passed, loss_max_abs_diff=loss_diff, grad_max_abs_diff=grad_diff,
                        param_max_abs_diff=param_diff, worst=worst, compared_tensors=count, atol=atol,
-                       state_bytes_errors=tuple(bytes_errors))
+                       state_bytes_errors=tuple(bytes_errors), grad_norm_rel_diff=norm_diff, grad_norm_worst=norm_where,
+                       grad_rtol=grad_rtol,
+                       execution_errors=tuple(ran_errors))

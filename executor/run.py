@@ -10,9 +10,10 @@ import json
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from executor.checks import check_runnable
+from executor.execution import CostPrediction, collective_errors, memory_errors
 from executor.launch import LaunchError, launch
 from executor.devices import resolve_device
 from executor.reference import CHECK_ATOL, CHECK_ATOL_BF16, CheckResult, compare, reference_run
@@ -66,37 +67,53 @@ def run_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None, ste
              warmup: int = 1, check: bool = False, seed: int = 0, timeout_s: float = 300.0,
              track_memory: bool = True, bf16: bool = False, device: str = "cpu",
              check_atol: float | None = None, progress_path: str | None = None, rank_fn=worker,
-             stacks_dir: str | None = None) -> Measurement:
+             stacks_dir: str | None = None, prediction: CostPrediction | None = None) -> Measurement:
     """Run ``plan`` on ``world_size`` local processes (default: the plan's pp * stage width;
     device "cuda": rank r on GPU r, NCCL) and measure it; ``check`` also compares with a
     one-process CPU reference (tolerance ``check_atol``, default by precision). ``rank_fn``
     is what each rank runs (tests pass deliberately broken variants of ``worker``);
     ``progress_path``: each rank's finished steps, as they finish; ``stacks_dir``: where every
-    rank's full stacks are kept when the run fails (none kept without it)."""
+    rank's full stacks are kept when the run fails (none kept without it);
+    ``prediction``: a cost model's peak memory and data-parallel collectives, which ``check``
+    holds the run to (executor.execution)."""
     world_size = world_size or plan.pp * plan.layers[0].gpus
     check_runnable(model, plan, world_size)
     cfg = TrainConfig(steps=steps, warmup=0 if check else warmup, seed=seed, check=check,
                       track_memory=track_memory, bf16=bf16, device=device)
     per_rank = launch(rank_fn, world_size, model, plan, cfg, timeout_s=timeout_s, progress_path=progress_path,
                       backend="nccl" if device.startswith("cuda") else "gloo", stacks_dir=stacks_dir)
-    return _measurement(model, plan, world_size, per_rank, cfg, check_atol)
+    return _measurement(model, plan, world_size, per_rank, cfg, check_atol, prediction)
 
 
 def _measurement(model: ModelSpec, plan: Plan, world_size: int, per_rank: list[dict],
-                 cfg: TrainConfig, check_atol: float | None = None) -> Measurement:
+                 cfg: TrainConfig, check_atol: float | None = None,
+                 prediction: CostPrediction | None = None) -> Measurement:
     losses = per_rank[0]["losses"]
     median, times = median_step_time(per_rank, cfg.warmup)
     result = None
     if cfg.check:
         ref = reference_run(model, plan, cfg.steps, cfg.seed, cfg.lr, cfg.adam_eps, cfg.bf16)
         atol = check_atol if check_atol is not None else (CHECK_ATOL_BF16 if cfg.bf16 else CHECK_ATOL)
-        result = compare(per_rank, losses, ref, atol=atol, bf16=cfg.bf16)
+        result = compare(per_rank, losses, ref, plan, model, atol=atol, bf16=cfg.bf16)
+        if prediction is not None:
+            result = _held_to(result, prediction, plan, per_rank, cfg.track_memory)
     return Measurement(model=model.name, plan_summary=plan.summary(), world_size=world_size,
                        step_time_s=median, step_times_s=tuple(times),
                        peak_memory_bytes=tuple(r.get("peak_memory_bytes", 0) for r in per_rank),
                        reserved_memory_bytes=tuple(r.get("reserved_memory_bytes", 0) for r in per_rank),
                        loss=losses[-1], losses=tuple(losses), check=result,
                        notes=tuple(per_rank[0]["notes"]), device=per_rank[0]["device"])
+
+
+def _held_to(result: CheckResult, prediction: CostPrediction, plan: Plan, per_rank: list[dict],
+             memory_tracked: bool) -> CheckResult:
+    """``result`` with the run's memory and collectives compared with ``prediction``'s."""
+    memory = []
+    if prediction.peak_bytes is not None and memory_tracked:
+        memory = memory_errors(plan, tuple(r["peak_memory_bytes"] for r in per_rank), prediction.peak_bytes)
+    collectives = [] if prediction.collectives is None else collective_errors(plan, per_rank, prediction.collectives)
+    return replace(result, memory_errors=tuple(memory), collective_errors=tuple(collectives),
+                   passed=result.passed and not memory and not collectives)
 
 
 def run_torchrun(plan: Plan, model: ModelSpec, cfg: TrainConfig, timeout_s: float = 300.0,
@@ -135,7 +152,12 @@ def format_measurement(m: Measurement) -> str:
         lines.append(f"  check {'PASSED' if c.passed else 'FAILED'}: loss {c.loss_max_abs_diff:.2e} "
                      f"grad {c.grad_max_abs_diff:.2e} param {c.param_max_abs_diff:.2e} (atol {c.atol:.0e}; "
                      f"worst: {c.worst})")
+        lines.append(f"  gradient error relative to its norm {c.grad_norm_rel_diff:.2e} (tolerance {c.grad_rtol:.0e}; "
+                     f"worst: {c.grad_norm_worst})")
         lines += [f"  state bytes not the plan's: {e}" for e in c.state_bytes_errors]
+        lines += [f"  not executed as planned: {e}" for e in c.execution_errors]
+        lines += [f"  memory above the prediction: {e}" for e in c.memory_errors]
+        lines += [f"  collectives not the cost model's: {e}" for e in c.collective_errors]
     if any(m.reserved_memory_bytes):
         lines.append("  reserved memory per rank (MiB): "
                      + " ".join(f"{b / 2**20:.1f}" for b in m.reserved_memory_bytes))

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from executor.execution import ExecutionRecorder, unit_traces
 from executor.launch import progress
 from executor.model import is_tied, synthetic_batch
 from executor.parallel.data import local
@@ -21,7 +22,7 @@ from executor.parallel.layout import Layout
 from executor.parallel.pipeline import run_schedule
 from executor.parallelize import ParallelModel, parallelize
 from specs import ModelSpec, Plan
-from specs.schedules import schedule_entry
+from specs.schedules import OpKind, schedule_entry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,16 +56,22 @@ def rank_slice(full: torch.Tensor, plan: Plan, layout: Layout, local: int) -> to
     return torch.cat([full[k * mb + d * part:k * mb + (d + 1) * part] for k in range(plan.micro_batches)])
 
 
-def train_step(pm: ParallelModel, plan: Plan, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> torch.Tensor:
+def train_step(pm: ParallelModel, plan: Plan, inputs: torch.Tensor, targets: torch.Tensor, loss_fn,
+               recorder: ExecutionRecorder | None = None) -> torch.Tensor:
     """Forward and backward of every micro-batch, then the data-parallel reductions. Returns
-    this rank's share of the loss as a tensor on the device (no host sync)."""
+    this rank's share of the loss as a tensor on the device (no host sync). ``recorder`` is
+    told the loop's ops (the pipeline schedule's it records itself)."""
     if pm.schedule is not None:
         losses = run_schedule(pm.schedule, pm.stage, plan.head_stage, inputs, targets)
         total = torch.stack([l.detach().float() for l in losses]).sum() if losses else torch.zeros((), device=inputs.device)
     else:
         total = torch.zeros((), device=inputs.device)
-        for x, y in zip(inputs.chunk(plan.micro_batches), targets.chunk(plan.micro_batches)):
+        for k, (x, y) in enumerate(zip(inputs.chunk(plan.micro_batches), targets.chunk(plan.micro_batches))):
+            if recorder is not None:
+                recorder.op(OpKind.FORWARD, k, 0)
             loss = loss_fn(pm.module(x), y)
+            if recorder is not None:
+                recorder.op(OpKind.BACKWARD, k, 0)
             loss.backward()
             total = total + loss.detach().float()
     pm.data_parallel.sync()
@@ -159,6 +166,7 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
     loss_fn = pm.loss_fn
     result: dict = {"rank": rank, "stage": pm.stage, "losses": [], "step_times_s": [], "notes": pm.notes,
                     "device": cfg.device, "process_groups": len(pm.groups.groups)}
+    recorder = ExecutionRecorder(pm.module, pm.schedule) if cfg.check else None
     total_steps = cfg.steps if cfg.check else cfg.warmup + cfg.steps
     timer, losses = StepTimer(cfg.device), []
     for step in range(total_steps):
@@ -167,9 +175,13 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
             dist.barrier()
             _sync(cfg.device)
             timer.start()
-            local = train_step(pm, plan, inputs, targets, loss_fn)
+            if recorder is not None:
+                recorder.active = step == 0
+            local = train_step(pm, plan, inputs, targets, loss_fn, recorder)
             held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
             opt.step()
+            if cfg.check and step == total_steps - 1:  # a pipeline's first step also runs torch's shape inference
+                result["collectives"] = unit_traces(pm.units)
             if held is not None:
                 result["state_bytes"] = _merge_grads(state_bytes(pm), held)
                 _check_state(result, pm, model)
@@ -180,6 +192,8 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
         progress({"step": step, "step_time_s": result["step_times_s"][-1]})
     result["losses"] = [_global_loss(pm, plan, l) for l in losses]
     if cfg.check:
+        recorder.active = False
+        result["executed"] = recorder.record()
         result["params"] = full_tensors(pm.module, grads=False, tied=is_tied(model), rows=pm.padded_rows)
     if cfg.track_memory:
         result.update(_peak_memory(pm, plan, opt, loss_fn, model, cfg))

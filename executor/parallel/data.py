@@ -20,9 +20,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, share_comm_ctx
+# FSDP2's default collectives, subclassed to record them (set_custom_all_gather and
+# set_custom_reduce_scatter take them; they have no public import path)
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.tensor import DTensor
 
 from specs import DPType
+
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); older releases have only those
+ALL_GATHER_FLAT = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_FLAT = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 SHARDED_OPTIMIZER = (DPType.ZERO1, DPType.ZERO2)
 """dp types whose flat bucket keeps only a 1/dp shard of the fp32 master and Adam states."""
@@ -70,6 +77,9 @@ class FlatBucket:
         """After sync(): this rank's shard (or all, under DDP) of the summed gradients."""
         self.pending: list[tuple[object, torch.Tensor, torch.Tensor]] = []
         self.calls = 0
+        self.trace: list[tuple[str, int, int]] = []
+        """The training collectives started since the last ``clear``, in order: (kind, elements
+        of the full flat buffer, group size); --check compares a step's with the cost model's."""
         for p in params if eager else ():  # else reduced in sync(), after backward
             p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -117,10 +127,11 @@ class FlatBucket:
         Returns (work, output, input kept alive until the work is done)."""
         if self.size == 1:
             return None, flat, flat
+        self.trace.append(("all_reduce" if self.shards == 1 else "reduce_scatter", flat.numel(), self.size))
         if self.shards == 1:
             return dist.all_reduce(flat, group=self.group, async_op=True), flat, flat
         out = flat.new_empty(self.shard_numel)
-        return dist.reduce_scatter_single(out, flat, group=self.group, async_op=True), out, flat
+        return REDUCE_SCATTER_FLAT(out, flat, group=self.group, async_op=True), out, flat
 
     def _drain(self) -> None:
         for work, out, _ in self.pending:
@@ -156,7 +167,8 @@ class FlatBucket:
         shard = self.master.to(dtype)
         if self.shards > 1:
             full = shard.new_empty(self.shard_numel * self.shards)
-            dist.all_gather_single(full, shard, group=self.group)
+            self.trace.append(("all_gather", full.numel(), self.size))
+            ALL_GATHER_FLAT(full, shard, group=self.group)
         else:
             full = shard
         self._scatter_into(full, lambda p: local(p))
@@ -167,7 +179,7 @@ class FlatBucket:
         red = self.reduced
         if self.shards > 1:
             full = red.new_empty(self.shard_numel * self.shards)
-            dist.all_gather_single(full, red.contiguous(), group=self.group)
+            ALL_GATHER_FLAT(full, red.contiguous(), group=self.group)
             red = full
         self._grads_from(red)
 
@@ -188,6 +200,7 @@ class FlatBucket:
         for p in self.params:
             p.grad = None
         self.grad_shard = self.reduced = None
+        self.trace.clear()
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """What this bucket keeps per category (for the byte accounting of --check)."""
@@ -207,6 +220,8 @@ class DataParallel:
         self.buckets: list[FlatBucket] = []
         self.fsdp_params: list[nn.Parameter] = []
         self.fsdp_modules: list[nn.Module] = []
+        self.fsdp_traces: list[list[tuple[str, int, int]]] = []
+        """Each FSDP module's recorded collectives (apply_fsdp), cleared with the gradients."""
         self.adam: torch.optim.Adam | None = None
         self.in_flight: list[FlatBucket] = []
         """ZeRO-2 buckets whose reduce-scatter is under way (FlatBucket._reduce_now)."""
@@ -258,13 +273,38 @@ class DataParallel:
             b.clear()
         for p in self.fsdp_params:
             p.grad = None
+        for trace in self.fsdp_traces:
+            trace.clear()
+
+
+class _TracedAllGather(DefaultAllGather):
+    """FSDP2's all-gather, appending (kind, elements gathered, group size) to ``trace``."""
+
+    def __init__(self, trace: list[tuple[str, int, int]]) -> None:
+        self.trace = trace
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        self.trace.append(("all_gather", output_tensor.numel(), group.size()))
+        return super().__call__(output_tensor, input_tensor, group, async_op)
+
+
+class _TracedReduceScatter(DefaultReduceScatter):
+    """FSDP2's reduce-scatter, appending (kind, elements reduced, group size) to ``trace``."""
+
+    def __init__(self, trace: list[tuple[str, int, int]]) -> None:
+        self.trace = trace
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        self.trace.append(("reduce_scatter", input_tensor.numel(), group.size()))
+        return super().__call__(output_tensor, input_tensor, group, op, async_op)
 
 
 def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: bool,
-               ignored: set[nn.Parameter]) -> None:
+               ignored: set[nn.Parameter]) -> list[tuple[str, int, int]]:
     """ZeRO-3: shard ``module`` over ``dp_mesh``; gathered parameters are freed after forward
     and after backward of every micro-batch. Under bf16 the fp32 shards are the master
-    weights; gathers and gradient reductions move bf16."""
+    weights; gathers and gradient reductions move bf16. Returns the list its collectives are
+    recorded in (cleared by ``dp.zero_grad``), as FlatBucket.trace."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
         else MixedPrecisionPolicy()
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=True, mp_policy=policy,
@@ -274,3 +314,8 @@ def apply_fsdp(module: nn.Module, dp_mesh: DeviceMesh, dp: DataParallel, bf16: b
     module.set_force_sum_reduction_for_comms(True)
     dp.fsdp_params.extend(p for p in module.parameters() if p not in ignored)
     dp.fsdp_modules.append(module)
+    trace: list[tuple[str, int, int]] = []
+    dp.fsdp_traces.append(trace)
+    module.set_custom_all_gather(_TracedAllGather(trace))
+    module.set_custom_reduce_scatter(_TracedReduceScatter(trace))
+    return trace

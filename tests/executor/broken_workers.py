@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from executor import parallelize as parallelize_module
 from executor import train
 from executor.parallel import data
 
@@ -37,4 +38,68 @@ def wrong_adam_shard(rank, world_size, model, plan, cfg):
     """ZeRO-1/2 buckets keep the master and Adam states of their neighbour's shard."""
     real = data.FlatBucket.shard_index
     data.FlatBucket.shard_index = lambda self: (real(self) + 1) % self.shards
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+# -- plans executed other than they say (issue: --check passed on each; now it must fail) -------------
+def tp_not_applied(rank, world_size, model, plan, cfg):
+    """Blocks keep their whole weights on every rank of the TP group (numerics unchanged)."""
+    parallelize_module.apply_tp = lambda block, tp_mesh, sequence_parallel=False: block
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def megatron_sp_dropped(rank, world_size, model, plan, cfg):
+    """Tensor parallel without the sequence split of the norms and residuals."""
+    real = parallelize_module.apply_tp
+    parallelize_module.apply_tp = lambda block, tp_mesh, sequence_parallel=False: real(block, tp_mesh)
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def recompute_dropped(rank, world_size, model, plan, cfg):
+    """No activation checkpointing, whatever the plan's recompute."""
+    parallelize_module.apply_ac = lambda block, recompute: block
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def one_micro_batch(rank, world_size, model, plan, cfg):
+    """The whole batch as one micro-batch (same gradients, more activation memory)."""
+    return train.worker(rank, world_size, model, dataclasses.replace(plan, micro_batches=1), cfg)
+
+
+def gpipe_for_1f1b(rank, world_size, model, plan, cfg):
+    """The pipeline runs GPipe's order instead of the plan's schedule (same gradients)."""
+    return train.worker(rank, world_size, model, dataclasses.replace(plan, schedule="gpipe"), cfg)
+
+
+def zero1_run_as_ddp(rank, world_size, model, plan, cfg):
+    """ZeRO-1 layers run as DDP and say so (the rank's own labels read ddp)."""
+    changed = dataclasses.replace(plan, layers=tuple(dataclasses.replace(s, dp_type="ddp") if s.dp_type == "zero1"
+                                                     else s for s in plan.layers))
+    return train.worker(rank, world_size, model, changed, cfg)
+
+
+def one_layer_all_reduce_skipped(rank, world_size, model, plan, cfg):
+    """Layer 1's DDP bucket keeps each rank's own gradients (no all-reduce); the rest is synced."""
+    real = train.parallelize
+
+    def parallelize(*args, **kwargs):
+        pm = real(*args, **kwargs)
+        unit = next(u for u in pm.units if u.name == "layer 1")
+        unit.bucket.launch = lambda flat: (None, flat, flat)
+        return pm
+
+    train.parallelize = parallelize
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def zero3_averaged(rank, world_size, model, plan, cfg):
+    """ZeRO-3 reduce-scatters average the gradients over the dp group instead of summing them."""
+    real = parallelize_module.apply_fsdp
+
+    def apply_fsdp(module, dp_mesh, *args):
+        trace = real(module, dp_mesh, *args)
+        module.set_gradient_divide_factor(float(dp_mesh.size()))
+        return trace
+
+    parallelize_module.apply_fsdp = apply_fsdp
     return train.worker(rank, world_size, model, plan, cfg)
