@@ -78,30 +78,30 @@ def best_of_schedule(model, cluster, budget: Budget, cm, space: SearchSpace, sch
                   "time_limit" if state.timed_out else "optimal", None)
 
 
-def case_rows(case: Case, time_limit_s: float, rows=ROWS) -> list[str]:
+def case_rows(case: Case, time_limit_s: float, rows=ROWS) -> Iterator[str]:
     from simulator import simulate
     model, cluster = load_model(case.model), load_cluster(case.cluster)
     cm = cost_models.get("analytical", cluster)
     budget = Budget(memory_gib=case.memory_gib, global_batch=case.global_batch)
     space = SearchSpace.preset("full")
-    out = [f"{case.model} on {cluster.name} ({cluster.world_size} GPUs), {case.memory_gib:g} GiB, batch "
-           f"{case.global_batch}: {case.source}", HEADER]
+    yield (f"{case.model} on {cluster.name} ({cluster.world_size} GPUs), {case.memory_gib:g} GiB, batch "
+           f"{case.global_batch}: {case.source}")
+    yield HEADER
     for schedule, v in rows:
         start = time.perf_counter()
         res = best_of_schedule(model, cluster, budget, cm, space, schedule, v, time_limit_s)
         search_s = time.perf_counter() - start
         label = f"{schedule}" + (f" v{v}" if v > 1 else "")
         if not res.feasible:
-            out.append(f"{label:<20} no plan ({res.stats.solver_status}; {res.message[:80]})  search {search_s:.1f} s")
+            yield f"{label:<20} no plan ({res.stats.solver_status}; {res.message[:80]})  search {search_s:.1f} s"
             continue
         start = time.perf_counter()
         sim = simulate(model, cluster, res.plan, cm)
         sim_s = time.perf_counter() - start
         ratio = res.throughput_samples_per_s / sim.throughput_samples_per_s
-        out.append(f"{label:<20} {res.throughput_samples_per_s:9.3f} {sim.throughput_samples_per_s:9.3f} {ratio:7.3f} "
-                   f"{res.bubble_fraction:7.1%} {res.peak_memory_gib:8.1f} {search_s:8.1f} {sim_s:6.1f} "
-                   f"{res.stats.solver_status:<10}  {_shape(res)}")
-    return out
+        yield (f"{label:<20} {res.throughput_samples_per_s:9.3f} {sim.throughput_samples_per_s:9.3f} {ratio:7.3f} "
+               f"{res.bubble_fraction:7.1%} {res.peak_memory_gib:8.1f} {search_s:8.1f} {sim_s:6.1f} "
+               f"{res.stats.solver_status:<10}  {_shape(res)}")
 
 
 HEADER = (f"{'schedule':<20} {'model/s':>9} {'sim/s':>9} {'mod/sim':>7} {'bubble':>7} {'peak GiB':>8} "
