@@ -18,7 +18,9 @@ import cost_models
 import simulator
 from executor.devices import resolve_device
 from executor.launch import LaunchError
-from executor.run import Measurement, TrainConfig, add_common_args, load_inputs, run_plan, run_torchrun
+from cost_models.charged import charged_dp_collectives
+from executor.execution import CostPrediction
+from executor.run import Measurement, TrainConfig, add_common_args, check_lines, load_inputs, run_plan, run_torchrun
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
 from specs.cli import ArgumentParser
 from specs.errors import one_line_errors
@@ -77,18 +79,24 @@ def predict(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: str 
 
 def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *, steps: int = 4,
                   cost_model: str = "analytical", timeout_s: float = 300.0, device: str = "cpu",
-                  bf16: bool = False, **cost_options) -> Validation:
+                  bf16: bool = False, check: bool = False, **cost_options) -> Validation:
     """Run ``plan`` on ``cluster.world_size`` local processes (CPU, or one GPU each) and
-    compare with the predictions."""
+    compare with the predictions; ``check`` also runs the executor's --check, held to the cost
+    model's data-parallel collectives and, in bf16 (the bytes the cost model charges), to its
+    peak memory per rank."""
     predictions = predict(model, cluster, plan, cost_model, **cost_options)
+    prediction = CostPrediction(peak_bytes=predictions[0].peak_memory_bytes if bf16 else None,
+                                collectives=tuple(charged_dp_collectives(model, plan, cluster.world_size))) \
+        if check else None
     measured = run_plan(plan, model, world_size=cluster.world_size, steps=steps, timeout_s=timeout_s,
-                        device=device, bf16=bf16)
+                        device=device, bf16=bf16, check=check, prediction=prediction)
     return Validation(measured=measured, predictions=tuple(predictions), cluster=cluster.name)
 
 
 def format_validation(v: Validation) -> str:
     m = v.measured
-    lines = [f"{m.model} on {v.cluster} ({m.world_size} ranks): {m.plan_summary}",
+    checked = check_lines(m.check) if m.check is not None else []
+    lines = [f"{m.model} on {v.cluster} ({m.world_size} ranks): {m.plan_summary}", *checked,
              f"{'':22s}{'time (ms)':>12s}{'error':>9s}   peak memory per rank (MiB) [error]",
              f"{'measured':22s}{m.step_time_s * 1e3:12.1f}{'':9s}   "
              + " ".join(f"{b / 2**20:.1f}" for b in m.peak_memory_bytes)]
@@ -116,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the cost model whose prediction is shown beside the simulator's")
     parser.add_argument("--profile", default=None, help="profile file for --cost-model profiled")
     parser.add_argument("--json", action="store_true", help="print one JSON record instead of the table")
+    parser.add_argument("--check", action="store_true",
+                        help="also compare with a one-process reference and hold the run to the cost model's "
+                             "data-parallel collectives (and, with --bf16, its peak memory per rank)")
     args = parser.parse_args(argv)
     options = {"profile_path": args.profile} if args.profile else {}
     plan, model = load_inputs(args)
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(why, file=sys.stderr)
         v = validate_plan(plan, model, cluster, steps=args.steps, cost_model=args.cost_model,
-                          timeout_s=args.timeout, device=device, bf16=args.bf16, **options)
+                          timeout_s=args.timeout, device=device, bf16=args.bf16, check=args.check, **options)
     print(json.dumps(v.to_dict(), indent=1) if args.json else format_validation(v))
     return 0
 

@@ -148,21 +148,24 @@ def format_measurement(m: Measurement) -> str:
              f"  step time (median) {m.step_time_s * 1e3:.1f} ms over {len(m.step_times_s)} steps; loss {m.loss:.6f}",
              f"  peak memory per rank (MiB): {' '.join(mib) if any(m.peak_memory_bytes) else 'not measured'}"]
     if m.check is not None:
-        c = m.check
-        lines.append(f"  check {'PASSED' if c.passed else 'FAILED'}: loss {c.loss_max_abs_diff:.2e} "
-                     f"grad {c.grad_max_abs_diff:.2e} param {c.param_max_abs_diff:.2e} (atol {c.atol:.0e}; "
-                     f"worst: {c.worst})")
-        lines.append(f"  gradient error relative to its norm {c.grad_norm_rel_diff:.2e} (tolerance {c.grad_rtol:.0e}; "
-                     f"worst: {c.grad_norm_worst})")
-        lines += [f"  state bytes not the plan's: {e}" for e in c.state_bytes_errors]
-        lines += [f"  not executed as planned: {e}" for e in c.execution_errors]
-        lines += [f"  memory above the prediction: {e}" for e in c.memory_errors]
-        lines += [f"  collectives not the cost model's: {e}" for e in c.collective_errors]
+        lines += check_lines(m.check)
     if any(m.reserved_memory_bytes):
         lines.append("  reserved memory per rank (MiB): "
                      + " ".join(f"{b / 2**20:.1f}" for b in m.reserved_memory_bytes))
     lines += [f"  note: {n}" for n in m.notes]
     return "\n".join(lines)
+
+
+def check_lines(c: CheckResult) -> list[str]:
+    """What --check found (``Measurement.check``), one indented line each."""
+    lines = [f"  check {'PASSED' if c.passed else 'FAILED'}: loss {c.loss_max_abs_diff:.2e} "
+             f"grad {c.grad_max_abs_diff:.2e} param {c.param_max_abs_diff:.2e} (atol {c.atol:.0e}; worst: {c.worst})",
+             f"  gradient error relative to its norm {c.grad_norm_rel_diff:.2e} (tolerance {c.grad_rtol:.0e}; "
+             f"worst: {c.grad_norm_worst})"]
+    lines += [f"  state bytes not the plan's: {e}" for e in c.state_bytes_errors]
+    lines += [f"  not executed as planned: {e}" for e in c.execution_errors]
+    lines += [f"  memory above the prediction: {e}" for e in c.memory_errors]
+    return lines + [f"  collectives not the cost model's: {e}" for e in c.collective_errors]
 
 
 def load_inputs(args: argparse.Namespace) -> tuple[Plan, ModelSpec]:

@@ -139,3 +139,14 @@ def test_profile_records_how_it_timed():
     hw = profile.hardware
     assert hw["threads_per_rank"] == 1 and hw["repeats"] == 2 and hw["most_repeats"] == 2 and hw["world_size"] == 2
     assert hw["max_error"] >= hw["median_error"] >= 0
+
+
+def test_validate_with_check_holds_the_run_to_the_cost_model():
+    """analysis.validate --check --bf16: the executor's check, with the cost model's data-parallel
+    collectives and peak memory passed in; a ZeRO-1 plan runs as charged and within memory."""
+    model, cluster = specs.load_model("tiny-gpt"), specs.load_cluster("cpu-2")
+    plan = uniform_plan(4, dp=2, dp_type="zero1", global_batch=8, micro_batches=2, model="tiny-gpt")
+    v = validate_plan(plan, model, cluster, steps=2, bf16=True, check=True)
+    c = v.measured.check
+    assert c is not None and c.passed, (c.collective_errors, c.memory_errors, c.execution_errors)
+    assert format_validation(v).splitlines()[1].startswith("  check PASSED")
