@@ -23,6 +23,20 @@ def visible_gpus() -> int:
     return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
 
 
+@functools.cache
+def gpu_identity() -> tuple[str, int]:
+    """(name, total memory bytes) of GPU 0, read in a throw-away subprocess as ``visible_gpus``;
+    ("", 0) where none is visible."""
+    if visible_gpus() == 0:
+        return "", 0
+    code = "import torch; p = torch.cuda.get_device_properties(0); print(p.total_memory); print(p.name)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return "", 0
+    memory, name = done.stdout.strip().split("\n", 1)
+    return name.strip(), int(memory)
+
+
 def cuda_build() -> bool:
     """This torch was built with CUDA (build metadata: reading it initialises nothing)."""
     import torch

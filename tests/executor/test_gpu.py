@@ -61,6 +61,20 @@ def test_gpu_check_rehearses_every_step_on_cpu(tmp_path):
     from benchmarks.gpu_check import main
     assert main([str(tmp_path), "--cpu", "--steps", "1"]) == 0
     table = (tmp_path / "table.md").read_text()
-    assert "| planner | plan | measured ms" in table and "failed" not in table
+    assert "| planner | plan | measured ms" in table and "failed" not in table and "FAILED" not in table
+    assert table.count("| passed |") >= 2  # each plan's --check
     assert table.count("\n| ") >= 3  # header and at least two plans
     assert (tmp_path / "profile.json").exists()
+
+
+@pytest.mark.parametrize("name, memory_gib, zoo", [
+    ("NVIDIA H100 80GB HBM3", 79.6, "dgx-h100"), ("NVIDIA H200", 139.8, "dgx-h200"), ("NVIDIA B200", 179.0, "dgx-b200"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "dgx-a100-40g"), ("NVIDIA A100-SXM4-80GB", 79.2, "dgx-a100-80g"),
+    ("Some Future GPU", 96.0, "h200-1"),
+])
+def test_the_gpu_check_plans_for_the_gpu_it_finds(name, memory_gib, zoo):
+    """The local cluster is a node of the zoo's kind for the GPU's name, with the memory it reports."""
+    from benchmarks.gpu_check import local_cluster
+    cluster = local_cluster(1, False, (name, int(memory_gib * 2**30)))
+    assert cluster.name == f"{zoo}-local1" and cluster.world_size == 1
+    assert cluster.gpu.memory_gib == pytest.approx(memory_gib, rel=1e-6)
