@@ -73,7 +73,7 @@ def best_of_schedule(model, cluster, budget: Budget, cm, space: SearchSpace, sch
     deadline = time.monotonic() + time_limit_s
     state, tables = run_outer("uniform", model, cm, usable_bytes, uniform, budget.global_batches(),
                               lambda tables, incumbent_s: [], 1, {"model": model.name, "cluster": cluster.name},
-                              OuterState(), deadline, seed=schedule == UNIFORM_1F1B)
+                              OuterState(limit_s=time_limit_s), deadline, seed=schedule == UNIFORM_1F1B)
     return finish("uniform", model, cm, state, tables, usable_bytes, 1,
                   "time_limit" if state.timed_out else "optimal", None)
 

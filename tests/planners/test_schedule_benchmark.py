@@ -31,3 +31,12 @@ def test_each_row_runs_its_schedule_and_the_simulator_agrees(case, schedule, v):
     assert res.peak_memory_gib <= usable_gib + 1e-9
     sim = simulate(model, cluster, res.plan, cm)
     assert res.throughput_samples_per_s == pytest.approx(sim.throughput_samples_per_s, rel=0.03)
+
+
+@pytest.mark.parametrize("schedule, v", [("zbv", 2), ("1f1b", 1)])
+def test_a_row_the_time_limit_stops_says_so(case, schedule, v):
+    """A spent limit gives a row without a plan whose message names the limit, not a crash."""
+    model, cluster, cm, budget, space = case
+    res = best_of_schedule(model, cluster, budget, cm, space, schedule, v, time_limit_s=1e-9)
+    assert not res.feasible and res.stats.solver_status == "time_limit"
+    assert "time limit of 1e-09 s reached" in res.message
