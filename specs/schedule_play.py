@@ -55,7 +55,8 @@ def played_s(entry: PipelineSchedule, stages: Sequence[StageWork], micro_batches
     (the same count modulo pp); each further micro-batch adds the busiest stage's work, the pace
     of its steady state. On uneven stages the other stages' slack still absorbs a little past that
     point, so this over-estimates by at most a few tenths of a percent (0.22% at worst over 270
-    random cases: tests/specs/test_schedule_play.py). Others are played whole."""
+    random cases tried once; tests/specs/test_schedule_play.py holds it under 0.3%). Others are
+    played whole."""
     pp, m = len(stages), micro_batches
     steady = steady_micro_batches(pp)
     if not entry.splits_backward or m <= steady:
