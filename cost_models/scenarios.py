@@ -65,10 +65,15 @@ def scenario_names(names: str | tuple[str, ...] | None = None) -> tuple[str, ...
     return items
 
 
+def perturbable(cost_model: CostModel) -> bool:
+    """Whether ``cost_model`` has named constants to perturb (the analytical model)."""
+    return isinstance(getattr(cost_model, "constants", None), AnalyticalConstants) and \
+        hasattr(cost_model, "with_constants")
+
+
 def perturbed(cost_model: CostModel, scenario: Scenario) -> CostModel:
     """``cost_model`` under ``scenario``: a model with named constants (the analytical one) only."""
-    constants = getattr(cost_model, "constants", None)
-    if not isinstance(constants, AnalyticalConstants) or not hasattr(cost_model, "with_constants"):
+    if not perturbable(cost_model):
         raise SpecError("objective", f"robust planning perturbs the analytical model's constants; the "
                         f"{cost_model.name} cost model has none (use --cost-model analytical)")
-    return cost_model.with_constants(scenario.apply(constants))
+    return cost_model.with_constants(scenario.apply(cost_model.constants))

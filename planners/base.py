@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from cost_models import CostModel
+from cost_models.coverage import uncovered
+from cost_models.scenarios import perturbable
 from planners.robust import RobustChoice, objective, robust_plans
 from specs import ClusterSpec, ModelSpec, Plan, SpecError
 from specs.limits import made_time
@@ -191,7 +193,9 @@ class Planner(ABC):
         Every planner also takes ``objective``: ``nominal`` (default) or ``robust``, the plan of
         least worst regret over perturbation ``scenarios`` (a comma-separated list of
         cost_models.scenarios names; default all) among its top plans and each scenario's own
-        best (planners/robust.py; ``PlanResult.robust`` says what it compared)."""
+        best (planners/robust.py; ``PlanResult.robust`` says what it compared), or ``auto``
+        (the command line's default): robust where the nominal plan leaves the regime the
+        measured data covers (cost_models/coverage.py; the message says what), else nominal."""
         start = time.perf_counter()
         options = dict(options or {})
         precision = options.pop("precision", None)
@@ -200,8 +204,8 @@ class Planner(ABC):
         others = tuple(options.pop("memory_models", ()) or ())
         goal = objective(options.pop("objective", "nominal"))
         scenarios = options.pop("scenarios", None)
-        if scenarios is not None and goal != "robust":
-            raise SpecError("scenarios", "scenarios are for objective=robust")
+        if scenarios is not None and goal == "nominal":
+            raise SpecError("scenarios", "scenarios are for objective=robust or auto")
         base, full_bytes = cost_model, budget.memory_bytes
 
         def wrap(cm: CostModel) -> CostModel:
@@ -214,15 +218,18 @@ class Planner(ABC):
         usable = budget.memory_bytes - cost_model.allocator_reserve_bytes(budget.memory_bytes)
         budget = replace(budget, memory_gib=usable / GIB)
         result = self._search(model, cluster, budget, cost_model, dict(options))
-        if goal == "robust" and result.feasible:
+        why = _uncovered(base, result) if goal == "auto" else ()
+        if (goal == "robust" or why) and result.feasible:
             def search(cm: CostModel) -> tuple[Plan, ...]:
                 found = self._search(model, cluster, budget, cm, dict(options))
                 return (found.plan, *(k.plan for k in found.top_k)) if found.feasible else ()
             choice = robust_plans(search, model, base, (result.plan, *(k.plan for k in result.top_k)),
                                   scenarios, wrap)
             stats = replace(result.stats, solver_status="robust", gap=None, bound_s=None)
+            choice = replace(choice, reason=" and ".join(why))
+            message = "; ".join(m for m in (result.message, _auto_note(why)) if m)
             result = replace(scored_result(self.name, cost_model, model, choice.chosen.plan, stats, result.top_k,
-                                           result.message), robust=choice)
+                                           message), robust=choice)
         new_stats = replace(result.stats, wall_time_s=time.perf_counter() - start)
         return _replace_stats(result, new_stats)
 
@@ -244,6 +251,19 @@ class Planner(ABC):
     def _search(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                 options: dict[str, Any]) -> PlanResult:
         """The search proper; ``stats.wall_time_s`` is filled in by ``plan``."""
+
+
+def _uncovered(cost_model: CostModel, result: PlanResult) -> tuple[str, ...]:
+    """Under objective=auto: what the nominal plan does beyond the measured data (none where the
+    cost model has no constants to perturb, or there is no plan)."""
+    if not result.feasible or not perturbable(cost_model):
+        return ()
+    return uncovered(result.plan, cost_model.constants.at_scale_ranks)
+
+
+def _auto_note(why: tuple[str, ...]) -> str:
+    """The message of a plan objective=auto chose robustly."""
+    return f"robust objective: the nominal plan runs {' and '.join(why)}" if why else ""
 
 
 def _replace_stats(result: PlanResult, stats: SearchStats) -> PlanResult:

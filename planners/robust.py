@@ -14,7 +14,9 @@ from cost_models import CostModel
 from cost_models.scenarios import SCENARIOS, perturbed, scenario_names
 from specs import ModelSpec, Plan, SpecError
 
-OBJECTIVES = ("nominal", "robust")
+OBJECTIVES = ("nominal", "robust", "auto")
+"""nominal: the least plan_cost time; robust: the least worst regret; auto: robust where the
+nominal plan leaves what the measured data covers (cost_models/coverage.py), else nominal."""
 NOMINAL = "nominal"
 """The name of the unperturbed model among the scenarios."""
 
@@ -49,6 +51,9 @@ class RobustChoice:
     """The plan the nominal objective returns (the same plan as chosen when robust agrees)."""
     candidates: int
     """Distinct plans compared."""
+    reason: str = ""
+    """Why the robust objective was applied under objective=auto (what the nominal plan runs
+    beyond the measured data); empty when robust was asked for."""
 
     @property
     def differs(self) -> bool:

@@ -19,6 +19,7 @@ from runners.compare_views import (budget_line, check_precision, gpu_budget_gib,
                                    same_batch, option_for_all, write_report)
 from runners.evaluators import EVALUATORS
 from planners.registry import CLUSTER_PLANNERS, available
+from planners.robust import OBJECTIVES
 from runners.report import table
 from specs import SpecError
 from specs.cli import ArgumentParser, count, dumps, number, output_dir, output_file, parse_with_config
@@ -66,10 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="PLANNER.KEY=VALUE",
                    help="a planner option, e.g. galvatron.mode=exact (repeatable; VALUE is read as "
                    "int, float, true/false, else text)")
-    p.add_argument("--robust", action="store_true", help="every planner's objective=robust: the plan of least "
-                   "worst regret over perturbation scenarios of the cost model's constants (bandwidths, network and "
-                   "GEMM efficiency, collectives at scale), with its regret beside the nominal plan's; choose "
-                   "scenarios with --option PLANNER.scenarios=bw-20%%,net-eff-0.6")
+    goal = p.add_mutually_exclusive_group()
+    goal.add_argument("--objective", choices=OBJECTIVES, default="auto", help="every planner's objective: nominal "
+                      "(the least predicted time), robust (the plan of least worst regret over perturbation scenarios "
+                      "of the cost model's constants: bandwidths, network and GEMM efficiency, collectives at scale; "
+                      "its regret beside the nominal plan's; choose scenarios with --option "
+                      "PLANNER.scenarios=bw-20%%,net-eff-0.6), or auto: robust where the nominal plan runs ZeRO-3 or a "
+                      "gradient sync over more ranks than the measured runs in data/ reach, else nominal "
+                      "(default: %(default)s)")
+    goal.add_argument("--robust", dest="objective", action="store_const", const="robust",
+                      help="the same as --objective robust")
     batch = p.add_mutually_exclusive_group()  # one silently overriding the other was a trap
     batch.add_argument("--global-batch", type=count(MAX_GLOBAL_BATCH), help="fix the global batch (else it "
                        f"is searched: powers of two in {DEFAULT_BATCH_RANGE[0]}..{DEFAULT_BATCH_RANGE[1]})")
@@ -144,9 +151,9 @@ def parse_options(items: Sequence[str], planners: Sequence[str]) -> dict[str, di
 
 
 def _planner_options(args: argparse.Namespace, names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """--option per planner, then --precision and --robust for every planner."""
+    """--option per planner, then --precision and --objective for every planner."""
     options = option_for_all(parse_options(args.option, names), names, "precision", args.precision)
-    return option_for_all(options, names, "objective", "robust" if args.robust else None)
+    return option_for_all(options, names, "objective", args.objective)
 
 
 def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -13,11 +13,12 @@ COLUMNS = ("planner", "model", "cluster", "budget_gib", "seq_length", "global_ba
            "throughput_samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
            "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file", "calibration",
-           "regret_max", "robust_time_s", "worst_scenario", "nominal_throughput_samples_per_s",
+           "regret_max", "robust_time_s", "worst_scenario", "robust_reason", "nominal_throughput_samples_per_s",
            "nominal_iteration_time_s", "nominal_regret_max", "nominal_plan_summary")
-"""The columns every record has, in table order. The regret columns are None but under
-objective=robust (planners/robust.py): the plan's worst regret over the scenarios, its worst
-iteration time and that scenario; the nominal_* ones only where the nominal objective's plan differs."""
+"""The columns every record has, in table order. The regret columns are None but under a robust
+objective (planners/robust.py): the plan's worst regret over the scenarios, its worst iteration
+time and that scenario, why objective=auto chose robustly (None where robust was asked for); the
+nominal_* ones only where the nominal objective's plan differs."""
 EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
 MEMORY_NOTE = ("peak GiB (cost model): states + the activations of the micro-batches in flight + the largest "
                "temporary + runtime overhead, all counted at once; {e} peak GiB: the highest total the {e}'s "
@@ -64,7 +65,8 @@ def robust_fields(result: PlanResult) -> dict[str, Any]:
     chosen, nominal = choice.chosen, choice.nominal
     worst = max(range(len(choice.scenarios)), key=lambda s: chosen.regret[s])
     out = {"regret_max": chosen.regret_max, "robust_time_s": chosen.worst_time_s,
-           "worst_scenario": choice.scenarios[worst] if chosen.regret_max > 0 else None}
+           "worst_scenario": choice.scenarios[worst] if chosen.regret_max > 0 else None,
+           "robust_reason": choice.reason or None}
     differs = choice.differs
     out["nominal_throughput_samples_per_s"] = (nominal.plan.global_batch / nominal.iteration_time_s[0]
                                                if differs else None)

@@ -64,6 +64,8 @@ def notes(records: list[dict[str, Any]], evaluator: str | None, ties: bool) -> l
         lines.append("regret: the plan's worst time per sample over the nominal model and its perturbation scenarios "
                      "(cost_models/scenarios.py) above the best plan this planner found for that scenario (its worst scenario in "
                      "brackets); worst ms: its iteration time there; a 'nominal' row: the nominal objective's plan")
+    lines += [f"robust ({r['planner']}, {r['budget_gib']:g} GiB): the nominal plan runs {r['robust_reason']}"
+              for r in records if r.get("robust_reason")]
     batches = {r["global_batch"] for r in records if r["feasible"]}
     if len(batches) > 1:
         lines.append(f"batch: planners chose global batches {min(batches)}..{max(batches)}; "

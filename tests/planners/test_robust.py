@@ -3,6 +3,7 @@ scenario, the scenarios' perturbations, and the objective through Planner.plan a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -137,3 +138,28 @@ def test_table_shows_the_nominal_plan_under_a_robust_one_that_differs():
     nominal = next(line for line in lines if line.rstrip().endswith("NOMINAL"))
     assert "5.0% (net-eff-0.6)" in robust and "1000" in robust
     assert "galvatron nominal" in nominal and "30.0%" in nominal and " 11" in nominal
+
+
+def test_coverage_names_what_no_measured_run_reaches():
+    from cost_models.coverage import measured_zero3_ranks, uncovered
+    from specs import uniform_plan
+    reach = measured_zero3_ranks()
+    assert reach >= 8  # data/published_runs has torchtitan's FSDP runs
+    zero3 = uniform_plan(4, dp=2 * reach, dp_type="zero3", global_batch=4 * reach, micro_batches=2)
+    assert uncovered(zero3, 2 * reach) == (f"ZeRO-3 over {2 * reach} ranks (published ZeRO-3 runs in data/ "
+                                           f"reach {reach})",)
+    assert uncovered(replace(zero3, layers=tuple(replace(s, dp=reach, tp=2) for s in zero3.layers)), reach) == ()
+    ddp = uniform_plan(4, dp=256, global_batch=512, micro_batches=2)
+    assert uncovered(ddp, 128) == ("a gradient sync over 256 ranks (measured runs in data/ reach 128)",)
+    assert uncovered(ddp, 256) == ()
+
+
+def test_auto_objective_is_robust_only_beyond_the_measured_regime():
+    model, budget = load_model("tiny-gpt"), Budget(memory_gib=80, global_batch=256)
+    big = load_cluster("dgx-a100-80g:32")  # 256 GPUs: the zero3 baseline shards over all of them
+    res = get("zero3").plan(model, big, budget, cost_models.get("analytical", big), {"objective": "auto"})
+    assert res.stats.solver_status == "robust" and res.robust is not None
+    assert "robust objective: the nominal plan runs ZeRO-3 over 256 ranks" in res.message
+    small = load_cluster("dgx-a100-80g:8")
+    res = get("zero3").plan(model, small, budget, cost_models.get("analytical", small), {"objective": "auto"})
+    assert res.robust is None and res.stats.solver_status == "exhaustive" and "robust" not in res.message
