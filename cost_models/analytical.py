@@ -56,8 +56,10 @@ def _ring_link(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]):
 
 
 @lru_cache(maxsize=4096)
-def _transfers_link(cluster: ClusterSpec, pairs: tuple[tuple[int, int], ...]):
-    return cluster.transfers_link(pairs)
+def _lanes_link(cluster: ClusterSpec, src: int, dst: int, senders: int):
+    """The link ``senders`` lanes src + i -> dst + i leave each (keyed by the three numbers: the
+    pairs of a 1024-rank stage are too many to build and hash per question)."""
+    return cluster.transfers_link(tuple((src + i, dst + i) for i in range(senders)))
 
 
 @register
@@ -359,7 +361,7 @@ class AnalyticalModel(CostModel):
         if src == dst or nbytes <= 0:
             return 0.0
         cl = self.cluster
-        bottleneck = _transfers_link(cl, tuple((src + i, dst + i) for i in range(senders))).bandwidth_gbytes_per_s
+        bottleneck = _lanes_link(cl, src, dst, senders).bandwidth_gbytes_per_s
         crosses = cl.domain_of(src) != cl.domain_of(dst)
         latency_us = cl.inter_node.latency_us if crosses else cl.intra_node.latency_us
         eff = self.constants.network_efficiency if crosses else self.constants.p2p_efficiency

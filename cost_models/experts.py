@@ -85,18 +85,37 @@ def all_to_all_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int, overri
     return dispatch_tokens(layer, strategy, mbs) * passes * layer.hidden_size * BYTES_PER_ACTIVATION
 
 
-def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict[tuple, float]:
-    """Per resource: the share of one rank's buffer it carries when every group runs a pairwise
-    all-to-all at once (each rank sends 1/p of its buffer to each other member)."""
-    load: Counter = Counter()
+def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict[tuple, tuple[float, float]]:
+    """Per resource of ``cluster.path``: (load, capacity in GB/s), the load being the share of one
+    rank's buffer it carries when every group runs a pairwise all-to-all at once (each rank sends
+    1/p of its buffer to each other member). Counted per place, not per pair: a rank's GPU ports
+    carry its p-1 peers' shares, its node's NIC the peers outside its scale-up domain, its PCIe
+    switch's uplinks the peers outside that switch (O(ranks), where walking the pairs is O(p^2))."""
+    intra, inter = cluster.intra_node, cluster.inter_node
+    port, nic = intra.bandwidth_gbytes_per_s, inter.nics_per_node * inter.nic_bandwidth_gbytes_per_s
+    uplinks = intra.kind == "pcie" and intra.gpus_per_switch > 0
+    load: dict[tuple, list[float]] = {}
+
+    def add(resource: tuple, share: float, capacity: float) -> None:
+        if share > 0:
+            load.setdefault(resource, [0.0, capacity])[0] += share
+
     for g in groups:
         p = len(g)
+        domains = Counter(cluster.domain_of(a) for a in g)
+        switches = Counter((cluster.node_of(a), cluster.switch_of(a)) for a in g) if uplinks else Counter()
         for a in g:
-            for b in g:
-                if a != b:
-                    for res, _ in cluster.path(a, b):
-                        load[res] += 1.0 / p
-    return dict(load)
+            add(("gpu_out", a), (p - 1) / p, port)
+            add(("gpu_in", a), (p - 1) / p, port)
+            node = cluster.node_of(a)
+            outside = (p - domains[cluster.domain_of(a)]) / p
+            add(("nic_out", node), outside, nic)
+            add(("nic_in", node), outside, nic)
+            if uplinks:
+                off_switch = (p - switches[node, cluster.switch_of(a)]) / p
+                add(("uplink_up", node, cluster.switch_of(a)), off_switch, intra.switch_uplink_gbytes_per_s)
+                add(("uplink_down", node, cluster.switch_of(a)), off_switch, intra.switch_uplink_gbytes_per_s)
+    return {r: (v[0], v[1]) for r, v in load.items()}
 
 
 def topology_all_to_all_s(cluster: ClusterSpec, nbytes: float, groups: Sequence[Sequence[int]],
@@ -131,12 +150,11 @@ class PairwiseShape(NamedTuple):
 
 @lru_cache(maxsize=1024)
 def _pairwise_shape(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -> PairwiseShape:
-    """The size-independent part of ``topology_all_to_all_s`` (it walks every pair's path: a
-    planner asks it once per message size)."""
-    caps = {res: cap for g in groups for a in g for b in g if a != b for res, cap in cluster.path(a, b)}
+    """The size-independent part of ``topology_all_to_all_s`` (a planner asks it once per
+    message size)."""
     load = pairwise_load(cluster, groups)
-    ratio = {kind: max((load[r] / (caps[r] * 1e9) for r in load if r[0].startswith("nic") == kind), default=0.0)
-             for kind in (True, False)}
+    ratio = {kind: max((n / (cap * 1e9) for r, (n, cap) in load.items() if r[0].startswith("nic") == kind),
+                       default=0.0) for kind in (True, False)}
     crosses = any(cluster.domain_of(a) != cluster.domain_of(g[0]) for g in groups for a in g)
     return PairwiseShape(max(len(g) for g in groups), ratio[True], ratio[False], crosses)
 

@@ -16,7 +16,7 @@ from planners.deadline import passed
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
 from planners.tables import memo
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Schedule, SpecError, uniform_plan
+from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.precision import Precision
 from specs.schedules import schedule_entry
 from specs.units import GIB
@@ -284,9 +284,12 @@ def with_experts(model: ModelSpec, plan: Plan, ep: int, expert_tp: int = 0) -> P
     left to shard over (then DDP)."""
     if ep == 1 and expert_tp == 0:
         return plan
-    layers = tuple(with_ep(s, ep, expert_tp) if spec.moe is not None else s
-                   for spec, s in zip(model.layers, plan.layers))
-    return replace(plan, layers=layers)
+    split: dict[LayerStrategy, LayerStrategy] = {}  # one object per strategy: the cost model's memo hits by id
+    for spec, s in zip(model.layers, plan.layers):
+        if spec.moe is not None and s not in split:
+            split[s] = with_ep(s, ep, expert_tp)
+    return replace(plan, layers=tuple(split[s] if spec.moe is not None else s
+                                      for spec, s in zip(model.layers, plan.layers)))
 
 
 def ep_degrees(model: ModelSpec, room: int) -> list[int]:

@@ -181,7 +181,8 @@ class ClusterSpec:
         """The scale-up domain of ``rank``: ranks of one domain never cross a NIC."""
         return rank // self.domain_gpus
 
-    def _switch_of(self, rank: int) -> int:
+    def switch_of(self, rank: int) -> int:
+        """The PCIe switch of ``rank`` inside its node (0 where the GPUs share one fabric)."""
         per = self.intra_node.gpus_per_switch or self.gpus_per_node
         return (rank % self.gpus_per_node) // per
 
@@ -192,7 +193,7 @@ class ClusterSpec:
         intra = self.intra_node
         hops: list[tuple[tuple, float]] = [(("gpu_out", src), intra.bandwidth_gbytes_per_s)]
         n_src, n_dst = self.node_of(src), self.node_of(dst)
-        s_src, s_dst = self._switch_of(src), self._switch_of(dst)
+        s_src, s_dst = self.switch_of(src), self.switch_of(dst)
         shared_uplink = intra.kind == "pcie" and intra.gpus_per_switch > 0
         if shared_uplink and (n_src != n_dst or s_src != s_dst):
             up = intra.switch_uplink_gbytes_per_s

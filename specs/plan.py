@@ -287,7 +287,16 @@ class Plan:
 
     def chunk_stage(self, chunk: int) -> int:
         """The stage that runs global chunk ``chunk``."""
-        return next(k for k in range(self.pp) if chunk in self.stage_chunks(k))
+        return self._chunk_stages[chunk]
+
+    @cached_property
+    def _chunk_stages(self) -> tuple[int, ...]:
+        """The stage of every global chunk."""
+        stages = [0] * (self.pp * self.virtual_stages)
+        for k in range(self.pp):
+            for j in self.stage_chunks(k):
+                stages[j] = k
+        return tuple(stages)
 
     @cached_property
     def head_stage(self) -> int:
@@ -300,11 +309,16 @@ class Plan:
 
     def chunk_ranges(self) -> list[range]:
         """Layer indices of each model chunk in model order (v = 1: one chunk per stage)."""
+        return list(self._chunk_ranges)
+
+    @cached_property
+    def _chunk_ranges(self) -> tuple[range, ...]:
+        """chunk_ranges, worked out once per plan (a cost model asks for it per stage)."""
         out, start = [], 0
         for n in self.layers_per_chunk():
             out.append(range(start, start + n))
             start += n
-        return out
+        return tuple(out)
 
     def stage_ranges(self) -> list[list[int] | range]:
         """Layer indices of each stage (its chunks, in its local order)."""

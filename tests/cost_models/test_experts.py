@@ -149,3 +149,33 @@ def test_profiled_model_splits_the_experts_too():
     assert lt.forward_s == pytest.approx(plain.forward_s)  # balanced, etp = tp: the same kernels
     e = experts.expert_params(MOE)
     assert cm.layer_memory(MOE, s, 2, 0).states_bytes == pytest.approx(16 * (MOE.param_count() - e) + 16 * e / 4)
+
+
+def _walked_load(cluster, groups):
+    """pairwise_load by its definition: every ordered pair's path, 1/p of a buffer per pair."""
+    load, caps = {}, {}
+    for g in groups:
+        for a in g:
+            for b in g:
+                if a != b:
+                    for res, cap in cluster.path(a, b):
+                        load[res] = load.get(res, 0.0) + 1.0 / len(g)
+                        caps[res] = cap
+    return {r: (n, caps[r]) for r, n in load.items()}
+
+
+@pytest.mark.parametrize("name, strides", [("titan-16", (1, 2, 4)), ("dgx-a100-80g:4", (1, 4, 8)),
+                                           ("gb200-nvl72:2", (1, 9, 36)), ("2x2", (1, 2))])
+def test_pairwise_load_counted_per_place_equals_walking_every_pair(name, strides):
+    # groups of 4 or 8 ranks laid out with each stride: inside a switch, a node, a domain, across
+    cluster = TWO_BY_TWO if name == "2x2" else load_cluster(name)
+    n = cluster.world_size
+    for stride in strides:
+        for size in (2, 4, 8):
+            if size * stride > n:
+                continue
+            groups = [tuple(start + stride * i for i in range(size)) for start in range(stride)]
+            counted, walked = experts.pairwise_load(cluster, groups), _walked_load(cluster, groups)
+            assert counted.keys() == walked.keys(), (name, stride, size)
+            for r, (share, cap) in walked.items():
+                assert counted[r][0] == pytest.approx(share) and counted[r][1] == cap, (name, stride, size, r)
