@@ -62,3 +62,18 @@ def test_at_128k_tokens_the_best_plan_uses_cp():
         assert all(s.cp == 1 for s in other.plan.layers) if other.feasible else True
         if other.feasible:
             assert best.throughput_samples_per_s > other.throughput_samples_per_s, name
+
+
+def test_at_128k_tokens_galvatron_is_at_least_every_registered_planner():
+    """Every baseline, ablation and framework target on the same case (the exact solvers: test_zoo)."""
+    cluster = load_cluster("dgx-h100:2")
+    cm = cost_models.get("analytical", cluster)
+    budget = Budget(memory_gib=80, global_batch=4)
+    best = planners.get("galvatron").plan(LONG, cluster, budget, cm)
+    feasible = 0
+    for name in sorted(set(planners.available()) - {"galvatron", "ilp", "cpsat"}):
+        other = planners.get(name).plan(LONG, cluster, budget, cm)
+        if other.feasible:
+            feasible += 1
+            assert best.throughput_samples_per_s >= other.throughput_samples_per_s * (1 - 1e-12), name
+    assert feasible >= 15  # the dp-only and pipeline-only baselines cannot hold 128k tokens
