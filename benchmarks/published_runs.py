@@ -205,6 +205,32 @@ def group_rows(predictions: Sequence[Prediction]) -> list[list]:
     return rows
 
 
+ZERO3_BANDS = ((1, 8), (9, 128), (129, 1 << 20))
+"""ZeRO-3 (FSDP) group sizes, dp x cp, reported apart: one node, up to the largest group any run
+here has, and beyond (the regime the planners' auto objective treats as uncovered)."""
+
+
+def regime_rows(predictions: Sequence[Prediction]) -> list[list]:
+    """The ZeRO-3 regime on its own: per band of ZeRO-3 group size, then every other run: runs,
+    stated, MAPE, worst."""
+    def band(r: PublishedRun) -> str:
+        if r.dp_type != "zero3":
+            return "not ZeRO-3"
+        lo, hi = next(b for b in ZERO3_BANDS if b[0] <= r.dp * r.cp <= b[1])
+        return f"ZeRO-3 over {lo}-{hi} ranks" if hi < ZERO3_BANDS[-1][1] else f"ZeRO-3 over more than {lo - 1} ranks"
+    names = [band(r) for r in (p.run for p in predictions)]
+    rows = []
+    for name in [*(f"ZeRO-3 over {lo}-{hi} ranks" for lo, hi in ZERO3_BANDS[:-1]),
+                 f"ZeRO-3 over more than {ZERO3_BANDS[-1][0] - 1} ranks", "not ZeRO-3"]:
+        group = [p for p, n in zip(predictions, names) if n == name]
+        stated = [p for p in group if not p.reason]
+        errs = [abs(p.error) * 100 for p in stated]
+        worst = max(stated, key=lambda p: abs(p.error), default=None)
+        rows.append([name, len(group), len(stated), sum(errs) / len(errs) if errs else math.nan,
+                     worst.error * 100 if worst else math.nan])
+    return rows
+
+
 def speedup_rows(predictions: Sequence[Prediction]) -> list[list]:
     """FP8/BF16 speedup of each FP8 run whose configuration (model, GPUs, degrees, batch, software)
     also ran in BF16: measured and predicted (target: within 5% of each other)."""
@@ -248,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     print("Published runs (data/published_runs, never fitted): analytical model, each cluster's own constants\n")
     print(tabulate(group_rows(predictions), headers=["GPU", "precision", "framework", "runs", "stated", "MAPE %",
                                                       "worst %", "Kendall tau"], floatfmt=".2f"))
+    print()
+    print(tabulate(regime_rows(predictions), headers=["ZeRO-3 regime (dp x cp)", "runs", "stated", "MAPE %",
+                                                       "worst %"], floatfmt=".2f"))
     print()
     pairs = speedup_rows(predictions)
     if pairs:

@@ -57,6 +57,17 @@ def test_bf16_and_fp8_runs_are_summarised_apart():
     assert run[1] == "tt-h100-405b-2d" and run[2] == pytest.approx(177 / 109)
 
 
+def test_the_zero3_regime_is_reported_on_its_own():
+    predictions = [pr.predict(r) for r in pr.load_runs() if r.gpus <= 128]
+    rows = {r[0]: r for r in pr.regime_rows(predictions)}
+    assert sum(r[1] for r in rows.values()) == len(predictions)
+    fsdp = [p for p in predictions if p.run.dp_type == "zero3" and 9 <= p.run.dp * p.run.cp <= 128]
+    assert rows["ZeRO-3 over 9-128 ranks"][1] == len(fsdp) > 0
+    assert rows["ZeRO-3 over more than 128 ranks"][1] == 0  # no published run there yet
+    errors = [abs(p.error) * 100 for p in fsdp if not p.reason]
+    assert rows["ZeRO-3 over 9-128 ranks"][3] == pytest.approx(sum(errors) / len(errors))
+
+
 def test_plan_follows_the_row():
     run = _run("tt-a100-8b-sac-layer")
     plan = pr.plan_for(run, load_model(run.model))
