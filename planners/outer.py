@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from cost_models import CostModel
+from cost_models import CostModel, in_flight
 from planners.base import (
     PlanResult,
     RankedPlan,
@@ -18,7 +18,7 @@ from planners.base import (
     scored_result,
 )
 from planners.deadline import DeadlinePassed, check, passed
-from planners.seed import uniform_layer_sums, uniform_seed
+from planners.seed import uniform_activation_sums, uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import ComboTables, build_tables, temp_levels
@@ -272,8 +272,8 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
         return
     stage_layers, chunk_layers = chunk_layout(n, c.pp, v, schedule) if v > 1 else (even_stage_layers(n, c.pp), ())
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v),
-                                     cost_model.linear_in_flight, stage_layers)
+    held = [in_flight(schedule, c.pp, k, c.micro_batches, v) for k in range(c.pp)]
+    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), held, stage_layers)
     order = np.argsort(floor)
     for pos, i in enumerate(order):
         threshold = state.throughputs(top_k)[1]
@@ -295,20 +295,22 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
                    budget_bytes)
 
 
-def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, linear_in_flight: bool,
+def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, held: list[float],
                        stage_layers: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Per uniform strategy: a lower bound on its plan's time under the schedule, and whether it
     can fit.
 
     A stage's time is at least its layers' (sends and the embedding/head left out) and
-    m max T + bubble (sum T - max T) / v + max D grows with every T_k. Each stage holds at least
-    as many micro-batches under these schedules as under 1F1B (interleaved (2 (pp-k-1) + (v-1)
-    pp + 1) / v >= pp - k; zero-bubble and V-shaped pp or more; looped m), so where memory is
-    linear in them a uniform plan whose layers overflow a stage under 1F1B (the tables)
-    overflows it under them too."""
+    m max T + bubble (sum T - max T) / v + max D grows with every T_k. A stage's memory is at
+    least its layers' states, plus ``held[k]`` (the schedule's in-flight count) times their
+    activations where memory is linear in it (the tables hold both parts), and their largest
+    temporary."""
     T, D, mem, temp = uniform_layer_sums(t, uniform, stage_layers)
-    # infinite memory: a layout the cost model cannot score (whatever the in-flight count)
-    fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear_in_flight else np.isfinite(mem + temp).all(axis=0)
+    if t.stages[0].activation_bytes is None:  # infinite memory: a layout the cost model cannot score
+        return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), np.isfinite(mem + temp).all(axis=0)
+    act = uniform_activation_sums(t, uniform, stage_layers)
+    mem = mem + (np.array(held) - np.array([st.in_flight for st in t.stages]))[:, None] * act
+    fits = (mem + temp <= t.budget_bytes).all(axis=0)
     return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), fits
 
 

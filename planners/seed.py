@@ -23,6 +23,14 @@ def uniform_layer_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, .
     return tuple(np.array(x) for x in zip(*sums))
 
 
+def uniform_activation_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, ...]) -> np.ndarray:
+    """[stage, strategy in S] of a uniform plan on ``stage_layers``: its layers' activations of
+    one micro-batch in flight (tables of a cost model linear in the in-flight count)."""
+    bounds = np.concatenate(([0], np.cumsum(stage_layers)))
+    return np.array([st.activation_bytes[t.layer_type[bounds[k]:bounds[k + 1]]][:, S].sum(axis=0)
+                     for k, st in enumerate(t.stages)])
+
+
 def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
     """(objective, strategy index) of the best uniform plan that fits under vocab choice ``v``,
     or None when none does."""

@@ -41,6 +41,9 @@ class StageTables:
     """States + in-flight activations of a layer."""
     temp_bytes: np.ndarray
     """Temporary buffers of a layer (the stage counts the largest)."""
+    activation_bytes: np.ndarray | None
+    """Of memory_bytes, the activations of one micro-batch in flight (memory_bytes = states +
+    in_flight x these) for a cost model whose memory is linear in the in-flight count; else None."""
     trans_s: np.ndarray
     """[producer type, from strategy, to strategy]: relayout between consecutive layers."""
     send_next_s: np.ndarray
@@ -236,6 +239,7 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     if ("memory", held) not in shared:
         shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
     (time_s, tail_s, trans), (memory, temp) = shared["local", local], shared["memory", held]
+    activations = shared["per_micro_batch"][1] if cm.linear_in_flight else None
     send_next, send_prev = np.zeros(time_s.shape), np.zeros(time_s.shape)
     if k < combo.pp - 1:
         cache = memo(cm)
@@ -249,7 +253,7 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
                 send_next[ti, cols] = _send(cm, cache, msg, layer, s, b, src, src + gpus, gpus)
                 send_prev[ti, cols] = _send(cm, cache, msg, layer, s, b, src + gpus, src, gpus)
     return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
-                       temp_bytes=temp, trans_s=trans, send_next_s=send_next, send_prev_s=send_prev)
+                       temp_bytes=temp, activation_bytes=activations, trans_s=trans, send_next_s=send_next, send_prev_s=send_prev)
 
 
 def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy], allowed: np.ndarray,
