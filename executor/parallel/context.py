@@ -60,7 +60,10 @@ class _RingPass(torch.autograd.Function):
 
 
 def _block_attention(q, k, v, q_pos, k_pos, causal: bool):
-    """(output, log-sum-exp) of q over one K/V block, masked where a key comes after the query."""
+    """(output, log-sum-exp) of q over one K/V block, masked where a key comes after the query;
+    in fp32 whatever the inputs' dtype, as flash attention accumulates (in bf16 the merged blocks
+    strayed from the reference's one SDPA call several times more than tp's rounding does)."""
+    q, k, v = (t.float() for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
     if causal:
         scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], MASKED)
@@ -82,7 +85,7 @@ class ContextCore:
         if self.comm == CPComm.ALL_GATHER:  # every rank's keys, then one pass (gradients reduce-scattered)
             k, v = (GatherSeqReduceGrad.apply(t, self.group, 2) for t in (k, v))
             every = torch.cat([positions(r, self.cp, self.order, self.seq) for r in range(self.cp)])
-            return _block_attention(q, k, v, mine, every, causal)[0]
+            return _block_attention(q, k, v, mine, every, causal)[0].to(q.dtype)
         outs, lses = [], []
         for step in range(self.cp):
             source = (self.rank - step) % self.cp
@@ -92,7 +95,7 @@ class ContextCore:
             if step < self.cp - 1:
                 k, v = _RingPass.apply(k, self.group), _RingPass.apply(v, self.group)
         total = torch.logsumexp(torch.stack(lses), dim=0)
-        return sum(torch.exp(lse - total) * out for out, lse in zip(outs, lses))
+        return sum(torch.exp(lse - total) * out for out, lse in zip(outs, lses)).to(q.dtype)
 
 
 def _order(seq: int, cp: int, order: str) -> torch.Tensor:
