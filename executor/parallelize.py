@@ -13,14 +13,14 @@ from executor.parallel.checkpoint import apply_ac
 from executor.parallel.context import apply_cp
 from executor.parallel.data import DataParallel, FlatBucket, apply_fsdp, local
 from executor.parallel.expert import ExpertShard, apply_ep, build_expert_groups
-from executor.parallel.layout import GroupCache, Layout, stage_mesh
+from executor.parallel.layout import GroupCache, Layout, SplitLayout, SplitMeshes, stage_mesh
 from executor.parallel.pipeline import apply_pp
 from executor.parallel.relayout import Relayout, needs_relayout
 from executor.parallel.sequence import apply_ulysses
 from executor.parallel.tensor import apply_tp
 from executor.parallel.vocab import VocabEmbedding, VocabHead, VocabSplit, tie_vocab, vocab_dp_parts, vocab_split
 from executor.unsupported import refuse_unsupported
-from specs import DPType, ModelSpec, Plan
+from specs import DPType, LayerStrategy, ModelSpec, Plan
 
 
 class StageModule(nn.Module):
@@ -100,13 +100,22 @@ class ParallelModel:
 
 def build_meshes(plan: Plan, world_size: int, device: str, groups: GroupCache, split: VocabSplit | None = None
                  ) -> tuple[dict[Layout, object], object]:
-    """Every layout's (pp, dp, tp) mesh (the layers' and the vocabulary's) and the (pp, stage)
+    """Every layout's (pp, dp, tp) mesh (the layers' and the vocabulary's), every SplitLayout's
+    SplitMeshes (the layers that split the sequence over cp or Ulysses) and the (pp, stage)
     mesh, built in the same order on every rank (process groups are created collectively,
     once per distinct set of ranks)."""
     layouts = {Layout.of(s) for s in plan.layers} | ({split.layout} if split else set())
     layouts = sorted(layouts, key=lambda l: (l.tp, l.dp, l.consecutive))
     meshes = {layout: layout.mesh(plan.pp, device, groups) for layout in layouts}
-    return meshes, stage_mesh(plan.pp, world_size, device, groups)
+    smesh = stage_mesh(plan.pp, world_size, device, groups)
+    splits = sorted({SplitLayout.of(s) for s in plan.layers if _splits_sequence(s)})
+    meshes.update({layout: layout.meshes(plan.pp, device, groups, smesh) for layout in splits})
+    return meshes, smesh
+
+
+def _splits_sequence(s: LayerStrategy) -> bool:
+    """Whether a layer's sequence is split over cp or Ulysses ranks (its groups: a SplitLayout)."""
+    return s.cp > 1 or s.ulysses > 1
 
 
 def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, seed: int = 0,
@@ -168,11 +177,9 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
         shard = apply_ep(block, model.layers[i], strategy, i, stage, local, groups, device_type)
         if shard is not None:
             experts[i] = shard
-        if strategy.cp > 1:  # tp 1 (unsupported.py): the layout's split group is the cp group
-            block = apply_cp(block, meshes[layout]["tp"].get_group(), strategy.cp_comm, plan.cp_load_balance,
-                             model.layers[i].seq_len)
-        elif strategy.ulysses > 1:
-            block = apply_ulysses(block, meshes[layout]["tp"].get_group())
+        if _splits_sequence(strategy):
+            block = _apply_sequence_split(block, strategy, meshes[SplitLayout.of(strategy)], plan.cp_load_balance,
+                                          model.layers[i].seq_len)
         else:
             block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp)
         chunk.layers[str(i)] = apply_ac(block, strategy.recompute)
@@ -186,6 +193,20 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
     else:
         _add_relayout(chunk, Layout.of(plan.layers[ids[-1]]), Layout.of(plan.layers[ids[-1] + 1]), smesh, "out")
     return chunk
+
+
+def _apply_sequence_split(block: nn.Module, s: LayerStrategy, groups: SplitMeshes, order: str, seq: int
+                          ) -> nn.Module:
+    """tp (Megatron-SP too) inside, Ulysses around it, cp outermost: the input is cut over cp
+    first, then over Ulysses (or tp's sequence split), and gathered back in reverse; Ulysses'
+    all-to-alls run around the K/V ring (a2a+p2p)."""
+    if groups.tp is not None:
+        block = apply_tp(block, groups.tp, sequence_parallel=s.megatron_sp)
+    if groups.ulysses is not None:
+        block = apply_ulysses(block, groups.ulysses)
+    if groups.cp is not None:
+        block = apply_cp(block, groups.cp, s.cp_comm, order, seq)
+    return block
 
 
 def make_loss_fn(global_batch: int, per_sample=per_sample_loss):
@@ -235,7 +256,7 @@ def _tie(embed: nn.Module | None, head: nn.Module | None, model: ModelSpec, plan
 def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split: VocabSplit | None
               ) -> list[tuple[str, nn.Module, object, int, str, nn.Module | None]]:
     """(unit name, module, data-parallel mesh, degree, dp type, a submodule that is a unit of
-    its own, listed before) of every block (its gradient group: dp, or ulysses * dp, cp * dp), the
+    its own, listed before) of every block (its gradient group: dp, or cp * ulysses * dp), the
     embedding (like the first layer's replicas) and the head (like the last's), in the order
     the chunks run them."""
     parts = []
@@ -248,8 +269,8 @@ def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split:
             parts.append(("embedding", chunk.embed, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
         for i in ids:
             s = plan.layers[i]
-            whole = s.ulysses > 1 or s.cp > 1  # weights whole on the split group: sync over the stage
-            mesh = smesh["stage"] if whole else meshes[Layout.of(s)]["dp"]  # the grad-sync group
+            # the grad-sync group: the ranks holding the same weight shard
+            mesh = meshes[SplitLayout.of(s)].sync if _splits_sequence(s) else meshes[Layout.of(s)]["dp"]
             parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.degrees.grad_sync, s.dp_type, None))
         if chunk.head is not None and split is not None:
             parts += vocab_dp_parts("head", chunk.head, split, meshes, smesh, plan.layers[ids[-1]].dp_type)

@@ -4,27 +4,40 @@ from __future__ import annotations
 from executor.model import is_tied
 from executor.parallel.expert import EXPERT_DP_TYPES
 from executor.parallel.vocab import refuse_vocab
-from specs import CPComm, ModelSpec, Plan, SpecError
+from specs import LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
 from specs.capabilities import BF16_ONLY, Capabilities, check_supported
 from specs.schedules import REGISTRY
 
 CAPABILITIES = Capabilities(schedule=frozenset(s for s, e in REGISTRY.items() if e.torch_class),
                             expert_dp_type=frozenset(EXPERT_DP_TYPES),
-                            cp_comm=frozenset({CPComm.P2P, CPComm.ALL_GATHER}), precision=BF16_ONLY)
+                            precision=BF16_ONLY)
 """The axes the executor runs in part: the registered schedules torch.distributed.pipelining has a class for,
-expert states held as flat buckets (no ZeRO-3 of the experts), cp by ring or all-gather (not beside Ulysses),
-and BF16 linear layers (no FP8 recipe is wired to torchao or Transformer Engine yet). Every other value runs."""
+expert states held as flat buckets (no ZeRO-3 of the experts) and BF16 linear layers (no FP8 recipe is wired
+to torchao or Transformer Engine yet). Every other value runs (every cp_comm: ring, all-gather, Ulysses + ring)."""
 
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
     """SpecError naming the first field the executor cannot honour for ``model``: its
-    capabilities first, then what depends on the model (Ulysses beside experts, the vocabulary)."""
+    capabilities first, then what depends on the model (cp or Ulysses beside experts, cp beside
+    windows or Megatron-SP, the vocabulary)."""
     check_supported(plan, model, CAPABILITIES, "executor")
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
-        if s.cp > 1 and (s.tp > 1 or spec.moe is not None or 0 < spec.attention_window < spec.seq_len):
-            raise SpecError(f"layer {i}", f"cp {s.cp} runs on dense blocks of full attention with tp 1 only "
-                            f"(tp {s.tp}, {'experts' if spec.moe is not None else 'dense'})")
+        if s.cp > 1:
+            _refuse_cp(i, s, spec)
         if s.ulysses > 1 and spec.moe is not None:
             raise SpecError(f"layer {i}", f"sp ulysses on a MoE layer is not run: the experts would see "
                             f"sequence chunks of degree {s.ulysses} that their groups do not sum over")
     refuse_vocab(plan, model, is_tied(model))
+
+
+def _refuse_cp(i: int, s: LayerStrategy, spec: LayerSpec) -> None:
+    """cp runs on dense blocks of full attention; under Megatron-SP tp splits each cp chunk."""
+    if spec.moe is not None:
+        raise SpecError(f"layer {i}", f"cp {s.cp} on a MoE layer is not run: the experts would see sequence "
+                        f"chunks of degree {s.cp} that their groups do not sum over")
+    if 0 < spec.attention_window < spec.seq_len:
+        raise SpecError(f"layer {i}", f"cp {s.cp} with attention window {spec.attention_window} < seq "
+                        f"{spec.seq_len} is not run: the ring attends over the whole sequence")
+    if s.megatron_sp and spec.seq_len % (s.cp * s.tp):
+        raise SpecError(f"layer {i}", f"sp megatron with cp {s.cp}: tp {s.tp} does not divide the "
+                        f"{spec.seq_len // s.cp} tokens of a cp chunk")

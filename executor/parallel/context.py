@@ -1,9 +1,11 @@
-"""Context parallelism: a block's sequence split over its cp group (weights whole), its attention
-core over every key by a K/V ring (p2p) or an all-gather of K/V, the causal mask read off the
-tokens' global positions; zigzag (head-tail) or contiguous chunks.
+"""Context parallelism: a block's sequence split over its cp group (weights whole on it), its
+attention core over every key by a K/V ring (p2p) or an all-gather of K/V, the causal mask read off
+the tokens' global positions; zigzag (head-tail) or contiguous chunks.
 
 Same convention as Ulysses (executor/parallel/sequence.py): the block's input is replicated on
-the group and cut into this rank's chunks on entry, its output gathered back on exit.
+the group and cut into this rank's chunks on entry, its output gathered back on exit. cp is the
+outermost split of a block: inside its chunk tp splits the heads (and Megatron-SP the chunk
+further), or Ulysses splits the chunk and trades it for a head split around the ring (a2a+p2p).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executor.parallel.sequence import GatherSeq, GatherSeqReduceGrad, ScatterSeq
+from executor.parallel.sequence import GatherSeq, GatherSeqReduceGrad, ScatterSeq, wrap_core
 from specs import CPComm, CPLoadBalance
 
 MASKED = -1e30
@@ -58,7 +60,10 @@ class _RingPass(torch.autograd.Function):
 
 
 def _block_attention(q, k, v, q_pos, k_pos, causal: bool):
-    """(output, log-sum-exp) of q over one K/V block, masked where a key comes after the query."""
+    """(output, log-sum-exp) of q over one K/V block, masked where a key comes after the query;
+    in fp32 whatever the inputs' dtype, as flash attention accumulates (in bf16 the merged blocks
+    strayed from the reference's one SDPA call several times more than tp's rounding does)."""
+    q, k, v = (t.float() for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
     if causal:
         scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], MASKED)
@@ -68,7 +73,8 @@ def _block_attention(q, k, v, q_pos, k_pos, causal: bool):
 
 class ContextCore:
     """What Attention runs in place of its core under cp: the ring over the cp group's K/V blocks
-    (merged by their log-sum-exps, as blockwise attention does), or one all-gather of K/V."""
+    (merged by their log-sum-exps, as blockwise attention does: p2p, and a2a+p2p inside Ulysses'
+    all-to-alls), or one all-gather of K/V. q, k, v hold this rank's heads (all, 1/tp or 1/ulysses)."""
 
     def __init__(self, group: dist.ProcessGroup, comm: str, order: str, seq: int) -> None:
         self.group, self.comm, self.order, self.seq = group, comm, order, seq
@@ -79,7 +85,7 @@ class ContextCore:
         if self.comm == CPComm.ALL_GATHER:  # every rank's keys, then one pass (gradients reduce-scattered)
             k, v = (GatherSeqReduceGrad.apply(t, self.group, 2) for t in (k, v))
             every = torch.cat([positions(r, self.cp, self.order, self.seq) for r in range(self.cp)])
-            return _block_attention(q, k, v, mine, every, causal)[0]
+            return _block_attention(q, k, v, mine, every, causal)[0].to(q.dtype)
         outs, lses = [], []
         for step in range(self.cp):
             source = (self.rank - step) % self.cp
@@ -89,7 +95,7 @@ class ContextCore:
             if step < self.cp - 1:
                 k, v = _RingPass.apply(k, self.group), _RingPass.apply(v, self.group)
         total = torch.logsumexp(torch.stack(lses), dim=0)
-        return sum(torch.exp(lse - total) * out for out, lse in zip(outs, lses))
+        return sum(torch.exp(lse - total) * out for out, lse in zip(outs, lses)).to(q.dtype)
 
 
 def _order(seq: int, cp: int, order: str) -> torch.Tensor:
@@ -98,16 +104,18 @@ def _order(seq: int, cp: int, order: str) -> torch.Tensor:
 
 
 def apply_cp(block: nn.Module, group: dist.ProcessGroup, comm: str, order: str, seq: int) -> nn.Module:
-    """Run ``block`` with its sequence split over ``group`` (weights replicated): the replicated
-    input is reordered so that each rank's chunks are contiguous, cut on entry, gathered and put
-    back in order on exit; the attention core runs ContextCore."""
+    """Run ``block`` with its sequence split over ``group``: the replicated input is reordered so
+    that each rank's chunks are contiguous, cut on entry, gathered and put back in order on exit;
+    the attention core runs ContextCore. Applied after tp or Ulysses: its cut comes before theirs
+    (a pre-hook put first), its gather after, its ring inside Ulysses' all-to-alls."""
     cp = dist.get_world_size(group)
     if cp == 1:
         return block
     perm = _order(seq, cp, order)
     back = torch.argsort(perm)
-    block.attn.around_core = ContextCore(group, comm, order, seq)
+    wrap_core(block.attn, ContextCore(group, comm, order, seq))
     block.register_forward_pre_hook(
-        lambda _m, args: (ScatterSeq.apply(args[0].index_select(1, perm.to(args[0].device)), group, 1), *args[1:]))
+        lambda _m, args: (ScatterSeq.apply(args[0].index_select(1, perm.to(args[0].device)), group, 1), *args[1:]),
+        prepend=True)
     block.register_forward_hook(lambda _m, _args, out: GatherSeq.apply(out, group, 1).index_select(1, back.to(out.device)))
     return block

@@ -1,5 +1,6 @@
-"""Where a layer's shards live: the batch-slice layout of a stage (a view of specs.grid's RankGrid)
-and the device meshes built from the grid's groups."""
+"""Where a layer's shards live: the batch-slice layout of a stage and, for a layer that splits the
+sequence (cp, Ulysses), how its batch-slice group splits further (both views of specs.grid's
+RankGrid), and the device meshes and process groups built from the grid's groups."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from specs import LayerStrategy, RankGrid, stage_grid
+from specs import GRAD_SYNC_AXES, Degrees, LayerStrategy, RankGrid, layer_grid, stage_grid
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,7 +18,8 @@ class Layout:
     Ulysses group) and DP replicas: the key of the meshes, a view of the layer's RankGrid."""
 
     tp: int
-    """Ranks sharing one batch slice: the tp degree, or the Ulysses degree (Degrees.split)."""
+    """Ranks sharing one batch slice: Degrees.split, tp * cp * ulysses (SplitLayout says how a
+    layer that splits the sequence divides them)."""
     dp: int
     """Data parallel degree (tp * dp = ranks per stage)."""
     consecutive: bool = True
@@ -56,6 +58,73 @@ class Layout:
         ranks = torch.tensor([[[s * g + grid.rank(tp=t, dp=d) for t in range(self.tp)]
                                for d in range(self.dp)] for s in range(pp)])
         return groups.mesh(ranks, device, ("pp", "dp", "tp"))
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class SplitLayout:
+    """A layer whose batch-slice group (``Layout.tp`` ranks) splits the sequence over cp or Ulysses
+    ranks, beside tp or not: which ranks split the weights (tp), the sequence (cp, ulysses) and
+    hold the same weight shard (cp, ulysses and dp: the gradient-sync group), in the RankGrid's
+    axis order (tp fastest, then cp, then ulysses; dp first when strided)."""
+
+    tp: int = 1
+    cp: int = 1
+    ulysses: int = 1
+    dp: int = 1
+    consecutive: bool = True
+    """The batch-slice group on neighbouring ranks (else strided by dp); irrelevant when dp is 1."""
+
+    def __post_init__(self) -> None:
+        if self.dp == 1:  # both layouts coincide: one canonical form
+            object.__setattr__(self, "consecutive", True)
+
+    @classmethod
+    def of(cls, strategy: LayerStrategy) -> "SplitLayout":
+        return cls(tp=strategy.tp, cp=strategy.cp, ulysses=strategy.ulysses, dp=strategy.dp,
+                   consecutive=strategy.tp_consecutive)
+
+    def grid(self) -> RankGrid:
+        """The layer's grid on a stage starting at rank 0."""
+        return layer_grid(0, Degrees(tp=self.tp, cp=self.cp, ulysses=self.ulysses, dp=self.dp,
+                                     tp_consecutive=self.consecutive))
+
+    def sets(self, pp: int, names: str) -> list[tuple[int, ...]]:
+        """Every stage's groups over the axes ``names``: the grid's, offset by the stage."""
+        grid = self.grid()
+        return [tuple(s * grid.size + r for r in group) for s in range(pp) for group in grid.groups(names)]
+
+    def table(self, pp: int) -> torch.Tensor:
+        """The (pp, sync, tp) ranks: rows are the tp groups (tp index ascending), columns the
+        gradient-sync groups (ranks ascending, so that a mesh coordinate is the rank's number
+        in its process group)."""
+        grid = self.grid()
+        sync = torch.tensor(grid.groups(GRAD_SYNC_AXES)).T
+        return torch.stack([sync + s * grid.size for s in range(pp)])
+
+    def meshes(self, pp: int, device: str, groups: "GroupCache", smesh: DeviceMesh) -> "SplitMeshes":
+        """This rank's groups of the layout; every rank must build them, in the same order. With
+        tp 1 the gradient-sync group is the stage (``smesh``'s)."""
+        cp = groups.group(self.sets(pp, "cp")) if self.cp > 1 else None
+        ulysses = groups.group(self.sets(pp, "ulysses")) if self.ulysses > 1 else None
+        if self.tp == 1:
+            return SplitMeshes(sync=smesh["stage"], tp=None, cp=cp, ulysses=ulysses)
+        mesh = groups.mesh(self.table(pp), device, ("pp", "sync", "tp"))
+        return SplitMeshes(sync=mesh["sync"], tp=mesh["tp"], cp=cp, ulysses=ulysses)
+
+
+@dataclass(frozen=True)
+class SplitMeshes:
+    """This rank's groups of a SplitLayout."""
+
+    sync: DeviceMesh
+    """The ranks holding the same weight shard: gradient sync and ZeRO (FSDP2 takes a mesh that
+    shares its root with ``tp``)."""
+    tp: DeviceMesh | None
+    """The ranks splitting the weights (None: tp 1)."""
+    cp: dist.ProcessGroup | None
+    """The K/V ring's ranks, in ring order (None: cp 1)."""
+    ulysses: dist.ProcessGroup | None
+    """The all-to-all's ranks (None: no Ulysses)."""
 
 
 class GroupCache:

@@ -8,6 +8,8 @@ activation's gradient is its own chunk's.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -112,6 +114,23 @@ class UlyssesCore:
         return heads_to_seq(core(q, k, v, causal), self.group)
 
 
+class Nested:
+    """Two wrappers of the attention core, ``outer`` around ``inner`` (Ulysses' all-to-alls
+    around context parallelism's ring: a2a+p2p)."""
+
+    def __init__(self, outer, inner) -> None:
+        self.outer, self.inner = outer, inner
+
+    def __call__(self, core, q, k, v, causal: bool) -> torch.Tensor:
+        return self.outer(partial(self.inner, core), q, k, v, causal)
+
+
+def wrap_core(attn: nn.Module, around) -> None:
+    """Run ``around`` (``f(core, q, k, v, causal)``) next to ``attn``'s core, inside whatever
+    already runs around it."""
+    attn.around_core = around if attn.around_core is None else Nested(attn.around_core, around)
+
+
 def apply_ulysses(block: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     """Run ``block`` with its sequence split over ``group`` (weights replicated): the replicated
     input is cut into sequence chunks on entry and gathered back on exit, and every attention
@@ -120,7 +139,7 @@ def apply_ulysses(block: nn.Module, group: dist.ProcessGroup) -> nn.Module:
         return block
     for attn in (getattr(block, "attn", None), getattr(block, "cross", None)):
         if attn is not None:
-            attn.around_core = UlyssesCore(group)
+            wrap_core(attn, UlyssesCore(group))
     block.register_forward_pre_hook(lambda _m, args: (ScatterSeq.apply(args[0], group, 1), *args[1:]))
     block.register_forward_hook(lambda _m, _args, out: GatherSeq.apply(out, group, 1))
     return block
