@@ -272,15 +272,17 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
         return
     stage_layers, chunk_layers = chunk_layout(n, c.pp, v, schedule) if v > 1 else (even_stage_layers(n, c.pp), ())
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    held = [in_flight(schedule, c.pp, k, c.micro_batches, v) for k in range(c.pp)]
-    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), held, stage_layers)
+    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), stage_layers)
     order = np.argsort(floor)
+    scheduled = None  # fits under the schedule's own in-flight counts, worked out when first needed
     for pos, i in enumerate(order):
         threshold = state.throughputs(top_k)[1]
         if c.global_batch / floor[i] <= threshold:
             state.pruned += len(order) - pos
             return
-        if not fits[i]:
+        if fits[i] and scheduled is None:
+            scheduled = _scheduled_fits(t, uniform, schedule, v, stage_layers)
+        if not fits[i] or not scheduled[i]:
             state.pruned += 1
             continue
         if passed(deadline):  # the rest, bounded by the best of them
@@ -295,23 +297,36 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
                    budget_bytes)
 
 
-def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula, held: list[float],
+def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula,
                        stage_layers: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Per uniform strategy: a lower bound on its plan's time under the schedule, and whether it
     can fit.
 
     A stage's time is at least its layers' (sends and the embedding/head left out) and
-    m max T + bubble (sum T - max T) / v + max D grows with every T_k. A stage's memory is at
-    least its layers' states, plus ``held[k]`` (the schedule's in-flight count) times their
-    activations where memory is linear in it (the tables hold both parts), and their largest
-    temporary."""
+    m max T + bubble (sum T - max T) / v + max D grows with every T_k. Each stage holds at least
+    as many micro-batches under these schedules as under 1F1B (interleaved (2 (pp-k-1) + (v-1)
+    pp + 1) / v >= pp - k; zero-bubble and V-shaped pp or more; looped m), so where memory is
+    linear in them a uniform plan whose layers overflow a stage under 1F1B (the tables)
+    overflows it under them too (_scheduled_fits then counts the schedule's own)."""
     T, D, mem, temp = uniform_layer_sums(t, uniform, stage_layers)
-    if t.stages[0].activation_bytes is None:  # infinite memory: a layout the cost model cannot score
-        return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), np.isfinite(mem + temp).all(axis=0)
-    act = uniform_activation_sums(t, uniform, stage_layers)
-    mem = mem + (np.array(held) - np.array([st.in_flight for st in t.stages]))[:, None] * act
-    fits = (mem + temp <= t.budget_bytes).all(axis=0)
+    # infinite memory: a layout the cost model cannot score (whatever the in-flight count)
+    linear = t.stages[0].activation_bytes is not None
+    fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear else np.isfinite(mem + temp).all(axis=0)
     return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), fits
+
+
+def _scheduled_fits(t: ComboTables, uniform: np.ndarray, schedule: str, v: int,
+                    stage_layers: tuple[int, ...]) -> np.ndarray:
+    """Per uniform strategy, whether its layers fit every stage holding the schedule's own
+    in-flight count of micro-batches (states + count x activations + the largest temporary, the
+    tables holding both parts where memory is linear in the count; elsewhere every one may)."""
+    if t.stages[0].activation_bytes is None:
+        return np.ones(len(uniform), dtype=bool)
+    c = t.combo
+    _, _, mem, temp = uniform_layer_sums(t, uniform, stage_layers)
+    held = np.array([in_flight(schedule, c.pp, k, c.micro_batches, v) - st.in_flight for k, st in enumerate(t.stages)])
+    mem = mem + held[:, None] * uniform_activation_sums(t, uniform, stage_layers)
+    return (mem + temp <= t.budget_bytes).all(axis=0)
 
 
 def finish(name: str, model: ModelSpec, cost_model: CostModel, state: OuterState, tables: list[ComboTables],
