@@ -8,8 +8,10 @@ analytical cost model and in the simulator, their ratio, peak memory and search 
 GPipe and 1F1B rows are the galvatron search (per-layer strategies, searched stage split) with
 only that schedule; the others are their best uniform plan (one strategy for every layer, in
 Megatron's chunk layout: how frameworks run them), found with the search's own tables and
-bound (the seeds and the uniform phase of ``planners.outer``) over the full space restricted
-to the schedule; "1f1b uniform" is 1F1B's, the like-for-like reference. Each plan is then
+bound (the seeds and the uniform phase of ``planners.outer``) over the full space (a MoE
+model: the ``moe`` space galvatron_moe searches, Megatron-Core's MoE dimensions; the full space's
+expert choices at 2048 GPUs make thousands of strategies per stage, whose relayout tables do not
+fit this machine's memory) restricted to the schedule; "1f1b uniform" is 1F1B's, the like-for-like reference. Each plan is then
 simulated (one iteration, the simulator's symmetric shortcut). Budgets lose the cost model's
 allocator reserve, as in every planner.
 """
@@ -83,7 +85,7 @@ def case_rows(case: Case, time_limit_s: float, rows=ROWS) -> Iterator[str]:
     model, cluster = load_model(case.model), load_cluster(case.cluster)
     cm = cost_models.get("analytical", cluster)
     budget = Budget(memory_gib=case.memory_gib, global_batch=case.global_batch)
-    space = SearchSpace.preset("full")
+    space = SearchSpace.preset("moe" if any(l.moe is not None for l in model.layers) else "full")
     yield (f"{case.model} on {cluster.name} ({cluster.world_size} GPUs), {case.memory_gib:g} GiB, batch "
            f"{case.global_batch}: {case.source}")
     yield HEADER

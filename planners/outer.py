@@ -3,6 +3,7 @@ by a lower bound and pruned by it, each solved by a planner-specific group solve
 re-scored with plan_cost; and the smallest memory of the space when nothing fits."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -21,8 +22,9 @@ from planners.deadline import DeadlinePassed, check, passed
 from planners.seed import uniform_activation_sums, uniform_layer_sums, uniform_seed
 from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
-from planners.tables import ComboTables, build_tables, temp_levels
-from specs import ModelSpec, Schedule, chunk_layout, even_stage_layers
+from planners.tables import (ComboTables, build_tables, cached_table_bytes, is_built, relayout_table_bytes,
+                             temp_levels)
+from specs import ModelSpec, Schedule, SpecError, chunk_layout, even_stage_layers
 from specs.schedules import PipelineFormula, schedule_entry
 from specs.units import GIB
 
@@ -122,6 +124,8 @@ def build_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, s
     space = space.for_gpu(cost_model.cluster.gpu)
     for c in combos(model, cost_model.cluster, batches, space):
         groups.setdefault((c.global_batch, c.pp, c.micro_batches, c.schedule), []).append(c)
+    _check_table_memory(model, cost_model, space, [cs for cs in groups.values()
+                                                   if not is_built(model, cost_model, cs[0], [c.vocab for c in cs], space)])
     out = []
     try:
         for cs in groups.values():
@@ -130,6 +134,29 @@ def build_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, s
     except DeadlinePassed:
         pass
     return out, len(groups) - len(out)
+
+
+TABLE_MEMORY_FRACTION = 0.5
+"""Of the machine's physical memory, the most the cost tables of one search may take (their
+relayout tables grow with the square of the strategies per stage)."""
+
+
+def _check_table_memory(model: ModelSpec, cost_model: CostModel, space: SearchSpace, groups: list[list[Combo]]
+                        ) -> None:
+    """SpecError before any table is built when the groups' relayout tables would need more than
+    TABLE_MEMORY_FRACTION of physical memory: a search that would be killed for memory stops
+    with the numbers instead."""
+    by_pp: dict[int, float] = {}
+    need = sum(by_pp.setdefault(cs[0].pp, relayout_table_bytes(model, cost_model, space, cs[0].pp)) for cs in groups)
+    held = cached_table_bytes(cost_model) if need else 0.0
+    allowed = TABLE_MEMORY_FRACTION * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need + held > allowed:
+        gpus = cost_model.cluster.world_size // min(by_pp)
+        raise SpecError("space", f"cost tables would need {need / GIB:.1f} GiB for {len(groups)} (global batch, "
+                        f"pp, micro-batch) groups ({len(space.stage_strategies(gpus, model))} strategies per "
+                        f"stage at {gpus} GPUs) beside {held / GIB:.1f} GiB cached, more than "
+                        f"{TABLE_MEMORY_FRACTION:.0%} of this machine's {allowed / TABLE_MEMORY_FRACTION / GIB:.0f} "
+                        "GiB: search a smaller space (for a MoE model: space=moe) or fewer global batches")
 
 
 def lower_bound_s(t: ComboTables) -> float:

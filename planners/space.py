@@ -6,8 +6,10 @@ each layer picks one of ``strategies(...)``; the pipeline partition is chosen by
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Iterator, NamedTuple
 
+from cost_models.memo import HashOnce, hash_once
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
 from specs.capabilities import OFF, Capabilities
@@ -286,10 +288,13 @@ class SearchSpace:
     def stage_strategies(self, gpus: int, model: ModelSpec | None = None) -> list[LayerStrategy]:
         """Every strategy of a layer on a stage of ``gpus`` GPUs (before per-layer filters);
         with a ``model`` that has MoE layers, each also with the expert-parallel degrees."""
+        return list(_stage_strategies(self, gpus, hash_once(model) if model is not None else None))
+
+    def _stage_strategies(self, gpus: int, model: ModelSpec | None) -> tuple[LayerStrategy, ...]:
         base = self._dense_strategies(gpus, model.seq_len if model is not None else None)
         experts = self.ep_choices(model) if model is not None else []
-        return base + [with_ep(s, ep, etp) for ep in experts for etp in self.expert_tp for s in base
-                       if _expert_tp_fits(s, ep, etp)]
+        return tuple(base + [with_ep(s, ep, etp) for ep in experts for etp in self.expert_tp for s in base
+                             if _expert_tp_fits(s, ep, etp)])
 
     def ep_choices(self, model: ModelSpec) -> list[int]:
         """Expert-parallel degrees > 1 to try: dividing some MoE layer's experts (layer_allows
@@ -353,6 +358,13 @@ class SearchSpace:
                 for zero3 in (self.vocab_zero3 if replicas > 1 else (False,)):
                     out.append(VocabChoice(v, zero3, sp))
         return out
+
+
+@lru_cache(maxsize=256)
+def _stage_strategies(space: SearchSpace, gpus: int, model: HashOnce | None) -> tuple[LayerStrategy, ...]:
+    """SearchSpace.stage_strategies, worked out once per (space, stage size, model): every group
+    of a search and the table-memory estimate ask for it."""
+    return space._stage_strategies(gpus, model.value if model is not None else None)
 
 
 def _expert_tp_fits(s: LayerStrategy, ep: int, etp: int) -> bool:

@@ -148,7 +148,33 @@ def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tp
     cache = memo(cost_model)
     if key not in cache:
         cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space, deadline)
+        arrays = {id(st.trans_s): st.trans_s.nbytes for st in cache[key].stages}
+        cache[TABLE_BYTES] = cache.get(TABLE_BYTES, 0.0) + sum(arrays.values())
     return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes, shared={})
+
+
+def is_built(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
+             space: SearchSpace) -> bool:
+    """Whether build_tables would answer from the cost model's cache."""
+    return ("tables", model, combo, tuple(vocab_tps), space) in memo(cost_model)
+
+
+def cached_table_bytes(cost_model: CostModel) -> float:
+    """Bytes the relayout tables cached for ``cost_model`` hold (build_tables counts them)."""
+    return memo(cost_model).get(TABLE_BYTES, 0.0)
+
+
+TABLE_BYTES = ("table bytes",)
+"""The memo key under which build_tables adds up the relayout tables it caches."""
+
+
+def relayout_table_bytes(model: ModelSpec, cost_model: CostModel, space: SearchSpace, pp: int) -> float:
+    """Bytes of one group's relayout tables at ``pp``: a [type, from, to] float64 array per distinct
+    stage-local rank (canonical_first_rank), quadratic in the strategies per stage."""
+    gpus = cost_model.cluster.world_size // pp
+    strategies = len(space.stage_strategies(gpus, model))
+    ranks = {canonical_first_rank(cost_model, k * gpus, gpus) for k in range(pp)}
+    return len(model.layer_types()) * strategies ** 2 * 8.0 * len(ranks)
 
 
 def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],

@@ -5,6 +5,7 @@ its bound and gap, or says in one line that it has none. The clock of these test
 the machine."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ import pytest
 import cost_models
 import planners
 from planners import Budget
-from specs import load_cluster, load_model
+from specs import SpecError, load_cluster, load_model
 from tests.planners.random_instances import RandomCostModel
 from tests.planners.test_gap import PIPE_SPACE, _case
 
@@ -123,3 +124,21 @@ def test_a_limit_passing_between_precisions_leaves_the_union_without_a_bound(mon
     assert stopped.stats.gap is None and stopped.stats.bound_s is None
     assert stopped.message == f"time limit of {readings - 0.5:g} s reached before the fp8-current search: " \
                               "the best plan so far, no bound"
+
+
+def test_cost_tables_that_would_not_fit_in_memory_stop_before_building(monkeypatch):
+    import planners.outer as outer
+    from planners.tables import cached_table_bytes, relayout_table_bytes
+    model, cluster = load_model("gpt3-175b").scaled(num_layers=8), load_cluster("dgx-a100-80g:2")
+    cm = cost_models.get("analytical", cluster)
+    budget = Budget(memory_gib=80, global_batch=64)
+    one_group = relayout_table_bytes(model, cm, planners.SearchSpace.preset("full"), 1)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    monkeypatch.setattr(outer, "TABLE_MEMORY_FRACTION", one_group / physical)  # room for one group's tables
+    with pytest.raises(SpecError, match=r"^space: cost tables would need [0-9.]+ GiB for \d+ \(global batch, pp, "
+                                        r"micro-batch\) groups \(\d+ strategies per stage at 16 GPUs\) beside 0.0 GiB"):
+        planners.get("galvatron").plan(model, cluster, budget, cm)
+    assert cached_table_bytes(cm) == 0  # nothing was built
+    monkeypatch.setattr(outer, "TABLE_MEMORY_FRACTION", 0.5)
+    assert planners.get("galvatron").plan(model, cluster, budget, cm).feasible
+    assert cached_table_bytes(cm) > one_group  # the search's tables, counted as they were cached
