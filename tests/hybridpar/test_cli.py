@@ -31,7 +31,9 @@ def test_config_file_and_override_make_the_grid(tmp_path):
     assert [b.memory_gib for b in grid.budgets] == [70.0]  # the command line wins
     # --global-batch-range excludes the file's global_batch: the command line's choice stands alone
     assert grid.budgets[0].global_batch is None and grid.budgets[0].global_batch_range == (64, 128)
-    assert grid.options == {"galvatron": {"time_limit_s": 30, "mode": "exact"}}
+    # the command line's --objective (default auto) reaches every planner; the file's options merge under it
+    assert grid.options == {"galvatron": {"time_limit_s": 30, "mode": "exact", "objective": "auto"},
+                            "megatron_3d": {"objective": "auto"}}
     assert args.same_batch is True
 
 
