@@ -246,9 +246,17 @@ class DataParallel:
         charges it. Each module is its own FSDP root (no stage root: see apply_fsdp), and a
         root keeps its reduce-scatter buffers until its end-of-backward callback, so every
         ZeRO-3 module's would otherwise stay alive until the micro-batch's backward ends;
-        sharing their comm context lets each module's reduce-scatter free the previous one's."""
+        sharing their comm context lets each module's reduce-scatter free the previous one's.
+
+        The shared context also carries FSDP2's implicit backward prefetch, which unshards the
+        module that ran forward before this one. Under a pipeline that order spans micro-batches,
+        so the last module of a stage would be gathered once more per step than the plan charges;
+        a module naming itself as its prefetch target (already unsharded: a no-op) turns the
+        implicit prefetch off."""
         if len(self.fsdp_modules) > 1:
             share_comm_ctx(self.fsdp_modules)
+            for module in self.fsdp_modules:
+                module.set_modules_to_backward_prefetch([module])
 
     def build_optimizer(self, lr: float, eps: float) -> None:
         tensors = [b.master for b in self.buckets] + self.fsdp_params

@@ -168,3 +168,14 @@ def test_zero3_collectives_are_those_charged_without_a_pipeline(tiny_gpt):
     m = run_plan(plan, tiny_gpt, world_size=2, steps=2, check=True, track_memory=False, timeout_s=180,
                  prediction=CostPrediction(collectives=tuple(cost_models.charged_dp_collectives(tiny_gpt, plan, 2))))
     assert m.check.passed, m.check.collective_errors
+
+
+@pytest.mark.parametrize("schedule,micro_batches", [("1f1b", 2), ("1f1b", 4), ("gpipe", 2)])
+def test_zero3_collectives_are_those_charged_under_a_pipeline(tiny_gpt, schedule, micro_batches):
+    """Each stage's ZeRO-3 modules gather twice per micro-batch, the last one included (FSDP2's
+    implicit backward prefetch, which follows forward order across micro-batches, is off)."""
+    plan = Plan(pp=2, stage_layers=(2, 2), layers=(L(dp=2, dp_type="zero3"),) * 4, global_batch=2 * micro_batches,
+                micro_batches=micro_batches, schedule=schedule, model="tiny-gpt")
+    m = run_plan(plan, tiny_gpt, world_size=4, steps=2, check=True, track_memory=False, timeout_s=180,
+                 prediction=CostPrediction(collectives=tuple(cost_models.charged_dp_collectives(tiny_gpt, plan, 4))))
+    assert m.check.passed, m.check.collective_errors
