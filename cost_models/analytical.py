@@ -291,7 +291,12 @@ class AnalyticalModel(CostModel):
 
     # -- communication ------------------------------------------------------------------------
     def collective_time(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
+        """An all-to-all is priced pairwise on the links its pairs cross (all_to_all_time): a
+        ring's bytes understate one whose group spans scale-up domains, where every rank sends
+        its share to each other node; the other kinds by ring, tree or hierarchy."""
         coll.check_kind(kind)
+        if kind == "all_to_all":
+            return self.all_to_all_time(nbytes, groups)
         return self._collective(kind, float(nbytes), coll.rank_groups(groups))
 
     def _compute_collective(self, kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
@@ -312,8 +317,8 @@ class AnalyticalModel(CostModel):
         return self.constants.collective_base_latency_s + best
 
     def all_to_all_time(self, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
-        """Expert dispatch/combine: pairwise all-to-all with every pair's bytes on its path's links
-        (experts.topology_all_to_all_s), plus the launch cost."""
+        """Pairwise all-to-all (expert dispatch/combine, Ulysses) with every pair's bytes on its
+        path's links (experts.topology_all_to_all_s), plus the launch cost."""
         if max((len(g) for g in groups), default=1) <= 1 or nbytes <= 0:
             return 0.0
         c = self.constants
