@@ -224,8 +224,9 @@ def group_rows(predictions: Sequence[Prediction]) -> list[list]:
 
 
 ZERO3_BANDS = ((1, 8), (9, 128), (129, 1 << 20))
-"""ZeRO-3 (FSDP) group sizes, dp x cp, reported apart: one node, up to the largest group any run
-here has, and beyond (the regime the planners' auto objective treats as uncovered)."""
+"""ZeRO-3 (FSDP) group sizes, dp x cp, reported apart: one node, up to 128 ranks (where the
+dense FSDP runs here stop), and beyond: the regime the planners lean on at scale, which
+cost_models/coverage.py counts as covered up to the largest ZeRO-3 group in the set."""
 
 
 def regime_rows(predictions: Sequence[Prediction]) -> list[list]:
@@ -269,7 +270,7 @@ def run_rows(predictions: Sequence[Prediction], with_sim: bool) -> list[list]:
     rows = []
     for p in predictions:
         r = p.run
-        what = [r.id, r.gpus, f"{r.tp} {r.pp} {r.dp} {r.cp}", r.precision]
+        what = [r.id, r.gpus, f"{r.tp} {r.pp} {r.dp} {r.cp} {r.ep}", r.precision]
         if p.reason:
             rows.append(what + [f"cannot state: {p.reason}"] + [""] * (4 + with_sim))
             continue
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                        floatfmt=".2f"))
         print()
     print(tabulate(run_rows(predictions, args.sim),
-                   headers=["run", "GPUs", "tp pp dp cp", "precision", "constants", "measured s", "predicted s",
+                   headers=["run", "GPUs", "tp pp dp cp ep", "precision", "constants", "measured s", "predicted s",
                             "error %"] + (["sim error %"] if args.sim else []) + ["GiB pred / meas"]))
     return 0
 
