@@ -16,7 +16,8 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specs import ClusterSpec, ModelSpec, Plan, Recompute, Schedule, load_cluster, load_model, uniform_plan
+from specs import (ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, load_cluster, load_model,
+                   uniform_plan)
 from specs.datasets import Dataset, data_path
 from specs.errors import SpecError, one_line_errors
 from specs.precision import Precision
@@ -54,6 +55,9 @@ class PublishedRun:
     measured_value: float
     memory_gib: float | None
     source: str
+    ep: int = 1
+    """Expert-parallel degree of the model's MoE layers (1: dense, or unstated), carved out of
+    the data-parallel ranks as Megatron-Core and FSDP2 with expert parallelism do."""
 
     @property
     def gpu(self) -> str:
@@ -73,6 +77,8 @@ class PublishedRun:
 
 
 INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "global_batch", "seq_len")
+OPTIONAL_INT_FIELDS = {"ep": 1}
+"""Integer columns a row may leave empty, with the value an empty one means."""
 
 
 def load_runs() -> list[PublishedRun]:
@@ -82,6 +88,7 @@ def load_runs() -> list[PublishedRun]:
         for row in csv.DictReader(f):
             try:
                 typed = {k: int(row[k]) for k in INT_FIELDS}
+                typed |= {k: int(row.get(k) or default) for k, default in OPTIONAL_INT_FIELDS.items()}
                 mem = float(row["memory_gib"]) if row["memory_gib"] else None
                 out.append(PublishedRun(**{k: row[k] for k in ("id", "cluster", "model", "framework", "software",
                                                                "precision", "dp_type", "recompute",
@@ -122,7 +129,8 @@ def cluster_for(run: PublishedRun) -> ClusterSpec:
 def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     """Uniform layers as the row states them, every layer in the row's precision (none of the
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
-    shard the output layer over tp, and FSDP shards the embedding)."""
+    shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
+    row's ep."""
     every_2nd = run.recompute == "full-every-2nd"
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, global_batch=run.global_batch,
                         micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
@@ -132,9 +140,19 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
         layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)
                        for i, s in enumerate(layers))
     layers = tuple(replace(s, precision=RUN_PRECISIONS[run.precision]) for s in layers)
+    if run.ep > 1:  # the routed experts split over ep groups of the data-parallel ranks
+        layers = tuple(_expert_parallel(s, run.ep) if spec.moe is not None else s
+                       for s, spec in zip(layers, model.layers))
     schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else plan.schedule
     return replace(plan, layers=layers, schedule=schedule, virtual_stages=run.virtual_stages, vocab_tp=run.tp,
                    vocab_zero3=run.dp_type == "zero3")
+
+
+def _expert_parallel(strategy: LayerStrategy, ep: int) -> LayerStrategy:
+    """A MoE layer's strategy with its experts over ``ep`` ranks; where that leaves each expert on
+    one rank (ep * expert tp = the stage's GPUs), nothing is left to shard or sync: plain DDP."""
+    out = replace(strategy, ep=ep)
+    return replace(out, expert_dp_type=DPType.DDP) if out.expert_dp == 1 else out
 
 
 @dataclass(frozen=True)
@@ -206,8 +224,9 @@ def group_rows(predictions: Sequence[Prediction]) -> list[list]:
 
 
 ZERO3_BANDS = ((1, 8), (9, 128), (129, 1 << 20))
-"""ZeRO-3 (FSDP) group sizes, dp x cp, reported apart: one node, up to the largest group any run
-here has, and beyond (the regime the planners' auto objective treats as uncovered)."""
+"""ZeRO-3 (FSDP) group sizes, dp x cp, reported apart: one node, up to 128 ranks (where the
+dense FSDP runs here stop), and beyond: the regime the planners lean on at scale, which
+cost_models/coverage.py counts as covered up to the largest ZeRO-3 group in the set."""
 
 
 def regime_rows(predictions: Sequence[Prediction]) -> list[list]:
@@ -251,7 +270,7 @@ def run_rows(predictions: Sequence[Prediction], with_sim: bool) -> list[list]:
     rows = []
     for p in predictions:
         r = p.run
-        what = [r.id, r.gpus, f"{r.tp} {r.pp} {r.dp} {r.cp}", r.precision]
+        what = [r.id, r.gpus, f"{r.tp} {r.pp} {r.dp} {r.cp} {r.ep}", r.precision]
         if p.reason:
             rows.append(what + [f"cannot state: {p.reason}"] + [""] * (4 + with_sim))
             continue
@@ -284,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                        floatfmt=".2f"))
         print()
     print(tabulate(run_rows(predictions, args.sim),
-                   headers=["run", "GPUs", "tp pp dp cp", "precision", "constants", "measured s", "predicted s",
+                   headers=["run", "GPUs", "tp pp dp cp ep", "precision", "constants", "measured s", "predicted s",
                             "error %"] + (["sim error %"] if args.sim else []) + ["GiB pred / meas"]))
     return 0
 

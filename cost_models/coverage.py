@@ -4,7 +4,10 @@ Two limits, both read from what ``data/`` holds rather than chosen:
 - a collective group of more ranks than any measured run has (``at_scale_ranks`` of the
   model's constants, whose note names the runs);
 - ZeRO-3 (FSDP) over more ranks than the largest published ZeRO-3 run in
-  ``data/published_runs`` (its data-parallel x context-parallel group).
+  ``data/published_runs`` (its data-parallel x context-parallel group; a MoE row counts its
+  dense layers' FSDP group). A run counts by its reach, not its error: ``python -m
+  benchmarks.published_runs`` reports the error by ZeRO-3 group size
+  (docs/results/published_runs.md).
 
 ``objective=auto`` (planners/base.py) plans robustly when the nominal plan crosses either.
 """

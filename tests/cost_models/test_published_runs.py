@@ -68,6 +68,46 @@ def test_the_zero3_regime_is_reported_on_its_own():
     assert rows["ZeRO-3 over 9-128 ranks"][3] == pytest.approx(sum(errors) / len(errors))
 
 
+def test_zero3_beyond_128_ranks_is_measured_and_reported_apart():
+    """NeMo AutoModel's DeepSeek-V3 on 1024 H100: FSDP over 256 ranks, experts over ep 64."""
+    run = _run("automodel-h100-dsv3-1024")
+    assert (run.dp * run.cp, run.ep, run.dp_type) == (256, 64, "zero3")
+    prediction = pr.predict(run)
+    assert prediction.reason == ""
+    assert prediction.measured_s == pytest.approx(37.87, abs=0.02)  # the page's own seconds per step
+    rows = {r[0]: r for r in pr.regime_rows([pr.predict(r) for r in pr.load_runs()])}
+    beyond = rows["ZeRO-3 over more than 128 ranks"]
+    assert beyond[1:3] == [1, 1] and beyond[3] == pytest.approx(abs(prediction.error) * 100)
+
+
+def test_moe_rows_split_the_experts_over_ep():
+    run = _run("automodel-h100-dsv3-256")  # ep 64 = dp 64: one replica per expert, nothing to shard
+    model = load_model(run.model)
+    plan = pr.plan_for(run, model)
+    moe = [s for s, spec in zip(plan.layers, model.layers) if spec.moe is not None]
+    dense = [s for s, spec in zip(plan.layers, model.layers) if spec.moe is None]
+    assert moe and dense and {s.ep for s in moe} == {64} and {s.ep for s in dense} == {1}
+    assert {s.expert_dp for s in moe} == {1} and {s.expert_dp_kind for s in moe} == {"ddp"}
+    wide = pr.plan_for(_run("automodel-h100-dsv3-1024"), model)  # dp 256: 4 expert replicas, sharded
+    assert {(s.expert_dp, s.expert_dp_kind) for s in wide.layers if s.ep > 1} == {(4, "zero3")}
+    assert _run("tt-a100-8b-sac-layer").ep == 1
+
+
+def test_an_empty_ep_reads_as_one(tmp_path, monkeypatch):
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text(encoding="utf-8").splitlines()
+    header = text[0].split(",")
+    assert "ep" in header
+    rows = list(csv.DictReader(text))
+    rows[0]["ep"] = ""
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+    monkeypatch.setattr(pr, "data_path", lambda _: path)
+    assert pr.load_runs()[0].ep == 1
+
+
 def test_plan_follows_the_row():
     run = _run("tt-a100-8b-sac-layer")
     plan = pr.plan_for(run, load_model(run.model))
