@@ -3,22 +3,25 @@
 On cpu-2 (two gloo processes, one thread and one core each) with a GPT wide enough that compute
 dominates communication (gpt-1.7b scaled to hidden 384, 6 heads, 4 layers, sequence 128,
 vocabulary cut to 8192: ~1.8 GFLOP per layer forward at batch 4, against a 7 MiB fp32 gradient
-all-reduce): profile once, then for each of nine plans print the profiled cost model's and the
-simulator's predicted iteration time beside the measured time, and predicted beside measured
-peak memory (runtime overhead excluded). Summary: time MAPE, Kendall's tau, worst memory error.
+all-reduce), and tiny-moe scaled the same way for the MoE plans: profile each model once, check
+every plan (one step against the one-process reference, held to the cost model's charged
+data-parallel collectives: the executor's --check), then for each of twenty plans print the
+profiled cost model's and the simulator's predicted iteration time beside the measured time,
+and predicted beside measured peak memory (runtime overhead excluded). Summary, over all plans,
+2022's nine and today's eleven: time MAPE, Kendall's tau, median and worst memory error.
 Targets (issue 11): MAPE <= 15 %, tau >= 0.8, memory within 10 % on every plan.
 
 Measurement: each plan runs once per round, the rounds interleaved over the plans (--rounds,
-default 5, of --steps 2 timed steps after one warm-up), so a spell of load falls on one run
+default 3, of --steps 2 timed steps after one warm-up), so a spell of load falls on one run
 of many plans, not on every run of one. A plan's time is the median of its timed steps (each
 step's slowest rank) over all rounds, as the profile takes the median of its repeats, so
 prediction and measurement are the same statistic; the fastest step is printed beside it. Peak memory is
 measured in the first round (MemTracker; deterministic since the launcher's heartbeat stopped
-keeping frames alive).
+keeping frames alive). --plans runs a subset; --profile-dir keeps the profiles for a rerun.
 
-The plans: each kind a planner mixes, in a ladder of work whose steps are mostly larger than
+The plans of 2022's space: each kind a planner mixes, in a ladder of work whose steps are mostly larger than
 the run-to-run noise (a plan's time moved 2-25 % between quiet runs of one day), since tau counts every
-swapped pair; medians of the run of 2026-12-02 08:49 (docs/executor.md):
+swapped pair; medians of the 9-plan run of 2026-12-02 08:49 (docs/executor.md):
   dp2                 DDP, one micro-batch: the least work, the all-reduce under backward (619 ms).
   dp2 zero2 m2        ZeRO-2: a reduce-scatter per micro-batch, the step on a shard (687 ms).
   pp2 m4 gpipe        GPipe: (m + pp - 1) / m = 1.25 of a stage's work, p2p sends (795 ms).
@@ -35,6 +38,18 @@ swapped pair; medians of the run of 2026-12-02 08:49 (docs/executor.md):
   dp2 zero3 ckpt m4   ZeRO-3 with full recomputation: one more forward per layer, with its
                       gathers (1449 ms); its peak is the tied lookup's backward, not the
                       activations (docs/executor.md).
+Today's space, still on two ranks (one plan per axis the planners gained since):
+  tp2 vocab-tp2 m2    vocabulary parallelism: the head's logits and loss split over the tp group.
+  pp2 zb_h1 m4        zero-bubble H1: backward split into B and W, W deferred into the drain.
+  ulysses2 m2         Ulysses: tokens split, all-to-alls around attention, weights whole.
+  tp2 sp m2           Megatron sequence parallelism: all-gather/reduce-scatter for all-reduce.
+  pp2 v2 interleaved m8  interleaved 1F1B, two chunks per rank: the smaller bubble, twice the sends.
+  cp2 ring m4         context parallelism: the sequence split, K/V passed round a ring.
+  tp2 sp selective m4 selective recomputation: only the attention core re-run in backward.
+  pp2 dualpipev ckpt m8  DualPipeV's V placement with full recomputation (the head on stage 0).
+  moe dp2 m2          MoE, data parallel: every expert on every rank.
+  moe ep2 m2          MoE, expert parallel: four experts a rank, all-to-all dispatch and combine.
+  moe tp2 m2          MoE, tensor parallel: every expert split over the tp group.
 """
 from __future__ import annotations
 
