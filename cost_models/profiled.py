@@ -49,6 +49,13 @@ LOSS_GRADIENT_BYTES = 8
 """Per logit at the start of the loss's backward (executor, torch cross-entropy): the fp32
 gradients of the log-softmax output and of the fp32 logits (the logits themselves are not
 kept: the log-softmax keeps its output)."""
+VOCAB_PARALLEL_LOSS_FP32_COPIES = 2
+"""The executor's vocab-parallel cross-entropy (executor/parallel/vocab.py, used whenever the
+plan splits the vocabulary) makes, in its forward, a masked fp32 copy of the logits and their
+shifted exponent, beside the logits themselves, before it keeps the softmax: three
+logits-sized buffers beyond the kept one, where torch's cross-entropy has two in its backward
+(LOSS_GRADIENT_BYTES). Measured with MemTracker on one process: 4.0 logits in all against
+torch's 3.0 (benchmarks.loop_accuracy's tp2 vocab-tp2 plan, docs/results/executor.md)."""
 
 
 def first_backward_overlap(memory: MemoryBreakdown, held: float, micro_batches: int,
@@ -451,8 +458,11 @@ class ProfiledModel(CostModel):
         # starts with the gradients of the softmax and of the logits; the lookup's backward
         # (last of a micro-batch) comes after its softmax is freed
         kept = logits * (LOGIT_KEPT_BYTES + (self.bytes_per_param if plan.pp > 1 else 0))
+        loss_bytes = LOSS_GRADIENT_BYTES
+        if plan.vocab_asks_split:  # the vocab-parallel loss: its forward's copies (the logits, two fp32)
+            loss_bytes = max(loss_bytes, self.bytes_per_param + VOCAB_PARALLEL_LOSS_FP32_COPIES * LOGIT_KEPT_BYTES)
         memory = states + MemoryBreakdown(activations_bytes=held * kept,
-                                          temporary_bytes=max(logits * LOSS_GRADIENT_BYTES, lookup - kept))
+                                          temporary_bytes=max(logits * loss_bytes, lookup - kept))
         return first_backward_overlap(memory, held, plan.micro_batches, states.gradients_bytes)
 
     @staticmethod
