@@ -470,13 +470,29 @@ class ProfiledModel(CostModel):
         """(local parameters, dp type) of the embedding/head on ``stage`` (from the spec: the
         profile times an untied head), sharded like the neighbouring layer, except a tied
         matrix: the executor keeps it replicated, synced once per iteration with its own full
-        Adam state (docs/executor.md, tied embeddings); it is in the stage's first end."""
+        Adam state (docs/executor.md, tied embeddings); it is in the stage's first end. Only the
+        vocabulary's rows (the token table, the head's matrix) are split over ``tp``
+        (executor/parallel/vocab.py pads and shards those); positions, token types and norms
+        stay whole on every rank."""
         parts = []
-        tied = model.head.hidden_size * model.head.output_size if model.head.tied_lm else 0
-        for index, count in vocab_ends(model, plan, stage):
+        matrix = model.head.hidden_size * model.head.output_size
+        tied = matrix if model.head.tied_lm else 0
+        for i, (index, count) in enumerate(vocab_ends(model, plan, stage)):
+            embedding = stage == 0 and i == 0
+            if embedding:
+                emb = model.embedding
+                rows = emb.vocab_size * emb.hidden_size if emb.kind == "token" else 0
+            else:  # the head's matrix is in its count unless tied and on the embedding's stage
+                rows = min(matrix, count) if (not model.head.tied_lm or plan.head_stage != 0) else 0
+            padded = rows / model.head.output_size * plan.padded_vocab_size(model.head.output_size) \
+                if tp > 1 and rows and model.head.output_size else rows
+            whole = count - rows
             own, tied = min(tied, count), 0
-            parts += [(own / tp, DPType.DDP)] if own else []
-            parts.append(((count - own) / tp, vocab_dp_type(plan, index, dp)))
+            if own:  # the tied matrix: the embedding's rows
+                parts += [(padded / tp, DPType.DDP)]
+                parts.append((whole, vocab_dp_type(plan, index, dp)))
+            else:
+                parts.append((padded / tp + whole, vocab_dp_type(plan, index, dp)))
         return parts
 
     def _vocab_states(self, model: ModelSpec, plan: Plan, stage: int, tp: int, dp: int) -> MemoryBreakdown:
