@@ -25,6 +25,7 @@ from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, load_model
 from specs.capabilities import BF16_ONLY, Capabilities
+from specs.schedules import OpKind, schedule_entry
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: two activation all-reduces per layer in forward and two in backward."""
@@ -69,6 +70,30 @@ def first_backward_overlap(memory: MemoryBreakdown, held: float, micro_batches: 
         return memory
     overlap = min(memory.activations_bytes / held, gradients_bytes)
     return replace(memory, activations_bytes=memory.activations_bytes - overlap)
+
+
+def head_held(plan: Plan, stage: int) -> float:
+    """Micro-batches whose logits the head's stage keeps at its peak. With one chunk a stage,
+    the stage's in-flight count; with several, the head's chunk (the stage's last local chunk:
+    interleaved on the last stage, V-shaped on stage 0) at the moment its program holds the
+    most chunk-micro-batches: under DualPipeV a micro-batch's head backward follows its head
+    forward at once, so the head holds one while the first chunk holds the rest (stage
+    in_flight counts chunk-micro-batches as 1/v of a stage, which is no count of the head's)."""
+    v = plan.virtual_stages
+    if v <= 1:
+        return in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, v)
+    entry = schedule_entry(plan.schedule)
+    releases = OpKind.WEIGHT if entry.splits_backward else OpKind.BACKWARD
+    held, total, peak, at_peak = [0] * v, 0, 0, 0
+    for op in entry.ops(stage, plan.pp, plan.micro_batches, v):
+        step = 1 if op.kind == OpKind.FORWARD else -1 if op.kind == releases else 0
+        held[op.chunk] += step
+        total += step
+        if total > peak:
+            peak, at_peak = total, held[v - 1]
+        elif total == peak:
+            at_peak = max(at_peak, held[v - 1])
+    return float(at_peak)
 
 
 def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
@@ -451,7 +476,7 @@ class ProfiledModel(CostModel):
         lookup = self.bytes_per_param * self._lookup_gradient_params(model, plan, weight_tp) if stage == 0 else 0.0
         if stage != last:
             return states + MemoryBreakdown(temporary_bytes=lookup)
-        held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
+        held = head_held(plan, stage)
         logits = mbs * model.head.seq_len * model.head.output_size / tp
         # each micro-batch in flight keeps its fp32 softmax for the loss, and under pp the
         # pipeline stage its output (the logits) until its backward; the loss's backward
