@@ -119,3 +119,16 @@ def test_loop_end_to_end_on_one_plan_of_each_model(capsys):
     assert loop.main(["--rounds", "1", "--steps", "1", "--repeats", "1", "--plans", "tp2 sp m2,moe ep2 m2"]) == 0
     out = capsys.readouterr().out
     assert "check: 2/2 passed" in out and "Kendall tau" in out and "moe ep2 m2" in out
+
+
+def test_the_head_holds_its_own_chunks_micro_batches():
+    """DualPipeV on 2 stages, 8 micro-batches: stage 0 runs the head's chunk's backward right
+    after its forward, so at the stage's peak (4 first-chunk and 1 head micro-batches) the head
+    keeps one micro-batch's logits; with one chunk a stage, the stage's in-flight count."""
+    from cost_models import in_flight
+    from cost_models.profiled import head_held
+    p = loop.plans()
+    assert head_held(p["pp2 dualpipev m8"], 0) == 1
+    assert in_flight("dualpipev", 2, 0, 8, 2) == 2.5  # chunk-micro-batches in stage units
+    gpipe = p["pp2 m4 gpipe"]
+    assert head_held(gpipe, 1) == in_flight("gpipe", 2, 1, 4) == 4
