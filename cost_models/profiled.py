@@ -25,6 +25,7 @@ from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, load_model
 from specs.capabilities import BF16_ONLY, Capabilities
+from specs.schedules import OpKind, schedule_entry
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: two activation all-reduces per layer in forward and two in backward."""
@@ -49,6 +50,13 @@ LOSS_GRADIENT_BYTES = 8
 """Per logit at the start of the loss's backward (executor, torch cross-entropy): the fp32
 gradients of the log-softmax output and of the fp32 logits (the logits themselves are not
 kept: the log-softmax keeps its output)."""
+VOCAB_PARALLEL_LOSS_FP32_COPIES = 2
+"""The executor's vocab-parallel cross-entropy (executor/parallel/vocab.py, used whenever the
+plan splits the vocabulary) makes, in its forward, a masked fp32 copy of the logits and their
+shifted exponent, beside the logits themselves, before it keeps the softmax: three
+logits-sized buffers beyond the kept one, where torch's cross-entropy has two in its backward
+(LOSS_GRADIENT_BYTES). Measured with MemTracker on one process: 4.0 logits in all against
+torch's 3.0 (benchmarks.loop_accuracy's tp2 vocab-tp2 plan, docs/results/executor.md)."""
 
 
 def first_backward_overlap(memory: MemoryBreakdown, held: float, micro_batches: int,
@@ -62,6 +70,30 @@ def first_backward_overlap(memory: MemoryBreakdown, held: float, micro_batches: 
         return memory
     overlap = min(memory.activations_bytes / held, gradients_bytes)
     return replace(memory, activations_bytes=memory.activations_bytes - overlap)
+
+
+def head_held(plan: Plan, stage: int) -> float:
+    """Micro-batches whose logits the head's stage keeps at its peak. With one chunk a stage,
+    the stage's in-flight count; with several, the head's chunk (the stage's last local chunk:
+    interleaved on the last stage, V-shaped on stage 0) at the moment its program holds the
+    most chunk-micro-batches: under DualPipeV a micro-batch's head backward follows its head
+    forward at once, so the head holds one while the first chunk holds the rest (stage
+    in_flight counts chunk-micro-batches as 1/v of a stage, which is no count of the head's)."""
+    v = plan.virtual_stages
+    if v <= 1:
+        return in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, v)
+    entry = schedule_entry(plan.schedule)
+    releases = OpKind.WEIGHT if entry.splits_backward else OpKind.BACKWARD
+    held, total, peak, at_peak = [0] * v, 0, 0, 0
+    for op in entry.ops(stage, plan.pp, plan.micro_batches, v):
+        step = 1 if op.kind == OpKind.FORWARD else -1 if op.kind == releases else 0
+        held[op.chunk] += step
+        total += step
+        if total > peak:
+            peak, at_peak = total, held[v - 1]
+        elif total == peak:
+            at_peak = max(at_peak, held[v - 1])
+    return float(at_peak)
 
 
 def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
@@ -444,15 +476,18 @@ class ProfiledModel(CostModel):
         lookup = self.bytes_per_param * self._lookup_gradient_params(model, plan, weight_tp) if stage == 0 else 0.0
         if stage != last:
             return states + MemoryBreakdown(temporary_bytes=lookup)
-        held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
+        held = head_held(plan, stage)
         logits = mbs * model.head.seq_len * model.head.output_size / tp
         # each micro-batch in flight keeps its fp32 softmax for the loss, and under pp the
         # pipeline stage its output (the logits) until its backward; the loss's backward
         # starts with the gradients of the softmax and of the logits; the lookup's backward
         # (last of a micro-batch) comes after its softmax is freed
         kept = logits * (LOGIT_KEPT_BYTES + (self.bytes_per_param if plan.pp > 1 else 0))
+        loss_bytes = LOSS_GRADIENT_BYTES
+        if plan.vocab_asks_split:  # the vocab-parallel loss: its forward's copies (the logits, two fp32)
+            loss_bytes = max(loss_bytes, self.bytes_per_param + VOCAB_PARALLEL_LOSS_FP32_COPIES * LOGIT_KEPT_BYTES)
         memory = states + MemoryBreakdown(activations_bytes=held * kept,
-                                          temporary_bytes=max(logits * LOSS_GRADIENT_BYTES, lookup - kept))
+                                          temporary_bytes=max(logits * loss_bytes, lookup - kept))
         return first_backward_overlap(memory, held, plan.micro_batches, states.gradients_bytes)
 
     @staticmethod
@@ -460,13 +495,29 @@ class ProfiledModel(CostModel):
         """(local parameters, dp type) of the embedding/head on ``stage`` (from the spec: the
         profile times an untied head), sharded like the neighbouring layer, except a tied
         matrix: the executor keeps it replicated, synced once per iteration with its own full
-        Adam state (docs/executor.md, tied embeddings); it is in the stage's first end."""
+        Adam state (docs/executor.md, tied embeddings); it is in the stage's first end. Only the
+        vocabulary's rows (the token table, the head's matrix) are split over ``tp``
+        (executor/parallel/vocab.py pads and shards those); positions, token types and norms
+        stay whole on every rank."""
         parts = []
-        tied = model.head.hidden_size * model.head.output_size if model.head.tied_lm else 0
-        for index, count in vocab_ends(model, plan, stage):
+        matrix = model.head.hidden_size * model.head.output_size
+        tied = matrix if model.head.tied_lm else 0
+        for i, (index, count) in enumerate(vocab_ends(model, plan, stage)):
+            embedding = stage == 0 and i == 0
+            if embedding:
+                emb = model.embedding
+                rows = emb.vocab_size * emb.hidden_size if emb.kind == "token" else 0
+            else:  # the head's matrix is in its count unless tied and on the embedding's stage
+                rows = min(matrix, count) if (not model.head.tied_lm or plan.head_stage != 0) else 0
+            padded = rows / model.head.output_size * plan.padded_vocab_size(model.head.output_size) \
+                if tp > 1 and rows and model.head.output_size else rows
+            whole = count - rows
             own, tied = min(tied, count), 0
-            parts += [(own / tp, DPType.DDP)] if own else []
-            parts.append(((count - own) / tp, vocab_dp_type(plan, index, dp)))
+            if own:  # the tied matrix: the embedding's rows
+                parts += [(padded / tp, DPType.DDP)]
+                parts.append((whole, vocab_dp_type(plan, index, dp)))
+            else:
+                parts.append((padded / tp + whole, vocab_dp_type(plan, index, dp)))
         return parts
 
     def _vocab_states(self, model: ModelSpec, plan: Plan, stage: int, tp: int, dp: int) -> MemoryBreakdown:
