@@ -215,20 +215,27 @@ class Difference(StrEnum):
     is all-gathered over the split group in forward (again in a full recompute's) and the input's
     gradient in backward; Megatron keeps the residual stream split between blocks and the cost
     model charges a gather only where the split changes (relayout_time)."""
-    SP_NORM_GRADS = "SP norm gradients all-reduced per micro-batch"
-    """Megatron-SP's replicated norm weights get partial gradients; the executor (DTensor)
-    all-reduces each norm parameter's over tp in every micro-batch's backward; Megatron does it
-    once per iteration (finalize_model_grads) and the cost model does not charge it."""
+    SP_NORM_GRADS = "SP norm gradients all-reduced"
+    """Megatron-SP's replicated norm weights get partial gradients: the executor (DTensor)
+    all-reduces each norm parameter's gradient over tp once per iteration, as Megatron does
+    (finalize_model_grads); the cost model does not charge it."""
     CP_RING_KEEPS_KV = "cp ring keeps the K/V blocks"
     """The executor's ring keeps every K/V block it received for backward (autograd saves them),
     so backward sends only the dK/dV blocks back, cp - 1 per micro-batch; TransformerEngine's
-    ring (charged) sends K/V again with them and returns the last dK/dV: 3 (cp - 1) + 1."""
+    ring (charged) sends K/V again with them and returns the last dK/dV: 3 (cp - 1) + 1. The
+    executor's ring is the attention core, so selective recomputation re-runs it whether or not
+    the model's core is fused (the cost model: unfused only)."""
     CP_GATHER_KEEPS_KV = "cp all-gather keeps the gathered K/V"
     """The all-gather variant's gathered K/V are saved for backward, not gathered again."""
     GQA_REPEATED = "K/V repeated to the query heads"
     """Grouped-query attention: the executor repeats K and V to the query heads before the
     attention core, so Ulysses' QKV all-to-all and cp's K/V blocks carry q_width-wide K and V
     (the cost model: kv_width)."""
+    RECOMPUTE_EARLY_STOP = "full recompute stops at the last saved tensor"
+    """torch's non-reentrant checkpoint stops the recomputed forward once backward has every
+    tensor it saved: the block's trailing collectives (tp's last all-reduce or Megatron-SP's
+    last reduce-scatter, and the block's output gather) do not run again; Megatron (charged)
+    re-runs the whole forward. One call fewer per micro-batch each."""
     PIPELINE_WHOLE = "pipeline sends the whole activation"
     """Every rank of a stage sends its whole (replicated, whole-sequence) activation to its peer;
     no scatter-gather over tp, no sequence split at the boundary."""
@@ -243,23 +250,28 @@ def _norm_params(layer: LayerSpec) -> int:
 def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int
                      ) -> list[ChargedCollective]:
     """Layer ``i``'s model-parallel rows as the executor runs them."""
-    rows = tp_rows(i, layer, s, micro_batches, mbs) + [_repeated_kv(row, layer) for row in
-                                                        ulysses_rows(i, layer, s, micro_batches, mbs)]
-    passes = seq.forward_passes(s) * micro_batches
+    full = s.recompute == Recompute.FULL
+    rows = [_early_stopped(row, micro_batches) if full and row.op != Collective.ALL_GATHER else row
+            for row in tp_rows(i, layer, s, micro_batches, mbs)]
+    rows += _repeated_kv(ulysses_rows(i, layer, s, micro_batches, mbs), layer)
     whole = layer.output_elements(mbs)
     for axis, size in (("tp", s.tp if s.megatron_sp else 1), ("ulysses", s.ulysses), ("cp", s.cp)):
         if size > 1:
+            # forward's output and backward's input gradient; a full recompute stops before the
+            # output's gather, except cp's (a saved index of its reordering comes after it)
+            gathers = (3 if full and axis == "cp" else 2) * micro_batches
             inner = whole / s.cp if axis != "cp" else whole
-            rows.append(_row(i, Collective.ALL_GATHER, (axis,), size, inner, passes, difference=Difference.BLOCK_GATHER))
+            rows.append(_row(i, Collective.ALL_GATHER, (axis,), size, inner, gathers,
+                             difference=Difference.BLOCK_GATHER))
     if s.megatron_sp and s.tp > 1 and s.ulysses == 1:
         rows.append(_row(i, Collective.ALL_REDUCE, ("tp",), s.tp, layer.hidden_size,
-                         _norm_params(layer) * micro_batches, difference=Difference.SP_NORM_GRADS))
+                         _norm_params(layer), difference=Difference.SP_NORM_GRADS))
     if s.cp > 1:
         block = context.kv_block_bytes(layer, s, mbs) / BYTES_PER_ACTIVATION
         repeated = 2 * mbs * layer.seq_len / s.cp * layer.q_width / (s.tp * s.ulysses)
         gqa = "" if repeated == block else f" ({Difference.GQA_REPEATED})"
         block = repeated
-        forwards = 2 if s.recompute == Recompute.FULL else 1
+        forwards = 1 if s.recompute == Recompute.NONE else 2  # a recomputed core re-runs the ring
         if s.cp_comm == CPComm.ALL_GATHER:
             rows += [_row(i, Collective.ALL_GATHER, ("cp",), s.cp, s.cp * block, forwards * micro_batches,
                           difference=Difference.CP_GATHER_KEEPS_KV + gqa),
@@ -272,15 +284,17 @@ def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: 
     return rows
 
 
-def _repeated_kv(row: ChargedCollective, layer: LayerSpec) -> ChargedCollective:
-    """An Ulysses QKV all-to-all row with K and V as wide as Q (the output's row as is)."""
-    qkv = layer.q_width + 2 * layer.kv_width
-    if layer.kv_width == layer.q_width or row.elements * layer.q_width == 0:
-        return row
-    tokens = row.elements / qkv
-    if abs(tokens * layer.q_width - row.elements) < 1e-9 * row.elements:
-        return row  # the output's all-to-all
-    return replace(row, elements=tokens * 3 * layer.q_width, difference=Difference.GQA_REPEATED)
+def _early_stopped(row: ChargedCollective, micro_batches: int) -> ChargedCollective:
+    """A tp row without the recomputed forward's last call per micro-batch."""
+    return replace(row, calls=row.calls - micro_batches, difference=Difference.RECOMPUTE_EARLY_STOP)
+
+
+def _repeated_kv(rows: list[ChargedCollective], layer: LayerSpec) -> list[ChargedCollective]:
+    """Ulysses' rows (QKV all-to-all, output all-to-all) with K and V as wide as Q."""
+    if not rows or layer.kv_width == layer.q_width:
+        return rows
+    qkv, out = rows
+    return [replace(qkv, elements=3 * out.elements, difference=Difference.GQA_REPEATED), out]
 
 
 def _executed_pipeline(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:

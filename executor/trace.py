@@ -129,10 +129,12 @@ class CollectiveTrace(TorchDispatchMode):
         self._stack: list[int | None] = []
         self._dp_matched = 0
         self._boundaries: dict[int, str] = {}  # peer stage offset (+1, -1) -> key
+        self._watched: list[str] = []
 
     # -- attribution -----------------------------------------------------------------------
     def watch_block(self, i: int, block: nn.Module) -> None:
         """Put what runs inside ``block`` (forward and backward) on layer ``i``."""
+        self._watched.append(f"layer {i}")
         def enter(_module, args):
             self._stack.append(self.layer)
             self.layer = i
@@ -157,6 +159,7 @@ class CollectiveTrace(TorchDispatchMode):
             self._boundaries[1] = f"boundary {last_layer}"
         if stage > 0:
             self._boundaries[-1] = f"boundary {first_layer - 1}"
+        self._watched += sorted(set(self._boundaries.values()) - set(self._watched))
 
     # -- dispatch ----------------------------------------------------------------------------
     def _is_data_parallel(self) -> bool:
@@ -200,4 +203,8 @@ class CollectiveTrace(TorchDispatchMode):
         return self._boundaries.get(1 if peer[0] > me else -1, "outside layers")
 
     def record(self) -> dict[str, list[tuple[str, int, int]]]:
-        return {k: list(v) for k, v in self.records.items()}
+        """The step's records per key: every watched layer and boundary (empty if it ran none),
+        and "outside layers" (the embedding's, the head's, relayouts', an interleaved pipeline's
+        sends), which nothing is compared with."""
+        keys = self._watched + [k for k in self.records if k not in self._watched]
+        return {k: list(self.records.get(k, [])) for k in keys}
