@@ -236,6 +236,10 @@ class Difference(StrEnum):
     tensor it saved: the block's trailing collectives (tp's last all-reduce or Megatron-SP's
     last reduce-scatter, and the block's output gather) do not run again; Megatron (charged)
     re-runs the whole forward. One call fewer per micro-batch each."""
+    MOE_UNCOMPARED = "a MoE's own collectives are not compared"
+    """A MoE layer's MLP-side collectives (expert all-to-alls, its tensor-parallel ones) are
+    recorded apart ("layer i experts") and compared with nothing: the layer's tp rows keep the
+    attention sub-layer's half."""
     PIPELINE_WHOLE = "pipeline sends the whole activation"
     """Every rank of a stage sends its whole (replicated, whole-sequence) activation to its peer;
     no scatter-gather over tp, no sequence split at the boundary."""
@@ -253,6 +257,8 @@ def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: 
     full = s.recompute == Recompute.FULL
     rows = [_early_stopped(row, micro_batches) if full and row.op != Collective.ALL_GATHER else row
             for row in tp_rows(i, layer, s, micro_batches, mbs)]
+    if layer.moe is not None:
+        rows = [replace(row, calls=row.calls // 2, difference=Difference.MOE_UNCOMPARED) for row in rows]
     rows += _repeated_kv(ulysses_rows(i, layer, s, micro_batches, mbs), layer)
     whole = layer.output_elements(mbs)
     for axis, size in (("tp", s.tp if s.megatron_sp else 1), ("ulysses", s.ulysses), ("cp", s.cp)):

@@ -39,8 +39,6 @@ OPS = {
     "all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
     "all_to_all_single": "all_to_all",
 }
-PIPELINE = "pipeline"
-"""The part name of a stage boundary's sends and receives (a layer's collectives: "dense")."""
 
 
 def _numel(x) -> int:
@@ -125,32 +123,38 @@ class CollectiveTrace(TorchDispatchMode):
         super().__init__()
         self.dp_traces = dp_traces
         self.records: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
-        self.layer: int | None = None
-        self._stack: list[int | None] = []
+        self.key: str | None = None
+        """Where the running collectives go ("layer 3", "layer 3 experts"; None: between blocks)."""
+        self._stack: list[str | None] = []
         self._dp_matched = 0
         self._boundaries: dict[int, str] = {}  # peer stage offset (+1, -1) -> key
         self._watched: list[str] = []
 
     # -- attribution -----------------------------------------------------------------------
     def watch_block(self, i: int, block: nn.Module) -> None:
-        """Put what runs inside ``block`` (forward and backward) on layer ``i``."""
+        """Put what runs inside ``block`` (forward and backward) on layer ``i``, and what runs
+        inside its routed experts' MoE (the expert all-to-alls) on "layer i experts" (not
+        compared: the cost model's expert rows are not listed)."""
         self._watched.append(f"layer {i}")
+        self._watch(block, f"layer {i}", None)
+        mlp = getattr(block, "mlp", None)
+        if mlp is not None and hasattr(mlp, "experts"):
+            self._watch(mlp, f"layer {i} experts", f"layer {i}")
+
+    def _watch(self, module: nn.Module, key: str, parent: str | None) -> None:
         def enter(_module, args):
-            self._stack.append(self.layer)
-            self.layer = i
-            return (_marked(args[0], self._leave_backward), *args[1:])
+            self._stack.append(self.key)
+            self.key = key
+            return (_marked(args[0], lambda: self._set(parent)), *args[1:])
 
         def leave(_module, _args, out):
-            self.layer = self._stack.pop() if self._stack else None
-            return _marked(out, lambda: self._enter_backward(i))
-        block.register_forward_pre_hook(enter, prepend=True)
-        block.register_forward_hook(leave)
+            self.key = self._stack.pop() if self._stack else parent
+            return _marked(out, lambda: self._set(key))
+        module.register_forward_pre_hook(enter, prepend=True)
+        module.register_forward_hook(leave)
 
-    def _enter_backward(self, i: int) -> None:
-        self.layer = i
-
-    def _leave_backward(self) -> None:
-        self.layer = None
+    def _set(self, key: str | None) -> None:
+        self.key = key
 
     def watch_stage(self, stage: int, pp: int, first_layer: int, last_layer: int) -> None:
         """Pipeline p2p of this rank's (one) stage: to or from the next stage crosses the boundary
@@ -174,7 +178,7 @@ class CollectiveTrace(TorchDispatchMode):
         self._dp_matched = sum(len(t) for t in self.dp_traces)
         self.records.clear()
         self._stack.clear()
-        self.layer = None
+        self.key = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
         if any(issubclass(t, DTensor) for t in types):
@@ -189,10 +193,10 @@ class CollectiveTrace(TorchDispatchMode):
     def _record(self, kind: str, name: str, args, kwargs) -> None:
         size = _group_size(args, kwargs)
         elements = _elements(kind, name, args)
-        if kind in ("send", "recv") and self.layer is None:
+        if kind in ("send", "recv") and self.key is None:
             key = self._boundary(args)
         else:
-            key = f"layer {self.layer}" if self.layer is not None else "outside layers"
+            key = self.key if self.key is not None else "outside layers"
         self.records[key].append((kind, elements, size))
 
     def _boundary(self, args) -> str:
