@@ -51,7 +51,7 @@ def _process_group(a) -> dist.ProcessGroup | None:
     """A c10d op's ProcessGroup argument (boxed as a ScriptObject at the dispatcher)."""
     if isinstance(a, dist.ProcessGroup):
         return a
-    if isinstance(a, torch.ScriptObject):
+    if isinstance(a, torch.ScriptObject) and a._type().qualified_name().endswith(".ProcessGroup"):
         return dist.ProcessGroup.unbox(a)
     return None
 
@@ -73,24 +73,16 @@ def _peer(args) -> tuple[int, dist.ProcessGroup] | None:
     return (ints[0], group) if group is not None and ints else None
 
 
-def _elements(kind: str, name: str, args) -> int:
-    """Elements of one rank's buffer: the reduced or exchanged buffer, the gathered result
-    (an all-gather's output), the sent or received tensor."""
-    if name in ("allgather_", "allgather_into_tensor_coalesced_"):
-        return _numel(args[0])  # the output list(s)
-    if name == "_allgather_base_":
-        return _numel(args[0])
-    if name == "all_gather_into_tensor":
+INPUT_SIZED = {"reduce_scatter_", "_reduce_scatter_base_", "alltoall_", "alltoall_base_"}
+"""c10d ops whose recorded buffer is their second argument (the input; the first is the output)."""
+
+
+def _elements(name: str, args) -> int:
+    """Elements of one rank's buffer: the reduced or exchanged input, the gathered result (an
+    all-gather's output), the sent or received tensor."""
+    if name == "all_gather_into_tensor":  # (input, group size, group name)
         return _numel(args[0]) * int(args[1])
-    if name == "reduce_scatter_":
-        return _numel(args[1])  # the input lists
-    if name == "_reduce_scatter_base_":
-        return _numel(args[1])
-    if name in ("alltoall_", ):
-        return _numel(args[1])
-    if name == "alltoall_base_":
-        return _numel(args[1])
-    return _numel(args[0])
+    return _numel(args[1] if name in INPUT_SIZED else args[0])
 
 
 class _Mark(torch.autograd.Function):
@@ -192,7 +184,7 @@ class CollectiveTrace(TorchDispatchMode):
 
     def _record(self, kind: str, name: str, args, kwargs) -> None:
         size = _group_size(args, kwargs)
-        elements = _elements(kind, name, args)
+        elements = _elements(name, args)
         if kind in ("send", "recv") and self.key is None:
             key = self._boundary(args)
         else:

@@ -104,7 +104,8 @@ class Row:
 def test_model_parallel_errors_by_hand():
     charged = (Row(0, "model_parallel", "all_reduce", 100, 2), Row(1, "pipeline", "send", 50, 1, difference="why"),
                Row(0, "dense", "all_reduce", 999, 1))
-    ran = {"layer 0": [("all_reduce", 100, 2)] * 2, "boundary 1": [("send", 50, 2)], "outside layers": [("x", 1, 2)]}
+    ran = {"layer 0": [("all_reduce", 100, 2)] * 2, "boundary 1": [("send", 50, 2)], "outside layers": [("x", 1, 2)],
+           "layer 0 experts": [("all_to_all", 7, 2)]}
     assert model_parallel_errors([{"model_parallel": ran}], charged) == []
     ran["boundary 1"] = [("send", 50, 2), ("recv", 50, 2)]
     ran["layer 0"] = [("all_reduce", 100, 2), ("all_reduce", 100, 4)]
