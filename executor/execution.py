@@ -1,6 +1,7 @@
 """Proof that a rank executed the plan, not only reached its numbers: what ran in one training
 step (the pipeline ops per stage, each block's and each attention's forward passes, the tokens
-each block's first norm saw, each layer's data-parallel collectives), recorded inside the rank,
+each block's first norm saw, each layer's data-parallel collectives; its model-parallel ones are
+executor.trace's), recorded inside the rank,
 and --check's comparison of those records with what the plan, the schedule registry and a cost
 model's prediction (peak memory, charged collectives) say."""
 from __future__ import annotations
