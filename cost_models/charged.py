@@ -1,24 +1,39 @@
-"""The data-parallel collectives the analytical model charges for a plan, listed: per layer and
-state part (dense, routed experts), each kind with its group, elements per call and calls per
-iteration, in the schedule ``AnalyticalModel.dp_traffic`` times (DDP, Megatron's distributed
-optimizer, DeepSpeed ZeRO-2, FSDP). The executor's recorded collectives are compared with it."""
+"""The collectives the analytical model charges for a plan, listed per rank and iteration, each
+kind with its group, elements per call and calls per iteration; the executor's recorded
+collectives are compared with them (--check).
+
+Data parallelism: per layer and state part (dense, routed experts), in the schedule
+``AnalyticalModel.dp_traffic`` times (DDP, Megatron's distributed optimizer, DeepSpeed ZeRO-2,
+FSDP). Model parallelism, per layer: tensor-parallel all-reduces or Megatron-SP's reduce-scatters
+and all-gathers (``sequence.tp_comm_time``), Ulysses' all-to-alls, context parallelism's K/V ring
+sends or K/V all-gathers (``context.cp_time``); per pipeline stage boundary: the sends and
+receives of ``AnalyticalModel.pipeline_message`` (and its receivers' tp all-gather).
+
+``expected_collectives`` is the same list as the executor runs it: the documented differences
+(``ChargedCollective.difference``, docs/executor.md) replace or add rows explicitly."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cost_models import experts
+from dataclasses import replace
+
+from cost_models import context, experts
 from cost_models import sequence as seq
+from cost_models.analytical import TP_ALLREDUCES_PER_PASS
 from cost_models.memory import GRAD_BYTES_PER_PARAM
-from specs import DPType, ModelSpec, Plan
+from specs import CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute
 
 
 class Collective(StrEnum):
-    """A data-parallel collective kind (torch.distributed's names)."""
+    """A collective kind (torch.distributed's names)."""
 
     ALL_REDUCE = "all_reduce"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_GATHER = "all_gather"
+    ALL_TO_ALL = "all_to_all"
+    SEND = "send"
+    RECV = "recv"
 
 
 class Part(StrEnum):
@@ -28,23 +43,33 @@ class Part(StrEnum):
     """Attention, norms, router and shared experts (the whole layer without an expert split)."""
     EXPERTS = "experts"
     """The routed experts, over their expert-data-parallel group."""
+    MODEL_PARALLEL = "model_parallel"
+    """Not states: the layer's activation traffic (tp, Megatron-SP, Ulysses, cp)."""
+    PIPELINE = "pipeline"
+    """Not states: the sends and receives across the stage boundary after the layer."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ChargedCollective:
-    """One kind of data-parallel collective of one layer part, per rank and iteration."""
+    """One kind of collective of one layer part, per rank and iteration."""
 
     layer: int
     part: Part
     op: Collective
     group_axes: tuple[str, ...]
-    """The grid axes of the group (``dp``, ``cp``, ``ulysses``; ``edp`` for routed experts)."""
+    """The grid axes of the group (``dp``, ``cp``, ``ulysses``; ``edp`` for routed experts;
+    ``tp``, ``ulysses``, ``cp`` or ``pp`` for model parallelism)."""
     group_size: int
     elements: float
     """Elements of the full buffer each call reduces or gathers on one rank (parameters of the
-    part after tensor/expert parallelism)."""
+    part after tensor/expert parallelism; for model parallelism the activation: an all-reduce's
+    or reduce-scatter's input, an all-gather's output, an all-to-all's send buffer, a send's or
+    receive's tensor)."""
     calls: int
     """Calls per iteration."""
+    difference: str = ""
+    """Empty: the analytical model charges this row. Else (``expected_collectives``): which
+    documented difference of the executor's (docs/executor.md) makes it run this row instead."""
 
     @property
     def bytes_per_call(self) -> float:
@@ -81,3 +106,220 @@ def charged_dp_collectives(model: ModelSpec, plan: Plan, world_size: int) -> lis
                                           elements=sync.params, calls=calls)
                         for op, calls in _kinds(sync.dp_type, plan.micro_batches)]
     return out
+
+
+# -- model parallelism ------------------------------------------------------------------------
+BYTES_PER_ACTIVATION = 2
+"""The cost model's activation bytes (bf16); rows hold elements."""
+
+
+def micro_batch_size(plan: Plan, s: LayerStrategy) -> int:
+    """Sequences of one micro-batch on one data-parallel replica."""
+    return plan.global_batch // plan.micro_batches // s.dp
+
+
+def _row(i: int, op: Collective, axes: tuple[str, ...], size: int, elements: float, calls: int,
+         part: "Part" = None, difference: str = "") -> ChargedCollective:
+    return ChargedCollective(layer=i, part=part or Part.MODEL_PARALLEL, op=op, group_axes=axes, group_size=size,
+                             elements=elements, calls=calls, difference=difference)
+
+
+def tp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int) -> list[ChargedCollective]:
+    """Megatron tp: per pass (forward, backward, a full recompute's forward) one all-reduce per
+    sub-layer of the block's activation (its s / cp tokens); Megatron-SP a reduce-scatter and an
+    all-gather instead (sequence.tp_comm_time). None under Ulysses (its all-to-alls replace them)."""
+    if s.tp <= 1 or s.ulysses > 1:
+        return []
+    per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
+    calls = seq.forward_passes(s) * per_pass * micro_batches
+    elements = seq.tp_message_bytes(layer, mbs) / BYTES_PER_ACTIVATION / s.cp
+    ops = (Collective.REDUCE_SCATTER, Collective.ALL_GATHER) if s.megatron_sp else (Collective.ALL_REDUCE,)
+    return [_row(i, op, ("tp",), s.tp, elements, calls) for op in ops]
+
+
+def ulysses_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int
+                 ) -> list[ChargedCollective]:
+    """Ulysses: per pass one all-to-all of Q, K and V and one of the attention output (the rank's
+    s / (u cp) tokens; sequence.ulysses_message_bytes)."""
+    if s.ulysses <= 1:
+        return []
+    calls = seq.forward_passes(s) * micro_batches
+    return [_row(i, Collective.ALL_TO_ALL, ("ulysses",), s.ulysses, nbytes / BYTES_PER_ACTIVATION, calls)
+            for nbytes in seq.ulysses_message_bytes(layer, s, mbs)]
+
+
+def cp_sends(s: LayerStrategy, rerun: bool) -> int:
+    """K/V-block sends of one rank per micro-batch on TransformerEngine's ring (context.cp_time):
+    cp - 1 in forward (again in a recomputed core), two blocks (K/V and their gradients) on each
+    of backward's cp - 1 steps, and the last dK/dV back to its owner."""
+    return (s.cp - 1) * (2 if rerun else 1) + 2 * (s.cp - 1) + 1
+
+
+def cp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int) -> list[ChargedCollective]:
+    """Context parallelism: the K/V ring's sends and receives of one K/V block
+    (context.kv_block_bytes), or the all-gather variant's gathers of the whole sequence's K/V
+    (forward, backward, a recomputed core) and the reduce-scatter of their gradients."""
+    if s.cp <= 1:
+        return []
+    block = context.kv_block_bytes(layer, s, mbs) / BYTES_PER_ACTIVATION
+    rerun = context.reruns_core(layer, s)
+    if s.cp_comm == CPComm.ALL_GATHER:
+        return [_row(i, Collective.ALL_GATHER, ("cp",), s.cp, s.cp * block, (3 if rerun else 2) * micro_batches),
+                _row(i, Collective.REDUCE_SCATTER, ("cp",), s.cp, s.cp * block, micro_batches)]
+    calls = cp_sends(s, rerun) * micro_batches
+    return [_row(i, op, ("cp",), s.cp, block, calls) for op in (Collective.SEND, Collective.RECV)]
+
+
+def pipeline_rows(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
+    """Each stage boundary (after its last layer L, on every rank of both stages): per
+    micro-batch one send and one receive (the activation forward, its gradient back) of
+    AnalyticalModel.pipeline_message: under tp or Ulysses each rank sends 1 / (tp u) of its s / cp
+    tokens and the receivers all-gather the whole over tp (Megatron's scatter-gather; none under
+    sequence parallelism). One model chunk per rank only (interleaved: none listed)."""
+    if plan.pp <= 1 or plan.virtual_stages > 1:
+        return []
+    out = []
+    for stage in plan.stage_ranges()[:-1]:
+        i = stage[-1]
+        layer, s = model.layers[i], plan.layers[i]
+        m, mbs = plan.micro_batches, micro_batch_size(plan, s)
+        whole = layer.output_elements(mbs) / s.cp
+        split = s.tp * s.ulysses
+        out += [_row(i, op, ("pp",), 2, whole / split, m, Part.PIPELINE) for op in (Collective.SEND, Collective.RECV)]
+        if split > 1 and not s.megatron_sp and s.ulysses == 1:
+            out.append(_row(i, Collective.ALL_GATHER, ("tp",), s.tp, whole, 2 * m, Part.PIPELINE))
+    return out
+
+
+def charged_mp_collectives(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
+    """Every layer's charged model-parallel collectives and every stage boundary's sends."""
+    out = []
+    for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
+        mbs = micro_batch_size(plan, s)
+        for rows in (tp_rows, ulysses_rows, cp_rows):
+            out += rows(i, layer, s, plan.micro_batches, mbs)
+    return out + pipeline_rows(model, plan)
+
+
+def charged_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
+    """Every collective the analytical model charges: data-parallel and model-parallel rows."""
+    return charged_dp_collectives(model, plan, world_size) + charged_mp_collectives(model, plan)
+
+
+# -- the executor's documented differences (docs/executor.md, "Collectives") -----------------
+class Difference(StrEnum):
+    """Why the executor runs a row the cost model charges otherwise."""
+
+    BLOCK_GATHER = "sequence gathered at block boundaries"
+    """Megatron-SP, Ulysses and cp blocks take and give back a replicated activation: the output
+    is all-gathered over the split group in forward (again in a full recompute's) and the input's
+    gradient in backward; Megatron keeps the residual stream split between blocks and the cost
+    model charges a gather only where the split changes (relayout_time)."""
+    SP_NORM_GRADS = "SP norm gradients all-reduced"
+    """Megatron-SP's replicated norm weights get partial gradients: the executor (DTensor)
+    all-reduces each norm parameter's gradient over tp once per iteration, as Megatron does
+    (finalize_model_grads); the cost model does not charge it."""
+    CP_RING_KEEPS_KV = "cp ring keeps the K/V blocks"
+    """The executor's ring keeps every K/V block it received for backward (autograd saves them),
+    so backward sends only the dK/dV blocks back, cp - 1 per micro-batch; TransformerEngine's
+    ring (charged) sends K/V again with them and returns the last dK/dV: 3 (cp - 1) + 1. The
+    executor's ring is the attention core, so selective recomputation re-runs it whether or not
+    the model's core is fused (the cost model: unfused only)."""
+    CP_GATHER_KEEPS_KV = "cp all-gather keeps the gathered K/V"
+    """The all-gather variant's gathered K/V are saved for backward, not gathered again."""
+    GQA_REPEATED = "K/V repeated to the query heads"
+    """Grouped-query attention: the executor repeats K and V to the query heads before the
+    attention core, so Ulysses' QKV all-to-all and cp's K/V blocks carry q_width-wide K and V
+    (the cost model: kv_width)."""
+    RECOMPUTE_EARLY_STOP = "full recompute stops at the last saved tensor"
+    """torch's non-reentrant checkpoint stops the recomputed forward once backward has every
+    tensor it saved: the block's trailing collectives (tp's last all-reduce or Megatron-SP's
+    last reduce-scatter, and the block's output gather) do not run again; Megatron (charged)
+    re-runs the whole forward. One call fewer per micro-batch each."""
+    MOE_UNCOMPARED = "a MoE's own collectives are not compared"
+    """A MoE layer's MLP-side collectives (expert all-to-alls, its tensor-parallel ones) are
+    recorded apart ("layer i experts") and compared with nothing: the layer's tp rows keep the
+    attention sub-layer's half."""
+    PIPELINE_WHOLE = "pipeline sends the whole activation"
+    """Every rank of a stage sends its whole (replicated, whole-sequence) activation to its peer;
+    no scatter-gather over tp, no sequence split at the boundary."""
+
+
+def _norm_params(layer: LayerSpec) -> int:
+    """Norm parameter tensors of one block (weight, and bias under layernorm; four norms with
+    Gemma-2's sandwich norms)."""
+    return (4 if layer.sandwich_norm else 2) * (2 if layer.norm == "layernorm" else 1)
+
+
+def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int
+                     ) -> list[ChargedCollective]:
+    """Layer ``i``'s model-parallel rows as the executor runs them."""
+    full = s.recompute == Recompute.FULL
+    rows = [_early_stopped(row, micro_batches) if full and row.op != Collective.ALL_GATHER else row
+            for row in tp_rows(i, layer, s, micro_batches, mbs)]
+    if layer.moe is not None:
+        rows = [replace(row, calls=row.calls // 2, difference=Difference.MOE_UNCOMPARED) for row in rows]
+    rows += _repeated_kv(ulysses_rows(i, layer, s, micro_batches, mbs), layer)
+    whole = layer.output_elements(mbs)
+    for axis, size in (("tp", s.tp if s.megatron_sp else 1), ("ulysses", s.ulysses), ("cp", s.cp)):
+        if size > 1:
+            # forward's output and backward's input gradient; a full recompute stops before the
+            # output's gather, except cp's (a saved index of its reordering comes after it)
+            gathers = (3 if full and axis == "cp" else 2) * micro_batches
+            inner = whole / s.cp if axis != "cp" else whole
+            rows.append(_row(i, Collective.ALL_GATHER, (axis,), size, inner, gathers,
+                             difference=Difference.BLOCK_GATHER))
+    if s.megatron_sp and s.tp > 1 and s.ulysses == 1:
+        rows.append(_row(i, Collective.ALL_REDUCE, ("tp",), s.tp, layer.hidden_size,
+                         _norm_params(layer), difference=Difference.SP_NORM_GRADS))
+    if s.cp > 1:
+        block = context.kv_block_bytes(layer, s, mbs) / BYTES_PER_ACTIVATION
+        repeated = 2 * mbs * layer.seq_len / s.cp * layer.q_width / (s.tp * s.ulysses)
+        gqa = "" if repeated == block else f" ({Difference.GQA_REPEATED})"
+        block = repeated
+        forwards = 1 if s.recompute == Recompute.NONE else 2  # a recomputed core re-runs the ring
+        if s.cp_comm == CPComm.ALL_GATHER:
+            rows += [_row(i, Collective.ALL_GATHER, ("cp",), s.cp, s.cp * block, forwards * micro_batches,
+                          difference=Difference.CP_GATHER_KEEPS_KV + gqa),
+                     _row(i, Collective.REDUCE_SCATTER, ("cp",), s.cp, s.cp * block, micro_batches,
+                          difference=gqa.strip(" ()"))]
+        else:
+            calls = (s.cp - 1) * (forwards + 1) * micro_batches
+            rows += [_row(i, op, ("cp",), s.cp, block, calls, difference=Difference.CP_RING_KEEPS_KV + gqa)
+                     for op in (Collective.SEND, Collective.RECV)]
+    return rows
+
+
+def _early_stopped(row: ChargedCollective, micro_batches: int) -> ChargedCollective:
+    """A tp row without the recomputed forward's last call per micro-batch."""
+    return replace(row, calls=row.calls - micro_batches, difference=Difference.RECOMPUTE_EARLY_STOP)
+
+
+def _repeated_kv(rows: list[ChargedCollective], layer: LayerSpec) -> list[ChargedCollective]:
+    """Ulysses' rows (QKV all-to-all, output all-to-all) with K and V as wide as Q."""
+    if not rows or layer.kv_width == layer.q_width:
+        return rows
+    qkv, out = rows
+    return [replace(qkv, elements=3 * out.elements, difference=Difference.GQA_REPEATED), out]
+
+
+def _executed_pipeline(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
+    out = []
+    for row in pipeline_rows(model, plan):
+        if row.op == Collective.ALL_GATHER:
+            continue
+        s = plan.layers[row.layer]
+        whole = model.layers[row.layer].output_elements(micro_batch_size(plan, s))
+        out.append(row if whole == row.elements else
+                   replace(row, elements=whole, difference=Difference.PIPELINE_WHOLE))
+    return out
+
+
+def expected_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
+    """``charged_collectives`` as the executor runs them: the rows of its documented differences
+    (``difference`` set) in place of the charged ones they replace, and added where it runs
+    what the cost model does not charge."""
+    out = charged_dp_collectives(model, plan, world_size)
+    for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
+        out += executed_mp_rows(i, layer, s, plan.micro_batches, micro_batch_size(plan, s))
+    return out + _executed_pipeline(model, plan)

@@ -1,6 +1,7 @@
 """Proof that a rank executed the plan, not only reached its numbers: what ran in one training
 step (the pipeline ops per stage, each block's and each attention's forward passes, the tokens
-each block's first norm saw, each layer's data-parallel collectives), recorded inside the rank,
+each block's first norm saw, each layer's data-parallel collectives; its model-parallel ones are
+executor.trace's), recorded inside the rank,
 and --check's comparison of those records with what the plan, the schedule registry and a cost
 model's prediction (peak memory, charged collectives) say."""
 from __future__ import annotations
@@ -219,8 +220,10 @@ class CostPrediction:
     peak_bytes: tuple[float, ...] | None = None
     """Per rank: the predicted peak memory (runtime overhead removed); None: not checked."""
     collectives: tuple | None = None
-    """The data-parallel collectives charged (``cost_models.charged.ChargedCollective`` rows:
-    layer, part, op, group_axes, group_size, elements, calls); None: not checked."""
+    """The collectives charged (``cost_models.charged.ChargedCollective`` rows: layer, part, op,
+    group_axes, group_size, elements, calls, difference): data-parallel ones per layer part,
+    model-parallel ones (parts model_parallel, pipeline) if listed, e.g. by
+    ``cost_models.expected_collectives``; None: not checked."""
 
 
 COLLECTIVE_RTOL = 0.02
@@ -264,11 +267,61 @@ def _same(ran: dict, charged: dict) -> bool:
                for op in ran)
 
 
+MODEL_PARALLEL_PARTS = {"model_parallel": "layer", "pipeline": "boundary"}
+"""Charged rows' parts that are model-parallel traffic -> the key word of their trace records
+(executor.trace: "layer 3", "boundary 1")."""
+
+
+def _mp_calls(records) -> dict[str, Counter]:
+    """Per kind: calls per (elements, group size)."""
+    out: dict[str, Counter] = {}
+    for op, elements, size in records:
+        out.setdefault(str(op), Counter())[(int(round(elements)), int(size))] += 1
+    return out
+
+
+def _mp_text(calls: Counter) -> str:
+    return ", ".join(f"x{n} of {e} elements over {size} ranks" for (e, size), n in sorted(calls.items())) or "none"
+
+
+def model_parallel_errors(per_rank: list[dict], charged: tuple) -> list[str]:
+    """Per rank, layer (or stage boundary) and kind: the model-parallel collectives the rank ran
+    in the last step (``per_rank[r]["model_parallel"]``, executor.trace) against the rows of
+    ``charged`` for it: calls, elements and group size; one line per kind that differs. Rows
+    carrying a ``difference`` are the executor's documented differences from the cost model."""
+    want: dict[str, list] = {}
+    notes: dict[tuple[str, str], str] = {}
+    for row in charged:
+        word = MODEL_PARALLEL_PARTS.get(str(row.part))
+        if word is None:
+            continue
+        key = f"{word} {row.layer}"
+        want.setdefault(key, []).extend([(str(row.op), row.elements, row.group_size)] * row.calls)
+        if getattr(row, "difference", ""):
+            notes[(key, str(row.op))] = row.difference
+    errors = []
+    for rank, result in enumerate(per_rank):
+        for key, records in result.get("model_parallel", {}).items():
+            words = key.split()
+            if len(words) != 2 or words[0] not in MODEL_PARALLEL_PARTS.values():
+                continue  # "layer 3 experts", "outside layers": not listed by the cost model
+            ran, charges = _mp_calls(records), _mp_calls(want.get(key, []))
+            for op in sorted(set(ran) | set(charges)):
+                if ran.get(op, Counter()) != charges.get(op, Counter()):
+                    note = f" (as the executor runs it: {notes[(key, op)]})" if (key, op) in notes else ""
+                    errors.append(f"{key} (rank {rank}): {op} ran {_mp_text(ran.get(op, Counter()))}; the cost model "
+                                  f"charges {_mp_text(charges.get(op, Counter()))}{note}")
+    return errors
+
+
 def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[str]:
     """Per rank and layer part (``per_rank[r]["collectives"]``: the last step's): kinds, calls,
-    group sizes and elements against the cost model's ``charged`` rows."""
+    group sizes and elements against the cost model's ``charged`` rows; then the model-parallel
+    ones (model_parallel_errors)."""
     want: dict[tuple[int, str], dict[str, tuple[int, float, int]]] = {}
     for row in charged:
+        if str(row.part) in MODEL_PARALLEL_PARTS:
+            continue
         want.setdefault((row.layer, str(row.part)), {})[str(row.op)] = (row.calls, row.elements, row.group_size)
     errors = []
     for rank, result in enumerate(per_rank):
@@ -280,4 +333,10 @@ def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[
             if not _same(ran, charges):
                 errors.append(f"{name} (rank {rank}): ran {_calls_text(ran)}; the cost model charges "
                               f"{_calls_text(charges)}")
-    return errors
+    return errors + (model_parallel_errors(per_rank, charged) if _lists_model_parallel(charged) else [])
+
+
+def _lists_model_parallel(charged: tuple) -> bool:
+    """Whether ``charged`` speaks of model parallelism (lists a model-parallel row): data-parallel
+    rows alone (``cost_models.charged_dp_collectives``) leave the model-parallel trace unchecked."""
+    return any(str(row.part) in MODEL_PARALLEL_PARTS for row in charged)

@@ -14,13 +14,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from executor.execution import ExecutionRecorder, unit_traces
+from executor.execution import ExecutionRecorder, _chunks, _first, unit_traces
 from executor.launch import progress
-from executor.model import is_tied, synthetic_batch
+from executor.model import Block, is_tied, synthetic_batch
 from executor.parallel.data import local
 from executor.parallel.layout import Layout
 from executor.parallel.pipeline import run_schedule
 from executor.parallelize import ParallelModel, parallelize
+from executor.trace import CollectiveTrace
 from specs import ModelSpec, Plan
 from specs.schedules import OpKind, schedule_entry
 
@@ -167,6 +168,7 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
     result: dict = {"rank": rank, "stage": pm.stage, "losses": [], "step_times_s": [], "notes": pm.notes,
                     "device": cfg.device, "process_groups": len(pm.groups.groups)}
     recorder = ExecutionRecorder(pm.module, pm.schedule) if cfg.check else None
+    trace = collective_trace(pm, plan) if cfg.check else None
     total_steps = cfg.steps if cfg.check else cfg.warmup + cfg.steps
     timer, losses = StepTimer(cfg.device), []
     for step in range(total_steps):
@@ -177,11 +179,18 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
             timer.start()
             if recorder is not None:
                 recorder.active = step == 0
+            traced = cfg.check and step == total_steps - 1  # a pipeline's first step also runs torch's shape inference
+            if traced:
+                trace.start()
+                trace.__enter__()
             local = train_step(pm, plan, inputs, targets, loss_fn, recorder)
+            if traced:
+                trace.__exit__(None, None, None)
             held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
             opt.step()
-            if cfg.check and step == total_steps - 1:  # a pipeline's first step also runs torch's shape inference
+            if traced:
                 result["collectives"] = unit_traces(pm.units)
+                result["model_parallel"] = trace.record()
             if held is not None:
                 result["state_bytes"] = _merge_grads(state_bytes(pm), held)
                 _check_state(result, pm, model)
@@ -198,6 +207,20 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
     if cfg.track_memory:
         result.update(_peak_memory(pm, plan, opt, loss_fn, model, cfg))
     return result
+
+
+def collective_trace(pm: ParallelModel, plan: Plan) -> CollectiveTrace:
+    """A model-parallel trace (executor.trace) watching this rank's blocks and, under a
+    pipeline of one chunk per rank, its stage's boundaries."""
+    trace = CollectiveTrace([u.trace for u in pm.units if u.trace is not None])
+    for chunk in _chunks(pm.module):
+        for key, wrapped in chunk.layers.items():
+            trace.watch_block(int(key), _first(wrapped, Block))
+    chunks = plan.stage_chunks(pm.stage)
+    if plan.pp > 1 and len(chunks) == 1:
+        layers = plan.chunk_ranges()[chunks[0]]
+        trace.watch_stage(chunks[0], plan.pp, layers[0], layers[-1])
+    return trace
 
 
 def _check_state(result: dict, pm: ParallelModel, model: ModelSpec) -> None:

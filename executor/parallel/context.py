@@ -83,7 +83,8 @@ class ContextCore:
     def __call__(self, core, q, k, v, causal: bool) -> torch.Tensor:
         mine = positions(self.rank, self.cp, self.order, self.seq)
         if self.comm == CPComm.ALL_GATHER:  # every rank's keys, then one pass (gradients reduce-scattered)
-            k, v = (GatherSeqReduceGrad.apply(t, self.group, 2) for t in (k, v))
+            # K and V in one all-gather (one reduce-scatter of their gradients), stacked on the batch
+            k, v = GatherSeqReduceGrad.apply(torch.cat([k, v]), self.group, 2).chunk(2)
             every = torch.cat([positions(r, self.cp, self.order, self.seq) for r in range(self.cp)])
             return _block_attention(q, k, v, mine, every, causal)[0].to(q.dtype)
         outs, lses = [], []
@@ -92,8 +93,8 @@ class ContextCore:
             out, lse = _block_attention(q, k, v, mine, positions(source, self.cp, self.order, self.seq), causal)
             outs.append(out)
             lses.append(lse)
-            if step < self.cp - 1:
-                k, v = _RingPass.apply(k, self.group), _RingPass.apply(v, self.group)
+            if step < self.cp - 1:  # the K/V block as one message (stacked on the batch)
+                k, v = _RingPass.apply(torch.cat([k, v]), self.group).chunk(2)
         total = torch.logsumexp(torch.stack(lses), dim=0)
         return sum(torch.exp(lse - total) * out for out, lse in zip(outs, lses)).to(q.dtype)
 

@@ -104,13 +104,16 @@ class _AllToAll(torch.autograd.Function):
 
 
 class UlyssesCore:
-    """What Attention runs around its core under Ulysses: heads split in, sequence split out."""
+    """What Attention runs around its core under Ulysses: heads split in (Q, K and V in one
+    all-to-all), sequence split out (one more)."""
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
 
     def __call__(self, core, q, k, v, causal: bool) -> torch.Tensor:
-        q, k, v = (seq_to_heads(t, self.group) for t in (q, k, v))
+        # one all-to-all for Q, K and V together (the cost model's one QKV message), stacked
+        # along the batch: [3 b, H, s/t, d]
+        q, k, v = seq_to_heads(torch.cat([q, k, v]), self.group).chunk(3)
         return heads_to_seq(core(q, k, v, causal), self.group)
 
 

@@ -1,6 +1,7 @@
 """Megatron tensor parallelism with DTensor: q/k/v and fc1 (gate/up) split by columns, o and
 fc2 (down) by rows, so each block needs one all-reduce in forward and one in backward per
-sub-layer. Norms and Swin's patch merging stay replicated on the TP group.
+sub-layer (the sub-layer's input enters as one replicated DTensor, Megatron's f, so the
+column-parallel projections' input gradients are summed before that one all-reduce). Norms and Swin's patch merging stay replicated on the TP group.
 
 With sequence parallelism the residual stream and the norms are split along the sequence
 between the TP ranks (all-gather before attention/MLP, reduce-scatter after). The block's
@@ -34,6 +35,11 @@ def tp_plan(block: nn.Module, sequence_parallel: bool = False) -> dict[str, obje
     if sequence_parallel:
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan.update({"attn": gather, "mlp": gather, "norm1": SequenceParallel(), "norm2": SequenceParallel()})
+    else:  # Megatron's f: one replicated DTensor feeds q, k and v (fc1, or gate and up), so their
+        # partial input gradients add up before the one all-reduce of the sub-layer's backward
+        entry = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
+        plan.update({"attn": entry} if getattr(block, "attn", None) is not None else {})
+        plan.update({"mlp": entry} if mlp is not None and prefix == "mlp" else {})
     return plan
 
 

@@ -1,0 +1,206 @@
+"""The model-parallel collectives a rank runs, per layer: tensor-parallel all-reduces, Megatron-SP
+all-gathers and reduce-scatters, Ulysses all-to-alls, context parallelism's ring sends and
+receives (or K/V all-gathers) and the pipeline's stage sends and receives, in the vocabulary of
+the data-parallel trace (kind, elements of one rank's buffer, group size) and compared by --check
+with what the cost model charges (executor.execution.collective_errors).
+
+A TorchDispatchMode sees every c10d op the rank dispatches (``torch.ops.c10d.*`` from
+torch.distributed's calls, ``torch.ops._c10d_functional.*`` from DTensor's redistributions and
+functional collectives); DTensor ops are handed back (NotImplemented) so that the mode sees the
+collectives DTensor desugars them into. Each op is put on the layer whose block is running:
+a forward pre-hook (first of the block's, before its sequence cut) and a forward hook (last,
+after its gather) bracket the forward, and identity autograd functions on the block's input and
+output bracket its backward (recomputation runs inside it). Pipeline sends and receives run
+between blocks; they go to the stage boundary they cross, read off the peer's stage.
+
+The data-parallel collectives are traced by their buckets (executor.parallel.data) and left
+out here: each of those appends one record to its unit's trace right before it starts its one
+collective, so an op that arrives while the units' traces hold more records than have been
+matched is that record's.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+OPS = {
+    # c10d (torch.distributed's eager calls): op name -> recorded kind
+    "allreduce_": "all_reduce", "allgather_": "all_gather", "_allgather_base_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather", "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter", "alltoall_": "all_to_all", "alltoall_base_": "all_to_all",
+    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    # _c10d_functional (DTensor, funcol)
+    "all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+}
+
+
+def _numel(x) -> int:
+    if isinstance(x, (list, tuple)):
+        return sum(_numel(t) for t in x)
+    return x.numel() if isinstance(x, torch.Tensor) else 0
+
+
+def _process_group(a) -> dist.ProcessGroup | None:
+    """A c10d op's ProcessGroup argument (boxed as a ScriptObject at the dispatcher)."""
+    if isinstance(a, dist.ProcessGroup):
+        return a
+    if isinstance(a, torch.ScriptObject) and a._type().qualified_name().endswith(".ProcessGroup"):
+        return dist.ProcessGroup.unbox(a)
+    return None
+
+
+def _group_size(args, kwargs) -> int:
+    """The group's size: c10d ops carry the ProcessGroup, functional ones its name (last string)."""
+    values = list(args) + list((kwargs or {}).values())
+    for a in values:
+        if _process_group(a) is not None:
+            return _process_group(a).size()
+    names = [a for a in values if isinstance(a, str)]  # (reduce op,) group name: the last
+    return dist.distributed_c10d._resolve_process_group(names[-1]).size() if names else 0
+
+
+def _peer(args) -> tuple[int, dist.ProcessGroup] | None:
+    """(peer's rank in the group, group) of a c10d send or recv_."""
+    group = next((_process_group(a) for a in args if _process_group(a) is not None), None)
+    ints = [a for a in args if isinstance(a, int)]
+    return (ints[0], group) if group is not None and ints else None
+
+
+INPUT_SIZED = {"reduce_scatter_", "_reduce_scatter_base_", "alltoall_", "alltoall_base_"}
+"""c10d ops whose recorded buffer is their second argument (the input; the first is the output)."""
+
+
+def _elements(name: str, args) -> int:
+    """Elements of one rank's buffer: the reduced or exchanged input, the gathered result (an
+    all-gather's output), the sent or received tensor."""
+    if name == "all_gather_into_tensor":  # (input, group size, group name)
+        return _numel(args[0]) * int(args[1])
+    return _numel(args[1] if name in INPUT_SIZED else args[0])
+
+
+class _Mark(torch.autograd.Function):
+    """Identity whose backward runs ``on_backward`` (where a block's backward starts or ends)."""
+
+    @staticmethod
+    def forward(ctx, x, on_backward):  # type: ignore[override]
+        ctx.on_backward = on_backward
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        ctx.on_backward()
+        return grad, None
+
+
+def _marked(x, on_backward: Callable[[], None]):
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        return _Mark.apply(x, on_backward)
+    return x
+
+
+class CollectiveTrace(TorchDispatchMode):
+    """``with trace:`` records (kind, elements, group size) per layer key ("layer 3") of every
+    model-parallel collective; pipeline sends and receives under "boundary <layer>" (the last
+    layer before the boundary). ``dp_traces``: the units' data-parallel trace lists (whose
+    collectives are left out)."""
+
+    def __init__(self, dp_traces: list[list]) -> None:
+        super().__init__()
+        self.dp_traces = dp_traces
+        self.records: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+        self.key: str | None = None
+        """Where the running collectives go ("layer 3", "layer 3 experts"; None: between blocks)."""
+        self._stack: list[str | None] = []
+        self._dp_matched = 0
+        self._boundaries: dict[int, str] = {}  # peer stage offset (+1, -1) -> key
+        self._watched: list[str] = []
+
+    # -- attribution -----------------------------------------------------------------------
+    def watch_block(self, i: int, block: nn.Module) -> None:
+        """Put what runs inside ``block`` (forward and backward) on layer ``i``, and what runs
+        inside its routed experts' MoE (the expert all-to-alls) on "layer i experts" (not
+        compared: the cost model's expert rows are not listed)."""
+        self._watched.append(f"layer {i}")
+        self._watch(block, f"layer {i}", None)
+        mlp = getattr(block, "mlp", None)
+        if mlp is not None and hasattr(mlp, "experts"):
+            self._watch(mlp, f"layer {i} experts", f"layer {i}")
+
+    def _watch(self, module: nn.Module, key: str, parent: str | None) -> None:
+        def enter(_module, args):
+            self._stack.append(self.key)
+            self.key = key
+            return (_marked(args[0], lambda: self._set(parent)), *args[1:])
+
+        def leave(_module, _args, out):
+            self.key = self._stack.pop() if self._stack else parent
+            return _marked(out, lambda: self._set(key))
+        module.register_forward_pre_hook(enter, prepend=True)
+        module.register_forward_hook(leave)
+
+    def _set(self, key: str | None) -> None:
+        self.key = key
+
+    def watch_stage(self, stage: int, pp: int, first_layer: int, last_layer: int) -> None:
+        """Pipeline p2p of this rank's (one) stage: to or from the next stage crosses the boundary
+        after ``last_layer``, the previous one's the boundary after ``first_layer - 1``."""
+        if stage + 1 < pp:
+            self._boundaries[1] = f"boundary {last_layer}"
+        if stage > 0:
+            self._boundaries[-1] = f"boundary {first_layer - 1}"
+        self._watched += sorted(set(self._boundaries.values()) - set(self._watched))
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def _is_data_parallel(self) -> bool:
+        started = sum(len(t) for t in self.dp_traces)
+        if started > self._dp_matched:
+            self._dp_matched += 1
+            return True
+        return False
+
+    def start(self) -> None:
+        """Begin a step: the data-parallel records already there are matched."""
+        self._dp_matched = sum(len(t) for t in self.dp_traces)
+        self.records.clear()
+        self._stack.clear()
+        self.key = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor desugar into the collectives recorded here
+        namespace = func.namespace
+        name = func._schema.name.split("::")[-1]
+        kind = OPS.get(name) if namespace in ("c10d", "_c10d_functional") else None
+        if kind is not None and not self._is_data_parallel():
+            self._record(kind, name, args, kwargs)
+        return func(*args, **(kwargs or {}))
+
+    def _record(self, kind: str, name: str, args, kwargs) -> None:
+        size = _group_size(args, kwargs)
+        elements = _elements(name, args)
+        if kind in ("send", "recv") and self.key is None:
+            key = self._boundary(args)
+        else:
+            key = self.key if self.key is not None else "outside layers"
+        self.records[key].append((kind, elements, size))
+
+    def _boundary(self, args) -> str:
+        peer = _peer(args)
+        if peer is None or peer[1] is None:
+            return "outside layers"
+        me = dist.get_group_rank(peer[1], dist.get_rank())
+        return self._boundaries.get(1 if peer[0] > me else -1, "outside layers")
+
+    def record(self) -> dict[str, list[tuple[str, int, int]]]:
+        """The step's records per key: every watched layer and boundary (empty if it ran none),
+        and "outside layers" (the embedding's, the head's, relayouts', an interleaved pipeline's
+        sends), which nothing is compared with."""
+        keys = self._watched + [k for k in self.records if k not in self._watched]
+        return {k: list(self.records.get(k, [])) for k in keys}
