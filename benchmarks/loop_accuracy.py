@@ -206,15 +206,17 @@ def _profiles(wanted: dict[str, Plan], the_models: dict, args, start: float) -> 
 
 
 def _check(wanted: dict[str, Plan], the_models: dict) -> list[str]:
-    """Every plan's --check (one step against the one-process reference), held to the cost
-    model's data-parallel collectives; the plans that failed, with why."""
+    """Every plan's --check (one step against the one-process reference), held to the
+    collectives the cost model charges, data- and model-parallel, as the executor runs them
+    (``cost_models.expected_collectives``: its documented differences explicit); the plans that
+    failed, with why."""
     import cost_models
     from executor.execution import CostPrediction
     from executor.run import check_lines, run_plan
     failed = []
     for name, plan in wanted.items():
         model = the_models[plan.model]
-        prediction = CostPrediction(collectives=tuple(cost_models.charged_dp_collectives(model, plan, 2)))
+        prediction = CostPrediction(collectives=tuple(cost_models.expected_collectives(model, plan, 2)))
         m = run_plan(plan, model, world_size=2, steps=1, check=True, track_memory=False, timeout_s=600,
                      prediction=prediction)
         print(f"check {name:22s} {'PASSED' if m.check.passed else 'FAILED'}", flush=True)

@@ -13,10 +13,8 @@ receives of ``AnalyticalModel.pipeline_message`` (and its receivers' tp all-gath
 (``ChargedCollective.difference``, docs/executor.md) replace or add rows explicitly."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
-
-from dataclasses import replace
 
 from cost_models import context, experts
 from cost_models import sequence as seq
@@ -240,6 +238,11 @@ class Difference(StrEnum):
     """A MoE layer's MLP-side collectives (expert all-to-alls, its tensor-parallel ones) are
     recorded apart ("layer i experts") and compared with nothing: the layer's tp rows keep the
     attention sub-layer's half."""
+    EXPERT_BUCKET = "routed experts reduced in their own bucket"
+    """A MoE layer without an expert split: the executor keeps its routed experts in their own
+    data-parallel bucket (as Megatron-Core's expert-data-parallel buffers do at ep 1 too), so the
+    layer's collectives run twice, once per part, over the same group; the cost model charges
+    them once for the whole layer (the same elements, one launch fewer)."""
     PIPELINE_WHOLE = "pipeline sends the whole activation"
     """Every rank of a stage sends its whole (replicated, whole-sequence) activation to its peer;
     no scatter-gather over tp, no sequence split at the boundary."""
@@ -319,7 +322,18 @@ def expected_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[
     """``charged_collectives`` as the executor runs them: the rows of its documented differences
     (``difference`` set) in place of the charged ones they replace, and added where it runs
     what the cost model does not charge."""
-    out = charged_dp_collectives(model, plan, world_size)
+    out = [row for dp_row in charged_dp_collectives(model, plan, world_size)
+           for row in _executed_dp_rows(dp_row, model.layers[dp_row.layer], plan.layers[dp_row.layer])]
     for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
         out += executed_mp_rows(i, layer, s, plan.micro_batches, micro_batch_size(plan, s))
     return out + _executed_pipeline(model, plan)
+
+
+def _executed_dp_rows(row: ChargedCollective, layer: LayerSpec, s: LayerStrategy) -> list[ChargedCollective]:
+    """A data-parallel row as the executor runs it: split into its dense and routed-expert parts
+    for a MoE layer without an expert split (Difference.EXPERT_BUCKET), else itself."""
+    if layer.moe is None or experts.applies(layer, s):
+        return [row]
+    expert = row.elements * experts.expert_params(layer) / layer.param_count()
+    return [replace(row, elements=row.elements - expert, difference=Difference.EXPERT_BUCKET),
+            replace(row, part=Part.EXPERTS, group_axes=("edp",), elements=expert, difference=Difference.EXPERT_BUCKET)]

@@ -9,8 +9,8 @@ torch.distributed's calls, ``torch.ops._c10d_functional.*`` from DTensor's redis
 functional collectives); DTensor ops are handed back (NotImplemented) so that the mode sees the
 collectives DTensor desugars them into. Each op is put on the layer whose block is running:
 a forward pre-hook (first of the block's, before its sequence cut) and a forward hook (last,
-after its gather) bracket the forward, and identity autograd functions on the block's input and
-output bracket its backward (recomputation runs inside it). Pipeline sends and receives run
+after its gather) bracket the forward, and gradient hooks on the block's input and output
+tensors bracket its backward (recomputation runs inside it). Pipeline sends and receives run
 between blocks; they go to the stage boundary they cross, read off the peer's stage.
 
 The data-parallel collectives are traced by their buckets (executor.parallel.data) and left
@@ -85,24 +85,20 @@ def _elements(name: str, args) -> int:
     return _numel(args[1] if name in INPUT_SIZED else args[0])
 
 
-class _Mark(torch.autograd.Function):
-    """Identity whose backward runs ``on_backward`` (where a block's backward starts or ends)."""
-
-    @staticmethod
-    def forward(ctx, x, on_backward):  # type: ignore[override]
-        ctx.on_backward = on_backward
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        ctx.on_backward()
-        return grad, None
+def _is_metadata(kind: str, args) -> bool:
+    """A send or receive of integer tensors: torch.pipelining's shape inference exchanging the
+    stage's output shapes as pickled objects (size, bytes) on the first step, not a plan's
+    collective."""
+    tensors = args[0] if args and isinstance(args[0], (list, tuple)) else args[:1]
+    return kind in ("send", "recv") and all(isinstance(t, torch.Tensor) and not t.is_floating_point()
+                                            for t in tensors)
 
 
-def _marked(x, on_backward: Callable[[], None]):
+def _on_gradient(x, fn: Callable[[], None]) -> None:
+    """Run ``fn`` when backward reaches ``x``'s gradient: a hook on the tensor, which adds no node
+    to the graph that torch.pipelining's split backward (stage_backward_input) walks."""
     if isinstance(x, torch.Tensor) and x.requires_grad:
-        return _Mark.apply(x, on_backward)
-    return x
+        x.register_hook(lambda _grad: fn())
 
 
 class CollectiveTrace(TorchDispatchMode):
@@ -137,16 +133,22 @@ class CollectiveTrace(TorchDispatchMode):
         def enter(_module, args):
             self._stack.append(self.key)
             self.key = key
-            return (_marked(args[0], lambda: self._set(parent)), *args[1:])
+            _on_gradient(args[0], lambda: self._leave_backward(key, parent))
 
         def leave(_module, _args, out):
             self.key = self._stack.pop() if self._stack else parent
-            return _marked(out, lambda: self._set(key))
+            _on_gradient(out, lambda: self._set(key))
         module.register_forward_pre_hook(enter, prepend=True)
         module.register_forward_hook(leave)
 
     def _set(self, key: str | None) -> None:
         self.key = key
+
+    def _leave_backward(self, key: str, parent: str | None) -> None:
+        """The block's input gradient is made: its backward ends, unless the previous block's
+        output (the same tensor, whose hook ran first) has already started that one's."""
+        if self.key == key:
+            self.key = parent
 
     def watch_stage(self, stage: int, pp: int, first_layer: int, last_layer: int) -> None:
         """Pipeline p2p of this rank's (one) stage: to or from the next stage crosses the boundary
@@ -178,7 +180,7 @@ class CollectiveTrace(TorchDispatchMode):
         namespace = func.namespace
         name = func._schema.name.split("::")[-1]
         kind = OPS.get(name) if namespace in ("c10d", "_c10d_functional") else None
-        if kind is not None and not self._is_data_parallel():
+        if kind is not None and not self._is_data_parallel() and not _is_metadata(kind, args):
             self._record(kind, name, args, kwargs)
         return func(*args, **(kwargs or {}))
 
