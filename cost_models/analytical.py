@@ -85,6 +85,7 @@ class AnalyticalModel(CostModel):
         self._pass_kernels = Memo(self._compute_pass_kernels)
         self._layer_memory = Memo(self._compute_layer_memory)
         self._transition = Memo(self._compute_transition)
+        self._cp_core = Memo(self._compute_cp_core)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
 
     def with_constants(self, constants: AnalyticalConstants) -> "AnalyticalModel":
@@ -206,9 +207,15 @@ class AnalyticalModel(CostModel):
         the rank's attention-core kernels (forward, and their backward)."""
         if strategy.cp <= 1:
             return context.CPTime()
-        core = context.blockwise_ops(seq.rank_ops(layer, strategy, mbs))
+        d = strategy.degrees
         return context.cp_time(self.collective_time, layer, strategy, mbs, first_rank,
-                               self.ops_time(core), self.ops_time(backward_ops(core)))
+                               *self._cp_core(layer, d.split // d.cp, d.cp, mbs))
+
+    def _compute_cp_core(self, layer: LayerSpec, heads_split: int, cp: int, mbs: int) -> tuple[float, float]:
+        """(forward, backward) time of a rank's attention core under cp (seq.rank_ops' kernels):
+        what every strategy of the same split, cp and micro-batch size shares."""
+        core = context.blockwise_ops(forward_ops(layer, heads_split, mbs, cp=cp))
+        return self.ops_time(core), self.ops_time(backward_ops(core))
 
     def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                        pass_comm_s: float = 0.0) -> float:

@@ -270,6 +270,8 @@ class Plan:
 
     def _even_chunk_layers(self) -> tuple[int, ...]:
         """The default: each stage's layers split evenly over its chunks, earlier chunks first."""
+        if self.virtual_stages == 1:  # every schedule of one chunk per rank runs chunk k on stage k
+            return self.stage_layers
         counts = [0] * (self.pp * self.virtual_stages)
         for k, n in enumerate(self.stage_layers):
             if n < self.virtual_stages:
@@ -292,6 +294,8 @@ class Plan:
     @cached_property
     def _chunk_stages(self) -> tuple[int, ...]:
         """The stage of every global chunk."""
+        if self.virtual_stages == 1:
+            return tuple(range(self.pp))
         stages = [0] * (self.pp * self.virtual_stages)
         for k in range(self.pp):
             for j in self.stage_chunks(k):
