@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, member, one_of, positive_int
 from specs.files import atomic_write_text
+from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import Precision, fp8_recipe, gpu_refusal
 from specs.precision import precision as to_precision
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
@@ -87,6 +88,9 @@ class LayerStrategy:
     precision: Precision = Precision.BF16
     """Arithmetic of the layer's linear layers (specs.precision): bf16 or an FP8 recipe. A plan
     takes one FP8 recipe; some layers may stay in bf16 (often the first and last)."""
+
+    __hash__ = cached_hash  # a cache key of the cost models and planners
+    __getstate__ = without_cached_hash
 
     def __post_init__(self) -> None:
         positive_int(self.tp, "tp")
