@@ -85,6 +85,8 @@ class AnalyticalModel(CostModel):
         self._pass_kernels = Memo(self._compute_pass_kernels)
         self._layer_memory = Memo(self._compute_layer_memory)
         self._transition = Memo(self._compute_transition)
+        self._cp_core = Memo(self._compute_cp_core)
+        self._sync = Memo(self._compute_sync)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
 
     def with_constants(self, constants: AnalyticalConstants) -> "AnalyticalModel":
@@ -172,7 +174,7 @@ class AnalyticalModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
-        tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
+        tp_groups, traffic, update_s = self._sync(layer, strategy, first_rank)
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
@@ -184,10 +186,6 @@ class AnalyticalModel(CostModel):
         backward_s = own_backward_s + self.recompute_time(layer, strategy, mbs, pass_comm_s)
         # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
         weight_grad_s = own_backward_s * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
-        # dense part over dp; with an expert split the routed experts over their expert-dp groups
-        parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
-        gather = fp8.gather_bytes_per_param(strategy.precision)
-        traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups, gather) for p in parts])
         per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
             self.exposed_time(traffic.micro_batch_fwd_s, forward_s)
         tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
@@ -199,16 +197,33 @@ class AnalyticalModel(CostModel):
                          cp_core_bwd_s=cp.core_bwd_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb, ep_comm_s=ep_comm_s,
-                         update_s=sum(self.update_time(p.params, p.dp_type, p.size) for p in parts))
+                         update_s=update_s)
+
+    def _compute_sync(self, layer: LayerSpec, strategy: LayerStrategy, first_rank: int
+                      ) -> tuple[RankGroups, DPTraffic, float]:
+        """The layer's TP groups, its data-parallel traffic and its optimizer step: what its time
+        shares across micro-batch sizes and counts (the dense part over dp; with an expert split
+        the routed experts over their expert-dp groups)."""
+        tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
+        parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
+        gather = fp8.gather_bytes_per_param(strategy.precision)
+        traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups, gather) for p in parts])
+        return tp_groups, traffic, sum(self.update_time(p.params, p.dp_type, p.size) for p in parts)
 
     def cp_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int) -> context.CPTime:
         """Context parallelism's exposed K/V traffic and causal imbalance (context.cp_time), against
         the rank's attention-core kernels (forward, and their backward)."""
         if strategy.cp <= 1:
             return context.CPTime()
-        core = context.blockwise_ops(seq.rank_ops(layer, strategy, mbs))
+        d = strategy.degrees
         return context.cp_time(self.collective_time, layer, strategy, mbs, first_rank,
-                               self.ops_time(core), self.ops_time(backward_ops(core)))
+                               *self._cp_core(layer, d.split // d.cp, d.cp, mbs))
+
+    def _compute_cp_core(self, layer: LayerSpec, heads_split: int, cp: int, mbs: int) -> tuple[float, float]:
+        """(forward, backward) time of a rank's attention core under cp (seq.rank_ops' kernels):
+        what every strategy of the same split, cp and micro-batch size shares."""
+        core = context.blockwise_ops(forward_ops(layer, heads_split, mbs, cp=cp))
+        return self.ops_time(core), self.ops_time(backward_ops(core))
 
     def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                        pass_comm_s: float = 0.0) -> float:

@@ -187,7 +187,8 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies]), "layouts": layout_classes(strategies)}
+    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies]), "layouts": layout_classes(strategies),
+                    "dp_types": dp_type_classes(strategies)}
     stages = []
     for k in range(combo.pp):
         check(deadline)
@@ -195,7 +196,8 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     vocab = {}
     for v in vocab_tps:
         check(deadline)
-        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies, shared["layouts"])
+        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies, shared["layouts"],
+                                 shared["dp_types"])
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
@@ -245,6 +247,13 @@ def layout_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[in
     cls = np.array([index.setdefault(layout_key(s), len(index)) for s in strategies])
     reps = [int(np.flatnonzero(cls == c)[0]) for c in range(len(index))]
     return cls, reps
+
+
+def dp_type_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[str]]:
+    """Index of each strategy's dp type in the sorted list of the dp types they use, and that list."""
+    types = sorted({s.dp_type for s in strategies})
+    index = {d: i for i, d in enumerate(types)}
+    return np.array([index[s.dp_type] for s in strategies], dtype=int), types
 
 
 def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
@@ -348,16 +357,16 @@ def _trans_classes(cm: CostModel, cache: dict, layer, combo: Combo, strategies: 
     """[from class, to class] relayout times of ``layer``'s output, one call per layout pair
     (``deadline`` checked before each call the cache cannot answer)."""
     out = np.zeros((len(reps), len(reps)))
-    for a, i in enumerate(reps):
-        s = strategies[i]
-        mbs = _mbs(combo, s)
-        for b, j in enumerate(reps):
-            u = strategies[j]
-            key = ("tr", layer, layout_key(s), layout_key(u), mbs, first)
-            if key not in cache:
+    layouts = [(layout_key(strategies[i]), _layout(strategies[i])) for i in reps]
+    for a, (src_key, src) in enumerate(layouts):
+        mbs = _mbs(combo, src)
+        for b, (dst_key, dst) in enumerate(layouts):
+            key = ("tr", layer, src_key, dst_key, mbs, first)
+            value = cache.get(key)
+            if value is None:
                 check(deadline)
-                cache[key] = cm.transition_time(layer, _layout(s), _layout(u), mbs, first)
-            out[a, b] = cache[key]
+                value = cache[key] = cm.transition_time(layer, src, dst, mbs, first)
+            out[a, b] = value
     return out
 
 
@@ -376,34 +385,32 @@ def _send(cm: CostModel, cache: dict, msg, layer: LayerSpec, s: LayerStrategy, m
 
 
 def _vocab_stages(cm: CostModel, model: ModelSpec, combo: Combo, strategies: list[LayerStrategy],
-                  layouts: tuple[np.ndarray, list[int]]) -> list[VocabCost]:
+                  layouts: tuple[np.ndarray, list[int]], dp_types: tuple[np.ndarray, list[str]]) -> list[VocabCost]:
     """One VocabCost per stage; for a rank-symmetric cost model the stages that hold neither the
     embedding nor the head are alike (its contract), so they share one answer."""
     out, middle = [], None
     for k in range(combo.pp):
         if 0 < k < combo.pp - 1 and cm.rank_symmetric:
-            middle = middle or _vocab(cm, model, combo, k, strategies, layouts)
+            middle = middle or _vocab(cm, model, combo, k, strategies, layouts, dp_types)
             out.append(middle)
         else:
-            out.append(_vocab(cm, model, combo, k, strategies, layouts))
+            out.append(_vocab(cm, model, combo, k, strategies, layouts, dp_types))
     return out
 
 
 def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, strategies: list[LayerStrategy],
-           layouts: tuple[np.ndarray, list[int]]) -> VocabCost:
+           layouts: tuple[np.ndarray, list[int]], dp_types: tuple[np.ndarray, list[str]]) -> VocabCost:
     """vocab_cost under probe plans: all layers DDP (the base), then layer 0 / the last layer
-    under each dp type (the deltas)."""
+    under each dp type (the deltas; ``dp_types``: dp_type_classes of the strategies)."""
     base = _vocab_probe(cm, model, combo, stage, DPType.DDP, DPType.DDP)
-    types = sorted({s.dp_type for s in strategies})
+    cls, types = dp_types
     out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
     if stage == 0:
-        delta = {d: _delta(_vocab_probe(cm, model, combo, stage, d, DPType.DDP), base) for d in types}
-        out.first_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(
-            cm, model, combo, 0, strategies, layouts)
+        delta = np.array([_delta(_vocab_probe(cm, model, combo, stage, d, DPType.DDP), base) for d in types])
+        out.first_delta = delta[cls] + _relayout_delta(cm, model, combo, 0, strategies, layouts)
     if stage == combo.pp - 1:
-        delta = {d: _delta(_vocab_probe(cm, model, combo, stage, DPType.DDP, d), base) for d in types}
-        out.last_delta = np.array([delta[s.dp_type] for s in strategies]) + _relayout_delta(
-            cm, model, combo, model.num_layers - 1, strategies, layouts)
+        delta = np.array([_delta(_vocab_probe(cm, model, combo, stage, DPType.DDP, d), base) for d in types])
+        out.last_delta = delta[cls] + _relayout_delta(cm, model, combo, model.num_layers - 1, strategies, layouts)
     return out
 
 

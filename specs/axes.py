@@ -7,6 +7,7 @@ from functools import cached_property
 from enum import StrEnum
 
 from specs.errors import SpecError, member, positive_int
+from specs.hashing import cached_hash, without_cached_hash
 
 DENSE_AXES = ("tp", "cp", "ulysses", "dp")
 """The axes that split a stage's ranks, in the documented order: tensor (the weights), context
@@ -110,16 +111,8 @@ class Degrees:
         for name, kind in (("dp_type", DPType), ("sp", SequenceParallel), ("edp_type", DPType)):
             object.__setattr__(self, name, member(getattr(self, name), kind, name))
 
-    def __hash__(self) -> int:  # keys the grid cache, asked for thousands of times
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash((self.dp, self.dp_type, self.tp, self.tp_consecutive, self.sp, self.ulysses,
-                           self.cp, self.ep, self.etp, self.edp_type))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    def __getstate__(self) -> dict:  # the cached hash is per process (str hashes are salted)
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    __hash__ = cached_hash  # keys the grid cache, asked for thousands of times
+    __getstate__ = without_cached_hash
 
     @cached_property
     def gpus(self) -> int:

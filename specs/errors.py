@@ -72,7 +72,17 @@ def member(value: object, kind: type[E], field: str) -> E:
     listing the members."""
     if type(value) is kind:
         return value
-    return kind(one_of(value, tuple(kind), field))
+    try:
+        found = _members(kind).get(value)
+    except TypeError:  # unhashable: not a member
+        found = None
+    return kind(one_of(value, tuple(kind), field)) if found is None else found
+
+
+@functools.lru_cache(maxsize=None)
+def _members(kind: type[E]) -> dict:
+    """The members of the enum ``kind`` by themselves and by their values."""
+    return {**{m.value: m for m in kind}, **{m: m for m in kind}}
 
 
 def check_fields(cls: type, given: Iterable[str], where: str = "") -> None:

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from specs.errors import SpecError, one_of, positive_int, require
+from specs.hashing import cached_hash, without_cached_hash
 from specs.layer_parts import MLASpec, MoESpec
 from specs.limits import MAX_LAYERS, at_most, check_int_fields
 
@@ -82,6 +83,9 @@ class LayerSpec:
     the query/key head width; num_kv_heads equals num_heads)."""
     attention: str = "eager"
     """How attention is computed, one of ATTENTION_KINDS (time and activation memory differ)."""
+
+    __hash__ = cached_hash  # a cache key of the cost models and planners
+    __getstate__ = without_cached_hash
 
     def __post_init__(self) -> None:
         one_of(self.kind, LAYER_KINDS, "kind")

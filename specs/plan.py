@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, member, one_of, positive_int
 from specs.files import atomic_write_text
+from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import Precision, fp8_recipe, gpu_refusal
 from specs.precision import precision as to_precision
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
@@ -87,6 +88,9 @@ class LayerStrategy:
     precision: Precision = Precision.BF16
     """Arithmetic of the layer's linear layers (specs.precision): bf16 or an FP8 recipe. A plan
     takes one FP8 recipe; some layers may stay in bf16 (often the first and last)."""
+
+    __hash__ = cached_hash  # a cache key of the cost models and planners
+    __getstate__ = without_cached_hash
 
     def __post_init__(self) -> None:
         positive_int(self.tp, "tp")
@@ -270,6 +274,8 @@ class Plan:
 
     def _even_chunk_layers(self) -> tuple[int, ...]:
         """The default: each stage's layers split evenly over its chunks, earlier chunks first."""
+        if self.virtual_stages == 1:  # every schedule of one chunk per rank runs chunk k on stage k
+            return self.stage_layers
         counts = [0] * (self.pp * self.virtual_stages)
         for k, n in enumerate(self.stage_layers):
             if n < self.virtual_stages:
@@ -292,6 +298,8 @@ class Plan:
     @cached_property
     def _chunk_stages(self) -> tuple[int, ...]:
         """The stage of every global chunk."""
+        if self.virtual_stages == 1:
+            return tuple(range(self.pp))
         stages = [0] * (self.pp * self.virtual_stages)
         for k in range(self.pp):
             for j in self.stage_chunks(k):

@@ -79,9 +79,13 @@ def _play(entry: PipelineSchedule, stages: Sequence[StageWork], micro_batches: i
                   s.weight_grad_s / v) for s in stages]
     order = _order(entry.name, len(stages), micro_batches, v)
     free, ends = [0.0] * len(stages), [0.0] * len(order)
-    for i, (k, kind, dep) in enumerate(order):
-        start = free[k] if dep < 0 or ends[dep] <= free[k] else ends[dep]
+    i = 0
+    for k, kind, dep in order:
+        start = free[k]
+        if dep >= 0 and ends[dep] > start:
+            start = ends[dep]
         ends[i] = free[k] = start + durations[k][kind]
+        i += 1
     return max(free)
 
 
@@ -96,20 +100,24 @@ def _order(name: str, pp: int, micro_batches: int, v: int) -> tuple[tuple[int, i
     entry = schedule_entry(name)
     programs = [entry.ops(k, pp, micro_batches, v) for k in range(pp)]
     chunks = [entry.stage_chunks(k, pp, v) for k in range(pp)]
-    last, placed, position = pp * v - 1, {}, [0] * pp
+    last, placed, position, total = pp * v - 1, {}, [0] * pp, sum(map(len, programs))
+    waiting: list[tuple | None] = [None] * pp  # each stage's next op as (key, its input), once per op
     order: list[tuple[int, int, int]] = []
-    while len(order) < sum(map(len, programs)):
+    while len(order) < total:
         progressed = False
         for k, program in enumerate(programs):
             while position[k] < len(program):
-                op = program[position[k]]
-                key = (op.kind, chunks[k][op.chunk], op.micro_batch)
-                dep = _input_of(key, last)
+                if waiting[k] is None:
+                    op = program[position[k]]
+                    key = (op.kind, chunks[k][op.chunk], op.micro_batch)
+                    waiting[k] = (key, _input_of(key, last))
+                key, dep = waiting[k]
                 if dep is not None and dep not in placed:
                     break
                 placed[key] = len(order)
-                order.append((k, KIND_INDEX[op.kind], -1 if dep is None else placed[dep]))
+                order.append((k, KIND_INDEX[key[0]], -1 if dep is None else placed[dep]))
                 position[k] += 1
+                waiting[k] = None
                 progressed = True
         if not progressed:
             raise SpecError("schedule", f"{name} deadlocks on pp({pp}) with micro_batches({micro_batches})")
