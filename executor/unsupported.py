@@ -4,9 +4,9 @@ from __future__ import annotations
 from executor.model import is_tied
 from executor.parallel.expert import EXPERT_DP_TYPES
 from executor.parallel.vocab import refuse_vocab
-from specs import LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError
+from specs import LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SpecError
 from specs.capabilities import BF16_ONLY, Capabilities, check_supported
-from specs.schedules import REGISTRY
+from specs.schedules import REGISTRY, schedule_entry
 
 CAPABILITIES = Capabilities(schedule=frozenset(s for s, e in REGISTRY.items() if e.torch_class),
                             expert_dp_type=frozenset(EXPERT_DP_TYPES),
@@ -18,10 +18,16 @@ to torchao or Transformer Engine yet). Every other value runs (every cp_comm: ri
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
     """SpecError naming the first field the executor cannot honour for ``model``: its
-    capabilities first, then what depends on the model (cp or Ulysses beside experts, cp beside
-    windows or Megatron-SP, the vocabulary)."""
+    capabilities first, then recomputation under a split backward, then what depends on the
+    model (cp or Ulysses beside experts, cp beside windows or Megatron-SP, the vocabulary)."""
     check_supported(plan, model, CAPABILITIES, "executor")
+    split_backward = schedule_entry(plan.schedule).splits_backward
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
+        if split_backward and s.recompute != Recompute.NONE:
+            raise SpecError(f"layer {i}", f"recompute {s.recompute} under {plan.schedule} is not run: torch's "
+                            f"checkpoint re-runs a block's forward once per backward call, so the split "
+                            f"backward's input- and weight-gradient passes would run it twice where the plan "
+                            f"counts it once")
         if s.cp > 1:
             _refuse_cp(i, s, spec)
         if s.ulysses > 1 and spec.moe is not None:

@@ -175,6 +175,10 @@ def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt
      "vocab_zero3: vocab_zero3 with tied embeddings is not run"),
     ("tiny-moe", plan([4], [L(ulysses=2, dp=2, sp="ulysses", expert_tp=2)] * 4, micro_batches=1),
      "layer 0: sp ulysses on a MoE layer is not run"),
+    ("tiny-gpt", plan([2, 2], [L(dp=2), L(dp=2, recompute="full"), L(dp=2), L(dp=2)], schedule="dualpipev",
+                      virtual_stages=2, global_batch=8, micro_batches=4),
+     "layer 1: recompute full under dualpipev is not run: torch's checkpoint re-runs a block's forward once per "
+     "backward call"),
     ("vit-large-24", plan([24], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
      "vocab_tp: vocabulary parallelism needs a token embedding and an lm head, got patch embedding and classifier"),
 ])
