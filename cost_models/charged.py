@@ -170,7 +170,8 @@ def cp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs:
 
 def pipeline_rows(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
     """Each stage boundary (after its last layer L, on every rank of both stages): per
-    micro-batch one send and one receive (the activation forward, its gradient back) of
+    micro-batch one send and one receive (the activation forward, its gradient back; over the pp
+    group, as cp's ring sends are over the cp group) of
     AnalyticalModel.pipeline_message: under tp or Ulysses each rank sends 1 / (tp u) of its s / cp
     tokens and the receivers all-gather the whole over tp (Megatron's scatter-gather; none under
     sequence parallelism). One model chunk per rank only (interleaved: none listed)."""
@@ -183,7 +184,8 @@ def pipeline_rows(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
         m, mbs = plan.micro_batches, micro_batch_size(plan, s)
         whole = layer.output_elements(mbs) / s.cp
         split = s.tp * s.ulysses
-        out += [_row(i, op, ("pp",), 2, whole / split, m, Part.PIPELINE) for op in (Collective.SEND, Collective.RECV)]
+        out += [_row(i, op, ("pp",), plan.pp, whole / split, m, Part.PIPELINE)
+                for op in (Collective.SEND, Collective.RECV)]
         if split > 1 and not s.megatron_sp and s.ulysses == 1:
             out.append(_row(i, Collective.ALL_GATHER, ("tp",), s.tp, whole, 2 * m, Part.PIPELINE))
     return out

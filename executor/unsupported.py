@@ -21,7 +21,7 @@ def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
     capabilities first, then recomputation under a split backward, then what depends on the
     model (cp or Ulysses beside experts, cp beside windows or Megatron-SP, the vocabulary)."""
     check_supported(plan, model, CAPABILITIES, "executor")
-    split_backward = schedule_entry(plan.schedule).splits_backward
+    split_backward = plan.pp > 1 and schedule_entry(plan.schedule).splits_backward  # pp 1: the accumulation loop
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
         if split_backward and s.recompute != Recompute.NONE:
             raise SpecError(f"layer {i}", f"recompute {s.recompute} under {plan.schedule} is not run: torch's "
