@@ -20,6 +20,7 @@ from cost_models import context, experts
 from cost_models import sequence as seq
 from cost_models.analytical import TP_ALLREDUCES_PER_PASS
 from cost_models.memory import GRAD_BYTES_PER_PARAM
+from cost_models.sequence import BYTES_PER_ACTIVATION
 from specs import CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute
 
 
@@ -106,16 +107,7 @@ def charged_dp_collectives(model: ModelSpec, plan: Plan, world_size: int) -> lis
     return out
 
 
-# -- model parallelism ------------------------------------------------------------------------
-BYTES_PER_ACTIVATION = 2
-"""The cost model's activation bytes (bf16); rows hold elements."""
-
-
-def micro_batch_size(plan: Plan, s: LayerStrategy) -> int:
-    """Sequences of one micro-batch on one data-parallel replica."""
-    return plan.global_batch // plan.micro_batches // s.dp
-
-
+# -- model parallelism (rows hold elements: the cost model's bytes / BYTES_PER_ACTIVATION) ------
 def _row(i: int, op: Collective, axes: tuple[str, ...], size: int, elements: float, calls: int,
          part: "Part" = None, difference: str = "") -> ChargedCollective:
     return ChargedCollective(layer=i, part=part or Part.MODEL_PARALLEL, op=op, group_axes=axes, group_size=size,
@@ -181,7 +173,7 @@ def pipeline_rows(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
     for stage in plan.stage_ranges()[:-1]:
         i = stage[-1]
         layer, s = model.layers[i], plan.layers[i]
-        m, mbs = plan.micro_batches, micro_batch_size(plan, s)
+        m, mbs = plan.micro_batches, plan.micro_batch_size(i)
         whole = layer.output_elements(mbs) / s.cp
         split = s.tp * s.ulysses
         out += [_row(i, op, ("pp",), plan.pp, whole / split, m, Part.PIPELINE)
@@ -195,9 +187,8 @@ def charged_mp_collectives(model: ModelSpec, plan: Plan) -> list[ChargedCollecti
     """Every layer's charged model-parallel collectives and every stage boundary's sends."""
     out = []
     for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
-        mbs = micro_batch_size(plan, s)
         for rows in (tp_rows, ulysses_rows, cp_rows):
-            out += rows(i, layer, s, plan.micro_batches, mbs)
+            out += rows(i, layer, s, plan.micro_batches, plan.micro_batch_size(i))
     return out + pipeline_rows(model, plan)
 
 
@@ -278,10 +269,9 @@ def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: 
         rows.append(_row(i, Collective.ALL_REDUCE, ("tp",), s.tp, layer.hidden_size,
                          _norm_params(layer), difference=Difference.SP_NORM_GRADS))
     if s.cp > 1:
-        block = context.kv_block_bytes(layer, s, mbs) / BYTES_PER_ACTIVATION
-        repeated = 2 * mbs * layer.seq_len / s.cp * layer.q_width / (s.tp * s.ulysses)
-        gqa = "" if repeated == block else f" ({Difference.GQA_REPEATED})"
-        block = repeated
+        block = 2 * mbs * layer.seq_len / s.cp * layer.q_width / (s.tp * s.ulysses)  # K and V as wide as Q
+        charged = context.kv_block_bytes(layer, s, mbs) / BYTES_PER_ACTIVATION
+        gqa = "" if block == charged else f" ({Difference.GQA_REPEATED})"
         forwards = 1 if s.recompute == Recompute.NONE else 2  # a recomputed core re-runs the ring
         if s.cp_comm == CPComm.ALL_GATHER:
             rows += [_row(i, Collective.ALL_GATHER, ("cp",), s.cp, s.cp * block, forwards * micro_batches,
@@ -313,8 +303,7 @@ def _executed_pipeline(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
     for row in pipeline_rows(model, plan):
         if row.op == Collective.ALL_GATHER:
             continue
-        s = plan.layers[row.layer]
-        whole = model.layers[row.layer].output_elements(micro_batch_size(plan, s))
+        whole = model.layers[row.layer].output_elements(plan.micro_batch_size(row.layer))
         out.append(row if whole == row.elements else
                    replace(row, elements=whole, difference=Difference.PIPELINE_WHOLE))
     return out
@@ -327,7 +316,7 @@ def expected_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[
     out = [row for dp_row in charged_dp_collectives(model, plan, world_size)
            for row in _executed_dp_rows(dp_row, model.layers[dp_row.layer], plan.layers[dp_row.layer])]
     for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
-        out += executed_mp_rows(i, layer, s, plan.micro_batches, micro_batch_size(plan, s))
+        out += executed_mp_rows(i, layer, s, plan.micro_batches, plan.micro_batch_size(i))
     return out + _executed_pipeline(model, plan)
 
 

@@ -167,12 +167,13 @@ class CollectiveTrace(TorchDispatchMode):
             return True
         return False
 
-    def start(self) -> None:
+    def __enter__(self):
         """Begin a step: the data-parallel records already there are matched."""
         self._dp_matched = sum(len(t) for t in self.dp_traces)
         self.records.clear()
         self._stack.clear()
         self.key = None
+        return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
         if any(issubclass(t, DTensor) for t in types):

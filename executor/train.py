@@ -7,7 +7,7 @@ import re
 import statistics
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -180,12 +180,8 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
             if recorder is not None:
                 recorder.active = step == 0
             traced = cfg.check and step == total_steps - 1  # a pipeline's first step also runs torch's shape inference
-            if traced:
-                trace.start()
-                trace.__enter__()
-            local = train_step(pm, plan, inputs, targets, loss_fn, recorder)
-            if traced:
-                trace.__exit__(None, None, None)
+            with trace if traced else nullcontext():
+                local = train_step(pm, plan, inputs, targets, loss_fn, recorder)
             held = state_bytes(pm) if cfg.check and step == 0 else None  # gradients as backward left them
             opt.step()
             if traced:

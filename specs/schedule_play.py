@@ -79,13 +79,11 @@ def _play(entry: PipelineSchedule, stages: Sequence[StageWork], micro_batches: i
                   s.weight_grad_s / v) for s in stages]
     order = _order(entry.name, len(stages), micro_batches, v)
     free, ends = [0.0] * len(stages), [0.0] * len(order)
-    i = 0
-    for k, kind, dep in order:
+    for i, (k, kind, dep) in enumerate(order):
         start = free[k]
         if dep >= 0 and ends[dep] > start:
             start = ends[dep]
         ends[i] = free[k] = start + durations[k][kind]
-        i += 1
     return max(free)
 
 

@@ -1,7 +1,8 @@
 """Megatron tensor parallelism with DTensor: q/k/v and fc1 (gate/up) split by columns, o and
 fc2 (down) by rows, so each block needs one all-reduce in forward and one in backward per
 sub-layer (the sub-layer's input enters as one replicated DTensor, Megatron's f, so the
-column-parallel projections' input gradients are summed before that one all-reduce). Norms and Swin's patch merging stay replicated on the TP group.
+column-parallel projections' input gradients are summed before that one all-reduce). Norms and
+Swin's patch merging stay replicated on the TP group.
 
 With sequence parallelism the residual stream and the norms are split along the sequence
 between the TP ranks (all-gather before attention/MLP, reduce-scatter after). The block's
