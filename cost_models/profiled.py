@@ -23,7 +23,7 @@ from cost_models import sequence as seq
 from cost_models.sp_time import SpTimeTable, find_sp_time, read_sp_time
 from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SpecError, load_model
+from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SequenceParallel, SpecError, load_model
 from specs.capabilities import BF16_ONLY, Capabilities
 from specs.schedules import OpKind, schedule_entry
 
@@ -193,19 +193,25 @@ class ProfiledModel(CostModel):
             return None
         return linear_fit(entry.tp_forward_ms[tp]), linear_fit(entry.tp_backward_ms[tp])
 
-    def _compute_s(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, pass_comm_s: float
-                   ) -> tuple[float, float]:
+    def _compute_s(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, tp_groups) -> tuple[float, float]:
         """(forward, backward) compute of one micro-batch, recomputation excluded. The layer as
-        run at its tp degree when the profile has it (sequence parallelism none: those tables
-        are the executor's Megatron TP), less the TP collectives of the pass that the model
-        charges on its own; else Galvatron's line, slope * b / tp + intercept (every tp rank
-        launches the same kernels, so the fixed part does not shrink with tp)."""
+        run at its tp degree when the profile has it, less the Megatron TP all-reduces of the
+        pass that the table holds (the model charges the layer's own collectives apart): the
+        tables are the executor's Megatron TP, whose DTensor projections Megatron-SP runs too
+        (its norms split along the sequence, all-gathers and reduce-scatters for the
+        all-reduces). Else Galvatron's line, slope * b / split + intercept (every rank of the
+        split launches the same kernels, so the fixed part does not shrink): Ulysses and cp,
+        whose ranks run the whole weights on a share of the tokens, or a tp the profile lacks."""
         split = strategy.degrees.split  # the ranks sharing the replica's work (tp, cp, Ulysses)
-        measured_tp = split > 1 and strategy.sp == "none" and strategy.cp == 1
+        measured_tp = split > 1 and split == strategy.tp
         fits = self._fits(layer, split) if measured_tp else None
         if fits is not None:
+            plain = replace(strategy, sp=SequenceParallel.NONE)
+            table_comm_s = seq.tp_comm_time(self.collective_time, layer, plain, mbs, tp_groups,
+                                            TP_ALLREDUCES_PER_PASS) / seq.forward_passes(plain)
             (fa, fb), (ba, bb) = fits
-            return (max(0.0, (fa * mbs + fb) * 1e-3 - pass_comm_s), max(0.0, (ba * mbs + bb) * 1e-3 - pass_comm_s))
+            return (max(0.0, (fa * mbs + fb) * 1e-3 - table_comm_s),
+                    max(0.0, (ba * mbs + bb) * 1e-3 - table_comm_s))
         (fa, fb), (ba, bb) = self._fits(layer)
         return (fa * mbs / split + fb) * 1e-3, (ba * mbs / split + bb) * 1e-3
 
@@ -235,8 +241,7 @@ class ProfiledModel(CostModel):
         tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, TP_ALLREDUCES_PER_PASS)
         scale = expert_compute_ratio(layer, strategy, mbs, self.expert_imbalance)
-        forward_s, backward_s = (t * scale for t in self._compute_s(layer, strategy, mbs,
-                                                                    tp_comm_s / seq.forward_passes(strategy)))
+        forward_s, backward_s = (t * scale for t in self._compute_s(layer, strategy, mbs, tp_groups))
         weight_grad_s = WEIGHT_GRAD_SHARE * backward_s  # the profile times the backward whole
         core_fwd_s, core_bwd_s = forward_s, backward_s  # scaled to the core's share in _cp_time
         backward_s += forward_s * recompute_share(layer, strategy, mbs)

@@ -77,7 +77,9 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """``x`` holds counts[e] rows for local expert e, expert after expert."""
-        gate, up, down = (local_weight(w) for w in (self.gate, self.up, self.down))
+        # unbind, not gate[e]: indexing's backward writes each expert's gradient into a zeroed
+        # copy of the whole stack (E zero-fills of E experts); unbind's stacks them once
+        gate, up, down = (local_weight(w).unbind(0) for w in (self.gate, self.up, self.down))
         out = [(F.silu(rows @ gate[e]) * (rows @ up[e])) @ down[e] for e, rows in enumerate(x.split(counts))]
         return torch.cat(out)
 

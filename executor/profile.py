@@ -27,7 +27,7 @@ from executor.model import Block, Embedding, Head
 from executor.parallel.layout import GroupCache
 from executor.run import scaled_model
 from executor.train import collected_first
-from specs import LayerSpec, ModelSpec, load_model
+from specs import LayerSpec, LayerStrategy, ModelSpec, load_model
 from specs.cli import ArgumentParser, count, number, output_file
 from specs.errors import one_line_errors
 
@@ -193,30 +193,52 @@ def layer_memory_entry(layer: LayerSpec, tps: list[int], batch: int, device: str
 
 def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype,
                tp: int = 1, zero3: bool = False, *, groups: GroupCache) -> None:
-    """The layer's forward and backward per batch size, as ``layer{index}/{b}``; at ``tp`` > 1 as
-    the executor runs it tensor parallel (executor.parallel.tensor: DTensor column/row splits and
-    their all-reduces) on consecutive groups of tp ranks, every group at once, as
-    ``layer{index}/tp{tp}/{b}``; with ``zero3`` as the executor runs a ZeRO-3 layer over every
-    rank (executor.parallel.data.apply_fsdp: FSDP2, gathered per pass, gradients reduce-scattered),
-    as ``layer{index}/zero3/{b}``. Their meshes take their groups from ``groups``."""
+    """The layer's forward and backward per batch size, as ``layer{index}/{b}``, or as
+    ``layer{index}/tp{tp}/{b}`` and ``layer{index}/zero3/{b}`` run as ``profiled_block``
+    builds it."""
+    block, key = profiled_block(layer, index, timings.device, dtype, tp, zero3, groups=groups)
+    shape = (layer.seq_len, layer.hidden_size)
+    for b in batch_sizes:
+        make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
+        time_module(block, make, timings, f"{key}/{b}")
+
+
+def profiled_block(layer: LayerSpec, index: int, device: str, dtype: torch.dtype, tp: int = 1,
+                   zero3: bool = False, *, groups: GroupCache) -> tuple[nn.Module, str]:
+    """The block to time and its key: at ``tp`` > 1 as the executor runs it tensor parallel
+    (executor.parallel.tensor: DTensor column/row splits and their all-reduces; a MoE's routed
+    experts split over the same group by executor.parallel.expert) on consecutive groups of tp
+    ranks, every group at once; with ``zero3`` as the executor runs a ZeRO-3 layer over every
+    rank (executor.parallel.data.apply_fsdp: FSDP2, gathered per pass, gradients
+    reduce-scattered). Their meshes take their groups from ``groups``."""
     # a ZeRO-3 layer keeps fp32 shards and computes in the run's dtype (MixedPrecisionPolicy)
-    block = Block(layer).to(device=timings.device, dtype=torch.float32 if zero3 else dtype)
+    block = Block(layer).to(device=device, dtype=torch.float32 if zero3 else dtype)
     key = f"layer{index}"
-    kind = timings.device.split(":")[0]
+    kind = device.split(":")[0]
     world = dist.get_world_size() if dist.is_initialized() else 1
     if tp > 1:
         from executor.parallel.tensor import apply_tp
         mesh = groups.mesh(torch.arange(world).view(world // tp, tp), kind, ("dp", "tp"))["tp"]
         block, key = apply_tp(block, mesh), f"{key}/tp{tp}"
+        if layer.moe is not None:
+            _split_experts(block, layer, index, tp, world, groups, kind)
     elif zero3:
         from executor.parallel.data import DataParallel, apply_fsdp
         apply_fsdp(block, groups.mesh(torch.arange(world), kind, ("dp",)), DataParallel(1),
                    dtype == torch.bfloat16, set())
         key = f"{key}/zero3"
-    shape = (layer.seq_len, layer.hidden_size)
-    for b in batch_sizes:
-        make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
-        time_module(block, make, timings, f"{key}/{b}")
+    return block, key
+
+
+def _split_experts(block: nn.Module, layer: LayerSpec, index: int, tp: int, world: int, groups: GroupCache,
+                   kind: str) -> None:
+    """Split ``block``'s routed experts over its tp group as a tp-only plan runs them
+    (executor.parallel.expert: each rank every expert's 1/tp, the outputs summed over the
+    group); apply_tp splits only the attention and the shared experts."""
+    from executor.parallel.expert import apply_ep, build_strategy_expert_groups
+    strategy = LayerStrategy(tp=tp, dp=world // tp)
+    build_strategy_expert_groups(strategy, 1, groups)
+    apply_ep(block, layer, strategy, index, 0, dist.get_rank(), groups, kind)
 
 
 def tp_degrees(tps: list[int], world_size: int, layer: LayerSpec) -> list[int]:

@@ -47,9 +47,15 @@ def _moe_strategies(model: ModelSpec, plan: Plan) -> list[LayerStrategy]:
 def build_expert_groups(model: ModelSpec, plan: Plan, groups: GroupCache) -> None:
     """Create every ep and expert-dp group of every stage (collective: all ranks, same order)."""
     for s in _moe_strategies(model, plan):
-        grids = [layer_grid(stage * s.gpus, s.degrees) for stage in range(plan.pp)]
-        groups.group([g for grid in grids for g in grid.groups("ep")])
-        groups.group([g for grid in grids for g in grid.groups("edp")])
+        build_strategy_expert_groups(s, plan.pp, groups)
+
+
+def build_strategy_expert_groups(s: LayerStrategy, pp: int, groups: GroupCache) -> None:
+    """Create the ep and expert-dp groups of strategy ``s`` on each of ``pp`` stages
+    (collective: all ranks, same order)."""
+    grids = [layer_grid(stage * s.gpus, s.degrees) for stage in range(pp)]
+    groups.group([g for grid in grids for g in grid.groups("ep")])
+    groups.group([g for grid in grids for g in grid.groups("edp")])
 
 
 @dataclass

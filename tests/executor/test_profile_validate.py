@@ -150,3 +150,24 @@ def test_validate_with_check_holds_the_run_to_the_cost_model():
     c = v.measured.check
     assert c is not None and c.passed, (c.collective_errors, c.memory_errors, c.execution_errors)
     assert format_validation(v).splitlines()[1].startswith("  check PASSED")
+
+
+def _tp2_moe_block_shapes(rank, world_size):
+    """Local shapes of a tiny-moe block as the profiler times it at tp 2."""
+    from executor.parallel.layout import GroupCache
+    from executor.profile import profiled_block
+    layer = specs.load_model("tiny-moe").layers[0]
+    block, key = profiled_block(layer, 0, "cpu", torch.float32, tp=2, groups=GroupCache())
+    experts = block.mlp.experts
+    return key, [tuple(w.to_local().shape) for w in (experts.gate, experts.up, experts.down)]
+
+
+def test_the_profiler_times_a_tp_moe_block_with_its_experts_split():
+    """At tp 2 every rank computes every routed expert at half width, as a tp plan runs them
+    (not the whole experts on both ranks, which timed twice the expert work)."""
+    from executor.launch import launch
+    layer = specs.load_model("tiny-moe").layers[0]
+    h, f, e = layer.hidden_size, layer.moe.expert_ffn_hidden_size, layer.moe.num_experts
+    for key, shapes in launch(_tp2_moe_block_shapes, 2, timeout_s=120):
+        assert key == "layer0/tp2"
+        assert shapes == [(e, h, f // 2), (e, h, f // 2), (e, f // 2, h)]
