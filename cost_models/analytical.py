@@ -33,10 +33,11 @@ TP_ALLREDUCES_PER_PASS = 2
 
 @dataclass(frozen=True)
 class DPTraffic:
-    """Data-parallel collective time of one layer (seconds, each as if alone), by when it runs."""
+    """Data-parallel collective time of one layer (seconds), by when it runs."""
 
     micro_batch_bwd_s: float = 0.0
-    """Every micro-batch, overlappable with that micro-batch's backward."""
+    """Every micro-batch, overlappable with that micro-batch's backward (ZeRO-3: the gather and
+    the reduce-scatter at once, each on its own stream)."""
     micro_batch_fwd_s: float = 0.0
     """Every micro-batch, overlappable with its forward (ZeRO-3 parameter prefetch)."""
     iteration_bwd_s: float = 0.0
@@ -174,7 +175,7 @@ class AnalyticalModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
-        tp_groups, traffic, update_s = self._sync(layer, strategy, first_rank)
+        tp_groups, traffic, update_s, tp_beside_dp = self._sync(layer, strategy, first_rank)
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
@@ -186,8 +187,9 @@ class AnalyticalModel(CostModel):
         backward_s = own_backward_s + self.recompute_time(layer, strategy, mbs, pass_comm_s)
         # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
         weight_grad_s = own_backward_s * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
+        # the prefetched gather also hides behind the forward's TP collectives on their other link
         per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
-            self.exposed_time(traffic.micro_batch_fwd_s, forward_s)
+            self.exposed_time(traffic.micro_batch_fwd_s, forward_s, pass_comm_s if tp_beside_dp else 0.0)
         tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
         ep_comm_s = experts.dispatch_time_s(self.all_to_all_time, layer, strategy, mbs, first_rank,
                                             self.expert_imbalance)
@@ -200,15 +202,18 @@ class AnalyticalModel(CostModel):
                          update_s=update_s)
 
     def _compute_sync(self, layer: LayerSpec, strategy: LayerStrategy, first_rank: int
-                      ) -> tuple[RankGroups, DPTraffic, float]:
-        """The layer's TP groups, its data-parallel traffic and its optimizer step: what its time
-        shares across micro-batch sizes and counts (the dense part over dp; with an expert split
-        the routed experts over their expert-dp groups)."""
+                      ) -> tuple[RankGroups, DPTraffic, float, bool]:
+        """The layer's TP groups, its data-parallel traffic, its optimizer step and whether its TP
+        and data-parallel groups run on different link classes (one inside scale-up domains, the
+        other across them): what its time shares across micro-batch sizes and counts (the dense
+        part over dp; with an expert split the routed experts over their expert-dp groups)."""
         tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups)
         gather = fp8.gather_bytes_per_param(strategy.precision)
         traffic = _sum_traffic([self.dp_traffic(p.params, p.dp_type, p.groups, gather) for p in parts])
-        return tp_groups, traffic, sum(self.update_time(p.params, p.dp_type, p.size) for p in parts)
+        update_s = sum(self.update_time(p.params, p.dp_type, p.size) for p in parts)
+        tp_crosses, dp_crosses = (_ring_link(self.cluster, groups).crosses_nodes for groups in (tp_groups, dp_groups))
+        return tp_groups, traffic, update_s, tp_crosses != dp_crosses
 
     def cp_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int) -> context.CPTime:
         """Context parallelism's exposed K/V traffic and causal imbalance (context.cp_time), against
@@ -245,7 +250,9 @@ class AnalyticalModel(CostModel):
         the step; ZeRO-2 keeps gradients sharded, so it reduce-scatters every micro-batch's
         gradients (and all-gathers parameters after the step); ZeRO-3 also all-gathers the
         parameters in every micro-batch's forward and backward, ``gather_bytes_per_param`` each
-        (FP8 layers gather FP8 weights: fp8.gather_bytes_per_param)."""
+        (FP8 layers gather FP8 weights: fp8.gather_bytes_per_param). FSDP runs the backward's
+        gather (the next layer's parameters) and reduce-scatter (this layer's gradients) on
+        streams of their own, at once over the same links: coll.concurrent_time_s."""
         if max(len(g) for g in dp_groups) <= 1 or local_params <= 0:
             return DPTraffic()
         nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
@@ -257,9 +264,9 @@ class AnalyticalModel(CostModel):
             return DPTraffic(iteration_bwd_s=rs, after_step_s=ag)
         if dp_type == DPType.ZERO2:
             return DPTraffic(micro_batch_bwd_s=rs, after_step_s=ag)
-        gather = ag if gather_bytes_per_param == mem.GRAD_BYTES_PER_PARAM else \
-            self._bucketed("all_gather", local_params * gather_bytes_per_param, dp_groups)
-        return DPTraffic(micro_batch_bwd_s=rs + gather, micro_batch_fwd_s=gather)
+        gather = self._bucketed_terms("all_gather", local_params * gather_bytes_per_param, dp_groups)
+        both = coll.concurrent_time_s([gather, self._bucketed_terms("reduce_scatter", nbytes, dp_groups)])
+        return DPTraffic(micro_batch_bwd_s=both, micro_batch_fwd_s=sum(gather))
 
     def dp_sync_time(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
         """One iteration's data-parallel traffic of ``local_params`` parameters with one
@@ -269,19 +276,32 @@ class AnalyticalModel(CostModel):
     def _bucketed(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
         """A collective over ``nbytes`` sent in buckets: the latency is paid once per
         dp_bucket_bytes (a layer smaller than a bucket pays its share of one)."""
-        bucket = self.constants.dp_bucket_bytes
-        if nbytes < bucket:
-            return self.collective_time(kind, bucket, groups) * nbytes / bucket
-        return self.collective_time(kind, nbytes, groups)
+        priced, share = self._bucket(nbytes)
+        return self.collective_time(kind, priced, groups) * share
 
-    def exposed_time(self, comm_s: float, backward_s: float) -> float:
-        """What of ``comm_s`` the backward of ``backward_s`` cannot hide (Galvatron's overlap:
-        B and C together take max(B, C) + (gamma - 1) min(B, C)); only dp_overlap_fraction of
-        the traffic is eligible for overlap."""
+    def _bucketed_terms(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> tuple[float, float]:
+        """_bucketed's ring (all-gather, reduce-scatter) as its (latency, transfer) terms."""
+        priced, share = self._bucket(nbytes)
+        latency_s, transfer_s = self.ring_terms(kind, priced, groups)
+        return latency_s * share, transfer_s * share
+
+    def _bucket(self, nbytes: float) -> tuple[float, float]:
+        """(bytes to price, share of their time): a layer smaller than dp_bucket_bytes pays its share of one."""
+        bucket = self.constants.dp_bucket_bytes
+        return (bucket, nbytes / bucket) if nbytes < bucket else (nbytes, 1.0)
+
+    def exposed_time(self, comm_s: float, compute_s: float, other_link_s: float = 0.0) -> float:
+        """What of ``comm_s`` the compute of ``compute_s`` and ``other_link_s`` of the layer's
+        collectives on another link class (TP on NVLink beside data-parallel traffic across
+        nodes) cannot hide. Galvatron's overlap, B and C together take max(B, C) + (gamma - 1)
+        min(B, C), with the window widened by the other link's T, which C does not contend with:
+        max(B + T, C) + (gamma - 1) min(B, C). Only dp_overlap_fraction of the traffic is
+        eligible for overlap."""
         c = self.constants
         hidden = c.dp_overlap_fraction * comm_s
-        together = max(backward_s, hidden) + (c.overlap_coefficient - 1) * min(backward_s, hidden)
-        return (comm_s - hidden) + together - backward_s
+        window_s = compute_s + other_link_s
+        together = max(window_s, hidden) + (c.overlap_coefficient - 1) * min(compute_s, hidden)
+        return (comm_s - hidden) + together - window_s
 
     def update_time(self, local_params: float, dp_type: str, dp: int) -> float:
         """Optimizer step of the local (ZeRO-sharded) parameters: memory-bound."""
@@ -320,16 +340,33 @@ class AnalyticalModel(CostModel):
         p = max((len(g) for g in groups), default=1)
         if p <= 1 or nbytes <= 0:
             return 0.0
-        link = _ring_link(self.cluster, groups)
-        bandwidth = self._effective_bandwidth(link.bandwidth_gbytes_per_s, link.crosses_nodes)
-        alpha = link.latency_s * self._step_factor(link.crosses_nodes)
-        at_scale = self.constants.at_scale_efficiency if p > self.constants.at_scale_ranks else 1.0
-        best = coll.ring_time_s(kind, p, nbytes, alpha, bandwidth * at_scale)
+        alpha, bandwidth, at_scale, crosses = self._ring_constants(p, groups)
+        best = coll.ring_time_s(kind, p, nbytes, alpha, bandwidth)
         if kind == "all_reduce":
-            best = min(best, coll.tree_allreduce_time_s(p, nbytes, alpha, bandwidth * at_scale))
-            if link.crosses_nodes:
+            best = min(best, coll.tree_allreduce_time_s(p, nbytes, alpha, bandwidth))
+            if crosses:
                 best = min(best, self._hierarchical_s(nbytes, groups, at_scale))
         return self.constants.collective_base_latency_s + best
+
+    def ring_terms(self, kind: str, nbytes: float, groups: Sequence[Sequence[int]]) -> tuple[float, float]:
+        """A ring collective's (latency, transfer) seconds, launch cost in the latency: what
+        collective_time charges for the kinds that always run the ring (all-gather,
+        reduce-scatter), split for coll.concurrent_time_s."""
+        groups = coll.rank_groups(groups)
+        p = max((len(g) for g in groups), default=1)
+        if p <= 1 or nbytes <= 0:
+            return 0.0, 0.0
+        alpha, bandwidth, _, _ = self._ring_constants(p, groups)
+        latency_s, transfer_s = coll.ring_terms_s(kind, p, nbytes, alpha, bandwidth)
+        return self.constants.collective_base_latency_s + latency_s, transfer_s
+
+    def _ring_constants(self, p: int, groups: tuple[tuple[int, ...], ...]) -> tuple[float, float, float, bool]:
+        """(alpha per step, bytes/s per ring edge at scale, the at-scale factor, crosses nodes) of
+        ``groups``' rings on the bandwidth the concurrent groups leave each edge (ClusterSpec.ring_link)."""
+        link = _ring_link(self.cluster, groups)
+        at_scale = self.constants.at_scale_efficiency if p > self.constants.at_scale_ranks else 1.0
+        bandwidth = self._effective_bandwidth(link.bandwidth_gbytes_per_s, link.crosses_nodes) * at_scale
+        return link.latency_s * self._step_factor(link.crosses_nodes), bandwidth, at_scale, link.crosses_nodes
 
     def all_to_all_time(self, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
         """Pairwise all-to-all (expert dispatch/combine, Ulysses) with every pair's bytes on its

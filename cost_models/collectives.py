@@ -33,10 +33,33 @@ def check_kind(kind: str) -> None:
 
 def ring_time_s(kind: str, p: int, nbytes: float, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
     """Ring (pairwise for all-to-all) collective: steps * alpha + factor * n / B."""
+    return sum(ring_terms_s(kind, p, nbytes, alpha_s, bandwidth_bytes_per_s))
+
+
+def ring_terms_s(kind: str, p: int, nbytes: float, alpha_s: float, bandwidth_bytes_per_s: float
+                 ) -> tuple[float, float]:
+    """The ring's two alpha-beta terms: (latency steps * alpha, transfer factor * n / B)."""
     check_kind(kind)
     if p <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    return RING_STEPS[kind](p) * alpha_s, BUS_FACTOR[kind](p) * nbytes / bandwidth_bytes_per_s
+
+
+def concurrent_time_s(terms: Sequence[tuple[float, float]]) -> float:
+    """Collectives started together on streams of their own over the same links, each given by
+    its alpha-beta terms (latency_s, transfer_s) as if alone: its latency, then its bytes.
+
+    A collective's latency leaves the link to the others, so the latencies overlap; the bytes
+    share the link, which carries all of them from the first transfer on. They end at
+    max(max_i (alpha_i + beta_i), min_i alpha_i + sum_i beta_i): none sooner than alone, nor
+    sooner than the earliest latency plus every transfer (the simulator's fluid links play
+    exactly this when each collective is one flow). Two of (10 ms, 5 ms) and (2 ms, 4 ms):
+    max(15, 6, 2 + 9) = 15 ms, not 21 ms one after the other. An empty collective (0, 0) is none."""
+    terms = [t for t in terms if t[0] + t[1] > 0]
+    if not terms:
         return 0.0
-    return RING_STEPS[kind](p) * alpha_s + BUS_FACTOR[kind](p) * nbytes / bandwidth_bytes_per_s
+    alone = max(alpha + beta for alpha, beta in terms)
+    return max(alone, min(alpha for alpha, _ in terms) + sum(beta for _, beta in terms))
 
 
 def tree_allreduce_time_s(p: int, nbytes: float, alpha_s: float, bandwidth_bytes_per_s: float) -> float:

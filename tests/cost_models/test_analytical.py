@@ -105,13 +105,42 @@ def test_zero_levels_shrink_memory_and_zero3_adds_traffic():
     nbytes = 2 * layer.param_count()
     ag = model.collective_time("all_gather", nbytes, groups)
     rs = model.collective_time("reduce_scatter", nbytes, groups)
-    assert t_z3.dp_comm_s == pytest.approx(2 * ag + rs)          # gather fwd + gather bwd + reduce-scatter
+    (ag_alpha, ag_beta), (rs_alpha, rs_beta) = (model.ring_terms(k, nbytes, groups)
+                                                for k in ("all_gather", "reduce_scatter"))
+    assert ag_alpha + ag_beta == pytest.approx(ag) and rs_alpha + rs_beta == pytest.approx(rs)
+    # the forward's gather; the backward's gather and reduce-scatter at once: latencies overlap,
+    # bytes share the link (here bandwidth-bound: one latency and both transfers)
+    backward = max(ag, rs, min(ag_alpha, rs_alpha) + ag_beta + rs_beta)
+    assert backward == pytest.approx(ag_alpha + ag_beta + rs_beta) and backward < ag + rs
+    assert t_z3.dp_comm_s == pytest.approx(ag + backward)
     assert 1.3 < t_z3.dp_comm_s / t_ddp.dp_comm_s < 1.7           # ~1.5x the bytes of DP
     # ZeRO-2/3 sync every micro-batch (gradients stay sharded); DDP once per iteration
     t_z2_m4 = model.layer_time(layer, LayerStrategy(dp=8, dp_type="zero2"), 1, 4)
     assert t_z2_m4.dp_comm_s == pytest.approx(4 * rs + ag)
     assert model.layer_time(layer, LayerStrategy(dp=8), 1, 4).dp_comm_s == pytest.approx(t_ddp.dp_comm_s)
     assert t_z2_m4.exposed_micro_batch_dp_s > 0 and t_ddp.exposed_micro_batch_dp_s == 0
+
+
+def test_tp_collectives_on_another_link_widen_the_gather_window():
+    # gamma 1.5: 30 ms of traffic beside 20 ms of compute and 5 ms of TP on NVLink take
+    # max(20 + 5, 30) + 0.5 * min(20, 30) = 40 ms, 15 ms more than the window (20 without the TP)
+    gamma = dict(overlap_coefficient=1.5, dp_overlap_fraction=1.0)
+    model = cost_models.get("analytical", load_cluster("dgx-h100:2"), **gamma)
+    assert model.exposed_time(30e-3, 20e-3, 5e-3) == pytest.approx(15e-3)
+    assert model.exposed_time(30e-3, 20e-3) == pytest.approx(20e-3)
+    # ZeRO-3 across two nodes, tp 8 inside each: the forward's gather hides behind the forward's
+    # TP collectives too; on one node (tp 2 x dp 4) both share NVLink: no such window
+    layer = load_model("llama3-8b").with_seq_len(1024).layers[0]  # the gathers outlast its compute
+    for nodes, tp, beside in ((2, 8, True), (1, 2, False)):
+        model = cost_models.get("analytical", load_cluster(f"dgx-h100:{nodes}"), **gamma)
+        gpus = 8 * nodes
+        t = model.layer_time(layer, LayerStrategy(tp=tp, dp=gpus // tp, dp_type="zero3"), 1, 1)
+        traffic = model.dp_traffic(layer.param_count() / tp, "zero3", [list(range(r, gpus, tp)) for r in range(tp)])
+        forward_tp_s = t.tp_comm_s / 2 if beside else 0.0
+        assert traffic.micro_batch_fwd_s > t.forward_s + forward_tp_s or not beside
+        want = (model.exposed_time(traffic.micro_batch_bwd_s, t.backward_s)
+                + model.exposed_time(traffic.micro_batch_fwd_s, t.forward_s, forward_tp_s))
+        assert t.exposed_micro_batch_dp_s == pytest.approx(want)
 
 
 def test_overlap_hides_dp_traffic_only_when_allowed():

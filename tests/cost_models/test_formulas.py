@@ -4,7 +4,8 @@ import pytest
 
 from cost_models import MemoryBreakdown, in_flight, pipeline_time
 from cost_models.base import CostModel, LayerTime
-from cost_models.collectives import hierarchical_allreduce_time_s, p2p_time_s, ring_time_s, tree_allreduce_time_s
+from cost_models.collectives import (concurrent_time_s, hierarchical_allreduce_time_s, p2p_time_s, ring_terms_s,
+                                    ring_time_s, tree_allreduce_time_s)
 from cost_models.memory import activation_bytes, model_state_bytes
 from cost_models.ops import forward_ops
 from specs import LayerSpec, LayerStrategy, load_cluster, load_model, uniform_plan
@@ -17,6 +18,28 @@ def test_ring_allreduce_on_4_gpus():
     assert ring_time_s("all_reduce", 4, 1e9, 10e-6, 100e9) == pytest.approx(60e-6 + 0.015)
     assert ring_time_s("all_gather", 4, 1e9, 10e-6, 100e9) == pytest.approx(30e-6 + 0.0075)
     assert ring_time_s("all_reduce", 1, 1e9, 10e-6, 100e9) == 0.0
+
+
+def test_concurrent_collectives_overlap_latencies_and_share_the_link():
+    # latency-bound: each alone (10 + 5 ms, 2 + 4 ms) outlasts 2 ms + both transfers (11 ms)
+    assert concurrent_time_s([(10e-3, 5e-3), (2e-3, 4e-3)]) == pytest.approx(15e-3)
+    # bandwidth-bound: 1 ms + 10 ms + 10 ms of bytes on the one link, not max(11, 12) ms
+    assert concurrent_time_s([(1e-3, 10e-3), (2e-3, 10e-3)]) == pytest.approx(21e-3)
+    assert concurrent_time_s([(3e-3, 2e-3)]) == pytest.approx(5e-3)
+    assert concurrent_time_s([(3e-3, 2e-3), (0.0, 0.0)]) == pytest.approx(5e-3)  # an empty one is none
+    assert concurrent_time_s([]) == 0.0
+
+
+def test_a_gather_and_a_reduce_scatter_over_1024_ranks_at_once():
+    # 1 MB over 1024 ranks, 6 us a step, 50 GB/s: 1023 * 6 us = 6.138 ms of latency and
+    # 1023/1024 * 1 MB / 50 GB/s = 19.98 us of transfer each; together 6.138 + 2 * 0.01998 ms,
+    # about half of the 12.316 ms one after the other
+    gather = ring_terms_s("all_gather", 1024, 1e6, 6e-6, 50e9)
+    assert gather == pytest.approx((6.138e-3, 1023 / 1024 * 2e-5))
+    assert ring_time_s("all_gather", 1024, 1e6, 6e-6, 50e9) == pytest.approx(sum(gather))
+    both = concurrent_time_s([gather, ring_terms_s("reduce_scatter", 1024, 1e6, 6e-6, 50e9)])
+    assert both == pytest.approx(6.138e-3 + 2 * 1023 / 1024 * 2e-5)
+    assert ring_terms_s("all_gather", 1, 1e6, 6e-6, 50e9) == (0.0, 0.0)
 
 
 def test_tree_hierarchical_and_p2p():
