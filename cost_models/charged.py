@@ -21,7 +21,7 @@ from cost_models import sequence as seq
 from cost_models.analytical import TP_ALLREDUCES_PER_PASS
 from cost_models.memory import GRAD_BYTES_PER_PARAM
 from cost_models.sequence import BYTES_PER_ACTIVATION
-from specs import CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute
+from specs import CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, keeps_sequence_split
 
 
 class Collective(StrEnum):
@@ -201,11 +201,13 @@ def charged_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[C
 class Difference(StrEnum):
     """Why the executor runs a row the cost model charges otherwise."""
 
-    BLOCK_GATHER = "sequence gathered at block boundaries"
-    """Megatron-SP, Ulysses and cp blocks take and give back a replicated activation: the output
-    is all-gathered over the split group in forward (again in a full recompute's) and the input's
-    gradient in backward; Megatron keeps the residual stream split between blocks and the cost
-    model charges a gather only where the split changes (relayout_time)."""
+    BLOCK_GATHER = "sequence gathered where the split ends"
+    """A Megatron-SP, Ulysses or cp block hands its output on split into a next block of the
+    same chunk that splits the same way (specs.keeps_sequence_split), as Megatron keeps the
+    residual stream; elsewhere (before the head, a relayout, another split, a pipeline send) it
+    all-gathers its output over the split group in forward (again in a full recompute's under cp),
+    and where it does not take its input split it all-gathers that input's gradient in backward.
+    The cost model charges a gather only where the split changes (relayout_time), not these."""
     SP_NORM_GRADS = "SP norm gradients all-reduced"
     """Megatron-SP's replicated norm weights get partial gradients: the executor (DTensor)
     all-reduces each norm parameter's gradient over tp once per iteration, as Megatron does
@@ -247,9 +249,10 @@ def _norm_params(layer: LayerSpec) -> int:
     return (4 if layer.sandwich_norm else 2) * (2 if layer.norm == "layernorm" else 1)
 
 
-def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int
-                     ) -> list[ChargedCollective]:
-    """Layer ``i``'s model-parallel rows as the executor runs them."""
+def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int, *,
+                     split_in: bool = False, split_out: bool = False) -> list[ChargedCollective]:
+    """Layer ``i``'s model-parallel rows as the executor runs them; ``split_in``/``split_out``: its
+    input arrives, its output leaves sequence-split (specs.keeps_sequence_split: no gathers)."""
     full = s.recompute == Recompute.FULL
     rows = [_early_stopped(row, micro_batches) if full and row.op != Collective.ALL_GATHER else row
             for row in tp_rows(i, layer, s, micro_batches, mbs)]
@@ -258,12 +261,13 @@ def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: 
     rows += _repeated_kv(ulysses_rows(i, layer, s, micro_batches, mbs), layer)
     whole = layer.output_elements(mbs)
     for axis, size in (("tp", s.tp if s.megatron_sp else 1), ("ulysses", s.ulysses), ("cp", s.cp)):
-        if size > 1:
-            # forward's output and backward's input gradient; a full recompute stops before the
-            # output's gather, except cp's (a saved index of its reordering comes after it)
-            gathers = (3 if full and axis == "cp" else 2) * micro_batches
+        # forward's output and backward's input gradient, where not handed on split; a full
+        # recompute stops before the output's gather, except cp's (a saved index of its
+        # reordering comes after it)
+        gathers = (0 if split_out else 2 if full and axis == "cp" else 1) + (0 if split_in else 1)
+        if size > 1 and gathers:
             inner = whole / s.cp if axis != "cp" else whole
-            rows.append(_row(i, Collective.ALL_GATHER, (axis,), size, inner, gathers,
+            rows.append(_row(i, Collective.ALL_GATHER, (axis,), size, inner, gathers * micro_batches,
                              difference=Difference.BLOCK_GATHER))
     if s.megatron_sp and s.tp > 1 and s.ulysses == 1:
         rows.append(_row(i, Collective.ALL_REDUCE, ("tp",), s.tp, layer.hidden_size,
@@ -315,8 +319,10 @@ def expected_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[
     what the cost model does not charge."""
     out = [row for dp_row in charged_dp_collectives(model, plan, world_size)
            for row in _executed_dp_rows(dp_row, model.layers[dp_row.layer], plan.layers[dp_row.layer])]
+    kept = keeps_sequence_split(model, plan)
     for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
-        out += executed_mp_rows(i, layer, s, plan.micro_batches, plan.micro_batch_size(i))
+        out += executed_mp_rows(i, layer, s, plan.micro_batches, plan.micro_batch_size(i),
+                                split_in=i > 0 and kept[i - 1], split_out=kept[i])
     return out + _executed_pipeline(model, plan)
 
 

@@ -20,7 +20,7 @@ from executor.parallel.sequence import apply_ulysses
 from executor.parallel.tensor import apply_tp
 from executor.parallel.vocab import VocabEmbedding, VocabHead, VocabSplit, tie_vocab, vocab_dp_parts, vocab_split
 from executor.unsupported import refuse_unsupported
-from specs import DPType, LayerStrategy, ModelSpec, Plan
+from specs import DPType, LayerStrategy, ModelSpec, Plan, keeps_sequence_split
 
 
 class StageModule(nn.Module):
@@ -162,6 +162,7 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
     ``ep_place`` = (stage, local rank, groups, device type, dict collecting expert shards)."""
     stage, local, groups, device_type, experts = ep_place
     ids = list(ranges[j])
+    kept = keeps_sequence_split(model, plan)  # the residual stream handed on split, block to block
     chunk = StageModule()
     if j == 0:
         chunk.embed = build_embedding(model, seed)
@@ -177,11 +178,12 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
         shard = apply_ep(block, model.layers[i], strategy, i, stage, local, groups, device_type)
         if shard is not None:
             experts[i] = shard
+        ends = dict(split_in=pos > 0 and kept[ids[pos - 1]], split_out=kept[i])
         if _splits_sequence(strategy):
             block = _apply_sequence_split(block, strategy, meshes[SplitLayout.of(strategy)], plan.cp_load_balance,
-                                          model.layers[i].seq_len)
+                                          model.layers[i].seq_len, **ends)
         else:
-            block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp)
+            block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp, **ends)
         chunk.layers[str(i)] = apply_ac(block, strategy.recompute)
         chunk.order.append(("layers", str(i)))
     if j == len(ranges) - 1:
@@ -195,17 +197,19 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
     return chunk
 
 
-def _apply_sequence_split(block: nn.Module, s: LayerStrategy, groups: SplitMeshes, order: str, seq: int
-                          ) -> nn.Module:
+def _apply_sequence_split(block: nn.Module, s: LayerStrategy, groups: SplitMeshes, order: str, seq: int, *,
+                          split_in: bool, split_out: bool) -> nn.Module:
     """tp (Megatron-SP too) inside, Ulysses around it, cp outermost: the input is cut over cp
     first, then over Ulysses (or tp's sequence split), and gathered back in reverse; Ulysses'
-    all-to-alls run around the K/V ring (a2a+p2p)."""
+    all-to-alls run around the K/V ring (a2a+p2p). ``split_in``/``split_out``: the input arrives
+    and the output leaves as this rank's chunk of all of those splits (no cut, no gather)."""
+    split = dict(split_in=split_in, split_out=split_out)
     if groups.tp is not None:
-        block = apply_tp(block, groups.tp, sequence_parallel=s.megatron_sp)
+        block = apply_tp(block, groups.tp, sequence_parallel=s.megatron_sp, **split)
     if groups.ulysses is not None:
-        block = apply_ulysses(block, groups.ulysses)
+        block = apply_ulysses(block, groups.ulysses, **split)
     if groups.cp is not None:
-        block = apply_cp(block, groups.cp, s.cp_comm, order, seq)
+        block = apply_cp(block, groups.cp, s.cp_comm, order, seq, **split)
     return block
 
 

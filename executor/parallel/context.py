@@ -3,7 +3,8 @@ attention core over every key by a K/V ring (p2p) or an all-gather of K/V, the c
 the tokens' global positions; zigzag (head-tail) or contiguous chunks.
 
 Same convention as Ulysses (executor/parallel/sequence.py): the block's input is replicated on
-the group and cut into this rank's chunks on entry, its output gathered back on exit. cp is the
+the group and cut into this rank's chunks on entry, its output gathered back on exit, except
+between two blocks that split the sequence the same way (they hand on this rank's chunks). cp is the
 outermost split of a block: inside its chunk tp splits the heads (and Megatron-SP the chunk
 further), or Ulysses splits the chunk and trades it for a head split around the ring (a2a+p2p).
 """
@@ -104,19 +105,24 @@ def _order(seq: int, cp: int, order: str) -> torch.Tensor:
     return torch.cat([positions(r, cp, order, seq) for r in range(cp)])
 
 
-def apply_cp(block: nn.Module, group: dist.ProcessGroup, comm: str, order: str, seq: int) -> nn.Module:
+def apply_cp(block: nn.Module, group: dist.ProcessGroup, comm: str, order: str, seq: int, *,
+             split_in: bool = False, split_out: bool = False) -> nn.Module:
     """Run ``block`` with its sequence split over ``group``: the replicated input is reordered so
-    that each rank's chunks are contiguous, cut on entry, gathered and put back in order on exit;
-    the attention core runs ContextCore. Applied after tp or Ulysses: its cut comes before theirs
-    (a pre-hook put first), its gather after, its ring inside Ulysses' all-to-alls."""
+    that each rank's chunks are contiguous, cut on entry (unless ``split_in``: this rank's chunks
+    arrive), gathered and put back in order on exit (unless ``split_out``: they leave as they
+    are); the attention core runs ContextCore. Applied after tp or Ulysses: its cut comes before
+    theirs (a pre-hook put first), its gather after, its ring inside Ulysses' all-to-alls."""
     cp = dist.get_world_size(group)
     if cp == 1:
         return block
     perm = _order(seq, cp, order)
     back = torch.argsort(perm)
     wrap_core(block.attn, ContextCore(group, comm, order, seq))
-    block.register_forward_pre_hook(
-        lambda _m, args: (ScatterSeq.apply(args[0].index_select(1, perm.to(args[0].device)), group, 1), *args[1:]),
-        prepend=True)
-    block.register_forward_hook(lambda _m, _args, out: GatherSeq.apply(out, group, 1).index_select(1, back.to(out.device)))
+    if not split_in:
+        block.register_forward_pre_hook(
+            lambda _m, args: (ScatterSeq.apply(args[0].index_select(1, perm.to(args[0].device)), group, 1),
+                              *args[1:]), prepend=True)
+    if not split_out:
+        block.register_forward_hook(
+            lambda _m, _args, out: GatherSeq.apply(out, group, 1).index_select(1, back.to(out.device)))
     return block

@@ -4,7 +4,9 @@ the Ulysses blocks and the vocabulary-parallel embedding/head put around themsel
 
 Convention (the same as the tensor-parallel blocks'): between blocks an activation is
 replicated on its group and every copy's gradient is the whole gradient; a sequence-split
-activation's gradient is its own chunk's.
+activation's gradient is its own chunk's. Between two blocks that split the sequence the same way
+(specs.keeps_sequence_split) the activation stays split: the first leaves out its gather, the
+second its cut.
 """
 from __future__ import annotations
 
@@ -134,15 +136,19 @@ def wrap_core(attn: nn.Module, around) -> None:
     attn.around_core = around if attn.around_core is None else Nested(attn.around_core, around)
 
 
-def apply_ulysses(block: nn.Module, group: dist.ProcessGroup) -> nn.Module:
+def apply_ulysses(block: nn.Module, group: dist.ProcessGroup, *, split_in: bool = False,
+                  split_out: bool = False) -> nn.Module:
     """Run ``block`` with its sequence split over ``group`` (weights replicated): the replicated
-    input is cut into sequence chunks on entry and gathered back on exit, and every attention
-    core sees all tokens of its heads through two all-to-alls."""
+    input is cut into sequence chunks on entry (unless ``split_in``: it arrives as one) and
+    gathered back on exit (unless ``split_out``: it leaves as one), and every attention core sees
+    all tokens of its heads through two all-to-alls."""
     if dist.get_world_size(group) == 1:
         return block
     for attn in (getattr(block, "attn", None), getattr(block, "cross", None)):
         if attn is not None:
             wrap_core(attn, UlyssesCore(group))
-    block.register_forward_pre_hook(lambda _m, args: (ScatterSeq.apply(args[0], group, 1), *args[1:]))
-    block.register_forward_hook(lambda _m, _args, out: GatherSeq.apply(out, group, 1))
+    if not split_in:
+        block.register_forward_pre_hook(lambda _m, args: (ScatterSeq.apply(args[0], group, 1), *args[1:]))
+    if not split_out:
+        block.register_forward_hook(lambda _m, _args, out: GatherSeq.apply(out, group, 1))
     return block

@@ -6,8 +6,9 @@ Swin's patch merging stay replicated on the TP group.
 
 With sequence parallelism the residual stream and the norms are split along the sequence
 between the TP ranks (all-gather before attention/MLP, reduce-scatter after). The block's
-entry and exit layouts are declared (replicated outside, sequence-sharded inside): without
-that, gradients come out silently wrong.
+entry and exit layouts are declared (sequence-sharded inside; outside replicated, or this rank's
+sequence chunk where the neighbouring block keeps the same split, as Megatron keeps the residual
+stream: specs.keeps_sequence_split): without that, gradients come out silently wrong.
 """
 from __future__ import annotations
 
@@ -44,13 +45,17 @@ def tp_plan(block: nn.Module, sequence_parallel: bool = False) -> dict[str, obje
     return plan
 
 
-def apply_tp(block: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
-    """Shard ``block`` over ``tp_mesh`` (no-op on a 1-rank mesh)."""
+def apply_tp(block: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = False, *, split_in: bool = False,
+             split_out: bool = False) -> nn.Module:
+    """Shard ``block`` over ``tp_mesh`` (no-op on a 1-rank mesh). With sequence parallelism
+    ``split_in``: its input arrives as this rank's sequence chunk (else whole, cut on entry);
+    ``split_out``: its output leaves as this rank's chunk (else gathered whole on exit)."""
     if tp_mesh.size() == 1:
         return block
-    if sequence_parallel:  # entry: take this rank's sequence chunk; exit: gather it back
-        parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+    if sequence_parallel:  # a local chunk is a Shard(1) DTensor's: from_local/to_local, no collective
+        outside_in, outside_out = (Shard(1) if split else Replicate() for split in (split_in, split_out))
+        parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(outside_in,),
                                                               desired_input_layouts=(Shard(1),)))
         parallelize_module(block, tp_mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
-                                                               desired_output_layouts=(Replicate(),)))
+                                                               desired_output_layouts=(outside_out,)))
     return parallelize_module(block, tp_mesh, tp_plan(block, sequence_parallel))

@@ -96,13 +96,22 @@ def test_charged_collectives_adds_model_parallel_rows_to_the_data_parallel(gpt):
     assert rows(every) == [("all_reduce", ("tp",), 2, 32768, 4)]
 
 
+def block_gathers(model, plan, world_size):
+    """Per layer: the calls of its block-boundary all-gathers (0: none)."""
+    rows = [r for r in expected_collectives(model, plan, world_size) if r.difference == Difference.BLOCK_GATHER]
+    return [sum(r.calls for r in rows if r.layer == i) for i in range(len(plan.layers))]
+
+
 def test_expected_differences_are_listed(gpt):
-    # Megatron-SP, one micro-batch of 2 (16384 elements): the block's output gathered in forward and
-    # its input gradient in backward; each of the 4 layernorm parameters (128) all-reduced once
+    # Megatron-SP, one micro-batch of 2 (16384 elements): the first block's input gradient gathered
+    # in backward, the last block's output in forward, nothing between (the residual stream stays
+    # split); each of the 4 layernorm parameters (128) all-reduced once
     plan = uniform_plan(4, model="tiny-gpt", global_batch=2, tp=2, sp="megatron")
     extra = sorted((str(r.op), r.elements, r.calls, r.difference) for r in expected_collectives(gpt, plan, 2)
-                   if r.layer == 0 and r.difference)
-    assert extra == [("all_gather", 16384, 2, Difference.BLOCK_GATHER), ("all_reduce", 128, 4, Difference.SP_NORM_GRADS)]
+                   if r.layer in (0, 3) and r.difference)
+    assert extra == [("all_gather", 16384, 1, Difference.BLOCK_GATHER)] * 2 + [
+        ("all_reduce", 128, 4, Difference.SP_NORM_GRADS)] * 2
+    assert block_gathers(gpt, plan, 2) == [1, 0, 0, 1]
     # cp 2 ring: 1 forward and 1 backward send (4 charged)
     plan = uniform_plan(4, model="tiny-gpt", global_batch=2, cp=2)
     sends = [r for r in expected_collectives(gpt, plan, 2) if r.layer == 0 and r.op == "send"]
@@ -111,3 +120,19 @@ def test_expected_differences_are_listed(gpt):
     plan = uniform_plan(4, model="tiny-gpt", global_batch=2, tp=2, recompute="full")
     [row] = [r for r in expected_collectives(gpt, plan, 2) if r.layer == 0 and r.part == Part.MODEL_PARALLEL]
     assert (row.calls, row.difference) == (5, Difference.RECOMPUTE_EARLY_STOP)
+
+
+def test_block_gathers_only_where_the_split_ends(gpt):
+    # 2 micro-batches: a block gathers its output (forward) where the next layer splits otherwise
+    # or another chunk follows, its input gradient (backward) where the previous one did
+    sp, tp = L(tp=2, sp="megatron"), L(tp=2)
+    plan = Plan(pp=1, stage_layers=(4,), layers=(sp, sp, tp, sp), global_batch=4, micro_batches=2, model="tiny-gpt")
+    assert block_gathers(gpt, plan, 2) == [2, 2, 0, 4]
+    plan = uniform_plan(4, model="tiny-gpt", global_batch=4, micro_batches=2, pp=2, tp=2, sp="megatron")
+    assert block_gathers(gpt, plan, 4) == [2, 2, 2, 2]
+    # Ulysses beside Megatron-SP: different splits; cp under full recompute gathers its output again
+    uly, cp = L(ulysses=2, sp="ulysses"), L(cp=2, recompute="full")
+    plan = Plan(pp=1, stage_layers=(4,), layers=(sp, uly, uly, sp), global_batch=2, micro_batches=1, model="tiny-gpt")
+    assert block_gathers(gpt, plan, 2) == [2, 1, 1, 2]
+    plan = Plan(pp=1, stage_layers=(4,), layers=(cp,) * 4, global_batch=2, micro_batches=1, model="tiny-gpt")
+    assert block_gathers(gpt, plan, 2) == [1, 0, 0, 2]

@@ -2,6 +2,9 @@
 executor runs them (cost_models.expected_collectives): tp, Megatron-SP, Ulysses, the cp ring and
 a pipeline on 2 gloo ranks pass; an executor that runs other collectives (same numbers) fails
 with a line naming the layer, the kind and both sides' counts."""
+import json
+from functools import partial
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -113,3 +116,26 @@ def test_model_parallel_errors_by_hand():
         "layer 0 (rank 0): all_reduce ran x1 of 100 elements over 2 ranks, x1 of 100 elements over 4 ranks; the cost "
         "model charges x2 of 100 elements over 2 ranks",
         "boundary 1 (rank 0): recv ran x1 of 50 elements over 2 ranks; the cost model charges none"]
+
+
+def worker_saving_trace(directory, rank, world_size, model, plan, cfg):
+    """train.worker that also writes its rank's model-parallel trace to ``directory``/rank<r>.json."""
+    result = train.worker(rank, world_size, model, plan, cfg)
+    (directory / f"rank{rank}.json").write_text(json.dumps(result["model_parallel"]))
+    return result
+
+
+def test_megatron_sp_keeps_the_sequence_split_between_blocks(tmp_path):
+    # tp 2 + Megatron-SP, 4 layers, 2 micro-batches of 2 sequences: 2 * 64 * 128 = 16384 elements per
+    # gather. Inside a block SP all-gathers before attention and MLP in forward, and the gradients
+    # of both sub-layers' reduce-scatters in backward: 4 per micro-batch. The first block also
+    # gathers its input's gradient, the last its output, one each per micro-batch; the interior
+    # blocks hand the residual stream on split (before: 2 more gathers per block and micro-batch)
+    model = specs.load_model("tiny-gpt").scaled(num_layers=4)
+    plan = uniform_plan(4, model="tiny-gpt", global_batch=4, micro_batches=2, tp=2, sp="megatron")
+    m = _run(model, plan, rank_fn=partial(worker_saving_trace, tmp_path))
+    assert m.check.passed, (m.check.collective_errors, m.check.worst)
+    for rank in range(2):
+        trace = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        gathers = [trace[f"layer {i}"].count(["all_gather", 16384, 2]) for i in range(4)]
+        assert gathers == [10, 8, 8, 10], (rank, gathers)
