@@ -356,10 +356,11 @@ class AnalyticalModel(CostModel):
         domains (nodes, or NVLink racks); ``at_scale`` scales both levels' bandwidth."""
         cl = self.cluster
         per_node: list[list[list[int]]] = []
+        domain = cl.domain_gpus  # cl.domain_of, inline: a rank at a time over up to 16,384 ranks
         for g in groups:
             nodes: dict[int, list[int]] = {}
             for r in g:
-                nodes.setdefault(cl.domain_of(r), []).append(r)
+                nodes.setdefault(r // domain, []).append(r)
             per_node.append(list(nodes.values()))
         sizes = {len(part) for parts in per_node for part in parts}
         if len(sizes) != 1 or sizes == {1}:
