@@ -99,18 +99,20 @@ def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict
     port, nic = intra.bandwidth_gbytes_per_s, inter.nics_per_node * inter.nic_bandwidth_gbytes_per_s
     uplinks = intra.kind == "pcie" and intra.gpus_per_switch > 0
     ranks = np.fromiter(chain.from_iterable(groups), dtype=np.int64, count=sum(map(len, groups)))
+    if not len(ranks):
+        return {}
     member = np.repeat(np.arange(len(groups)), [len(g) for g in groups])  # each rank's group
     p = np.array([len(g) for g in groups], dtype=np.int64)[member]
     node = ranks // cluster.gpus_per_node
     load: dict[tuple, tuple[float, float]] = {}
 
-    def add(kind: str, places: np.ndarray, share: np.ndarray, capacity: float) -> None:
-        """Each rank's share on the resource (kind, *place) it uses; a share of 0 adds none."""
+    def add(kind: str, places: np.ndarray, share: np.ndarray, capacity: float, where=lambda place: (place,)) -> None:
+        """Each rank's share on the resource (kind, *where(place)) it uses; a share of 0 adds none."""
         used = share > 0
-        keys, at = np.unique(places[used], axis=0, return_inverse=True)
+        keys, at = np.unique(places[used], return_inverse=True)
         total = np.zeros(len(keys))
-        np.add.at(total, at.ravel(), share[used])  # in order: the sums the ranks' loop made
-        load.update({(kind, *map(int, np.atleast_1d(k))): (float(v), capacity) for k, v in zip(keys, total)})
+        np.add.at(total, at, share[used])  # in order: the sums the ranks' loop made
+        load.update(((kind, *where(k)), (v, capacity)) for k, v in zip(keys.tolist(), total.tolist()))
 
     ports = (p - 1) / p
     add("gpu_out", ranks, ports, port)
@@ -119,17 +121,18 @@ def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict
     add("nic_out", node, outside, nic)
     add("nic_in", node, outside, nic)
     if uplinks:
-        switch = np.stack((node, (ranks % cluster.gpus_per_node) // intra.gpus_per_switch), axis=1)
-        off_switch = (p - _peers_alike(member, switch[:, 0] * cluster.gpus_per_node + switch[:, 1])) / p
-        add("uplink_up", switch, off_switch, intra.switch_uplink_gbytes_per_s)
-        add("uplink_down", switch, off_switch, intra.switch_uplink_gbytes_per_s)
+        per = cluster.gpus_per_node
+        switch = node * per + (ranks % per) // intra.gpus_per_switch  # (node, switch) as one number
+        off_switch = (p - _peers_alike(member, switch)) / p
+        for kind in ("uplink_up", "uplink_down"):
+            add(kind, switch, off_switch, intra.switch_uplink_gbytes_per_s, lambda place: divmod(place, per))
     return load
 
 
 def _peers_alike(member: np.ndarray, place: np.ndarray) -> np.ndarray:
     """[rank] how many ranks of its group (``member``) share its ``place`` (itself included)."""
-    _, at, count = np.unique(np.stack((member, place), axis=1), axis=0, return_inverse=True, return_counts=True)
-    return count[at.ravel()]
+    _, at, count = np.unique(member * (int(place.max()) + 1) + place, return_inverse=True, return_counts=True)
+    return count[at]
 
 
 def topology_all_to_all_s(cluster: ClusterSpec, nbytes: float, groups: Sequence[Sequence[int]],

@@ -78,7 +78,7 @@ def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarr
     Sorted by (mem, cost, level), point i is dominated iff an earlier point of level <= its own
     has cost <= its own (of equal points the first is kept). Few levels x points: one running
     minimum per level threshold, all at once; many: first the points an earlier point of their
-    own level dominates are dropped (``_level_fronts``, one pass over all levels), which leaves
+    own level dominates are dropped (``_level_fronts``), which leaves
     few, then the same on the rest (a point dominated by a dropped one is dominated by the point
     of its level that dropped it, or by one before that: the kept set is the same)."""
     if len(mem) <= 1:
@@ -113,16 +113,14 @@ def _running_min_before(c: np.ndarray) -> np.ndarray:
 
 def _level_fronts(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """Indices of the points that no earlier point of their own level beats in (mem, cost)
-    order (each level's (mem, cost) staircase, the first of equal points kept), all levels in
-    one running minimum: sorted by (level, mem, cost), each cost is replaced by its rank among
-    the costs (equal costs, equal ranks) lifted by a multiple of the count of points that falls
-    with the level, so that every point of a level is below every point of the levels before."""
+    order: each level's (mem, cost) staircase, the first of equal points kept."""
     order = np.lexsort((cost, mem, level))
     lv, c = level[order], cost[order]
-    rank = np.searchsorted(np.sort(c), c).astype(np.int64)
-    key = (lv.max() - lv).astype(np.int64) * (len(c) + 1) + rank
-    before = np.minimum.accumulate(np.concatenate(([np.iinfo(np.int64).max], key[:-1])))
-    return order[key < before]
+    cuts = (np.flatnonzero(lv[1:] != lv[:-1]) + 1).tolist()
+    keep = np.empty(len(c), dtype=bool)
+    for start, stop in zip([0] + cuts, cuts + [len(c)]):
+        keep[start:stop] = c[start:stop] < _running_min_before(c[start:stop])
+    return order[keep]
 
 
 def prune_exact(level: np.ndarray, mem: np.ndarray, T: np.ndarray, D: np.ndarray) -> np.ndarray:
