@@ -301,8 +301,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
                 send_next[ti, cols] = _send(cm, cache, msg, layer, s, b, src, src + gpus, gpus)
                 send_prev[ti, cols] = _send(cm, cache, msg, layer, s, b, src + gpus, src, gpus)
     return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
-                       temp_bytes=temp, activation_bytes=activations, trans_s=trans, send_next_s=send_next, send_prev_s=send_prev,
-                       classes=shared.setdefault(("classes", local), {}))  # one per relayout table
+                       temp_bytes=temp, activation_bytes=activations, trans_s=trans, send_next_s=send_next,
+                       send_prev_s=send_prev, classes=shared.setdefault(("classes", local), {}))  # one per trans
 
 
 def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy], allowed: np.ndarray,

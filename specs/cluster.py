@@ -9,8 +9,8 @@ share those resources, which gives the bandwidth each group sees. File format: d
 from __future__ import annotations
 
 from collections import Counter
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np

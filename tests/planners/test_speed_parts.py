@@ -1,7 +1,7 @@
-"""The speed-ups of issue 16 change no answer: Pareto pruning through each level's own
-staircase first keeps exactly the points a brute-force dominance check keeps, relayouts asked once per layout pair, stage questions
-asked at an equivalent first rank (pipeline sends: moved by whole nodes) and the vocabulary's
-relayouts asked once per layout class give the true tables."""
+"""The speed-ups of issue 16 change no answer: Pareto pruning (also through each level's own
+staircase first) keeps exactly the points a brute-force dominance check keeps, relayouts asked
+once per layout pair, stage questions asked at an equivalent first rank (pipeline sends: moved
+by whole nodes) and the vocabulary's relayouts asked once per layout class give the true tables."""
 from __future__ import annotations
 
 import dataclasses
