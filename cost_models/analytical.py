@@ -89,6 +89,7 @@ class AnalyticalModel(CostModel):
         self._cp_core = Memo(self._compute_cp_core)
         self._sync = Memo(self._compute_sync)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
+        self._all_to_all = lru_cache(maxsize=16384)(self._compute_all_to_all)
 
     def with_constants(self, constants: AnalyticalConstants) -> "AnalyticalModel":
         """The same model (cluster, reserve, runtime overhead, expert imbalance, calibration
@@ -370,7 +371,11 @@ class AnalyticalModel(CostModel):
 
     def all_to_all_time(self, nbytes: float, groups: Sequence[Sequence[int]]) -> float:
         """Pairwise all-to-all (expert dispatch/combine, Ulysses) with every pair's bytes on its
-        path's links (experts.topology_all_to_all_s), plus the launch cost."""
+        path's links (experts.topology_all_to_all_s), plus the launch cost; cached per (bytes,
+        groups), whose hash RankGroups keeps (a planner asks the same one for many strategies)."""
+        return self._all_to_all(float(nbytes), coll.rank_groups(groups))
+
+    def _compute_all_to_all(self, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
         if max((len(g) for g in groups), default=1) <= 1 or nbytes <= 0:
             return 0.0
         c = self.constants
@@ -393,10 +398,11 @@ class AnalyticalModel(CostModel):
         domains (nodes, or NVLink racks); ``at_scale`` scales both levels' bandwidth."""
         cl = self.cluster
         per_node: list[list[list[int]]] = []
+        domain = cl.domain_gpus  # cl.domain_of, inline: a rank at a time over up to 16,384 ranks
         for g in groups:
             nodes: dict[int, list[int]] = {}
             for r in g:
-                nodes.setdefault(cl.domain_of(r), []).append(r)
+                nodes.setdefault(r // domain, []).append(r)
             per_node.append(list(nodes.values()))
         sizes = {len(part) for parts in per_node for part in parts}
         if len(sizes) != 1 or sizes == {1}:

@@ -314,16 +314,29 @@ class CostModel(ABC):
         vocab_time, memory = self.vocab_cost(model, plan, stage, world)
         time_s, tail_s = vocab_time.micro_batch_s, vocab_time.tail_s
         chunk_starts = plan.chunk_starts()
+        # (layer, strategy) objects -> the layer's terms, (layer, strategy, next strategy) -> the
+        # relayout between them: a stage repeats a few layers and strategies, each asked once
+        answers: dict[tuple[int, ...], tuple | float] = {}
         for i in layer_ids:
-            layer, strategy, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
-            lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
-            time_s += lt.micro_batch_s + (lt.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE else 0.0)
-            tail_s += lt.tail_s
-            memory = memory + self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches)
+            layer, strategy = model.layers[i], plan.layers[i]
+            key = (id(layer), id(strategy))
+            if key not in answers:
+                mbs = plan.micro_batch_size(i)
+                lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
+                answers[key] = (lt.micro_batch_s + (lt.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE
+                                                    else 0.0), lt.tail_s,
+                                self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches))
+            layer_s, layer_tail_s, layer_memory = answers[key]
+            time_s += layer_s
+            tail_s += layer_tail_s
+            memory = memory + layer_memory
             if i not in chunk_starts:  # a chunk's first layer gets its input by p2p, not a re-layout
                 prev = i - 1
-                time_s += self.transition_time(model.layers[prev], plan.layers[prev], strategy,
-                                               plan.micro_batch_size(prev), first_rank)
+                key = (id(model.layers[prev]), id(plan.layers[prev]), id(strategy))
+                if key not in answers:
+                    answers[key] = self.transition_time(model.layers[prev], plan.layers[prev], strategy,
+                                                        plan.micro_batch_size(prev), first_rank)
+                time_s += answers[key]
         time_s += self._pipeline_send_s(model, plan, stage, layer_ids, world)
         return time_s, tail_s, memory
 

@@ -7,10 +7,12 @@ one every rank holds every expert and the layer is costed as before. Formulas: d
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
 
 from cost_models import collectives as coll
 from cost_models.ops import ExpertSplit
@@ -90,32 +92,47 @@ def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict
     rank's buffer it carries when every group runs a pairwise all-to-all at once (each rank sends
     1/p of its buffer to each other member). Counted per place, not per pair: a rank's GPU ports
     carry its p-1 peers' shares, its node's NIC the peers outside its scale-up domain, its PCIe
-    switch's uplinks the peers outside that switch (O(ranks), where walking the pairs is O(p^2))."""
+    switch's uplinks the peers outside that switch (O(ranks), where walking the pairs is O(p^2)).
+    The ranks of all groups are taken at once, group after group (each resource adds its shares
+    in that order)."""
     intra, inter = cluster.intra_node, cluster.inter_node
     port, nic = intra.bandwidth_gbytes_per_s, inter.nics_per_node * inter.nic_bandwidth_gbytes_per_s
     uplinks = intra.kind == "pcie" and intra.gpus_per_switch > 0
-    load: dict[tuple, list[float]] = {}
+    ranks = np.fromiter(chain.from_iterable(groups), dtype=np.int64, count=sum(map(len, groups)))
+    if not len(ranks):
+        return {}
+    member = np.repeat(np.arange(len(groups)), [len(g) for g in groups])  # each rank's group
+    p = np.array([len(g) for g in groups], dtype=np.int64)[member]
+    node = ranks // cluster.gpus_per_node
+    load: dict[tuple, tuple[float, float]] = {}
 
-    def add(resource: tuple, share: float, capacity: float) -> None:
-        if share > 0:
-            load.setdefault(resource, [0.0, capacity])[0] += share
+    def add(kind: str, places: np.ndarray, share: np.ndarray, capacity: float, where=lambda place: (place,)) -> None:
+        """Each rank's share on the resource (kind, *where(place)) it uses; a share of 0 adds none."""
+        used = share > 0
+        keys, at = np.unique(places[used], return_inverse=True)
+        total = np.zeros(len(keys))
+        np.add.at(total, at, share[used])  # in order: the sums the ranks' loop made
+        load.update(((kind, *where(k)), (v, capacity)) for k, v in zip(keys.tolist(), total.tolist()))
 
-    for g in groups:
-        p = len(g)
-        domains = Counter(cluster.domain_of(a) for a in g)
-        switches = Counter((cluster.node_of(a), cluster.switch_of(a)) for a in g) if uplinks else Counter()
-        for a in g:
-            add(("gpu_out", a), (p - 1) / p, port)
-            add(("gpu_in", a), (p - 1) / p, port)
-            node = cluster.node_of(a)
-            outside = (p - domains[cluster.domain_of(a)]) / p
-            add(("nic_out", node), outside, nic)
-            add(("nic_in", node), outside, nic)
-            if uplinks:
-                off_switch = (p - switches[node, cluster.switch_of(a)]) / p
-                add(("uplink_up", node, cluster.switch_of(a)), off_switch, intra.switch_uplink_gbytes_per_s)
-                add(("uplink_down", node, cluster.switch_of(a)), off_switch, intra.switch_uplink_gbytes_per_s)
-    return {r: (v[0], v[1]) for r, v in load.items()}
+    ports = (p - 1) / p
+    add("gpu_out", ranks, ports, port)
+    add("gpu_in", ranks, ports, port)
+    outside = (p - _peers_alike(member, ranks // cluster.domain_gpus)) / p
+    add("nic_out", node, outside, nic)
+    add("nic_in", node, outside, nic)
+    if uplinks:
+        per = cluster.gpus_per_node
+        switch = node * per + (ranks % per) // intra.gpus_per_switch  # (node, switch) as one number
+        off_switch = (p - _peers_alike(member, switch)) / p
+        for kind in ("uplink_up", "uplink_down"):
+            add(kind, switch, off_switch, intra.switch_uplink_gbytes_per_s, lambda place: divmod(place, per))
+    return load
+
+
+def _peers_alike(member: np.ndarray, place: np.ndarray) -> np.ndarray:
+    """[rank] how many ranks of its group (``member``) share its ``place`` (itself included)."""
+    _, at, count = np.unique(member * (int(place.max()) + 1) + place, return_inverse=True, return_counts=True)
+    return count[at]
 
 
 def topology_all_to_all_s(cluster: ClusterSpec, nbytes: float, groups: Sequence[Sequence[int]],

@@ -133,7 +133,7 @@ def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vo
         if body is None or classes.b[c] - classes.a[c] > max_layers or (among is not None and not among[c]):
             continue
         inner = _frontier(memo, classes.inner_rows, *body, levels, t.budget_bytes)
-        last = _row_of(classes.last_rows[int(classes.row_id[classes.b[c] - 1])], levels)
+        last = _row_of(memo, classes.last_rows[int(classes.row_id[classes.b[c] - 1])], levels)
         out[c] = inner.plus(last, cap).least_fitting(levels, cap, vocab_temp_bytes)
     return out
 
@@ -163,12 +163,17 @@ def _frontier(memo: dict, rows: dict[int, tuple], head: int, plain: int, count: 
     key = (None if head < 0 else rows[head], None if plain < 0 else rows[plain], count, cap)
     if key not in memo:
         if count == 0:
-            memo[key] = CountFrontier.empty() if head < 0 else _row_of(rows[head], levels)
+            memo[key] = CountFrontier.empty() if head < 0 else _row_of(memo, rows[head], levels)
         else:
             before = _frontier(memo, rows, head, plain, count - 1, levels, cap)
-            memo[key] = before.plus(_row_of(rows[plain], levels), cap)
+            memo[key] = before.plus(_row_of(memo, rows[plain], levels), cap)
     return memo[key]
 
 
-def _row_of(row: tuple, levels: np.ndarray) -> CountFrontier:
-    return row_frontier(*(np.frombuffer(x) for x in row), levels)
+def _row_of(memo: dict, row: tuple, levels: np.ndarray) -> CountFrontier:
+    """row_frontier of ``row`` (cost, memory, temp as bytes), memoised by its contents: every
+    class, stage and vocab choice ending on or repeating one layer row shares it."""
+    key = ("row", row)
+    if key not in memo:
+        memo[key] = row_frontier(*(np.frombuffer(x) for x in row), levels)
+    return memo[key]

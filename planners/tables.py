@@ -52,7 +52,9 @@ class StageTables:
     """[type, strategy]: the gradient of this layer's output sent back to it from the next stage
     (a term of the NEXT stage's time)."""
     classes: dict = field(default_factory=dict, compare=False, repr=False)
-    """[type] -> (source, target) relayout classes (``relayout_classes``), computed once."""
+    """[type] -> (source, target) relayout classes (``relayout_classes``), and ("finite", type) ->
+    ``finite_relayouts``, computed once (shared by the stages of a group whose relayouts are the
+    same table)."""
     classes_from: "StageTables | None" = field(default=None, compare=False, repr=False)
     """Tables whose relayouts these scale by a positive factor (the Lagrangian's priced tables):
     their classes serve (equal rows stay equal when scaled)."""
@@ -62,12 +64,23 @@ class StageTables:
         layer type ``ty``: strategies of one class move activations alike."""
         base = self.classes_from or self
         if ty not in base.classes:
-            R = base.trans_s[ty]
-            R = np.where(np.isfinite(R), R, 0.0)
+            R = base.finite_relayouts(ty)
             _, src = np.unique(R, axis=0, return_inverse=True)
             _, dst = np.unique(R, axis=1, return_inverse=True)
             base.classes[ty] = (src.ravel(), dst.ravel())
         return base.classes[ty]
+
+    def finite_relayouts(self, ty: int) -> np.ndarray:
+        """trans_s[ty] with 0 where it is infinite (a strategy not allowed), computed once (kept
+        with the classes: read only; tables whose relayouts are scaled from others', which may
+        share their classes, compute their own each time)."""
+        key = ("finite", ty)
+        if self.classes_from is not None or key not in self.classes:
+            R = np.where(np.isfinite(self.trans_s[ty]), self.trans_s[ty], 0.0)
+            if self.classes_from is not None:
+                return R
+            self.classes[key] = R
+        return self.classes[key]
 
 
 @dataclass
@@ -288,7 +301,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
                 send_next[ti, cols] = _send(cm, cache, msg, layer, s, b, src, src + gpus, gpus)
                 send_prev[ti, cols] = _send(cm, cache, msg, layer, s, b, src + gpus, src, gpus)
     return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
-                       temp_bytes=temp, activation_bytes=activations, trans_s=trans, send_next_s=send_next, send_prev_s=send_prev)
+                       temp_bytes=temp, activation_bytes=activations, trans_s=trans, send_next_s=send_next,
+                       send_prev_s=send_prev, classes=shared.setdefault(("classes", local), {}))  # one per trans
 
 
 def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy], allowed: np.ndarray,

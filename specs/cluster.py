@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -212,22 +213,33 @@ class ClusterSpec:
         Each group's ring visits its ranks in the given order; edges that cross the same
         resource share it equally. The slowest group sets the result (they run in lockstep).
         """
-        rings = [list(g) for g in groups if len(g) > 1]
-        return self.transfers_link([(ring[i], ring[(i + 1) % len(ring)]) for ring in rings for i in range(len(ring))])
+        rings = [g for g in groups if len(g) > 1]
+        src = np.fromiter(chain.from_iterable(rings), dtype=np.int64, count=sum(map(len, rings)))
+        lengths = np.fromiter(map(len, rings), dtype=np.int64, count=len(rings))
+        starts = np.cumsum(lengths) - lengths
+        after = np.arange(1, len(src) + 1)  # each rank sends to the next of its ring, the last to the first
+        after[starts + lengths - 1] = starts
+        return self._edges_link(src, src[after])
 
     def transfers_link(self, pairs: Sequence[tuple[int, int]]) -> GroupLink:
         """Bandwidth each (src, dst) transfer gets when all of ``pairs`` run at once: transfers
         that cross the same resource share it equally; the slowest one sets the result."""
-        edges = [(a, b) for a, b in pairs if a != b]
-        if not edges:
+        src, dst = (np.fromiter((e[i] for e in pairs), dtype=np.int64, count=len(pairs)) for i in (0, 1))
+        return self._edges_link(src, dst)
+
+    def _edges_link(self, src: np.ndarray, dst: np.ndarray) -> GroupLink:
+        """transfers_link of the pairs (src[i], dst[i]), a rank's transfers to itself left out."""
+        moves = src != dst
+        src, dst = src[moves], dst[moves]
+        if not len(src):
             return GroupLink(float("inf"), 0.0, False)
-        src, dst = (np.fromiter((e[i] for e in edges), dtype=np.int64, count=len(edges)) for i in (0, 1))
         for ranks in (src, dst):
             bad = ranks[(ranks < 0) | (ranks >= self.world_size)]
             require(bad.size == 0, "ranks", f"rank {bad[0] if bad.size else 0} outside world of {self.world_size}")
         crosses = bool((src // self.domain_gpus != dst // self.domain_gpus).any())
         shared_uplink = self.intra_node.kind == "pcie" and self.intra_node.gpus_per_switch > 0
-        bandwidth = self._paths_bandwidth(edges) if shared_uplink else self._ports_bandwidth(src, dst)
+        bandwidth = (self._paths_bandwidth(list(zip(src.tolist(), dst.tolist()))) if shared_uplink
+                     else self._ports_bandwidth(src, dst))
         latency_us = self.inter_node.latency_us if crosses else self.intra_node.latency_us
         return GroupLink(bandwidth, latency_us * 1e-6, crosses)
 

@@ -390,9 +390,14 @@ class Plan:
         per_stage = world // self.pp
         schedule_entry(self.schedule).check(self.pp, self.micro_batches, self.virtual_stages)
         stage_of = {i: k for k, ids in enumerate(self.stage_ranges()) for i in ids}
+        passed = set()  # (strategy, layer spec, stage) objects checked: a repeat passes as well
         for i, (s, spec) in enumerate(zip(self.layers, model.layers)):
+            key = (id(s), id(spec), stage_of[i])
+            if key in passed:
+                continue
             s.degrees.check(per_stage, f"layer {i}", stage_of[i])
             _check_layer(i, s, spec, self.global_batch, self.micro_batches)
+            passed.add(key)
         self._check_vocab(model, per_stage)
         refused = gpu_refusal(self.precision, cluster.gpu) if self.precision.is_fp8 else None
         if refused:

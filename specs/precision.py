@@ -69,7 +69,7 @@ def default_recipe(gpu: Any) -> Precision:
 def fp8_recipe(values: Iterable[str]) -> Precision:
     """The one FP8 recipe among ``values`` (BF16 when none); a SpecError when there are two:
     frameworks run one recipe per training run."""
-    used = {Precision(v) for v in values}
+    used = {Precision(v) for v in set(values)}  # a plan's layers repeat a few values
     recipes = [p for p in FP8_RECIPES if p in used]
     if len(recipes) > 1:
         raise SpecError("precision", f"a plan takes one FP8 recipe beside bf16, got {', '.join(recipes)}")

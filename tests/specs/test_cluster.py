@@ -38,6 +38,16 @@ def test_pcie_switch_uplink_is_shared():
     assert cluster.ring_link([[0, 2, 4, 6], [1, 3, 5, 7]]).bandwidth_gbytes_per_s == 2.5
 
 
+@pytest.mark.parametrize("name", ["titan-16", "dgx-a100-80g:2"])
+def test_ring_link_is_the_transfers_of_each_ring_in_its_order(name):
+    """Rings of unequal sizes (and a lone rank, which sends nothing): each rank to the next, the
+    last back to the first."""
+    cluster = load_cluster(name)
+    rings = [[0, 9, 2], [3], [4, 12], [5, 6, 7, 15, 1]]
+    edges = [(r[i], r[(i + 1) % len(r)]) for r in rings for i in range(len(r))]
+    assert cluster.ring_link(rings) == cluster.transfers_link(edges)
+
+
 @pytest.mark.parametrize("mutate, field", [
     (lambda c: c.pop("gpu"), "gpu"),
     (lambda c: c["gpu"].update(memory_gib=-4), "gpu.memory_gib"),
