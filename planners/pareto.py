@@ -78,9 +78,9 @@ def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarr
     Sorted by (mem, cost, level), point i is dominated iff an earlier point of level <= its own
     has cost <= its own (of equal points the first is kept). Few levels x points: one running
     minimum per level threshold, all at once; many: first the points an earlier point of their
-    own level dominates are dropped (``_level_fronts``), which leaves
-    few, then the same on the rest (a point dominated by a dropped one is dominated by the point
-    of its level that dropped it, or by one before that: the kept set is the same)."""
+    own level dominates are dropped (``_level_fronts``), which leaves few, then the same on the
+    rest (a point dominated by a dropped one is dominated by the point of its level that dropped
+    it, or by one before that: the kept set is the same)."""
     if len(mem) <= 1:
         return np.arange(len(mem))
     levels = np.flatnonzero(np.bincount(level))  # levels index the sorted temporaries: small ints

@@ -71,16 +71,15 @@ class StageTables:
         return base.classes[ty]
 
     def finite_relayouts(self, ty: int) -> np.ndarray:
-        """trans_s[ty] with 0 where it is infinite (a strategy not allowed), computed once (kept
-        with the classes: read only; tables whose relayouts are scaled from others', which may
-        share their classes, compute their own each time)."""
-        key = ("finite", ty)
-        if self.classes_from is not None or key not in self.classes:
-            R = np.where(np.isfinite(self.trans_s[ty]), self.trans_s[ty], 0.0)
-            if self.classes_from is not None:
-                return R
-            self.classes[key] = R
-        return self.classes[key]
+        """trans_s[ty] with 0 where it is infinite (a strategy not allowed), computed once and
+        kept with the classes (read only); tables whose relayouts are scaled from others' (which
+        may share their classes) compute theirs each time."""
+        R = self.trans_s[ty]
+        if self.classes_from is not None:
+            return np.where(np.isfinite(R), R, 0.0)
+        if ("finite", ty) not in self.classes:
+            self.classes["finite", ty] = np.where(np.isfinite(R), R, 0.0)
+        return self.classes["finite", ty]
 
 
 @dataclass
