@@ -44,14 +44,14 @@ def wrong_adam_shard(rank, world_size, model, plan, cfg):
 # -- plans executed other than they say (issue: --check passed on each; now it must fail) -------------
 def tp_not_applied(rank, world_size, model, plan, cfg):
     """Blocks keep their whole weights on every rank of the TP group (numerics unchanged)."""
-    parallelize_module.apply_tp = lambda block, tp_mesh, sequence_parallel=False: block
+    parallelize_module.apply_tp = lambda block, tp_mesh, sequence_parallel=False, **_ends: block
     return train.worker(rank, world_size, model, plan, cfg)
 
 
 def megatron_sp_dropped(rank, world_size, model, plan, cfg):
     """Tensor parallel without the sequence split of the norms and residuals."""
     real = parallelize_module.apply_tp
-    parallelize_module.apply_tp = lambda block, tp_mesh, sequence_parallel=False: real(block, tp_mesh)
+    parallelize_module.apply_tp = lambda block, tp_mesh, sequence_parallel=False, **_ends: real(block, tp_mesh)
     return train.worker(rank, world_size, model, plan, cfg)
 
 
