@@ -116,11 +116,12 @@ def _level_fronts(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.nd
     order: each level's (mem, cost) staircase, the first of equal points kept."""
     order = np.lexsort((cost, mem, level))
     lv, c = level[order], cost[order]
-    cuts = (np.flatnonzero(lv[1:] != lv[:-1]) + 1).tolist()
-    keep = np.empty(len(c), dtype=bool)
-    for start, stop in zip([0] + cuts, cuts + [len(c)]):
-        keep[start:stop] = c[start:stop] < _running_min_before(c[start:stop])
-    return order[keep]
+    # one running minimum for every level at once: cost by its rank among the costs (the same
+    # order and ties), each level's ranks placed above every later level's, so that no level's
+    # minimum reaches the next; an infinite cost is never below a minimum
+    _, rank = np.unique(c, return_inverse=True)
+    key = (lv.max() - lv) * (len(c) + 1) + rank.ravel()
+    return order[(key < _running_min_before(key)) & (c < np.inf)]
 
 
 def prune_exact(level: np.ndarray, mem: np.ndarray, T: np.ndarray, D: np.ndarray) -> np.ndarray:
