@@ -110,14 +110,15 @@ def _prune_running(level: np.ndarray, mem: np.ndarray, cost: np.ndarray, levels:
 def lexsort(keys: tuple[np.ndarray, ...]) -> np.ndarray:
     """np.lexsort(keys) (the last key first, ties in index order), for many points by one
     unstable sort of one integer code: each key's rank among its values (the same order and
-    ties), then the index, in mixed radix; np.lexsort itself for few points, or where the code
-    would overflow."""
+    ties; a key of small non-negative integers is its own), then the index, in mixed radix;
+    np.lexsort itself for few points, or where the code would overflow."""
     n = len(keys[0])
     if n < LEXSORT_CODE_ABOVE:
         return np.lexsort(keys)
     code, span = np.zeros(n, dtype=np.int64), n
     for key in reversed(keys):
-        rank, size = _dense_rank(key)
+        small = key.dtype.kind in "iu" and 0 <= key.min() and key.max() < n  # levels: their own ranks
+        rank, size = (key.astype(np.int64), int(key.max()) + 1) if small else _dense_rank(key)
         span *= size
         if span >= 2 ** 62:
             return np.lexsort(keys)
