@@ -120,3 +120,18 @@ def test_vocab_relayout_deltas_asked_per_layout_class_equal_each_strategys_answe
                 assert list(got[:, 0]) == want and not got[:, 1:].any()
                 checked += len(want)
     assert checked > 1000
+
+
+def test_lexsort_orders_many_points_as_np_lexsort():
+    """pareto.lexsort's integer code gives np.lexsort's order (ties in index order) on keys with
+    repeated values, infinities, NaN, -0.0 and small integer levels, above its size threshold."""
+    rng = np.random.default_rng(3)
+    n = 2 * pareto.LEXSORT_CODE_ABOVE
+    level = rng.integers(0, 40, n)
+    mem = rng.integers(0, 50, n).astype(float)
+    mem[rng.random(n) < 0.05] = np.inf
+    cost = rng.integers(-20, 20, n).astype(float)
+    cost[rng.random(n) < 0.05] = np.nan
+    cost[cost == 0] = -0.0
+    for keys in ((cost, mem, level), (level, cost, mem), (rng.random(n), level)):
+        assert np.array_equal(pareto.lexsort(keys), np.lexsort(keys))
