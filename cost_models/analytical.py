@@ -254,7 +254,7 @@ class AnalyticalModel(CostModel):
         (FP8 layers gather FP8 weights: fp8.gather_bytes_per_param). FSDP runs the backward's
         gather (the next layer's parameters) and reduce-scatter (this layer's gradients) on
         streams of their own, at once over the same links: coll.concurrent_time_s."""
-        if max(len(g) for g in dp_groups) <= 1 or local_params <= 0:
+        if coll.largest_group(dp_groups) <= 1 or local_params <= 0:
             return DPTraffic()
         nbytes = local_params * mem.GRAD_BYTES_PER_PARAM
         rs = self._bucketed("reduce_scatter", nbytes, dp_groups)
@@ -338,7 +338,7 @@ class AnalyticalModel(CostModel):
     def _compute_collective(self, kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
         """Best of ring, tree (all-reduce) and hierarchical (all-reduce over whole nodes) on the
         bandwidth the concurrent groups leave each ring edge (ClusterSpec.ring_link)."""
-        p = max((len(g) for g in groups), default=1)
+        p = coll.largest_group(groups)
         if p <= 1 or nbytes <= 0:
             return 0.0
         alpha, bandwidth, at_scale, crosses = self._ring_constants(p, groups)
@@ -354,7 +354,7 @@ class AnalyticalModel(CostModel):
         collective_time charges for the kinds that always run the ring (all-gather,
         reduce-scatter), split for coll.concurrent_time_s."""
         groups = coll.rank_groups(groups)
-        p = max((len(g) for g in groups), default=1)
+        p = coll.largest_group(groups)
         if p <= 1 or nbytes <= 0:
             return 0.0, 0.0
         alpha, bandwidth, _, _ = self._ring_constants(p, groups)
@@ -376,7 +376,7 @@ class AnalyticalModel(CostModel):
         return self._all_to_all(float(nbytes), coll.rank_groups(groups))
 
     def _compute_all_to_all(self, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
-        if max((len(g) for g in groups), default=1) <= 1 or nbytes <= 0:
+        if coll.largest_group(groups) <= 1 or nbytes <= 0:
             return 0.0
         c = self.constants
         alpha = lambda crosses: (self.cluster.inter_node.latency_us if crosses  # noqa: E731

@@ -252,7 +252,9 @@ class CostModel(ABC):
     def vocab_relayout_time(self, model: ModelSpec, plan: Plan, layer_index: int, strategy: LayerStrategy) -> float:
         """Per micro-batch: the relayout between the embedding's/head's layout and layer
         ``layer_index`` (0, or the last) run under ``strategy``. Planners add it to that layer's
-        strategy choice; 0 where the model charges none."""
+        strategy choice; 0 where the model charges none. Of the plan's vocab fields it depends on
+        vocab_tp, vocab_sp and Plan.vocab_in_own_layout only (not on vocab_zero3 otherwise):
+        planners share it between vocab choices that differ in ZeRO-3 alone."""
         return 0.0
 
     # -- uncertainty -----------------------------------------------------------------------

@@ -26,6 +26,11 @@ def rank_groups(groups: Sequence[Sequence[int]]) -> RankGroups:
     return groups if type(groups) is RankGroups else RankGroups(map(tuple, groups))
 
 
+def largest_group(groups: Sequence[Sequence[int]]) -> int:
+    """Ranks in the largest of ``groups`` (1 when there is none); kept with a RankGroups."""
+    return groups.largest() if type(groups) is RankGroups else max(map(len, groups), default=1)
+
+
 def check_kind(kind: str) -> None:
     if kind not in BUS_FACTOR:
         raise SpecError("collective", f"unknown kind {kind!r}; choose from {', '.join(BUS_FACTOR)}")

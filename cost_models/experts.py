@@ -95,24 +95,34 @@ def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict
     switch's uplinks the peers outside that switch (O(ranks), where walking the pairs is O(p^2)).
     The ranks of all groups are taken at once, group after group (each resource adds its shares
     in that order)."""
+    per = cluster.gpus_per_node  # an uplink's place: (node, switch)
+    return {(kind, *(divmod(k, per) if kind.startswith("uplink") else (k,))): (v, capacity)
+            for kind, places, total, capacity in _resource_loads(cluster, groups)
+            for k, v in zip(places.tolist(), total.tolist())}
+
+
+def _resource_loads(cluster: ClusterSpec, groups: Sequence[Sequence[int]]
+                    ) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
+    """pairwise_load by kind of resource: (kind, its places that carry a load, their loads,
+    capacity in GB/s); an uplink's place is node x gpus_per_node + switch."""
     intra, inter = cluster.intra_node, cluster.inter_node
     port, nic = intra.bandwidth_gbytes_per_s, inter.nics_per_node * inter.nic_bandwidth_gbytes_per_s
     uplinks = intra.kind == "pcie" and intra.gpus_per_switch > 0
     ranks = np.fromiter(chain.from_iterable(groups), dtype=np.int64, count=sum(map(len, groups)))
     if not len(ranks):
-        return {}
+        return []
     member = np.repeat(np.arange(len(groups)), [len(g) for g in groups])  # each rank's group
     p = np.array([len(g) for g in groups], dtype=np.int64)[member]
     node = ranks // cluster.gpus_per_node
-    load: dict[tuple, tuple[float, float]] = {}
+    out = []
 
-    def add(kind: str, places: np.ndarray, share: np.ndarray, capacity: float, where=lambda place: (place,)) -> None:
-        """Each rank's share on the resource (kind, *where(place)) it uses; a share of 0 adds none."""
+    def add(kind: str, places: np.ndarray, share: np.ndarray, capacity: float) -> None:
+        """Each rank's share on the resource of ``kind`` at its place; a share of 0 adds none."""
         used = share > 0
         keys, at = np.unique(places[used], return_inverse=True)
         total = np.zeros(len(keys))
         np.add.at(total, at, share[used])  # in order: the sums the ranks' loop made
-        load.update(((kind, *where(k)), (v, capacity)) for k, v in zip(keys.tolist(), total.tolist()))
+        out.append((kind, keys, total, capacity))
 
     ports = (p - 1) / p
     add("gpu_out", ranks, ports, port)
@@ -125,8 +135,8 @@ def pairwise_load(cluster: ClusterSpec, groups: Sequence[Sequence[int]]) -> dict
         switch = node * per + (ranks % per) // intra.gpus_per_switch  # (node, switch) as one number
         off_switch = (p - _peers_alike(member, switch)) / p
         for kind in ("uplink_up", "uplink_down"):
-            add(kind, switch, off_switch, intra.switch_uplink_gbytes_per_s, lambda place: divmod(place, per))
-    return load
+            add(kind, switch, off_switch, intra.switch_uplink_gbytes_per_s)
+    return out
 
 
 def _peers_alike(member: np.ndarray, place: np.ndarray) -> np.ndarray:
@@ -169,10 +179,12 @@ class PairwiseShape(NamedTuple):
 def _pairwise_shape(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -> PairwiseShape:
     """The size-independent part of ``topology_all_to_all_s`` (a planner asks it once per
     message size)."""
-    load = pairwise_load(cluster, groups)
-    ratio = {kind: max((n / (cap * 1e9) for r, (n, cap) in load.items() if r[0].startswith("nic") == kind),
-                       default=0.0) for kind in (True, False)}
-    crosses = any(cluster.domain_of(a) != cluster.domain_of(g[0]) for g in groups for a in g)
+    ratio = {True: 0.0, False: 0.0}
+    for kind, _, total, capacity in _resource_loads(cluster, groups):
+        if len(total):
+            nic = kind.startswith("nic")
+            ratio[nic] = max(ratio[nic], float((total / (capacity * 1e9)).max()))
+    crosses = any(cluster.domain_of(min(g)) != cluster.domain_of(max(g)) for g in groups)  # domains ascend
     return PairwiseShape(max(len(g) for g in groups), ratio[True], ratio[False], crosses)
 
 

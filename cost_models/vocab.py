@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from cost_models import memory as mem
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
-from cost_models.collectives import rank_groups
+from cost_models.collectives import largest_group, rank_groups
 from cost_models.memo import HashOnce, hash_once
 from cost_models.ops import (embedding_backward_ops, embedding_forward_ops, head_backward_ops,
                              head_forward_ops)
@@ -159,7 +159,7 @@ def vocab_tp_comm_s(cost_model: CostModel, model: ModelSpec, plan: Plan, stage: 
     or under Ulysses, whose group splits tokens): the embedding's partial lookups summed
     (forward), the head's input gradient summed (backward) and the vocab-parallel
     cross-entropy's three all-reduces of one fp32 per token."""
-    tp = max((len(g) for g in tp_groups), default=1)
+    tp = largest_group(tp_groups)
     if tp <= 1 or plan.vocab_sp == "ulysses":
         return 0.0
     comm_s = 0.0

@@ -208,8 +208,7 @@ def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_t
     vocab = {}
     for v in vocab_tps:
         check(deadline)
-        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies, shared["layouts"],
-                                 shared["dp_types"])
+        vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies, shared)
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
@@ -398,44 +397,57 @@ def _send(cm: CostModel, cache: dict, msg, layer: LayerSpec, s: LayerStrategy, m
 
 
 def _vocab_stages(cm: CostModel, model: ModelSpec, combo: Combo, strategies: list[LayerStrategy],
-                  layouts: tuple[np.ndarray, list[int]], dp_types: tuple[np.ndarray, list[str]]) -> list[VocabCost]:
+                  shared: dict) -> list[VocabCost]:
     """One VocabCost per stage; for a rank-symmetric cost model the stages that hold neither the
-    embedding nor the head are alike (its contract), so they share one answer."""
+    embedding nor the head are alike (its contract), so they share one answer. ``shared``: the
+    group's dict (_stage)."""
     out, middle = [], None
     for k in range(combo.pp):
         if 0 < k < combo.pp - 1 and cm.rank_symmetric:
-            middle = middle or _vocab(cm, model, combo, k, strategies, layouts, dp_types)
+            middle = middle or _vocab(cm, model, combo, k, strategies, shared)
             out.append(middle)
         else:
-            out.append(_vocab(cm, model, combo, k, strategies, layouts, dp_types))
+            out.append(_vocab(cm, model, combo, k, strategies, shared))
     return out
 
 
 def _vocab(cm: CostModel, model: ModelSpec, combo: Combo, stage: int, strategies: list[LayerStrategy],
-           layouts: tuple[np.ndarray, list[int]], dp_types: tuple[np.ndarray, list[str]]) -> VocabCost:
+           shared: dict) -> VocabCost:
     """vocab_cost under probe plans: all layers DDP (the base), then layer 0 / the last layer
-    under each dp type (the deltas; ``dp_types``: dp_type_classes of the strategies)."""
+    under each dp type (the deltas; shared["dp_types"]: dp_type_classes of the strategies)."""
     base = _vocab_probe(cm, model, combo, stage, DPType.DDP, DPType.DDP)
-    cls, types = dp_types
+    cls, types = shared["dp_types"]
     out = VocabCost(time_s=base[0], tail_s=base[1], memory_bytes=base[2], temp_bytes=base[3])
     if stage == 0:
         delta = np.array([_delta(_vocab_probe(cm, model, combo, stage, d, DPType.DDP), base) for d in types])
-        out.first_delta = delta[cls] + _relayout_delta(cm, model, combo, 0, strategies, layouts)
+        out.first_delta = delta[cls] + _relayout_delta(cm, model, combo, 0, strategies, shared)
     if stage == combo.pp - 1:
         delta = np.array([_delta(_vocab_probe(cm, model, combo, stage, DPType.DDP, d), base) for d in types])
-        out.last_delta = delta[cls] + _relayout_delta(cm, model, combo, model.num_layers - 1, strategies, layouts)
+        out.last_delta = delta[cls] + _relayout_delta(cm, model, combo, model.num_layers - 1, strategies, shared)
     return out
 
 
 def _relayout_delta(cm: CostModel, model: ModelSpec, combo: Combo, index: int, strategies: list[LayerStrategy],
-                    layouts: tuple[np.ndarray, list[int]]) -> np.ndarray:
-    """[strategy, (T, 0, 0)]: the relayout between the vocabulary's layout and layer ``index``
-    under each strategy, less the probe layer's (which the base holds); computed once per
-    layout a strategy can have (``layouts``: layout_classes) and micro-batch."""
-    cache = memo(cm)
+                    shared: dict) -> np.ndarray:
+    """[strategy, (T, 0, 0)] (read only): the relayout between the vocabulary's layout and layer
+    ``index`` under each strategy, less the probe layer's (which the base holds); computed once
+    per layout a strategy can have (shared["layouts"]: layout_classes) and micro-batch, and
+    kept in the group's ``shared`` for the vocab choices that differ only in ZeRO-3
+    (CostModel.vocab_relayout_time's contract)."""
     plan = _cached_probe_plan(cm, model, combo, DPType.DDP, DPType.DDP)
-    common = ("vocab relayout", hash_once(model), combo.pp, combo.vocab, combo.global_batch // combo.micro_batches,
-              index)
+    own = plan.vocab_in_own_layout(model, cm.cluster.world_size // combo.pp)
+    group_key = ("vocab relayout", combo.vocab.tp, combo.vocab.sp, own, index)
+    if group_key not in shared:
+        shared[group_key] = _layout_relayouts(cm, model, combo, index, strategies, shared["layouts"], plan, own)
+    return shared[group_key]
+
+
+def _layout_relayouts(cm: CostModel, model: ModelSpec, combo: Combo, index: int, strategies: list[LayerStrategy],
+                      layouts: tuple[np.ndarray, list[int]], plan: Plan, own: bool) -> np.ndarray:
+    """_relayout_delta's array, each layout's relayout cached per cost model."""
+    cache = memo(cm)
+    common = ("vocab relayout", hash_once(model), combo.pp, combo.vocab.tp, combo.vocab.sp, own,
+              combo.global_batch // combo.micro_batches, index)
 
     def relayout(s: LayerStrategy) -> float:
         key = common + layout_key(s)

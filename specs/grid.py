@@ -20,6 +20,13 @@ class RankGroups(tuple):
             cached = self.__dict__["hash"] = tuple.__hash__(self)
         return cached
 
+    def largest(self) -> int:
+        """Ranks in the largest group (1 when there is none), computed once."""
+        cached = self.__dict__.get("_largest")
+        if cached is None:
+            cached = self.__dict__["_largest"] = max(map(len, self), default=1)
+        return cached
+
 
 @dataclass(frozen=True)
 class RankGrid:

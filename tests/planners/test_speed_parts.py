@@ -100,21 +100,38 @@ def test_completion_bound_is_the_knapsack_lp_worked_by_hand():
 
 
 def test_vocab_relayout_deltas_asked_per_layout_class_equal_each_strategys_answer():
-    """tables._relayout_delta asks one strategy per layout class: every strategy's delta is the
-    cost model's own answer for it, less the probe layer's."""
+    """tables._relayout_delta asks one strategy per layout class, once for the vocab choices that
+    differ only in ZeRO-3: every strategy's delta is the cost model's own answer for it under
+    each vocab choice, less the probe layer's."""
     from planners.tables import _cached_probe_plan, _relayout_delta, layout_classes
     from specs import DPType
     model, cluster = load_model("llama2-7b").scaled(num_layers=4), load_cluster("dgx-a100-80g:2")
     cm = cost_models.get("analytical", cluster)
     checked = 0
     for t in grouped_tables(model, cm, 40 * 2**30, SearchSpace.preset("full"), (32,))[::4]:
+        shared = {"layouts": layout_classes(t.strategies)}  # the group's, as _build_tables keeps it
         for v in t.vocab:
             combo = dataclasses.replace(t.combo, vocab=v)
             probe = _cached_probe_plan(cm, model, combo, DPType.DDP, DPType.DDP)
             for index in (0, model.num_layers - 1):
-                got = _relayout_delta(cm, model, combo, index, t.strategies, layout_classes(t.strategies))
+                got = _relayout_delta(cm, model, combo, index, t.strategies, shared)
                 base = cm.vocab_relayout_time(model, probe, index, probe.layers[index])
                 want = [cm.vocab_relayout_time(model, probe, index, s) - base for s in t.strategies]
                 assert list(got[:, 0]) == want and not got[:, 1:].any()
                 checked += len(want)
     assert checked > 1000
+
+
+def test_lexsort_orders_many_points_as_np_lexsort():
+    """pareto.lexsort's integer code gives np.lexsort's order (ties in index order) on keys with
+    repeated values, infinities, NaN, -0.0 and small integer levels, above its size threshold."""
+    rng = np.random.default_rng(3)
+    n = 2 * pareto.LEXSORT_CODE_ABOVE
+    level = rng.integers(0, 40, n)
+    mem = rng.integers(0, 50, n).astype(float)
+    mem[rng.random(n) < 0.05] = np.inf
+    cost = rng.integers(-20, 20, n).astype(float)
+    cost[rng.random(n) < 0.05] = np.nan
+    cost[cost == 0] = -0.0
+    for keys in ((cost, mem, level), (level, cost, mem), (rng.random(n), level)):
+        assert np.array_equal(pareto.lexsort(keys), np.lexsort(keys))
