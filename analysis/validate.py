@@ -18,7 +18,7 @@ import cost_models
 import simulator
 from executor.devices import resolve_device
 from executor.launch import LaunchError
-from cost_models.charged import charged_dp_collectives
+from cost_models.charged import expected_collectives
 from executor.execution import CostPrediction
 from executor.run import Measurement, TrainConfig, add_common_args, check_lines, load_inputs, run_plan, run_torchrun
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, load_cluster
@@ -81,12 +81,13 @@ def validate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *, steps: 
                   cost_model: str = "analytical", timeout_s: float = 300.0, device: str = "cpu",
                   bf16: bool = False, check: bool = False, **cost_options) -> Validation:
     """Run ``plan`` on ``cluster.world_size`` local processes (CPU, or one GPU each) and
-    compare with the predictions; ``check`` also runs the executor's --check, held to the cost
-    model's data-parallel collectives and, in bf16 (the bytes the cost model charges), to its
-    peak memory per rank."""
+    compare with the predictions; ``check`` also runs the executor's --check, held to every
+    collective the cost model charges, data- and model-parallel, as the executor runs them
+    (``expected_collectives``) and, in bf16 (the bytes the cost model charges), to its peak
+    memory per rank."""
     predictions = predict(model, cluster, plan, cost_model, **cost_options)
     prediction = CostPrediction(peak_bytes=predictions[0].peak_memory_bytes if bf16 else None,
-                                collectives=tuple(charged_dp_collectives(model, plan, cluster.world_size))) \
+                                collectives=tuple(expected_collectives(model, plan, cluster.world_size))) \
         if check else None
     measured = run_plan(plan, model, world_size=cluster.world_size, steps=steps, timeout_s=timeout_s,
                         device=device, bf16=bf16, check=check, prediction=prediction)

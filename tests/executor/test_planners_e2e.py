@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import cost_models
 import specs
+from executor.execution import CostPrediction
 from executor.unsupported import refuse_unsupported
 from specs import Plan
 
@@ -119,9 +121,15 @@ def test_every_planners_plan_is_runnable(model_name, cluster):
 @pytest.mark.slow
 @pytest.mark.parametrize("model_name", ["tiny-gpt", "tiny-llama"])
 def test_every_planners_plan_runs_with_check_on_cpu_4(model_name):
+    """Each plan matches the reference, held to every collective the cost model charges."""
     model = specs.load_model(model_name)
     for plan in _executor_runs(model, _every_planners_plans(model_name, "cpu-4")):
-        assert_matches_reference(plan, model, 4)
+        assert_matches_reference(plan, model, 4, prediction=_charged(model, plan, 4))
+
+
+def _charged(model, plan, world_size: int) -> CostPrediction:
+    """The cost model's collectives for ``plan`` as the executor runs them."""
+    return CostPrediction(collectives=tuple(cost_models.expected_collectives(model, plan, world_size)))
 
 
 def test_mixed_planner_plans_run_with_check_on_cpu_4():
@@ -129,5 +137,6 @@ def test_mixed_planner_plans_run_with_check_on_cpu_4():
     gpt = _every_planners_plans("tiny-gpt", "cpu-4")
     mixes = [p for p in gpt.values() if len({(s.tp, s.dp_type, s.checkpoint) for s in p.layers}) > 1]
     assert mixes
+    model = specs.load_model("tiny-gpt")
     for plan in mixes:
-        assert_matches_reference(plan, specs.load_model("tiny-gpt"), 4)
+        assert_matches_reference(plan, model, 4, prediction=_charged(model, plan, 4))
