@@ -21,7 +21,7 @@ from cost_models import sequence as seq
 from cost_models.analytical import TP_ALLREDUCES_PER_PASS
 from cost_models.memory import GRAD_BYTES_PER_PARAM
 from cost_models.sequence import BYTES_PER_ACTIVATION
-from specs import CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, keeps_sequence_split
+from specs import CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, split_ends
 
 
 class Collective(StrEnum):
@@ -319,10 +319,9 @@ def expected_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[
     what the cost model does not charge."""
     out = [row for dp_row in charged_dp_collectives(model, plan, world_size)
            for row in _executed_dp_rows(dp_row, model.layers[dp_row.layer], plan.layers[dp_row.layer])]
-    kept = keeps_sequence_split(model, plan)
-    for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
+    for i, (layer, s, (split_in, split_out)) in enumerate(zip(model.layers, plan.layers, split_ends(model, plan))):
         out += executed_mp_rows(i, layer, s, plan.micro_batches, plan.micro_batch_size(i),
-                                split_in=i > 0 and kept[i - 1], split_out=kept[i])
+                                split_in=split_in, split_out=split_out)
     return out + _executed_pipeline(model, plan)
 
 

@@ -20,7 +20,7 @@ from executor.parallel.sequence import apply_ulysses
 from executor.parallel.tensor import apply_tp
 from executor.parallel.vocab import VocabEmbedding, VocabHead, VocabSplit, tie_vocab, vocab_dp_parts, vocab_split
 from executor.unsupported import refuse_unsupported
-from specs import DPType, LayerStrategy, ModelSpec, Plan, keeps_sequence_split
+from specs import DPType, LayerStrategy, ModelSpec, Plan, split_ends
 
 
 class StageModule(nn.Module):
@@ -162,7 +162,7 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
     ``ep_place`` = (stage, local rank, groups, device type, dict collecting expert shards)."""
     stage, local, groups, device_type, experts = ep_place
     ids = list(ranges[j])
-    kept = keeps_sequence_split(model, plan)  # the residual stream handed on split, block to block
+    ends = split_ends(model, plan)  # the residual stream handed on split, block to block
     chunk = StageModule()
     if j == 0:
         chunk.embed = build_embedding(model, seed)
@@ -178,12 +178,12 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
         shard = apply_ep(block, model.layers[i], strategy, i, stage, local, groups, device_type)
         if shard is not None:
             experts[i] = shard
-        ends = dict(split_in=pos > 0 and kept[ids[pos - 1]], split_out=kept[i])
+        sides = dict(zip(("split_in", "split_out"), ends[i]))
         if _splits_sequence(strategy):
             block = _apply_sequence_split(block, strategy, meshes[SplitLayout.of(strategy)], plan.cp_load_balance,
-                                          model.layers[i].seq_len, **ends)
+                                          model.layers[i].seq_len, **sides)
         else:
-            block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp, **ends)
+            block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp, **sides)
         chunk.layers[str(i)] = apply_ac(block, strategy.recompute)
         chunk.order.append(("layers", str(i)))
     if j == len(ranges) - 1:

@@ -10,7 +10,7 @@ from specs.model import EmbeddingSpec, HeadSpec, LayerSpec, ModelSpec
 from specs.chunks import chunk_layout
 from specs.plan import (DP_TYPES, PLAN_VERSION, SCHEDULES, DPType, LayerStrategy, Plan, Recompute, Schedule,
                         SequenceParallel, even_stage_layers, padded_vocab, uniform_plan)
-from specs.sequence_split import keeps_sequence_split, sequence_split
+from specs.sequence_split import keeps_sequence_split, split_ends
 from specs.zoo import cluster_names, load_cluster, load_model, model_names
 
 ModelSpec.from_hf_config = staticmethod(from_hf_config)  # type: ignore[attr-defined]
@@ -21,6 +21,7 @@ __all__ = [
     "SpecError", "load_galvatron_plan", "plan_from_galvatron", "plan_to_galvatron",
     "save_galvatron_plan", "from_hf_config", "model_from_dict", "EmbeddingSpec", "HeadSpec",
     "LayerSpec", "ModelSpec", "DP_TYPES", "PLAN_VERSION", "SCHEDULES", "DPType", "LayerStrategy", "Plan", "Recompute",
-    "Schedule", "SequenceParallel", "chunk_layout", "keeps_sequence_split", "sequence_split", "even_stage_layers", "padded_vocab", "uniform_plan",
+    "Schedule", "SequenceParallel", "chunk_layout", "keeps_sequence_split", "split_ends", "even_stage_layers",
+    "padded_vocab", "uniform_plan",
     "cluster_names", "load_cluster", "load_model", "model_names", "MLASpec", "MoESpec",
 ]

@@ -32,3 +32,10 @@ def keeps_sequence_split(model: ModelSpec, plan: Plan) -> tuple[bool, ...]:
             kept[i] = (split is not None and split == sequence_split(plan.layers[j])
                        and not model.layers[i].downsample_to and model.layers[i].seq_len == model.layers[j].seq_len)
     return tuple(kept)
+
+
+def split_ends(model: ModelSpec, plan: Plan) -> tuple[tuple[bool, bool], ...]:
+    """Per layer (split_in, split_out): whether its block's input arrives and its output leaves
+    sequence-split (keeps_sequence_split of the layer before it, and of itself)."""
+    kept = keeps_sequence_split(model, plan)
+    return tuple((i > 0 and kept[i - 1], out) for i, out in enumerate(kept))
