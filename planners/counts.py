@@ -40,12 +40,31 @@ class CountFrontier:
     def plus(self, row: "CountFrontier", cap_bytes: float) -> "CountFrontier":
         """Every point plus one more layer taking any of ``row``'s strategies, pruned, the sums
         above ``cap_bytes`` dropped."""
-        level = np.maximum(self.level[:, None], row.level[None]).ravel()
-        memory = (self.memory_bytes[:, None] + row.memory_bytes[None]).ravel()
-        cost = (self.cost_s[:, None] + row.cost_s[None]).ravel()
+        i, j = np.nonzero(row.worth_adding(self.level))
+        level = np.maximum(self.level[i], row.level[j])
+        memory = self.memory_bytes[i] + row.memory_bytes[j]
+        cost = self.cost_s[i] + row.cost_s[j]
         fits = np.flatnonzero(memory <= cap_bytes)
         keep = fits[prune_fast(level[fits], memory[fits], cost[fits])]
         return CountFrontier(level[keep], memory[keep], cost[keep])
+
+    def worth_adding(self, level: np.ndarray) -> np.ndarray:
+        """[point of level ``level``, this row's point] whether adding the row's point can give a
+        sum that no other sum with the same point beats or repeats: a row point above the level
+        keeps its own level; those at or below it all take that level, where a row point that
+        another of them beats in (memory, cost) (or equals, and comes after) adds nothing."""
+        return level[:, None] < self._worth_below()[None, :]
+
+    def _worth_below(self) -> np.ndarray:
+        """[point] the levels below which the point is worth adding (``worth_adding``): its own
+        level, or the least level of a point that beats it if higher (equal points: the earlier
+        beats the later, as a staircase keeps the first)."""
+        m, c, order = self.memory_bytes, self.cost_s, np.arange(len(self.cost_s))
+        beats = ((m[:, None] <= m) & (c[:, None] <= c)
+                 & ((m[:, None] < m) | (c[:, None] < c) | (order[:, None] < order)))  # [k, j]: k beats j
+        beaten_from = np.min(np.where(beats, self.level[:, None], np.iinfo(np.int64).max), axis=0,
+                             initial=np.iinfo(np.int64).max)
+        return np.maximum(self.level, beaten_from)
 
     def least_fitting(self, levels: np.ndarray, cap_bytes: float, temp_floor_bytes: float) -> float:
         """The least cost of a point whose memory plus max(its largest temporary,

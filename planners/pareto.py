@@ -83,11 +83,45 @@ def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarr
     it, or by one before that: the kept set is the same)."""
     if len(mem) <= 1:
         return np.arange(len(mem))
+    if len(mem) > GRID_ABOVE:
+        rest = _grid_survivors(level, mem, cost)
+        if len(rest) < len(mem):
+            return rest[prune_fast(level[rest], mem[rest], cost[rest])]
     levels = np.flatnonzero(np.bincount(level))  # levels index the sorted temporaries: small ints
     if len(levels) * len(mem) > LEVEL_FRONTS_ABOVE:
         front = np.sort(_level_fronts(level, mem, cost))  # in index order: ties go the same way
         return front[_prune_running(level[front], mem[front], cost[front], levels)]
     return _prune_running(level, mem, cost, levels)
+
+
+GRID_ABOVE = 2_000
+"""Points beyond which prune_fast first drops those a grid of cells finds dominated (on
+DeepSeek-V3's count frontiers, ~13,000 points, about one in six is left)."""
+GRID_BUCKETS = 64
+"""Memory buckets of that grid (per level)."""
+
+
+def _grid_survivors(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Indices (ascending) of the points that no point of a lower memory bucket and of level <=
+    their own beats in cost, over GRID_BUCKETS buckets of the memory range per level: each cell's
+    least cost (one stable sort of small integer keys), a running minimum over levels and
+    buckets. Only points of strictly less memory dominate, so every point prune_fast keeps, and
+    each of equal points, survive; all where the values are not finite or the cells too many."""
+    lo, hi = mem.min(), mem.max()
+    levels, width = int(level.max()) + 1, GRID_BUCKETS + 1
+    if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo and np.isfinite(cost).all()
+            and level.min() >= 0 and levels * width < 2 ** 15):
+        return np.arange(len(mem))
+    bucket = ((mem - lo) * (GRID_BUCKETS / (hi - lo))).astype(np.int16)  # monotone in mem: 0..GRID_BUCKETS
+    cell = level.astype(np.int16) * np.int16(width) + bucket
+    order = np.argsort(cell, kind="stable")  # radix sort of 16-bit keys
+    ordered = cell[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    least = np.full(levels * width, np.inf)
+    least[ordered[starts]] = np.minimum.reduceat(cost[order], starts)
+    least = np.minimum.accumulate(np.minimum.accumulate(least.reshape(levels, width), axis=0), axis=1)
+    below = np.concatenate((np.full((levels, 1), np.inf), least[:, :-1]), axis=1).ravel()  # buckets < own
+    return np.flatnonzero(~(below[cell] <= cost))
 
 
 LEVEL_FRONTS_ABOVE = 20_000

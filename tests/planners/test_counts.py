@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planners.counts import count_bounds, segment_classes
+from planners.counts import CountFrontier, count_bounds, segment_classes
 from planners.partition import Windows
 from planners.memory_floor import _distinct_rows, _layer_arrays, memory_floor
 from planners.outer import grouped_tables
@@ -145,3 +145,29 @@ def test_count_bounds_do_not_depend_on_levels_another_call_used(seed):
             assert np.array_equal(got, alone), (t.combo, k, got, alone)
             checked += np.isfinite(alone).sum()
     assert checked
+
+
+def _frontier_of(rng, n: int, levels: int) -> CountFrontier:
+    """A random (level, memory, cost) set with many ties, in no particular order."""
+    return CountFrontier(rng.integers(0, levels, n), rng.integers(0, 12, n).astype(float),
+                         rng.integers(0, 12, n).astype(float))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_plus_equals_pruning_every_sum(seed):
+    """plus skips the row points another one at or below a sum's level beats, and prunes the
+    rest; it keeps exactly the points (in the same order) that pruning every sum keeps."""
+    from planners.pareto import prune_fast
+    rng = np.random.default_rng(seed)
+    levels = int(rng.integers(1, 8))
+    have, row = _frontier_of(rng, int(rng.integers(1, 80)), levels), _frontier_of(rng, int(rng.integers(1, 30)), levels)
+    cap = float(rng.integers(6, 30))
+    got = have.plus(row, cap)
+    level = np.maximum(have.level[:, None], row.level[None]).ravel()
+    memory = (have.memory_bytes[:, None] + row.memory_bytes[None]).ravel()
+    cost = (have.cost_s[:, None] + row.cost_s[None]).ravel()
+    fits = np.flatnonzero(memory <= cap)
+    keep = fits[prune_fast(level[fits], memory[fits], cost[fits])]
+    assert np.array_equal(got.level, level[keep])
+    assert np.array_equal(got.memory_bytes, memory[keep])
+    assert np.array_equal(got.cost_s, cost[keep])

@@ -27,12 +27,15 @@ def _brute_force(level, mem, cost):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("fronts_first", [False, True])
-def test_pruning_keeps_exactly_the_non_dominated_points(seed, fronts_first, monkeypatch):
+@pytest.mark.parametrize("grid_first", [False, True])
+def test_pruning_keeps_exactly_the_non_dominated_points(seed, fronts_first, grid_first, monkeypatch):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 300))
     level = rng.integers(0, int(rng.integers(1, 12)), n)
     mem, cost = rng.integers(0, 40, n).astype(float), rng.integers(0, 40, n).astype(float)  # many ties
     monkeypatch.setattr(pareto, "LEVEL_FRONTS_ABOVE", 0 if fronts_first else 10**9)
+    monkeypatch.setattr(pareto, "GRID_ABOVE", 1 if grid_first else 10**9)
+    monkeypatch.setattr(pareto, "GRID_BUCKETS", int(rng.integers(1, 50)))
     assert np.array_equal(pareto.prune_fast(level, mem, cost), _brute_force(level, mem, cost))
 
 
