@@ -66,11 +66,14 @@ class CountFrontier:
                              initial=np.iinfo(np.int64).max)
         return np.maximum(self.level, beaten_from)
 
-    def least_fitting(self, levels: np.ndarray, cap_bytes: float, temp_floor_bytes: float) -> float:
-        """The least cost of a point whose memory plus max(its largest temporary,
-        ``temp_floor_bytes``) fits in ``cap_bytes`` (inf: none)."""
-        held = self.memory_bytes + np.maximum(levels[self.level], temp_floor_bytes)
-        return float(self.cost_s[held <= cap_bytes].min(initial=np.inf))
+    def least_fitting(self, row: "CountFrontier", levels: np.ndarray, cap_bytes: float,
+                      temp_floor_bytes: float) -> float:
+        """The least cost of a point plus one of ``row``'s whose memory plus max(its largest
+        temporary, ``temp_floor_bytes``) fits in ``cap_bytes`` (inf: none): every sum at once,
+        none pruned (a dominated sum fits only where its dominator does, at no less cost)."""
+        memory = self.memory_bytes[:, None] + row.memory_bytes[None]
+        held = memory + np.maximum(levels[np.maximum(self.level[:, None], row.level[None])], temp_floor_bytes)
+        return float((self.cost_s[:, None] + row.cost_s[None])[held <= cap_bytes].min(initial=np.inf))
 
 
 def row_frontier(cost: np.ndarray, memory: np.ndarray, temp: np.ndarray, levels: np.ndarray) -> CountFrontier:
@@ -153,7 +156,7 @@ def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vo
             continue
         inner = _frontier(memo, classes.inner_rows, *body, levels, t.budget_bytes)
         last = _row_of(memo, classes.last_rows[int(classes.row_id[classes.b[c] - 1])], levels)
-        out[c] = inner.plus(last, cap).least_fitting(levels, cap, vocab_temp_bytes)
+        out[c] = inner.least_fitting(last, levels, cap, vocab_temp_bytes)
     return out
 
 
