@@ -172,26 +172,27 @@ class GroupDP:
         return Completion.of(cost, np.where(ok, st.memory_bytes, np.inf), self.t.layer_type)
 
     # -- options ----------------------------------------------------------------------------
-    def _options(self, k: int, v: int, cache: dict, lam: float | None) -> tuple[StageOptions, "list | OptionRefs"]:
+    def _options(self, k: int, v: int, cache: dict, lam: float | None) -> tuple[StageOptions, "OptionRefs"]:
         """Stage k's options: per window and dp of its last layer, every (T, D) Pareto point that
         fits (exact mode, lam None) or the best one under T + lam D (fast mode)."""
         if lam is not None:
             return self._fast_options(k, v, cache, lam)
         vc, st, B = self.t.vocab[v][k], self.stages[k], self.t.budget_bytes
-        cols = {name: [] for name in ("a", "b", "g", "T", "D")}
-        refs: list = []
         passes = self._stage_passes(k, v)
+        unique = list({pid: p for p, pid in passes.values()}.items())  # (pass id, pass)
+        position = {pid: i for i, (pid, _) in enumerate(unique)}
+        parts = []
         for a, b in self.windows[k]:
             p, pid = passes[a]
             key = (pid, b - a, None)
-            if key not in cache:
-                cache[key] = self._segment(p, b - a - 1, st, vc, B, k, None)
-            for g, T, D, point in cache[key]:
-                for name, val in zip(("a", "b", "g", "T", "D"), (a, b, g, T, D)):
-                    cols[name].append(val)
-                refs.append((p, b - a - 1, point))
-        arr = {n: np.array(v_, dtype=float if n in "TD" else int) for n, v_ in cols.items()}
-        return StageOptions(arr["a"], arr["b"], arr["g"], arr["T"], arr["D"]), refs
+            if key not in cache:  # (g, T, D, point) columns
+                cache[key] = _columns(self._segment(p, b - a - 1, st, vc, B, k, None))
+            parts.append(cache[key])
+        W, count = self.windows[k], [len(part[0]) for part in parts]
+        g, T, D, point = (np.concatenate([part[i] for part in parts]) for i in range(4))
+        opts = StageOptions(np.repeat(W.starts, count), np.repeat(W.stops, count), g, T, D)
+        origin = np.repeat([position[passes[a][1]] for a in W.starts], count).astype(int)
+        return opts, OptionRefs([p for _, p in unique], origin, opts.b - opts.a - 1, point)
 
     def _fast_options(self, k: int, v: int, cache: dict, lam: float) -> tuple[StageOptions, "OptionRefs"]:
         """Fast mode's options of stage k, all windows at once: where every dp's best point of the
@@ -515,6 +516,11 @@ def _time_twins(stages: list[StageTables]) -> list[int]:
         out.append(next(j for j in range(k + 1) if all(
             np.array_equal(getattr(stages[j], f), getattr(st, f), equal_nan=True) for f in ("time_s", "tail_s", "trans_s"))))
     return out
+
+
+def _columns(options: list) -> tuple[np.ndarray, ...]:
+    """``_segment``'s (g, T, D, point) options as four columns."""
+    return tuple(np.array([o[i] for o in options], dtype=dt) for i, dt in enumerate((int, float, float, int)))
 
 
 def _padded(x: np.ndarray, rows: int) -> np.ndarray:
