@@ -129,7 +129,8 @@ def _cost_key(model: ModelSpec, plan: Plan, stage: int, world_size: int) -> tupl
     """Everything of the plan _vocab_cost reads: its pipeline and batch, its vocab fields, and
     the dp type each end the stage holds syncs under (vocab_dp_type), not its layers otherwise."""
     sync_dp = weight_split(plan, world_size)[1]
-    ends = tuple(vocab_dp_type(plan, i, sync_dp) for i, _ in vocab_ends(model, plan, stage))
+    held = ([0] if stage == 0 else []) + ([len(plan.layers) - 1] if stage == plan.head_stage else [])
+    ends = tuple(vocab_dp_type(plan, i, sync_dp) for i in held)  # vocab_ends' layers
     return (hash_once(model), stage, world_size, plan.pp, plan.virtual_stages, plan.schedule, plan.global_batch,
             plan.micro_batches, plan.vocab_tp, plan.vocab_zero3, plan.vocab_sp, len(plan.layers), ends)
 
