@@ -101,7 +101,8 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, coun
         level, floor = (np.array(x) for x in zip(*levels))
         cap = t.budget_bytes - vc.memory_bytes - np.maximum(floor, vc.temp_bytes)
         priced = _priced_min(cost[rows], mem[rows], temp[rows], level, prices)[:, :, inverse]
-        last = _priced_min(last_cost[rows], mem[rows], temp[rows], level, prices)[:, :, inverse]  # as the segment's last
+        # as the segment's last layer
+        last = _priced_min(last_cost[rows], mem[rows], temp[rows], level, prices)[:, :, inverse]
         missing = np.concatenate((np.zeros((len(level), 1), dtype=int), np.cumsum(~np.isfinite(priced[:, 0]), axis=1)),
                                  axis=1)
         prefix = np.concatenate((np.zeros((*priced.shape[:2], 1)),
@@ -152,7 +153,8 @@ def _priced_min(cost: np.ndarray, mem: np.ndarray, temp: np.ndarray, levels: np.
     cost + mu mem (inf where none): the running minimum over the strategies in order of their
     temporaries, read at each level's last."""
     ok = np.isfinite(cost) & np.isfinite(mem) & np.isfinite(temp)
-    priced = np.where(ok, cost, np.inf)[None] + prices[:, None, None] * np.where(ok, mem, 0.0)[None]  # [price, layer, s]
+    # [price, layer, strategy]
+    priced = np.where(ok, cost, np.inf)[None] + prices[:, None, None] * np.where(ok, mem, 0.0)[None]
     order = np.argsort(np.where(ok, temp, np.inf), axis=1, kind="stable")
     running = np.minimum.accumulate(np.take_along_axis(priced, order[None], axis=2), axis=2)
     counts = np.array([np.searchsorted(np.sort(np.where(ok[j], temp[j], np.inf)), levels, side="right")
