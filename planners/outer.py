@@ -292,8 +292,9 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
     over uniform plans (one strategy for every layer, the vocabulary sharded like the layers,
     Megatron's chunk layout: how frameworks run them), scored by plan_cost. Strategies go in
     order of a lower bound from the tables and stop once it cannot reach the top_k plans found
-    so far; plans the tables show cannot fit are not scored, nor those whose uniform_plan_floor_s
-    cannot reach them. The first bound is the schedule's formula over the layers alone, with no
+    so far; plans the tables show cannot fit are not scored, nor (where plan_cost is the
+    planners' formula: CostModel.objective_is_plan_cost) those whose uniform_plan_floor_s cannot
+    reach them. The first bound is the schedule's formula over the layers alone, with no
     bubble under a split-backward schedule."""
     c, n, entry = t.combo, len(t.layer_type), schedule_entry(schedule)
     if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v) or n < c.pp * v:
@@ -319,8 +320,9 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
             return
         state.candidates += 1
         plan = uniform_schedule_plan(t, int(uniform[i]), schedule, v, space, meta)
-        beat_s = c.global_batch / threshold if threshold > 0 else np.inf
-        if threshold > 0 and uniform_plan_floor_s(t, cost_model, model, plan, int(uniform[i]), beat_s) >= beat_s:
+        bounded = threshold > 0 and cost_model.objective_is_plan_cost  # else the floor bounds nothing
+        beat_s = c.global_batch / threshold if bounded else np.inf
+        if bounded and uniform_plan_floor_s(t, cost_model, model, plan, int(uniform[i]), beat_s) >= beat_s:
             state.pruned += 1
             continue
         state.keep(cost_model, model, plan, budget_bytes)
