@@ -301,7 +301,7 @@ class CostModel(ABC):
             times.append(t)
             tails.append(d)
             memories.append(mem)
-        work = self._stage_work(model, plan, times) if schedule_entry(plan.schedule).splits_backward else None
+        work = self.stage_work(model, plan, times) if schedule_entry(plan.schedule).splits_backward else None
         total = pipeline_time(times, tails, plan.micro_batches, plan.schedule, plan.virtual_stages, work)
         busy = sum(times) * plan.micro_batches / plan.pp
         return PlanCost(iteration_time_s=total, throughput_samples_per_s=plan.global_batch / total,
@@ -342,10 +342,11 @@ class CostModel(ABC):
         time_s += self._pipeline_send_s(model, plan, stage, layer_ids, world)
         return time_s, tail_s, memory
 
-    def _stage_work(self, model: ModelSpec, plan: Plan, stage_time_s: Sequence[float]) -> list[StageWork]:
+    def stage_work(self, model: ModelSpec, plan: Plan, stage_time_s: Sequence[float]) -> list[StageWork]:
         """Each stage's T_k as a split-backward schedule runs it: W its layers' weight-gradient
         compute, the rest (communication, sends and the vocabulary's work included) shared
-        between F and B as the layers' forward and input-gradient compute are."""
+        between F and B as the layers' forward and input-gradient compute are. Each of F, B and
+        W grows with T_k (planners bound a plan's played time from smaller T_k)."""
         world, work = self.cluster.world_size, []
         for stage, (ids, total_s) in enumerate(zip(plan.stage_ranges(), stage_time_s)):
             first_rank = plan.stage_first_rank(stage, world)

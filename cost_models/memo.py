@@ -6,6 +6,10 @@ import weakref
 from typing import Any, Callable
 
 
+_MISSING = object()
+"""Memo's marker of a value not cached (None may be one)."""
+
+
 class Memo:
     """Like functools.lru_cache(maxsize=None) for positional hashable arguments, but a repeat
     call with the very same objects skips hashing the frozen dataclasses (field by field)."""
@@ -22,9 +26,8 @@ class Memo:
         # matching key is the very same objects
         if hit is not None:
             return hit[1]
-        try:
-            value = self._by_value[args]
-        except KeyError:
+        value = self._by_value.get(args, _MISSING)
+        if value is _MISSING:
             value = self._by_value[args] = self.fn(*args)
         self._by_id[key] = (args, value)
         return value

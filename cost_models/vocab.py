@@ -3,6 +3,7 @@ TP and DP traffic, tied-embedding sync between the two ends, memory, and per-sta
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -105,9 +106,38 @@ def weight_split(plan: Plan, world_size: int) -> tuple[int, int]:
     return d.tp, d.grad_sync
 
 
+_COSTS: "weakref.WeakKeyDictionary[AnalyticalModel, dict]" = weakref.WeakKeyDictionary()
+"""Per cost model: _cost_key -> vocab_cost's answer less the relayouts to the first/last layer."""
+
+
 def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: int,
                world_size: int) -> tuple[LayerTime, MemoryBreakdown]:
-    """Time and memory of what the stage holds besides its Transformer layers."""
+    """Time and memory of what the stage holds besides its Transformer layers: the part that
+    does not depend on the first/last layer's layout worked out once per _cost_key (planners
+    ask it for many plans alike: the same ends' dp types, or a ZeRO-3 vocabulary that
+    ignores them), plus those relayouts."""
+    costs = _COSTS.setdefault(model_, {})
+    key = _cost_key(model, plan, stage, world_size)
+    if key not in costs:
+        costs[key] = _vocab_cost(model_, model, plan, stage, world_size)
+    lt, memory = costs[key]
+    relayouts = vocab_relayouts_s(model_, model, plan, stage)
+    return (replace(lt, tp_comm_s=lt.tp_comm_s + relayouts) if relayouts else lt), memory
+
+
+def _cost_key(model: ModelSpec, plan: Plan, stage: int, world_size: int) -> tuple:
+    """Everything of the plan _vocab_cost reads: its pipeline and batch, its vocab fields, and
+    the dp type each end the stage holds syncs under (vocab_dp_type), not its layers otherwise."""
+    sync_dp = weight_split(plan, world_size)[1]
+    held = ([0] if stage == 0 else []) + ([len(plan.layers) - 1] if stage == plan.head_stage else [])
+    ends = tuple(vocab_dp_type(plan, i, sync_dp) for i in held)  # vocab_ends' layers
+    return (hash_once(model), stage, world_size, plan.pp, plan.virtual_stages, plan.schedule, plan.global_batch,
+            plan.micro_batches, plan.vocab_tp, plan.vocab_zero3, plan.vocab_sp, len(plan.layers), ends)
+
+
+def _vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: int,
+                world_size: int) -> tuple[LayerTime, MemoryBreakdown]:
+    """vocab_cost without vocab_relayouts_s."""
     c = model_.constants
     model = padded_model(model, plan)
     tp, dp, mbs, tp_groups, dp_groups = layout_for(plan, world_size, stage)
@@ -147,8 +177,7 @@ def vocab_cost(model_: "AnalyticalModel", model: ModelSpec, plan: Plan, stage: i
     if last != 0 and model.head.tied_lm and stage in (0, last):
         sync = _tied_embedding_sync_s(model_, model, plan, world_size)
         dp_comm, exposed = dp_comm + sync, exposed + sync
-    tp_comm = (vocab_tp_comm_s(model_, model, plan, stage, mbs, tp_groups)
-               + vocab_relayouts_s(model_, model, plan, stage))
+    tp_comm = vocab_tp_comm_s(model_, model, plan, stage, mbs, tp_groups)
     return (LayerTime(forward_s=fwd, backward_s=bwd, tp_comm_s=tp_comm, dp_comm_s=dp_comm,
                       exposed_dp_comm_s=exposed, update_s=update), memory)
 

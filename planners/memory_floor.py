@@ -96,19 +96,22 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, coun
     a, b = classes.a, classes.b
     prices = np.unique(np.concatenate([[0.0]] + [_hull_prices(mem[j], cost[j]) for j in rows]))
     out, free = np.full(len(a), np.inf), np.full(len(a), np.inf)  # free: at price 0 (memory ignored)
-    for level, floor in _levels(temp, vc.temp_bytes):
-        allowed = temp[rows] <= level
-        cap = t.budget_bytes - vc.memory_bytes - max(floor, vc.temp_bytes)
-        priced = _priced_min(cost[rows], mem[rows], allowed, prices)[:, inverse]  # [price, layer]
-        last = _priced_min(last_cost[rows], mem[rows], allowed, prices)[:, inverse]  # as the segment's last
-        missing = np.concatenate(([0], np.cumsum(~np.isfinite(priced[0]))))
-        prefix = np.concatenate((np.zeros((len(prices), 1)),
-                                 np.cumsum(np.where(np.isfinite(priced), priced, 0.0), axis=1)), axis=1)
+    levels = _levels(temp, vc.temp_bytes)
+    if levels:  # every level at once: [level, price, layer], then [level, price, segment]
+        level, floor = (np.array(x) for x in zip(*levels))
+        cap = t.budget_bytes - vc.memory_bytes - np.maximum(floor, vc.temp_bytes)
+        priced = _priced_min(cost[rows], mem[rows], temp[rows], level, prices)[:, :, inverse]
+        # as the segment's last layer
+        last = _priced_min(last_cost[rows], mem[rows], temp[rows], level, prices)[:, :, inverse]
+        missing = np.concatenate((np.zeros((len(level), 1), dtype=int), np.cumsum(~np.isfinite(priced[:, 0]), axis=1)),
+                                 axis=1)
+        prefix = np.concatenate((np.zeros((*priced.shape[:2], 1)),
+                                 np.cumsum(np.where(np.isfinite(priced), priced, 0.0), axis=2)), axis=2)
         # segment [a, b): prefix[b-1] - prefix[a] + last[b-1] - mu cap, the largest over prices
-        val = prefix[:, b - 1] - prefix[:, a] + last[:, b - 1] - prices[:, None] * cap
-        no_plan = missing[b - 1] - missing[a] > 0  # a layer of a..b-2 has no strategy
-        out = np.minimum(out, np.where(no_plan, np.inf, np.max(val, axis=0)))  # least over levels
-        free = np.minimum(free, np.where(no_plan, np.inf, val[0]))
+        val = prefix[:, :, b - 1] - prefix[:, :, a] + last[:, :, b - 1] - prices[None, :, None] * cap[:, None, None]
+        no_plan = missing[:, b - 1] - missing[:, a] > 0  # a layer of a..b-2 has no strategy
+        out = np.where(no_plan, np.inf, np.max(val, axis=1)).min(axis=0)  # least over levels
+        free = np.where(no_plan, np.inf, val[:, 0]).min(axis=0)
     if counts:  # only where memory lifts the LP bound: elsewhere the counts rarely add anything
         binds = np.isfinite(out) & (out > free)
         counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes, among=binds)
@@ -144,11 +147,23 @@ def _layer_arrays(t: ComboTables, v, k: int, lam: float) -> tuple[np.ndarray, np
     return cost, mem, np.where(ok, st.temp_bytes[lt], np.inf)
 
 
-def _priced_min(cost: np.ndarray, mem: np.ndarray, allowed: np.ndarray, prices: np.ndarray) -> np.ndarray:
-    """[price, layer] min over allowed strategies of cost + mu mem (inf where none)."""
-    ok = allowed & np.isfinite(cost) & np.isfinite(mem)
-    c, m = np.where(ok, cost, np.inf), np.where(ok, mem, 0.0)
-    return (c[None] + prices[:, None, None] * m[None]).min(axis=2)
+def _priced_min(cost: np.ndarray, mem: np.ndarray, temp: np.ndarray, levels: np.ndarray, prices: np.ndarray
+                ) -> np.ndarray:
+    """[level, price, layer] min over the strategies whose temporary is at most the level of
+    cost + mu mem (inf where none): the running minimum over the strategies in order of their
+    temporaries, read at each level's last."""
+    ok = np.isfinite(cost) & np.isfinite(mem) & np.isfinite(temp)
+    # [price, layer, strategy]
+    priced = np.where(ok, cost, np.inf)[None] + prices[:, None, None] * np.where(ok, mem, 0.0)[None]
+    order = np.argsort(np.where(ok, temp, np.inf), axis=1, kind="stable")
+    running = np.minimum.accumulate(np.take_along_axis(priced, order[None], axis=2), axis=2)
+    counts = np.array([np.searchsorted(np.sort(np.where(ok[j], temp[j], np.inf)), levels, side="right")
+                       for j in range(len(temp))])  # [layer, level]: strategies within each level
+    out = np.full((len(levels), len(prices), len(temp)), np.inf)
+    for j in range(len(temp)):
+        within = counts[j] > 0
+        out[within, :, j] = running[:, j, counts[j][within] - 1].T
+    return out
 
 
 def _levels(temp: np.ndarray, vocab_temp: float) -> list[tuple[float, float]]:

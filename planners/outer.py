@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from cost_models import CostModel, in_flight
+from cost_models import CostModel, in_flight, pipeline_time
 from planners.base import (
     PlanResult,
     RankedPlan,
@@ -24,7 +24,7 @@ from planners.segments import GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import (ComboTables, build_tables, cached_table_bytes, is_built, relayout_table_bytes,
                              temp_levels)
-from specs import ModelSpec, Schedule, SpecError, chunk_layout, even_stage_layers
+from specs import ModelSpec, Plan, Schedule, SpecError, chunk_layout, even_stage_layers
 from specs.schedules import PipelineFormula, schedule_entry
 from specs.units import GIB
 
@@ -292,12 +292,14 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
     over uniform plans (one strategy for every layer, the vocabulary sharded like the layers,
     Megatron's chunk layout: how frameworks run them), scored by plan_cost. Strategies go in
     order of a lower bound from the tables and stop once it cannot reach the top_k plans found
-    so far; plans the tables show cannot fit are not scored. The bound is the schedule's formula,
-    with no bubble under a split-backward schedule."""
+    so far; plans the tables show cannot fit are not scored, nor (where plan_cost is the
+    planners' formula: CostModel.objective_is_plan_cost) those whose uniform_plan_floor_s cannot
+    reach them. The first bound is the schedule's formula over the layers alone, with no
+    bubble under a split-backward schedule."""
     c, n, entry = t.combo, len(t.layer_type), schedule_entry(schedule)
     if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v) or n < c.pp * v:
         return
-    stage_layers, chunk_layers = chunk_layout(n, c.pp, v, schedule) if v > 1 else (even_stage_layers(n, c.pp), ())
+    stage_layers = chunk_layout(n, c.pp, v, schedule)[0] if v > 1 else even_stage_layers(n, c.pp)
     uniform = np.flatnonzero(t.allowed.all(axis=0))
     floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), stage_layers)
     order = np.argsort(floor)
@@ -316,12 +318,26 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
             state.stop(f"scoring {schedule} plans")
             state.bound(c.global_batch, floor[i])
             return
-        s = t.strategies[uniform[i]]
-        vocab = VocabChoice(s.degrees.split, False, s.sp if s.sp in space.vocab_sp else "none")
         state.candidates += 1
-        state.keep(cost_model, model, replace(t.plan([int(uniform[i])] * n, list(stage_layers), vocab, meta),
-                                              schedule=schedule, virtual_stages=v, chunk_layers=chunk_layers),
-                   budget_bytes)
+        plan = uniform_schedule_plan(t, int(uniform[i]), schedule, v, space, meta)
+        bounded = threshold > 0 and cost_model.objective_is_plan_cost  # else the floor bounds nothing
+        beat_s = c.global_batch / threshold if bounded else np.inf
+        if bounded and uniform_plan_floor_s(t, cost_model, model, plan, int(uniform[i]), beat_s) >= beat_s:
+            state.pruned += 1
+            continue
+        state.keep(cost_model, model, plan, budget_bytes)
+
+
+def uniform_schedule_plan(t: ComboTables, strategy: int, schedule: str, v: int, space: SearchSpace,
+                          meta: dict) -> Plan:
+    """Group ``t``'s plan under ``schedule`` with v chunks per rank whose every layer runs strategy
+    index ``strategy``, the vocabulary sharded like the layers, in Megatron's chunk layout."""
+    c, n = t.combo, len(t.layer_type)
+    stage_layers, chunk_layers = chunk_layout(n, c.pp, v, schedule) if v > 1 else (even_stage_layers(n, c.pp), ())
+    s = t.strategies[strategy]
+    vocab = VocabChoice(s.degrees.split, False, s.sp if s.sp in space.vocab_sp else "none")
+    return replace(t.plan([strategy] * n, list(stage_layers), vocab, meta), schedule=schedule, virtual_stages=v,
+                   chunk_layers=chunk_layers)
 
 
 def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula,
@@ -340,6 +356,34 @@ def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFor
     linear = t.stages[0].activation_bytes is not None
     fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear else np.isfinite(mem + temp).all(axis=0)
     return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), fits
+
+
+def uniform_plan_floor_s(t: ComboTables, cost_model: CostModel, model: ModelSpec, plan: Plan, strategy: int,
+                         beat_s: float = np.inf) -> float:
+    """A lower bound on plan_cost's time of ``plan``, a plan of group ``t`` whose every layer runs
+    strategy index ``strategy`` (any schedule, chunk layout and vocabulary): each stage's T_k and
+    D_k are its layers' (the tables') plus, on the stages holding the embedding and the head, the
+    vocabulary's (vocab_cost, plan_cost's own call); relayouts, sends and the vocabulary's
+    overheads on other stages (each >= 0) are left out. The pipeline's time grows with every T_k
+    and D_k: the formula's coefficients are >= 0, and a split-backward schedule's played time
+    grows with every op's length, each of F, B and W growing with T_k (CostModel.stage_work).
+    A split-backward schedule's bubble is played only where its formula (no bubble) is below
+    ``beat_s`` (the time a plan must beat to count)."""
+    ids = plan.stage_ranges()
+    T = [float(st.time_s[t.layer_type[list(ids[k])], strategy].sum()) for k, st in enumerate(t.stages)]
+    D = [float(st.tail_s[t.layer_type[list(ids[k])], strategy].sum()) for k, st in enumerate(t.stages)]
+    for k in {0, plan.head_stage}:
+        vocab, _ = cost_model.vocab_cost(model, plan, k, cost_model.cluster.world_size)
+        T[k] += vocab.micro_batch_s
+        D[k] += vocab.tail_s
+    entry = schedule_entry(plan.schedule)
+    if not entry.splits_backward:
+        return pipeline_time(T, D, plan.micro_batches, plan.schedule, plan.virtual_stages)
+    floor_s = entry.formula(plan.micro_batches, plan.virtual_stages).time_s(max(T), sum(T), max(D))
+    if floor_s >= beat_s:
+        return floor_s
+    work = cost_model.stage_work(model, plan, T)
+    return max(floor_s, pipeline_time(T, D, plan.micro_batches, plan.schedule, plan.virtual_stages, work))
 
 
 def _scheduled_fits(t: ComboTables, uniform: np.ndarray, schedule: str, v: int,

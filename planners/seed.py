@@ -12,15 +12,24 @@ def uniform_layer_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, .
                        ) -> tuple[np.ndarray, ...]:
     """[stage, strategy in S] of a uniform plan on ``stage_layers`` (even stages by default), its
     layers only: summed per-micro-batch time, tail and memory, and the largest temporary (a
-    uniform plan's sums depend on a stage's layer count, not on which layers it holds)."""
-    stage_layers = stage_layers or even_stage_layers(len(t.layer_type), t.combo.pp)
+    uniform plan's sums depend on a stage's layer count, not on which layers it holds). Kept in
+    ``t.shared`` per stage layout and S (the schedules of a group share layouts): read only."""
+    stage_layers = tuple(stage_layers or even_stage_layers(len(t.layer_type), t.combo.pp))
+    key = ("uniform sums", stage_layers, S.tobytes())
+    hit = t.shared.get(key)
+    if hit is not None and hit[0] is t.stages:
+        return hit[1]
     bounds = np.concatenate(([0], np.cumsum(stage_layers)))
     sums = []
     for k, st in enumerate(t.stages):
         types = t.layer_type[bounds[k]:bounds[k + 1]]
         sums.append([st.time_s[types][:, S].sum(axis=0), st.tail_s[types][:, S].sum(axis=0),
                      st.memory_bytes[types][:, S].sum(axis=0), st.temp_bytes[types][:, S].max(axis=0)])
-    return tuple(np.array(x) for x in zip(*sums))
+    out = tuple(np.array(x) for x in zip(*sums))
+    for a in out:
+        a.flags.writeable = False
+    t.shared[key] = (t.stages, out)
+    return out
 
 
 def uniform_activation_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, ...]) -> np.ndarray:
@@ -68,6 +77,7 @@ def _uniform_parts(t: ComboTables) -> tuple[np.ndarray, ...] | None:
         pp, lt, S = t.combo.pp, t.layer_type, np.flatnonzero(ok)
         bounds = np.concatenate(([0], np.cumsum(even_stage_layers(len(lt), pp))))
         layer_T, layer_D, layer_mem, layer_temp = uniform_layer_sums(t, S)
+        layer_T = layer_T.copy()  # the sends and relayouts added below
         for k, st in enumerate(t.stages):
             types = lt[bounds[k]:bounds[k + 1]]
             layer_T[k] += sum(st.trans_s[a, S, S] for a in types[:-1])

@@ -324,10 +324,11 @@ def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[Laye
     for ti, layer in enumerate(types):
         for si in np.flatnonzero(allowed[ti]):
             key = ("lt", layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
-            if key not in cache:
+            lt = cache.get(key)
+            if lt is None:
                 check(deadline)
-                cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
-            time_s[ti, si], tail_s[ti, si] = cache[key].micro_batch_s, cache[key].tail_s
+                lt = cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
+            time_s[ti, si], tail_s[ti, si] = lt.micro_batch_s, lt.tail_s
         rows = allowed[ti]
         if rows.any():
             small = _trans_classes(cm, cache, layer, combo, strategies, reps, local, deadline)
@@ -357,9 +358,9 @@ def _memory_parts(cm: CostModel, combo: Combo, types: list, strategies: list[Lay
     for ti, layer in enumerate(types):
         for si in np.flatnonzero(allowed[ti]):
             key = ("lm", layer, strategies[si], int(mbs[si]), held, combo.micro_batches)
-            if key not in cache:
-                cache[key] = cm.layer_memory_in(layer, strategies[si], int(mbs[si]), held, combo.micro_batches)
-            lm = cache[key]
+            lm = cache.get(key)
+            if lm is None:
+                lm = cache[key] = cm.layer_memory_in(layer, strategies[si], int(mbs[si]), held, combo.micro_batches)
             parts[0][ti, si], parts[1][ti, si], parts[2][ti, si] = lm.states_bytes, lm.activations_bytes, lm.temporary_bytes
     return parts[0], parts[1], parts[2]
 

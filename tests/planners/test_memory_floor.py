@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planners.memory_floor import _levels, memory_floor
+from planners.memory_floor import _levels, _priced_min, memory_floor
 from planners.outer import grouped_tables
 from planners.segments import GroupDP
 from tests.planners.test_gap import PIPE_SPACE, _case
@@ -87,3 +87,22 @@ def test_shared_memos_give_each_vocab_choice_its_own_floor(seed):
         for v in reversed(list(t.vocab)):
             got = memory_floor(t, v, dp.bound_windows, recv, counts=True)
             assert got == pytest.approx(fresh[v], rel=1e-12, abs=0.0) or got == fresh[v], (t.combo, v, got, fresh[v])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_priced_min_over_all_levels_is_each_levels_own_minimum(seed):
+    """_priced_min's running minimum over the strategies sorted by temporary equals, level by
+    level, the minimum over the strategies within that level (some strategies not allowed)."""
+    rng = np.random.default_rng(seed)
+    layers, strategies = 3, 40
+    cost = rng.uniform(1, 10, (layers, strategies))
+    mem = rng.uniform(0, 5, (layers, strategies))
+    temp = rng.choice([0.0, 1.0, 2.0, 3.0, 5.0], (layers, strategies))
+    cost[rng.random((layers, strategies)) < 0.2] = np.inf
+    temp[rng.random((layers, strategies)) < 0.1] = np.inf
+    levels, prices = np.array([0.0, 1.0, 2.5, 5.0]), np.array([0.0, 0.5, 3.0])
+    got = _priced_min(cost, mem, temp, levels, prices)
+    for li, level in enumerate(levels):
+        ok = (temp <= level) & np.isfinite(cost)
+        want = np.where(ok[None], cost[None] + prices[:, None, None] * mem[None], np.inf).min(axis=2)
+        assert np.array_equal(got[li], want)

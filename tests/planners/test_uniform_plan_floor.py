@@ -1,0 +1,39 @@
+"""The bound that spares plan_cost on uniform interleaved, zero-bubble and V-shaped plans
+(outer.uniform_plan_floor_s) never exceeds plan_cost's time, on random instances."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planners.outer import grouped_tables, uniform_plan_floor_s, uniform_schedule_plan
+from specs import Schedule
+from specs.schedules import schedule_entry
+from tests.planners.random_instances import SMALL_SPACE, instance, tiny_model
+
+SCHEDULES = ((Schedule.INTERLEAVED_1F1B, 2), (Schedule.ZB_H1, 1), (Schedule.ZBV, 2), (Schedule.DUALPIPE_V, 2),
+             (Schedule.LOOPED_BFS, 2))
+SPACE = replace(SMALL_SPACE, max_pp=4, micro_batches=(2, 4, 8), dp_types=("ddp", "zero1", "zero3"),
+                sp=("none", "megatron"), vocab_sp=("none", "megatron"))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_floor_never_exceeds_plan_cost(seed):
+    model, _, cm, budget = instance(seed)
+    model = tiny_model(8, identical=seed % 3 == 0)
+    checked, tight = 0, 0
+    for t in grouped_tables(model, cm, budget.memory_bytes, SPACE, (16,)):
+        c = t.combo
+        for schedule, v in SCHEDULES:
+            if c.pp == 1 or not schedule_entry(schedule).allows(c.pp, c.micro_batches, v):
+                continue
+            for i in np.flatnonzero(t.allowed.all(axis=0)):
+                plan = uniform_schedule_plan(t, int(i), schedule, v, SPACE, {})
+                floor = uniform_plan_floor_s(t, cm, model, plan, int(i))
+                cost = cm.plan_cost(model, plan).iteration_time_s
+                assert 0 < floor <= cost * (1 + 1e-12), (plan.summary(), floor, cost)
+                checked += 1
+                tight += floor > 0.9 * cost
+    assert checked > 50
+    assert tight  # the bound is not trivially low
