@@ -74,7 +74,10 @@ class Worker:
         """Buckets synced after the whole backward (overlap_dp=False, DDP/ZeRO-1)."""
         self._after_backward: list[tuple[list[SyncWork], str]] = []
         self._sharded_syncs: list[simpy.Event] = []
-        """Buckets synced after this micro-batch's backward (overlap_dp=False, ZeRO-2/3)."""
+        """ZeRO-3 reduce-scatters (ZeRO-2's too with overlap_dp=False) the micro-batch's backward
+        waits for at its end."""
+        self._zero2_in_flight: list[simpy.Event] = []
+        """The ZeRO-2 reduce-scatter still running, which the next ZeRO-2 layer's waits for."""
         self._syncs_launched = 0
         self._made: set[str] = set()
         """Layers (and "vocab") whose gradients hold memory already (lazy gradients)."""
@@ -181,7 +184,7 @@ class Worker:
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             if not self._split:
-                self._layer_gradients(lw, mb, last_mb)
+                yield from self._layer_gradients(lw, mb, last_mb)
             self._release_gathered(lw, mb, "B")
         if not self._split:
             self._flush_gradients(mb)
@@ -200,7 +203,7 @@ class Worker:
         layers = [self.work.layers[p] for p in chunk.positions]
         for lw in reversed(layers):
             yield from self.gpu.compute.run(f"W{mb} {lw.name}", lw.weight_grad_s)
-            self._layer_gradients(lw, mb, last_mb)
+            yield from self._layer_gradients(lw, mb, last_mb)
         self._flush_gradients(mb)
         yield from self._wait_sharded_syncs()
         if last_mb:
@@ -211,12 +214,20 @@ class Worker:
         self._backwards += 1
         return self._backwards == self.cfg.micro_batches * self.cfg.virtual_stages
 
-    def _layer_gradients(self, lw: LayerWork, mb: int, last_mb: bool) -> None:
+    def _layer_gradients(self, lw: LayerWork, mb: int, last_mb: bool):
         """The layer's gradients of micro-batch ``mb`` are made: its activations go, its sync
-        buckets fill."""
+        buckets fill. A ZeRO-2 layer's gradients wait, held in memory, for the stage's ZeRO-2
+        reduce-scatter still running: one runs at a time, as in the executor, which drains the
+        previous one when it starts the next (executor/parallel/data.py). So the last of a
+        micro-batch runs on beside the passes that follow; nothing waits for it at the
+        backward's end."""
         self.gpu.memory.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
         self._gradients_made(lw.name, lw.states)
-        self._grads_ready(lw, mb, last_mb)
+        parts = self._held_gradients(lw, mb, last_mb)
+        if self._zero2_in_flight and any(part.dp_type == DPType.ZERO2 for _, part in parts):
+            yield self.env.all_of(self._zero2_in_flight)
+            self._zero2_in_flight = []
+        self._grads_ready(parts, mb)
 
     def _flush_gradients(self, mb: int) -> None:
         """After a micro-batch's gradients: sync what the buckets hold."""
@@ -226,10 +237,10 @@ class Worker:
         self._after_backward = []
 
     def _wait_sharded_syncs(self):
-        """ZeRO-2/3: wait for the micro-batch's reduce-scatters."""
+        """ZeRO-3 (and ZeRO-2 with overlap_dp=False): wait for the micro-batch's reduce-scatters."""
         if self._sharded_syncs:
-            # ZeRO-2/3 backward ends by waiting for its reduce-scatters (DeepSpeed's epilogue,
-            # FSDP's final callback): the gradient buffers never pile up across micro-batches
+            # a ZeRO-3 backward ends by waiting for its reduce-scatters (FSDP's final callback):
+            # the gradient buffers never pile up across micro-batches
             yield self.env.all_of(self._sharded_syncs)
             self._sharded_syncs = []
 
@@ -408,19 +419,26 @@ class Worker:
             self.gpu.memory.free(f"gathered {lw.name} {phase}{mb}", lw.gathered_bytes)
 
     # -- gradient sync -----------------------------------------------------------------------
-    def _grads_ready(self, lw: LayerWork, mb: int, last_mb: bool) -> None:
-        """ZeRO-2/3 reduce-scatter every micro-batch (gradients are kept sharded, so the
-        full gradient lives only until its bucket is reduced); DDP and ZeRO-1 accumulate
-        into their persistent buffers and sync once, after the last micro-batch. Each sync part
-        (the dense part, the routed experts) fills its own bucket."""
+    def _held_gradients(self, lw: LayerWork, mb: int, last_mb: bool) -> list[tuple[int, SyncWork]]:
+        """(bucket slot, part) of the layer's parts that sync now: ZeRO-2/3 reduce-scatter every
+        micro-batch (gradients are kept sharded, so the full gradient, allocated here, lives only
+        until its bucket is reduced); DDP and ZeRO-1 accumulate into their persistent buffers and
+        sync once, after the last micro-batch. Each sync part (the dense part, the routed
+        experts) fills its own bucket."""
+        parts = []
         for slot, part in enumerate(lw.parts):
-            if part.grad_bytes <= 0:
-                continue
             sharded = part.dp_type in (DPType.ZERO2, DPType.ZERO3)
-            if not (sharded or last_mb):
+            if part.grad_bytes <= 0 or not (sharded or last_mb):
                 continue
             if sharded:
                 self.gpu.memory.alloc(f"grad buffer {part.name} mb{mb}", part.grad_bytes)
+            parts.append((slot, part))
+        return parts
+
+    def _grads_ready(self, parts: list[tuple[int, SyncWork]], mb: int) -> None:
+        """Put the parts in their buckets; a bucket syncs when full or when the next part's
+        groups or kind differ."""
+        for slot, part in parts:
             bucket = self._buckets[slot]
             if bucket and _sync_key(bucket[0]) != _sync_key(part):
                 self._flush_bucket(mb, slot)
@@ -464,7 +482,10 @@ class Worker:
         done = self._collective(Channel.DP, name, kind, nbytes, first.dp_groups)
         if first.dp_type in (DPType.ZERO2, DPType.ZERO3):
             done.callbacks.append(lambda _e: self.gpu.memory.free(f"grad buffers {name}", nbytes))
-            self._sharded_syncs.append(done)
+            if first.dp_type == DPType.ZERO2 and self.cfg.overlap_dp:
+                self._zero2_in_flight.append(done)
+            else:
+                self._sharded_syncs.append(done)
         return done
 
 
