@@ -44,9 +44,6 @@ class DPTraffic:
     """Once, overlappable with the last micro-batch's backward."""
     after_step_s: float = 0.0
     """Once, after the optimizer step (re-gathering updated ZeRO-1/2 parameters)."""
-    micro_batch_rs_s: float = 0.0
-    """Of micro_batch_bwd_s, the gradient reduce-scatter alone (ZeRO-2/3): under a split backward
-    it follows W, whose compute alone hides it."""
 
     def total_s(self, micro_batches: int) -> float:
         return (micro_batches * (self.micro_batch_bwd_s + self.micro_batch_fwd_s)
@@ -192,10 +189,8 @@ class AnalyticalModel(CostModel):
         # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
         weight_grad_s = own_backward_s * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
         # the prefetched gather also hides behind the forward's TP collectives on their other link
-        backward_sync_s = self.exposed_time(traffic.micro_batch_bwd_s, backward_s)
-        per_mb = backward_sync_s + \
+        per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
             self.exposed_time(traffic.micro_batch_fwd_s, forward_s, pass_comm_s if tp_beside_dp else 0.0)
-        reduce_scatter = self._reduce_scatter_s(traffic, backward_s, weight_grad_s, backward_sync_s)
         tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
         ep_comm_s = experts.dispatch_time_s(self.all_to_all_time, layer, strategy, mbs, first_rank,
                                             self.expert_imbalance)
@@ -205,18 +200,7 @@ class AnalyticalModel(CostModel):
                          cp_core_bwd_s=cp.core_bwd_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb, ep_comm_s=ep_comm_s,
-                         update_s=update_s, **reduce_scatter)
-
-    def _reduce_scatter_s(self, traffic: DPTraffic, backward_s: float, weight_grad_s: float,
-                          backward_sync_s: float) -> dict[str, float]:
-        """LayerTime's reduce-scatter fields: its part of ``backward_sync_s`` (the backward's
-        traffic behind the backward, less a ZeRO-3 backward's parameter gather, as many bytes as
-        the forward's, behind it alone), and what W's compute alone leaves of it."""
-        if traffic.micro_batch_rs_s <= 0:
-            return {}
-        gather_s = self.exposed_time(traffic.micro_batch_fwd_s, backward_s)
-        return {"reduce_scatter_exposed_s": backward_sync_s - gather_s,
-                "reduce_scatter_after_w_s": self.exposed_time(traffic.micro_batch_rs_s, weight_grad_s)}
+                         update_s=update_s)
 
     def _compute_sync(self, layer: LayerSpec, strategy: LayerStrategy, first_rank: int
                       ) -> tuple[RankGroups, DPTraffic, float, bool]:
@@ -280,10 +264,10 @@ class AnalyticalModel(CostModel):
         if dp_type == DPType.ZERO1:
             return DPTraffic(iteration_bwd_s=rs, after_step_s=ag)
         if dp_type == DPType.ZERO2:
-            return DPTraffic(micro_batch_bwd_s=rs, after_step_s=ag, micro_batch_rs_s=rs)
+            return DPTraffic(micro_batch_bwd_s=rs, after_step_s=ag)
         gather = self._bucketed_terms("all_gather", local_params * gather_bytes_per_param, dp_groups)
         both = coll.concurrent_time_s([gather, self._bucketed_terms("reduce_scatter", nbytes, dp_groups)])
-        return DPTraffic(micro_batch_bwd_s=both, micro_batch_fwd_s=sum(gather), micro_batch_rs_s=rs)
+        return DPTraffic(micro_batch_bwd_s=both, micro_batch_fwd_s=sum(gather))
 
     def dp_sync_time(self, local_params: float, dp_type: str, dp_groups: Sequence[Sequence[int]]) -> float:
         """One iteration's data-parallel traffic of ``local_params`` parameters with one
@@ -472,8 +456,7 @@ class AnalyticalModel(CostModel):
 def _sum_traffic(parts: list[DPTraffic]) -> DPTraffic:
     """The data-parallel traffic of a layer's sync parts together (each runs as its own collective)."""
     return DPTraffic(*(sum(getattr(t, f) for t in parts) for f in
-                       ("micro_batch_bwd_s", "micro_batch_fwd_s", "iteration_bwd_s", "after_step_s",
-                        "micro_batch_rs_s")))
+                       ("micro_batch_bwd_s", "micro_batch_fwd_s", "iteration_bwd_s", "after_step_s")))
 
 
 def relayout_time(model: CostModel, layer: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy,

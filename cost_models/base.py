@@ -72,21 +72,6 @@ class LayerTime:
     ring overlaps block by block (the simulator plays it so); 0 without cp."""
     cp_core_bwd_s: float = 0.0
     """The same of ``backward_s``, a recomputed forward's core excluded."""
-    reduce_scatter_exposed_s: float = 0.0
-    """ZeRO-2/3: the gradient reduce-scatter's part of ``exposed_micro_batch_dp_s``, what the
-    layer's backward leaves of it (0 where a cost model does not place it)."""
-    reduce_scatter_after_w_s: float = 0.0
-    """What W's compute alone leaves of it: under a split backward it starts after the layer's W."""
-
-    def weight_sync_s(self, chunk_first: bool) -> float:
-        """Under a split backward: the reduce-scatter's exposure that W carries, in place of the
-        backward's share. W's compute hides it, but a chunk's first layer's, the last of the
-        pass, runs on beside the passes that follow, as in a whole backward: none."""
-        return 0.0 if chunk_first else self.reduce_scatter_after_w_s
-
-    def split_sync_s(self, chunk_first: bool) -> float:
-        """What a split backward adds to ``micro_batch_s`` (weight_sync_s in place of the backward's share)."""
-        return 0.0 if chunk_first else self.reduce_scatter_after_w_s - self.reduce_scatter_exposed_s
 
     @property
     def micro_batch_s(self) -> float:
@@ -331,7 +316,6 @@ class CostModel(ABC):
         vocab_time, memory = self.vocab_cost(model, plan, stage, world)
         time_s, tail_s = vocab_time.micro_batch_s, vocab_time.tail_s
         chunk_starts = plan.chunk_starts()
-        split = schedule_entry(plan.schedule).splits_backward
         # (layer, strategy) objects -> the layer's terms, (layer, strategy, next strategy) -> the
         # relayout between them: a stage repeats a few layers and strategies, each asked once
         answers: dict[tuple[int, ...], tuple | float] = {}
@@ -343,9 +327,9 @@ class CostModel(ABC):
                 lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
                 answers[key] = (lt.micro_batch_s + (lt.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE
                                                     else 0.0), lt.tail_s,
-                                self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches), lt)
-            layer_s, layer_tail_s, layer_memory, lt = answers[key]
-            time_s += layer_s + (lt.split_sync_s(i in chunk_starts) if split else 0.0)
+                                self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches))
+            layer_s, layer_tail_s, layer_memory = answers[key]
+            time_s += layer_s
             tail_s += layer_tail_s
             memory = memory + layer_memory
             if i not in chunk_starts:  # a chunk's first layer gets its input by p2p, not a re-layout
@@ -360,16 +344,14 @@ class CostModel(ABC):
 
     def _stage_work(self, model: ModelSpec, plan: Plan, stage_time_s: Sequence[float]) -> list[StageWork]:
         """Each stage's T_k as a split-backward schedule runs it: W its layers' weight-gradient
-        compute and the reduce-scatters it waits for (LayerTime.weight_sync_s), the rest
-        (communication, sends and the vocabulary's work included) shared between F and B as
-        the layers' forward and input-gradient compute are."""
-        world, work, chunk_starts = self.cluster.world_size, [], plan.chunk_starts()
+        compute, the rest (communication, sends and the vocabulary's work included) shared
+        between F and B as the layers' forward and input-gradient compute are."""
+        world, work = self.cluster.world_size, []
         for stage, (ids, total_s) in enumerate(zip(plan.stage_ranges(), stage_time_s)):
             first_rank = plan.stage_first_rank(stage, world)
             times = [self.layer_time(model.layers[i], plan.layers[i], plan.micro_batch_size(i), plan.micro_batches,
                                      first_rank) for i in ids]
-            weight_s = min(sum(t.weight_grad_s + t.weight_sync_s(i in chunk_starts) for i, t in zip(ids, times)),
-                           total_s)
+            weight_s = min(sum(t.weight_grad_s for t in times), total_s)
             forward_s = sum(t.forward_s for t in times)
             input_s = sum(t.backward_s - t.weight_grad_s for t in times)
             forward_share = forward_s / (forward_s + input_s) if forward_s + input_s > 0 else 0.5

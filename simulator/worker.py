@@ -74,10 +74,8 @@ class Worker:
         """Buckets synced after the whole backward (overlap_dp=False, DDP/ZeRO-1)."""
         self._after_backward: list[tuple[list[SyncWork], str]] = []
         self._sharded_syncs: list[simpy.Event] = []
-        """ZeRO-3 reduce-scatters (ZeRO-2's too with overlap_dp=False) the micro-batch's backward
-        waits for at its end."""
-        self._zero2_in_flight: list[simpy.Event] = []
-        """The ZeRO-2 reduce-scatter still running, which the next ZeRO-2 layer's waits for."""
+        """ZeRO-3 reduce-scatters (ZeRO-2's too with overlap_dp=False) that the micro-batch's
+        backward waits for at its end."""
         self._syncs_launched = 0
         self._made: set[str] = set()
         """Layers (and "vocab") whose gradients hold memory already (lazy gradients)."""
@@ -184,7 +182,7 @@ class Worker:
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             if not self._split:
-                yield from self._layer_gradients(lw, mb, last_mb)
+                self._layer_gradients(lw, mb, last_mb)
             self._release_gathered(lw, mb, "B")
         if not self._split:
             self._flush_gradients(mb)
@@ -203,7 +201,7 @@ class Worker:
         layers = [self.work.layers[p] for p in chunk.positions]
         for lw in reversed(layers):
             yield from self.gpu.compute.run(f"W{mb} {lw.name}", lw.weight_grad_s)
-            yield from self._layer_gradients(lw, mb, last_mb)
+            self._layer_gradients(lw, mb, last_mb)
         self._flush_gradients(mb)
         yield from self._wait_sharded_syncs()
         if last_mb:
@@ -214,20 +212,12 @@ class Worker:
         self._backwards += 1
         return self._backwards == self.cfg.micro_batches * self.cfg.virtual_stages
 
-    def _layer_gradients(self, lw: LayerWork, mb: int, last_mb: bool):
+    def _layer_gradients(self, lw: LayerWork, mb: int, last_mb: bool) -> None:
         """The layer's gradients of micro-batch ``mb`` are made: its activations go, its sync
-        buckets fill. A ZeRO-2 layer's gradients wait, held in memory, for the stage's ZeRO-2
-        reduce-scatter still running: one runs at a time, as in the executor, which drains the
-        previous one when it starts the next (executor/parallel/data.py). So the last of a
-        micro-batch runs on beside the passes that follow; nothing waits for it at the
-        backward's end."""
+        buckets fill."""
         self.gpu.memory.free(f"act {lw.name} mb{mb}", lw.activation_bytes)
         self._gradients_made(lw.name, lw.states)
-        parts = self._held_gradients(lw, mb, last_mb)
-        if self._zero2_in_flight and any(part.dp_type == DPType.ZERO2 for _, part in parts):
-            yield self.env.all_of(self._zero2_in_flight)
-            self._zero2_in_flight = []
-        self._grads_ready(parts, mb)
+        self._grads_ready(lw, mb, last_mb)
 
     def _flush_gradients(self, mb: int) -> None:
         """After a micro-batch's gradients: sync what the buckets hold."""
@@ -419,26 +409,19 @@ class Worker:
             self.gpu.memory.free(f"gathered {lw.name} {phase}{mb}", lw.gathered_bytes)
 
     # -- gradient sync -----------------------------------------------------------------------
-    def _held_gradients(self, lw: LayerWork, mb: int, last_mb: bool) -> list[tuple[int, SyncWork]]:
-        """(bucket slot, part) of the layer's parts that sync now: ZeRO-2/3 reduce-scatter every
-        micro-batch (gradients are kept sharded, so the full gradient, allocated here, lives only
-        until its bucket is reduced); DDP and ZeRO-1 accumulate into their persistent buffers and
-        sync once, after the last micro-batch. Each sync part (the dense part, the routed
-        experts) fills its own bucket."""
-        parts = []
+    def _grads_ready(self, lw: LayerWork, mb: int, last_mb: bool) -> None:
+        """ZeRO-2/3 reduce-scatter every micro-batch (gradients are kept sharded, so the
+        full gradient lives only until its bucket is reduced); DDP and ZeRO-1 accumulate
+        into their persistent buffers and sync once, after the last micro-batch. Each sync part
+        (the dense part, the routed experts) fills its own bucket."""
         for slot, part in enumerate(lw.parts):
+            if part.grad_bytes <= 0:
+                continue
             sharded = part.dp_type in (DPType.ZERO2, DPType.ZERO3)
-            if part.grad_bytes <= 0 or not (sharded or last_mb):
+            if not (sharded or last_mb):
                 continue
             if sharded:
                 self.gpu.memory.alloc(f"grad buffer {part.name} mb{mb}", part.grad_bytes)
-            parts.append((slot, part))
-        return parts
-
-    def _grads_ready(self, parts: list[tuple[int, SyncWork]], mb: int) -> None:
-        """Put the parts in their buckets; a bucket syncs when full or when the next part's
-        groups or kind differ."""
-        for slot, part in parts:
             bucket = self._buckets[slot]
             if bucket and _sync_key(bucket[0]) != _sync_key(part):
                 self._flush_bucket(mb, slot)
@@ -482,9 +465,10 @@ class Worker:
         done = self._collective(Channel.DP, name, kind, nbytes, first.dp_groups)
         if first.dp_type in (DPType.ZERO2, DPType.ZERO3):
             done.callbacks.append(lambda _e: self.gpu.memory.free(f"grad buffers {name}", nbytes))
-            if first.dp_type == DPType.ZERO2 and self.cfg.overlap_dp:
-                self._zero2_in_flight.append(done)
-            else:
+            # nothing waits for ZeRO-2's at the backward's end: the executor waits for one only
+            # when it starts the next (executor/parallel/data.py; that stall, where one outlasts
+            # the next layer's backward, is not played); ZeRO-3's backward does wait (FSDP)
+            if first.dp_type == DPType.ZERO3 or not self.cfg.overlap_dp:
                 self._sharded_syncs.append(done)
         return done
 
