@@ -74,7 +74,8 @@ class Worker:
         """Buckets synced after the whole backward (overlap_dp=False, DDP/ZeRO-1)."""
         self._after_backward: list[tuple[list[SyncWork], str]] = []
         self._sharded_syncs: list[simpy.Event] = []
-        """Buckets synced after this micro-batch's backward (overlap_dp=False, ZeRO-2/3)."""
+        """ZeRO-3 reduce-scatters (ZeRO-2's too with overlap_dp=False) that the micro-batch's
+        backward waits for at its end."""
         self._syncs_launched = 0
         self._made: set[str] = set()
         """Layers (and "vocab") whose gradients hold memory already (lazy gradients)."""
@@ -226,10 +227,10 @@ class Worker:
         self._after_backward = []
 
     def _wait_sharded_syncs(self):
-        """ZeRO-2/3: wait for the micro-batch's reduce-scatters."""
+        """ZeRO-3 (and ZeRO-2 with overlap_dp=False): wait for the micro-batch's reduce-scatters."""
         if self._sharded_syncs:
-            # ZeRO-2/3 backward ends by waiting for its reduce-scatters (DeepSpeed's epilogue,
-            # FSDP's final callback): the gradient buffers never pile up across micro-batches
+            # a ZeRO-3 backward ends by waiting for its reduce-scatters (FSDP's final callback):
+            # the gradient buffers never pile up across micro-batches
             yield self.env.all_of(self._sharded_syncs)
             self._sharded_syncs = []
 
@@ -464,7 +465,11 @@ class Worker:
         done = self._collective(Channel.DP, name, kind, nbytes, first.dp_groups)
         if first.dp_type in (DPType.ZERO2, DPType.ZERO3):
             done.callbacks.append(lambda _e: self.gpu.memory.free(f"grad buffers {name}", nbytes))
-            self._sharded_syncs.append(done)
+            # nothing waits for ZeRO-2's at the backward's end: the executor waits for one only
+            # when it starts the next (executor/parallel/data.py; that stall, where one outlasts
+            # the next layer's backward, is not played); ZeRO-3's backward does wait (FSDP)
+            if first.dp_type == DPType.ZERO3 or not self.cfg.overlap_dp:
+                self._sharded_syncs.append(done)
         return done
 
 

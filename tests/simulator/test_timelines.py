@@ -106,17 +106,40 @@ def test_zero3_prefetch_holds_two_gathered_layers_at_once():
 
 def test_zero2_reduces_every_micro_batch_and_frees_its_gradient_buffer():
     # 1000 B of gradients, 500 B kept per rank; each backward (2 s) fills the full 1000 B
-    # buffer, whose reduce-scatter over 2 ranks (one ring step of 500 B at 1000 B/s) frees it;
-    # backward ends by waiting for it (so B1 starts at 4.5); after the optimizer step the
-    # updated parameters are all-gathered (another 0.5 s).
+    # buffer, whose reduce-scatter over 2 ranks (one ring step of 500 B at 1000 B/s) frees it.
+    # Nothing waits for it at the backward's end (the executor's ZeRO-2 leaves it running):
+    # B1 starts at 4 beside it. After the optimizer step the updated parameters are
+    # all-gathered (another 0.5 s): 6.5-7.
     cluster = hand_cluster(2, bytes_per_s=1000.0)
     plan = uniform_plan(1, dp=2, global_batch=4, micro_batches=2, dp_type="zero2", schedule="gpipe")
     result = simulate(tiny_model(1), cluster, plan, HandCostModel(cluster, gradient_bytes=1000.0), keep_spans=True)
-    assert timeline(result, 0) == [("F0 L0", 0, 1), ("F1 L0", 1, 2), ("B0 L0", 2, 4), ("B1 L0", 4.5, 6.5)]
-    assert timeline(result, 0, "dp") == [("grad sync L0-L0 mb0 #1", 4.0, 4.5), ("grad sync L0-L0 mb1 #2", 6.5, 7.0),
-                                         ("L0 param all-gather", 7.0, 7.5)]
-    assert result.memory_timeline[0] == ((0.0, 500.0), (4.0, 1500.0), (4.5, 500.0), (6.5, 1500.0), (7.0, 500.0))
-    assert result.iteration_time_s == pytest.approx(7.5)
+    assert timeline(result, 0) == [("F0 L0", 0, 1), ("F1 L0", 1, 2), ("B0 L0", 2, 4), ("B1 L0", 4, 6)]
+    assert timeline(result, 0, "dp") == [("grad sync L0-L0 mb0 #1", 4.0, 4.5), ("grad sync L0-L0 mb1 #2", 6.0, 6.5),
+                                         ("L0 param all-gather", 6.5, 7.0)]
+    assert result.memory_timeline[0] == ((0.0, 500.0), (4.0, 1500.0), (4.5, 500.0), (6.0, 1500.0), (6.5, 500.0))
+    assert result.iteration_time_s == pytest.approx(7.0)
+
+
+def test_zero2_reduce_scatters_queue_beside_the_next_micro_batch():
+    # Two layers, 6000 B of gradients each, 3000 B kept per rank: a reduce-scatter is one ring
+    # step of 3000 B at 1000 B/s, 3 s, longer than a backward (2 s); they run one after another
+    # on the data-parallel stream. Forwards 0-4; B0 L1 4-6, its reduce-scatter 6-9; B0 L0 6-8,
+    # its 9-12; B1 starts at 8 without waiting for them (it waited until 12 when a ZeRO-2
+    # backward ended by waiting): B1 L1 8-10, its reduce-scatter 12-15; B1 L0 10-12, its 15-18;
+    # then each layer's parameter all-gather (3 s each) 18-21 and 21-24. Memory: 6000 of
+    # states, + 6000 for each full gradient from its backward's end until its reduce-scatter
+    # ends (at 12 one comes as another goes). Buckets of 6000 B: each layer's gradient fills one.
+    cluster = hand_cluster(2, bytes_per_s=1000.0)
+    plan = uniform_plan(2, dp=2, global_batch=4, micro_batches=2, dp_type="zero2", schedule="gpipe")
+    result = simulate(tiny_model(2), cluster, plan, HandCostModel(cluster, gradient_bytes=6000.0), keep_spans=True,
+                      bucket_bytes=6000.0)
+    assert timeline(result, 0) == [("F0 L0", 0, 1), ("F0 L1", 1, 2), ("F1 L0", 2, 3), ("F1 L1", 3, 4),
+                                   ("B0 L1", 4, 6), ("B0 L0", 6, 8), ("B1 L1", 8, 10), ("B1 L0", 10, 12)]
+    assert [(a, b) for _, a, b in timeline(result, 0, "dp")] == [(6, 9), (9, 12), (12, 15), (15, 18), (18, 21),
+                                                                 (21, 24)]
+    assert result.memory_timeline[0] == ((0.0, 6000.0), (6.0, 12000.0), (8.0, 18000.0), (9.0, 12000.0),
+                                         (10.0, 18000.0), (12.0, 18000.0), (15.0, 12000.0), (18.0, 6000.0))
+    assert result.iteration_time_s == pytest.approx(24.0)
 
 
 def test_ddp_all_reduces_once_after_the_last_micro_batch():
