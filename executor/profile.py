@@ -423,8 +423,8 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
         if split:
             entry["sp_forward_ms"] = {str(tp): f for tp, (f, _) in split.items()}
             entry["sp_backward_ms"] = {str(tp): b for tp, (_, b) in split.items()}
-            entry["sp_selective_backward_ms"] = {str(tp): _table(stats, f"layer{i}/sp{tp}/selective", batch_sizes, "bwd")
-                                                 for tp in split}
+            entry["sp_selective_backward_ms"] = {
+                str(tp): _table(stats, f"layer{i}/sp{tp}/selective", batch_sizes, "bwd") for tp in split}
         if world_size > 1:
             fwd, bwd = _tables(stats, f"layer{i}/zero3", batch_sizes)
             entry["zero3_forward_ms"], entry["zero3_backward_ms"] = {str(world_size): fwd}, {str(world_size): bwd}
