@@ -23,7 +23,8 @@ from cost_models import sequence as seq
 from cost_models.sp_time import SpTimeTable, find_sp_time, read_sp_time
 from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
-from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, SequenceParallel, SpecError, load_model
+from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel,
+                   SpecError, load_model)
 from specs.capabilities import BF16_ONLY, Capabilities
 from specs.schedules import OpKind, schedule_entry
 
@@ -183,37 +184,57 @@ class ProfiledModel(CostModel):
         dtype = str(self.profile.hardware.get("dtype", "bf16")).lower()
         return 4 if dtype in ("fp32", "float32", "float") else PROFILED_DTYPE_BYTES
 
-    def _compute_fits(self, layer: LayerSpec, tp: int = 1) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    def _compute_fits(self, layer: LayerSpec, tp: int = 1, sequence_parallel: bool = False
+                      ) -> tuple[tuple[float, float], tuple[float, float]] | None:
         """Lines through the forward and backward tables at ``tp`` (1: the plain layer; > 1: the
-        tensor-parallel tables, None when not profiled)."""
+        tensor-parallel tables, or with ``sequence_parallel`` the Megatron-SP ones; None when
+        not profiled)."""
         entry = self.profile.layer(layer)
         if tp == 1:
             return linear_fit(entry.forward_ms), linear_fit(entry.backward_ms)
-        if tp not in entry.tp_forward_ms or tp not in entry.tp_backward_ms:
+        forward, backward = ((entry.sp_forward_ms, entry.sp_backward_ms) if sequence_parallel
+                             else (entry.tp_forward_ms, entry.tp_backward_ms))
+        if tp not in forward or tp not in backward:
             return None
-        return linear_fit(entry.tp_forward_ms[tp]), linear_fit(entry.tp_backward_ms[tp])
+        return linear_fit(forward[tp]), linear_fit(backward[tp])
 
     def _compute_s(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, tp_groups) -> tuple[float, float]:
         """(forward, backward) compute of one micro-batch, recomputation excluded. The layer as
-        run at its tp degree when the profile has it, less the Megatron TP all-reduces of the
-        pass that the table holds (the model charges the layer's own collectives apart): the
-        tables are the executor's Megatron TP, whose DTensor projections Megatron-SP runs too
-        (its norms split along the sequence, all-gathers and reduce-scatters for the
-        all-reduces). Else Galvatron's line, slope * b / split + intercept (every rank of the
-        split launches the same kernels, so the fixed part does not shrink): Ulysses and cp,
-        whose ranks run the whole weights on a share of the tokens, or a tp the profile lacks."""
+        run at its tp degree when the profile has it, less the TP collectives of the pass that
+        the table holds (the model charges the layer's own collectives apart): Megatron-SP from
+        the sequence-parallel tables (the block between two of the same split: its norms on the
+        sequence chunk, its all-gathers and reduce-scatters, DTensor's layout copies around
+        them), else, and Megatron TP, from the tp tables (the executor's DTensor projections
+        with their all-reduces). Else Galvatron's line, slope * b / split + intercept (every
+        rank of the split launches the same kernels, so the fixed part does not shrink):
+        Ulysses and cp, whose ranks run the whole weights on a share of the tokens, or a tp
+        the profile lacks."""
         split = strategy.degrees.split  # the ranks sharing the replica's work (tp, cp, Ulysses)
         measured_tp = split > 1 and split == strategy.tp
-        fits = self._fits(layer, split) if measured_tp else None
+        sp_fits = self._fits(layer, split, True) if measured_tp and strategy.megatron_sp else None
+        fits = sp_fits or (self._fits(layer, split) if measured_tp else None)
         if fits is not None:
-            plain = replace(strategy, sp=SequenceParallel.NONE)
-            table_comm_s = seq.tp_comm_time(self.collective_time, layer, plain, mbs, tp_groups,
-                                            TP_ALLREDUCES_PER_PASS) / seq.forward_passes(plain)
+            held = strategy if sp_fits else replace(strategy, sp=SequenceParallel.NONE)
+            table_comm_s = seq.tp_comm_time(self.collective_time, layer, held, mbs, tp_groups,
+                                            TP_ALLREDUCES_PER_PASS) / seq.forward_passes(held)
             (fa, fb), (ba, bb) = fits
             return (max(0.0, (fa * mbs + fb) * 1e-3 - table_comm_s),
                     max(0.0, (ba * mbs + bb) * 1e-3 - table_comm_s))
         (fa, fb), (ba, bb) = self._fits(layer)
         return (fa * mbs / split + fb) * 1e-3, (ba * mbs / split + bb) * 1e-3
+
+    def _recompute_s(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, forward_s: float) -> float:
+        """What recomputation adds to one micro-batch's backward. Selective under Megatron-SP at
+        a profiled degree: the measured backward with the executor's selective recomputation
+        less the plain one (what it re-runs beyond the attention core's kernels: the sub-layer's
+        DTensor dispatch, and the all-gather of its input, which the executor issues again in
+        backward); else ``forward_s`` times recompute_share."""
+        entry, tp = self.profile.layer(layer), strategy.tp
+        if (strategy.recompute == Recompute.SELECTIVE and strategy.megatron_sp and strategy.degrees.split == tp
+                and tp in entry.sp_selective_backward_ms and tp in entry.sp_backward_ms):
+            (sa, sb), (ba, bb) = linear_fit(entry.sp_selective_backward_ms[tp]), linear_fit(entry.sp_backward_ms[tp])
+            return max(0.0, ((sa - ba) * mbs + sb - bb) * 1e-3)
+        return forward_s * recompute_share(layer, strategy, mbs)
 
     def bus_bytes_per_s(self, kind: str, size: int, consecutive: bool) -> float:
         """Profiled bus bandwidth of ``kind`` (its own table, else the all-reduce's) over a
@@ -244,7 +265,7 @@ class ProfiledModel(CostModel):
         forward_s, backward_s = (t * scale for t in self._compute_s(layer, strategy, mbs, tp_groups))
         weight_grad_s = WEIGHT_GRAD_SHARE * backward_s  # the profile times the backward whole
         core_fwd_s, core_bwd_s = forward_s, backward_s  # scaled to the core's share in _cp_time
-        backward_s += forward_s * recompute_share(layer, strategy, mbs)
+        backward_s += self._recompute_s(layer, strategy, mbs, forward_s)
         params = self.profile.layer(layer).parameter_bytes / self.bytes_per_param
         parts = experts.sync_parts(layer, strategy, first_rank, dp_groups, params)
         traffic = [self._dp_traffic_s(p.params, p.dp_type, p.groups) for p in parts]

@@ -27,7 +27,7 @@ from executor.model import Block, Embedding, Head
 from executor.parallel.layout import GroupCache
 from executor.run import scaled_model
 from executor.train import collected_first
-from specs import LayerSpec, LayerStrategy, ModelSpec, load_model
+from specs import LayerSpec, LayerStrategy, ModelSpec, Recompute, load_model
 from specs.cli import ArgumentParser, count, number, output_file
 from specs.errors import one_line_errors
 
@@ -125,8 +125,11 @@ class Timings:
                 for k, row in zip(keys, rows)}
 
 
-def time_module(module: nn.Module, make_input, timings: Timings, key: str) -> None:
-    """Forward and backward (alone, no recomputation) of ``module``, as ``key``/fwd, ``key``/bwd."""
+def time_module(module: nn.Module, make_input, timings: Timings, key: str, passes: tuple[str, ...] = ("fwd", "bwd")
+                ) -> None:
+    """Forward and backward (alone) of ``module``, as ``key``/fwd, ``key``/bwd (``passes``: which
+    of the two). The backward is what ``module`` runs in backward: a checkpointed module's
+    includes its recomputation."""
     device = timings.device
 
     def forward():
@@ -141,8 +144,9 @@ def time_module(module: nn.Module, make_input, timings: Timings, key: str) -> No
         loss.backward()
         return begin
 
-    timings.time(f"{key}/fwd", forward)
-    timings.time(f"{key}/bwd", backward)
+    for name, fn in (("fwd", forward), ("bwd", backward)):
+        if name in passes:
+            timings.time(f"{key}/{name}", fn)
 
 
 def shard_spec(layer: LayerSpec, tp: int) -> LayerSpec:
@@ -192,23 +196,36 @@ def layer_memory_entry(layer: LayerSpec, tps: list[int], batch: int, device: str
 
 
 def time_layer(layer: LayerSpec, index: int, batch_sizes: list[int], timings: Timings, dtype: torch.dtype,
-               tp: int = 1, zero3: bool = False, *, groups: GroupCache) -> None:
+               tp: int = 1, zero3: bool = False, *, sequence_parallel: bool = False, groups: GroupCache) -> None:
     """The layer's forward and backward per batch size, as ``layer{index}/{b}``, or as
-    ``layer{index}/tp{tp}/{b}`` and ``layer{index}/zero3/{b}`` run as ``profiled_block``
-    builds it."""
-    block, key = profiled_block(layer, index, timings.device, dtype, tp, zero3, groups=groups)
-    shape = (layer.seq_len, layer.hidden_size)
+    ``layer{index}/tp{tp}/{b}``, ``layer{index}/sp{tp}/{b}`` and ``layer{index}/zero3/{b}`` run
+    as ``profiled_block`` builds it; under sequence parallelism on this rank's sequence chunk,
+    and the backward again with selective recomputation as the executor applies it
+    (executor.parallel.checkpoint.apply_ac), as ``layer{index}/sp{tp}/selective/{b}/bwd``."""
+    block, key = profiled_block(layer, index, timings.device, dtype, tp, zero3, sequence_parallel=sequence_parallel,
+                                groups=groups)
+    timed = [(block, key, ("fwd", "bwd"))]
+    if sequence_parallel:
+        from executor.parallel.checkpoint import apply_ac
+        again, _ = profiled_block(layer, index, timings.device, dtype, tp, sequence_parallel=True, groups=groups)
+        timed.append((apply_ac(again, Recompute.SELECTIVE), f"{key}/selective", ("bwd",)))
+    shape = (layer.seq_len // tp if sequence_parallel else layer.seq_len, layer.hidden_size)
     for b in batch_sizes:
         make = lambda b=b: torch.randn(b, *shape, device=timings.device, dtype=dtype, requires_grad=True)
-        time_module(block, make, timings, f"{key}/{b}")
+        for module, name, passes in timed:
+            time_module(module, make, timings, f"{name}/{b}", passes)
 
 
 def profiled_block(layer: LayerSpec, index: int, device: str, dtype: torch.dtype, tp: int = 1,
-                   zero3: bool = False, *, groups: GroupCache) -> tuple[nn.Module, str]:
+                   zero3: bool = False, *, sequence_parallel: bool = False,
+                   groups: GroupCache) -> tuple[nn.Module, str]:
     """The block to time and its key: at ``tp`` > 1 as the executor runs it tensor parallel
     (executor.parallel.tensor: DTensor column/row splits and their all-reduces; a MoE's routed
     experts split over the same group by executor.parallel.expert) on consecutive groups of tp
-    ranks, every group at once; with ``zero3`` as the executor runs a ZeRO-3 layer over every
+    ranks, every group at once; with ``sequence_parallel`` as Megatron-SP runs a block between
+    two of the same split (its input and output this rank's sequence chunk, the norms on it,
+    an all-gather before attention and the MLP, a reduce-scatter after each, and the DTensor
+    layout copies around them); with ``zero3`` as the executor runs a ZeRO-3 layer over every
     rank (executor.parallel.data.apply_fsdp: FSDP2, gathered per pass, gradients
     reduce-scattered). Their meshes take their groups from ``groups``."""
     # a ZeRO-3 layer keeps fp32 shards and computes in the run's dtype (MixedPrecisionPolicy)
@@ -219,7 +236,8 @@ def profiled_block(layer: LayerSpec, index: int, device: str, dtype: torch.dtype
     if tp > 1:
         from executor.parallel.tensor import apply_tp
         mesh = groups.mesh(torch.arange(world).view(world // tp, tp), kind, ("dp", "tp"))["tp"]
-        block, key = apply_tp(block, mesh), f"{key}/tp{tp}"
+        block = apply_tp(block, mesh, sequence_parallel, split_in=sequence_parallel, split_out=sequence_parallel)
+        key = f"{key}/{'sp' if sequence_parallel else 'tp'}{tp}"
         if layer.moe is not None:
             _split_experts(block, layer, index, tp, world, groups, kind)
     elif zero3:
@@ -246,6 +264,16 @@ def tp_degrees(tps: list[int], world_size: int, layer: LayerSpec) -> list[int]:
     and its key/value heads)."""
     return [tp for tp in sorted(set(tps)) if 1 < tp <= world_size and world_size % tp == 0
             and layer.num_heads % tp == 0 and layer.kv_heads % tp == 0]
+
+
+def sp_degrees(tps: list[int], world_size: int, layer: LayerSpec) -> list[int]:
+    """The tp degrees the layer is also timed at under Megatron-SP: tp_degrees that divide its
+    sequence, for a dense block the executor runs sequence parallel (none with cross-attention
+    or patch merging, executor.checks); a MoE block's SP run is not profiled: its SP layers
+    take the tp tables."""
+    if layer.moe is not None or layer.cross_attention_seq_len or layer.downsample_to:
+        return []
+    return [tp for tp in tp_degrees(tps, world_size, layer) if layer.seq_len % tp == 0]
 
 
 class _Vocab(nn.Module):
@@ -340,6 +368,8 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
     for i, layer in enumerate(kinds):
         for tp in [1, *tp_degrees(tps, world_size, layer)]:
             time_layer(layer, i, batch_sizes, timings, dtype, tp, groups=groups)
+        for tp in sp_degrees(tps, world_size, layer):
+            time_layer(layer, i, batch_sizes, timings, dtype, tp, sequence_parallel=True, groups=groups)
         if world_size > 1:
             time_layer(layer, i, batch_sizes, timings, dtype, zero3=True, groups=groups)
     vocab_bytes = time_vocab(model, batch_sizes, timings, dtype)
@@ -349,8 +379,11 @@ def profile_rank(rank: int, world_size: int, model: ModelSpec, batch_sizes: list
 
 
 def _tables(stats: dict, key: str, batch_sizes: list[int]) -> tuple[dict, dict]:
-    return ({str(b): stats[f"{key}/{b}/fwd"].median_ms for b in batch_sizes},
-            {str(b): stats[f"{key}/{b}/bwd"].median_ms for b in batch_sizes})
+    return _table(stats, key, batch_sizes, "fwd"), _table(stats, key, batch_sizes, "bwd")
+
+
+def _table(stats: dict, key: str, batch_sizes: list[int], name: str) -> dict:
+    return {str(b): stats[f"{key}/{b}/{name}"].median_ms for b in batch_sizes}
 
 
 def noisy_entries(stats: dict[str, Timed], max_error: float) -> list[str]:
@@ -386,6 +419,12 @@ def build_profile(model: ModelSpec, *, batch_sizes: list[int], tps: list[int], d
         if sharded:
             entry["tp_forward_ms"] = {str(tp): f for tp, (f, _) in sharded.items()}
             entry["tp_backward_ms"] = {str(tp): b for tp, (_, b) in sharded.items()}
+        split = {tp: _tables(stats, f"layer{i}/sp{tp}", batch_sizes) for tp in sp_degrees(tps, world_size, layer)}
+        if split:
+            entry["sp_forward_ms"] = {str(tp): f for tp, (f, _) in split.items()}
+            entry["sp_backward_ms"] = {str(tp): b for tp, (_, b) in split.items()}
+            entry["sp_selective_backward_ms"] = {
+                str(tp): _table(stats, f"layer{i}/sp{tp}/selective", batch_sizes, "bwd") for tp in split}
         if world_size > 1:
             fwd, bwd = _tables(stats, f"layer{i}/zero3", batch_sizes)
             entry["zero3_forward_ms"], entry["zero3_backward_ms"] = {str(world_size): fwd}, {str(world_size): bwd}

@@ -151,6 +151,16 @@ class LayerProfile:
     collectives included), ms, keyed by tp degree (> 1), then by micro-batch size."""
     tp_backward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
     """The same for the backward (without recomputation)."""
+    sp_forward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    """Optional: forward of the layer run tensor parallel with Megatron sequence parallelism as
+    the executor runs it between two blocks of the same split (its input and output this
+    rank's sequence chunk; its all-gathers and reduce-scatters included), ms, keyed by tp
+    degree (> 1), then by micro-batch size."""
+    sp_backward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    """The same for the backward (without recomputation)."""
+    sp_selective_backward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    """The same backward with selective recomputation as the executor applies it (the re-run
+    part of the forward included)."""
     zero3_forward_ms: dict[int, dict[int, float]] = field(default_factory=dict)
     """Optional: forward of the layer run ZeRO-3 as the executor runs it (FSDP2, its parameter
     all-gather included), ms, keyed by dp degree (> 1), then by micro-batch size per rank."""
@@ -175,6 +185,10 @@ class LayerProfile:
                    activation_bytes_per_sample=act,
                    tp_forward_ms=_degree_tables(raw.get("tp_forward_ms", {}), f"{where}.tp_forward_ms"),
                    tp_backward_ms=_degree_tables(raw.get("tp_backward_ms", {}), f"{where}.tp_backward_ms"),
+                   sp_forward_ms=_degree_tables(raw.get("sp_forward_ms", {}), f"{where}.sp_forward_ms"),
+                   sp_backward_ms=_degree_tables(raw.get("sp_backward_ms", {}), f"{where}.sp_backward_ms"),
+                   sp_selective_backward_ms=_degree_tables(raw.get("sp_selective_backward_ms", {}),
+                                                           f"{where}.sp_selective_backward_ms"),
                    zero3_forward_ms=_degree_tables(raw.get("zero3_forward_ms", {}), f"{where}.zero3_forward_ms"),
                    zero3_backward_ms=_degree_tables(raw.get("zero3_backward_ms", {}), f"{where}.zero3_backward_ms"))
 
@@ -184,7 +198,8 @@ class LayerProfile:
                "backward_ms": {str(k): v for k, v in self.backward_ms.items()},
                "parameter_bytes": self.parameter_bytes,
                "activation_bytes_per_sample": dict(self.activation_bytes_per_sample)}
-        for name in ("tp_forward_ms", "tp_backward_ms", "zero3_forward_ms", "zero3_backward_ms"):
+        for name in ("tp_forward_ms", "tp_backward_ms", "sp_forward_ms", "sp_backward_ms", "sp_selective_backward_ms",
+                     "zero3_forward_ms", "zero3_backward_ms"):
             if getattr(self, name):
                 out[name] = {str(tp): {str(b): ms for b, ms in t.items()} for tp, t in getattr(self, name).items()}
         return out

@@ -363,6 +363,9 @@ class LayerProfileFile(BaseModel):
     activation_bytes_per_sample: dict[Annotated[str, Field(pattern=r"^([0-9]{1,9}|ckpt)$")], NonNegative]
     tp_forward_ms: dict[BatchKey, BatchTable] = {}
     tp_backward_ms: dict[BatchKey, BatchTable] = {}
+    sp_forward_ms: dict[BatchKey, BatchTable] = {}
+    sp_backward_ms: dict[BatchKey, BatchTable] = {}
+    sp_selective_backward_ms: dict[BatchKey, BatchTable] = {}
     zero3_forward_ms: dict[BatchKey, BatchTable] = {}
     zero3_backward_ms: dict[BatchKey, BatchTable] = {}
 

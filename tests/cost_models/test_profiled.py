@@ -382,3 +382,32 @@ def test_embedding_and_head_in_their_own_layout_pay_the_relayout_to_the_layers()
     assert cm.vocab_relayout_time(model, tp2, 0, tp2.layers[0]) == pytest.approx(gather)
     dp2 = uniform_plan(model.num_layers, tp=1, dp=2, global_batch=4, micro_batches=1)
     assert cm.vocab_cost(model, dp2, 0, 2)[0].tp_comm_s == 0.0
+
+
+def test_megatron_sp_layers_take_the_sequence_parallel_tables_less_their_own_collectives():
+    """tp and sp tables 10 ms and 14 ms per micro-batch (forward and backward): a tp2 layer
+    computes 10 ms less the two all-reduces it holds, an SP layer 14 ms less its two
+    reduce-scatters and all-gathers; the collectives are charged apart, so the SP layer's
+    pass costs the table. Selective recomputation under SP adds what its measured backward
+    (20 ms) adds to the plain one, not the attention core's share of the forward. Without
+    the SP tables an SP layer falls back to the tp tables."""
+    layer = load_model("tiny-gpt").layers[0]
+    raw = _profile_for(layer).to_dict()
+    entry = raw["layers"][0]
+    flat = lambda ms: {b: ms for b in entry["forward_ms"]}  # noqa: E731
+    entry.update(tp_forward_ms={"2": flat(10.0)}, tp_backward_ms={"2": flat(10.0)})
+    tp_only = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    entry.update(sp_forward_ms={"2": flat(14.0)}, sp_backward_ms={"2": flat(14.0)},
+                 sp_selective_backward_ms={"2": flat(20.0)})
+    cm = ProfiledModel(load_cluster("cpu-2"), profile=Profile.from_dict(raw))
+    tp, sp = LayerStrategy(tp=2), LayerStrategy(tp=2, sp="megatron")
+    nbytes, pair = layer.output_elements(2) * 2, [[0, 1]]
+    ar = cm.collective_time("all_reduce", nbytes, pair)
+    rs_ag = cm.collective_time("reduce_scatter", nbytes, pair) + cm.collective_time("all_gather", nbytes, pair)
+    assert cm.layer_time(layer, tp, 2, 1).forward_s == pytest.approx(10e-3 - 2 * ar)
+    t = cm.layer_time(layer, sp, 2, 1)
+    assert t.forward_s == pytest.approx(14e-3 - 2 * rs_ag) and t.backward_s == pytest.approx(14e-3 - 2 * rs_ag)
+    assert t.forward_s + t.tp_comm_s / 2 == pytest.approx(14e-3)
+    selective = cm.layer_time(layer, LayerStrategy(tp=2, sp="megatron", recompute="selective"), 2, 1)
+    assert selective.backward_s == pytest.approx(t.backward_s + 6e-3)
+    assert tp_only.layer_time(layer, sp, 2, 1).forward_s == pytest.approx(10e-3 - 2 * ar)

@@ -45,8 +45,11 @@ def test_profile_file_round_trips_and_has_the_tables(tmp_path):
     entry = profile.layer(specs.load_model("tiny-gpt").layers[0])
     assert set(entry.forward_ms) == {1, 2} and set(entry.activation_bytes_per_sample) == {"1", "2", "ckpt"}
     assert entry.parameter_bytes == 4 * specs.load_model("tiny-gpt").layers[0].param_count()  # fp32
-    # the layer also timed as executed: tensor parallel at tp 2, ZeRO-3 over both ranks
+    # the layer also timed as executed: tensor parallel at tp 2 (plain, and Megatron-SP with and
+    # without selective recomputation), ZeRO-3 over both ranks
     assert set(entry.tp_forward_ms) == set(entry.zero3_forward_ms) == set(entry.zero3_backward_ms) == {2}
+    assert set(entry.sp_forward_ms) == set(entry.sp_backward_ms) == set(entry.sp_selective_backward_ms) == {2}
+    assert set(entry.sp_selective_backward_ms[2]) == {1, 2}
     assert set(entry.zero3_forward_ms[2]) == {1, 2} and all(ms > 0 for ms in entry.zero3_backward_ms[2].values())
     assert "2_consec" in profile.allreduce_gbytes_per_s and "2" in profile.p2p_gbytes_per_s
     # the collectives FSDP runs, timed with the job's backend (gloo here)
