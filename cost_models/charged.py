@@ -6,8 +6,11 @@ Data parallelism: per layer and state part (dense, routed experts), in the sched
 ``AnalyticalModel.dp_traffic`` times (DDP, Megatron's distributed optimizer, DeepSpeed ZeRO-2,
 FSDP). Model parallelism, per layer: tensor-parallel all-reduces or Megatron-SP's reduce-scatters
 and all-gathers (``sequence.tp_comm_time``), Ulysses' all-to-alls, context parallelism's K/V ring
-sends or K/V all-gathers (``context.cp_time``); per pipeline stage boundary: the sends and
-receives of ``AnalyticalModel.pipeline_message`` (and its receivers' tp all-gather).
+sends or K/V all-gathers (``context.cp_time``), a MoE's expert all-to-alls
+(``experts.dispatch_time_s``); per pipeline stage boundary: the sends and receives of
+``AnalyticalModel.pipeline_message`` (and its receivers' tp all-gather); per layout change: the
+relayout (``analytical.relayout_time``); the vocabulary-parallel embedding's, head's and loss's
+collectives (``vocab.vocab_tp_comm_s``) and the tied embedding's sync between the pipeline's ends.
 
 ``expected_collectives`` is the same list as the executor runs it: the documented differences
 (``ChargedCollective.difference``, docs/executor.md) replace or add rows explicitly."""

@@ -173,7 +173,8 @@ def tied_sync_skipped(rank, world_size, model, plan, cfg):
      # 2 micro-batches of one sequence per rank: 64 tokens x 2 copies x 128 = 16384 per call, 8 calls
      # per rank, 262144 on the 2 ranks; forward's sends padded to twice, backward's (whose gradients
      # go through the padding's cut and the padded exchange again) to four times the width: 3x
-     "layer 0 experts (2 ranks): all_to_all moved 786432 elements in all; the cost model charges 262144"),
+     "layer 0 experts (2 ranks): all_to_all moved 786432 elements in all; the cost model charges 262144 (routed "
+     "rows, compared as the ranks' total)"),
     (relayout_by_all_reduce, "relayout",
      # tp 2 -> dp 2, 2 micro-batches of 2: the activation (16384) gathered to 32768 in forward, its
      # gradient (8192 per rank) to 16384 in backward
@@ -204,10 +205,20 @@ class Row:
 
 def test_model_parallel_errors_by_hand():
     charged = (Row(0, "model_parallel", "all_reduce", 100, 2), Row(1, "pipeline", "send", 50, 1, difference="why"),
-               Row(0, "dense", "all_reduce", 999, 1))
+               Row(0, "dense", "all_reduce", 999, 1), Row(0, "expert_dispatch", "all_to_all", 10, 2))
     ran = {"layer 0": [("all_reduce", 100, 2)] * 2, "boundary 1": [("send", 50, 2)], "outside layers": [("x", 1, 2)],
-           "layer 0 experts": [("all_to_all", 7, 2)]}
+           "layer 0 experts": [("all_to_all", 7, 2), ("all_to_all", 13, 2)]}
     assert model_parallel_errors([{"model_parallel": ran}], charged) == []
+    # routed rows: per rank the calls, over the ranks the elements in total (7 + 13 + 9 + 11 = 4 x 10)
+    other = dict(ran, **{"layer 0 experts": [("all_to_all", 9, 2), ("all_to_all", 11, 2)]})
+    assert model_parallel_errors([{"model_parallel": ran}, {"model_parallel": other}], charged) == []
+    other["layer 0 experts"] = [("all_to_all", 9, 2), ("all_to_all", 31, 2)]
+    assert model_parallel_errors([{"model_parallel": ran}, {"model_parallel": other}], charged) == [
+        "layer 0 experts (2 ranks): all_to_all moved 60 elements in all; the cost model charges 40 (routed rows, "
+        "compared as the ranks' total)"]
+    other["layer 0 experts"] = [("all_to_all", 9, 2)]
+    assert model_parallel_errors([{"model_parallel": ran}, {"model_parallel": other}], charged) == [
+        "layer 0 experts (rank 1): all_to_all ran x1 over 2 ranks; the cost model charges x2 over 2 ranks"]
     ran["boundary 1"] = [("send", 50, 2), ("recv", 50, 2)]
     ran["layer 0"] = [("all_reduce", 100, 2), ("all_reduce", 100, 4)]
     assert model_parallel_errors([{"model_parallel": ran}], charged) == [
