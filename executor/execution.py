@@ -238,6 +238,10 @@ def unit_traces(units: list) -> dict[str, list[tuple[str, int, int]]]:
     return {u.name: list(u.trace) for u in units if u.trace is not None}
 
 
+TIED_UNIT = "tied embedding"
+"""The data-parallel unit of the tied word-embedding matrix (executor.parallelize)."""
+
+
 def part_key(unit_name: str) -> tuple[int, str] | None:
     """(layer, part) of a layer unit ("layer 3" -> (3, "dense"), "layer 3 experts" -> (3, "experts"))."""
     words = unit_name.split()
@@ -342,8 +346,11 @@ def model_parallel_errors(per_rank: list[dict], charged: tuple) -> list[str]:
 
 def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[str]:
     """Per rank and layer part (``per_rank[r]["collectives"]``: the last step's): kinds, calls,
-    group sizes and elements against the cost model's ``charged`` rows; then the model-parallel
+    group sizes and elements against the cost model's ``charged`` rows, and the tied embedding's
+    unit where ``charged`` lists its sync (``cost_models.charged_collectives`` and
+    ``expected_collectives`` do, the data-parallel rows alone do not); then the model-parallel
     ones (model_parallel_errors)."""
+    tied = any(str(row.part) == "tied_embedding" for row in charged)
     want: dict[tuple[int, str], dict[str, tuple[int, float, int]]] = {}
     for row in charged:
         if str(row.part) in MODEL_PARALLEL_PARTS:
