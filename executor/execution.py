@@ -359,7 +359,7 @@ def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[
     errors = []
     for rank, result in enumerate(per_rank):
         for name, trace in result["collectives"].items():
-            key = (0, "tied_embedding") if name == "tied embedding" else part_key(name)
+            key = (0, "tied_embedding") if name == TIED_UNIT and tied else part_key(name)
             if key is None:  # the embedding's and the head's own units: not compared
                 continue
             ran, charges = _ran(trace), want.get(key, {})
