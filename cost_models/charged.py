@@ -214,8 +214,8 @@ def expert_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, 
     return [_row(i, Collective.ALL_TO_ALL, ("ep",), s.ep, elements, calls, Part.EXPERT_DISPATCH)]
 
 
-def _sends_lane_to_lane(prev: LayerStrategy, nxt: LayerStrategy) -> bool:
-    """Same degrees, other rank order: every rank fetches its batch slice from one peer."""
+def _same_degrees(prev: LayerStrategy, nxt: LayerStrategy) -> bool:
+    """Same sequence-and-tensor split and dp (the rank order may differ)."""
     return prev.degrees.split == nxt.degrees.split and prev.dp == nxt.dp
 
 
@@ -228,7 +228,7 @@ def relayout_rows(i: int, before: LayerSpec, prev: LayerStrategy, nxt: LayerStra
     in forward where dp shrinks, of the gradient in backward where it grows. (Its sequence
     part, a split that ends or starts there, is the layers' Difference.BLOCK_GATHER.)"""
     layout_matters = prev.degrees.split > 1 and prev.dp > 1
-    if _sends_lane_to_lane(prev, nxt) and (prev.tp_consecutive == nxt.tp_consecutive or not layout_matters):
+    if _same_degrees(prev, nxt) and (prev.tp_consecutive == nxt.tp_consecutive or not layout_matters):
         return []
     whole = before.output_elements(mbs)
     stage = ("stage",)
@@ -274,7 +274,8 @@ def vocab_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCol
     reduce-scatter and the head's all-gather) and the cross-entropy's three all-reduces of one
     fp32 per token."""
     per_stage = world_size // plan.pp
-    if plan.vocab_tp <= 1 or plan.vocab_sp == SequenceParallel.ULYSSES or not plan.vocab_in_own_layout(model, per_stage):
+    if (plan.vocab_tp <= 1 or plan.vocab_sp == SequenceParallel.ULYSSES
+            or not plan.vocab_in_own_layout(model, per_stage)):
         return []
     m, last = plan.micro_batches, len(plan.layers) - 1
     mbs = plan.global_batch // (per_stage // plan.vocab_tp * m)
