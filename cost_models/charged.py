@@ -6,8 +6,11 @@ Data parallelism: per layer and state part (dense, routed experts), in the sched
 ``AnalyticalModel.dp_traffic`` times (DDP, Megatron's distributed optimizer, DeepSpeed ZeRO-2,
 FSDP). Model parallelism, per layer: tensor-parallel all-reduces or Megatron-SP's reduce-scatters
 and all-gathers (``sequence.tp_comm_time``), Ulysses' all-to-alls, context parallelism's K/V ring
-sends or K/V all-gathers (``context.cp_time``); per pipeline stage boundary: the sends and
-receives of ``AnalyticalModel.pipeline_message`` (and its receivers' tp all-gather).
+sends or K/V all-gathers (``context.cp_time``), a MoE's expert all-to-alls
+(``experts.dispatch_time_s``); per pipeline stage boundary: the sends and receives of
+``AnalyticalModel.pipeline_message`` (and its receivers' tp all-gather); per layout change: the
+relayout (``analytical.relayout_time``); the vocabulary-parallel embedding's, head's and loss's
+collectives (``vocab.vocab_tp_comm_s``) and the tied embedding's sync between the pipeline's ends.
 
 ``expected_collectives`` is the same list as the executor runs it: the documented differences
 (``ChargedCollective.difference``, docs/executor.md) replace or add rows explicitly."""
@@ -21,7 +24,9 @@ from cost_models import sequence as seq
 from cost_models.analytical import TP_ALLREDUCES_PER_PASS
 from cost_models.memory import GRAD_BYTES_PER_PARAM
 from cost_models.sequence import BYTES_PER_ACTIVATION
-from specs import CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, split_ends
+from cost_models.vocab import LOSS_ALLREDUCES
+from specs import (CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel, split_ends,
+                   stage_grid)
 
 
 class Collective(StrEnum):
@@ -46,6 +51,21 @@ class Part(StrEnum):
     """Not states: the layer's activation traffic (tp, Megatron-SP, Ulysses, cp)."""
     PIPELINE = "pipeline"
     """Not states: the sends and receives across the stage boundary after the layer."""
+    EXPERT_DISPATCH = "expert_dispatch"
+    """Not states: a MoE layer's routed tokens, sent to their experts and back (all-to-alls over
+    ep; as the executor runs them, its experts' tensor-parallel all-reduces too)."""
+    RELAYOUT = "relayout"
+    """Not states: the redistribution into the layer (the head's: index len(layers)) where the
+    batch slices change between consecutive layers or the vocabulary's layout and a layer."""
+    EMBEDDING = "embedding"
+    """Not states: the vocabulary-parallel embedding's collectives (layer 0)."""
+    HEAD = "head"
+    """Not states: the vocabulary-parallel head's collectives (layer: the last)."""
+    LOSS = "loss"
+    """Not states: the vocabulary-parallel cross-entropy's all-reduces (layer: the last)."""
+    TIED_EMBEDDING = "tied_embedding"
+    """The tied word-embedding matrix's gradient, all-reduced between the first and the last
+    stage (layer 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,18 +203,125 @@ def pipeline_rows(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
     return out
 
 
-def charged_mp_collectives(model: ModelSpec, plan: Plan) -> list[ChargedCollective]:
-    """Every layer's charged model-parallel collectives and every stage boundary's sends."""
+def expert_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int) -> list[ChargedCollective]:
+    """A MoE layer split over ep > 1 ranks: per pass (forward, backward, a full recompute's
+    forward) the dispatch and the combine all-to-all, each of the rank's send buffer
+    (experts.dispatch_time_s: its tokens x the busiest rank's routed copies per token x hidden)."""
+    if not experts.applies(layer, s) or s.ep <= 1:
+        return []
+    elements = experts.all_to_all_bytes(layer, s, mbs) / experts.BYTES_PER_ACTIVATION
+    calls = experts.passes(s) * experts.ALL_TO_ALLS_PER_PASS * micro_batches
+    return [_row(i, Collective.ALL_TO_ALL, ("ep",), s.ep, elements, calls, Part.EXPERT_DISPATCH)]
+
+
+def _same_degrees(prev: LayerStrategy, nxt: LayerStrategy) -> bool:
+    """Same sequence-and-tensor split and dp (the rank order may differ)."""
+    return prev.degrees.split == nxt.degrees.split and prev.dp == nxt.dp
+
+
+def relayout_rows(i: int, before: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy, micro_batches: int,
+                  mbs: int) -> list[ChargedCollective]:
+    """The relayout into layer ``i`` from a layer (``before``, micro-batch ``mbs`` per replica)
+    run under ``prev`` (analytical.relayout_time, its batch-slice part): none where the slices
+    stay; the same dp laid out otherwise a send and a receive of the activation per rank
+    (forward and backward); a dp changed by r an all-gather over r ranks of the larger slice,
+    in forward where dp shrinks, of the gradient in backward where it grows. (Its sequence
+    part, a split that ends or starts there, is the layers' Difference.BLOCK_GATHER.)"""
+    layout_matters = prev.degrees.split > 1 and prev.dp > 1
+    if _same_degrees(prev, nxt) and (prev.tp_consecutive == nxt.tp_consecutive or not layout_matters):
+        return []
+    whole = before.output_elements(mbs)
+    stage = ("stage",)
+    if prev.dp == nxt.dp:
+        gpus = prev.degrees.split * prev.dp
+        return [_row(i, op, stage, gpus, whole, 2 * micro_batches, Part.RELAYOUT)
+                for op in (Collective.SEND, Collective.RECV)]
+    ratio = max(prev.dp, nxt.dp) // min(prev.dp, nxt.dp)
+    gathered = whole * ratio if prev.dp > nxt.dp else whole
+    return [_row(i, Collective.ALL_GATHER, stage, ratio, gathered, micro_batches, Part.RELAYOUT)]
+
+
+def vocab_strategy(plan: Plan, per_stage: int) -> LayerStrategy:
+    """The vocabulary's layout as a layer strategy (vocab.vocab_relayout_s's)."""
+    return LayerStrategy(tp=plan.vocab_tp, dp=per_stage // plan.vocab_tp,
+                         sp=plan.vocab_sp if plan.vocab_tp > 1 else SequenceParallel.NONE)
+
+
+def relayouts(model: ModelSpec, plan: Plan, world_size: int, *, chunk_starts: bool = False
+              ) -> list[tuple[int, LayerSpec, LayerStrategy, LayerStrategy, int, int]]:
+    """Every place the layout may change, as (index of the layer it feeds, the layer before,
+    the strategy before, the one after, micro-batch per replica before and after): between
+    consecutive layers of a chunk (``chunk_starts``: into each later chunk's first layer too),
+    and where embedding and head run in the vocabulary's layout (Plan.vocab_in_own_layout) from
+    the embedding and into the head."""
+    starts = {r[0] for r in plan.chunk_ranges()} - ({0} if chunk_starts else set(range(len(plan.layers))))
+    out = [(i, model.layers[i - 1], plan.layers[i - 1], plan.layers[i], plan.micro_batch_size(i - 1),
+            plan.micro_batch_size(i)) for i in range(1, len(plan.layers)) if i not in starts]
+    per_stage = world_size // plan.pp
+    if plan.vocab_in_own_layout(model, per_stage):
+        vocab, last = vocab_strategy(plan, per_stage), len(plan.layers) - 1
+        mbs = plan.global_batch // (vocab.dp * plan.micro_batches)
+        out = [(0, model.layers[0], vocab, plan.layers[0], mbs, plan.micro_batch_size(0))] + out \
+            + [(last + 1, model.layers[last], plan.layers[last], vocab, plan.micro_batch_size(last), mbs)]
+    return out
+
+
+def vocab_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
+    """The vocabulary's tensor-parallel collectives (vocab.vocab_tp_comm_s; none at vocab_tp 1 or
+    under Ulysses, whose group splits tokens), per micro-batch: the embedding's partial lookups
+    all-reduced in forward, the head's input gradient all-reduced in backward (vocab_sp
+    megatron: half a reduce-scatter and half an all-gather each, listed as the embedding's
+    reduce-scatter and the head's all-gather) and the cross-entropy's three all-reduces of one
+    fp32 per token."""
+    per_stage = world_size // plan.pp
+    if (plan.vocab_tp <= 1 or plan.vocab_sp == SequenceParallel.ULYSSES
+            or not plan.vocab_in_own_layout(model, per_stage)):
+        return []
+    m, last = plan.micro_batches, len(plan.layers) - 1
+    mbs = plan.global_batch // (per_stage // plan.vocab_tp * m)
+    tp, axes = plan.vocab_tp, ("vocab_tp",)
+    megatron = plan.vocab_sp == SequenceParallel.MEGATRON
+    out = []
+    if model.embedding.kind == "token":
+        op = Collective.REDUCE_SCATTER if megatron else Collective.ALL_REDUCE
+        out.append(_row(0, op, axes, tp, mbs * model.seq_len * model.embedding.hidden_size, m, Part.EMBEDDING))
+    if model.head.kind != "none":
+        tokens = mbs * model.head.seq_len
+        op = Collective.ALL_GATHER if megatron else Collective.ALL_REDUCE
+        out += [_row(last, op, axes, tp, tokens * model.head.hidden_size, m, Part.HEAD),
+                _row(last, Collective.ALL_REDUCE, axes, tp, tokens, LOSS_ALLREDUCES * m, Part.LOSS)]
+    return out
+
+
+def tied_embedding_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
+    """A tied head on a stage of its own: one all-reduce per iteration of the word-embedding
+    gradient (its vocabulary rows on the rank) over each pair of first- and last-stage ranks
+    (vocab._tied_embedding_sync_s)."""
+    if not model.head.tied_lm or plan.head_stage == 0:
+        return []
+    per_stage = world_size // plan.pp
+    rows = plan.padded_vocab_size(model.head.output_size) / plan.vocab_degrees(per_stage).tp
+    return [ChargedCollective(layer=0, part=Part.TIED_EMBEDDING, op=Collective.ALL_REDUCE, group_axes=("pp",),
+                              group_size=2, elements=rows * model.head.hidden_size, calls=1)]
+
+
+def charged_mp_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
+    """Every layer's charged model-parallel collectives (its expert all-to-alls too), every
+    relayout's, the vocabulary's and every stage boundary's sends."""
     out = []
     for i, (layer, s) in enumerate(zip(model.layers, plan.layers)):
-        for rows in (tp_rows, ulysses_rows, cp_rows):
+        for rows in (tp_rows, ulysses_rows, cp_rows, expert_rows):
             out += rows(i, layer, s, plan.micro_batches, plan.micro_batch_size(i))
-    return out + pipeline_rows(model, plan)
+    for i, before, prev, nxt, mbs, _ in relayouts(model, plan, world_size):
+        out += relayout_rows(i, before, prev, nxt, plan.micro_batches, mbs)
+    return out + vocab_rows(model, plan, world_size) + pipeline_rows(model, plan)
 
 
 def charged_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
-    """Every collective the analytical model charges: data-parallel and model-parallel rows."""
-    return charged_dp_collectives(model, plan, world_size) + charged_mp_collectives(model, plan)
+    """Every collective the analytical model charges: data-parallel rows (the tied embedding's
+    sync too) and model-parallel rows."""
+    return (charged_dp_collectives(model, plan, world_size) + tied_embedding_rows(model, plan, world_size)
+            + charged_mp_collectives(model, plan, world_size))
 
 
 # -- the executor's documented differences (docs/executor.md, "Collectives") -----------------
@@ -229,15 +356,42 @@ class Difference(StrEnum):
     tensor it saved: the block's trailing collectives (tp's last all-reduce or Megatron-SP's
     last reduce-scatter, and the block's output gather) do not run again; Megatron (charged)
     re-runs the whole forward. One call fewer per micro-batch each."""
-    MOE_UNCOMPARED = "a MoE's own collectives are not compared"
-    """A MoE layer's MLP-side collectives (expert all-to-alls, its tensor-parallel ones) are
-    recorded apart ("layer i experts") and compared with nothing: the layer's tp rows keep the
-    attention sub-layer's half."""
+    EXPERTS_ROUTED_ROWS = "the experts all-reduce their routed rows over tp"
+    """A MoE layer under tp: its experts' f and g all-reduce the rows routed to them (top_k
+    copies of each token; under ep the rows received, which vary with the routing: compared as
+    the ranks' total) in forward (again in a full recompute) and backward, on the layer's
+    experts part; the layer's tp rows keep the attention sub-layer's half. The cost model
+    charges the MLP's half as a dense MLP's (one copy per token)."""
+    EXPERTS_KEPT_ROWS = "the dispatch sends the kept rows"
+    """The executor's all-to-alls send the routed rows as they are (the ranks' total is the
+    tokens' top_k copies), not padded to the busiest expert's capacity."""
     EXPERT_BUCKET = "routed experts reduced in their own bucket"
     """A MoE layer without an expert split: the executor keeps its routed experts in their own
     data-parallel bucket (as Megatron-Core's expert-data-parallel buffers do at ep 1 too), so the
     layer's collectives run twice, once per part, over the same group; the cost model charges
     them once for the whole layer (the same elements, one launch fewer)."""
+    RELAYOUT_WHOLE_STAGE = "relayout gathers every slice over the stage"
+    """Where the batch slices change, the executor's relayout (executor.parallel.relayout)
+    all-gathers every rank's slice over the whole stage and keeps its own, in forward (the
+    activation) and backward (its gradient), one each per micro-batch, also into the next
+    chunk's first layer before the pipeline send; the cost model charges one all-gather over
+    the ratio's ranks in one direction (or a send and a receive), and none at a chunk start."""
+    VOCAB_SP_BOTH_PASSES = "vocabulary Megatron-SP collectives in both passes"
+    """vocab_sp megatron: the embedding reduce-scatters its partial lookups (all-gathers their
+    gradient in backward) and gathers the sequence back for the first layer; the head scatters
+    it (gathering the gradient in backward) and all-gathers before its vocabulary-parallel
+    matmul (reduce-scattering the gradient). The cost model charges half a reduce-scatter and
+    half an all-gather at each end."""
+    VOCAB_ULYSSES_GATHERS = "vocabulary Ulysses gathers the sequence"
+    """vocab_sp ulysses: the embedding's token shares are all-gathered for the first layer, the
+    head's input gradient shares in backward (the layers take whole sequences); not charged."""
+    TIED_ONE_GROUP = "the tied matrix is reduced once over every holder"
+    """The executor keeps the tied matrix in its own bucket and all-reduces its gradient once
+    per iteration over every rank of both ends holding the same rows (the ends' data-parallel
+    replicas and tp copies in one group); the cost model charges the all-reduce between rank
+    pairs of the two ends and the matrix's data-parallel sync on each end (in its dp type,
+    as part of the embedding's and head's states). On one stage it is the embedding's
+    data-parallel sync of the matrix."""
     PIPELINE_WHOLE = "pipeline sends the whole activation"
     """Every rank of a stage sends its whole (replicated, whole-sequence) activation to its peer;
     no scatter-gather over tp, no sequence split at the boundary."""
@@ -254,10 +408,12 @@ def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: 
     """Layer ``i``'s model-parallel rows as the executor runs them; ``split_in``/``split_out``: its
     input arrives, its output leaves sequence-split (specs.keeps_sequence_split: no gathers)."""
     full = s.recompute == Recompute.FULL
-    rows = [_early_stopped(row, micro_batches) if full and row.op != Collective.ALL_GATHER else row
-            for row in tp_rows(i, layer, s, micro_batches, mbs)]
-    if layer.moe is not None:
-        rows = [replace(row, calls=row.calls // 2, difference=Difference.MOE_UNCOMPARED) for row in rows]
+    if layer.moe is not None:  # the attention's half; the MoE's last collective re-runs
+        rows = [replace(row, calls=row.calls // 2, difference=Difference.EXPERTS_ROUTED_ROWS)
+                for row in tp_rows(i, layer, s, micro_batches, mbs)]
+    else:
+        rows = [_early_stopped(row, micro_batches) if full and row.op != Collective.ALL_GATHER else row
+                for row in tp_rows(i, layer, s, micro_batches, mbs)]
     rows += _repeated_kv(ulysses_rows(i, layer, s, micro_batches, mbs), layer)
     whole = layer.output_elements(mbs)
     for axis, size in (("tp", s.tp if s.megatron_sp else 1), ("ulysses", s.ulysses), ("cp", s.cp)):
@@ -287,6 +443,97 @@ def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: 
             rows += [_row(i, op, ("cp",), s.cp, block, calls, difference=Difference.CP_RING_KEEPS_KV + gqa)
                      for op in (Collective.SEND, Collective.RECV)]
     return rows
+
+
+def executed_expert_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int
+                         ) -> list[ChargedCollective]:
+    """A MoE layer's experts part as the executor runs it: the dispatch and combine all-to-alls
+    of the routed rows (Difference.EXPERTS_KEPT_ROWS), and under tp its experts' all-reduces of
+    them (Difference.EXPERTS_ROUTED_ROWS). Routed rows are compared as the ranks' total."""
+    if layer.moe is None:
+        return []
+    routed = experts.dispatch_tokens(layer, s, mbs) * layer.moe.top_k * layer.hidden_size
+    rows = [row if row.elements == routed else replace(row, elements=routed, difference=Difference.EXPERTS_KEPT_ROWS)
+            for row in expert_rows(i, layer, s, micro_batches, mbs)]
+    if s.tp > 1:
+        rows.append(_row(i, Collective.ALL_REDUCE, ("tp",), s.tp, routed, seq.forward_passes(s) * micro_batches,
+                         Part.EXPERT_DISPATCH, Difference.EXPERTS_ROUTED_ROWS))
+    return rows
+
+
+def _slices(s: LayerStrategy) -> tuple[int, ...]:
+    """The batch slice of each rank of a stage laid out as ``s`` (executor.parallel.layout.Layout)."""
+    gpus = s.degrees.split * s.dp
+    grid = stage_grid(0, gpus, s.degrees.split, s.tp_consecutive)
+    return tuple(grid.coords(j)["dp"] for j in range(gpus))
+
+
+def executed_relayout_rows(i: int, before: LayerSpec, prev: LayerStrategy, nxt: LayerStrategy, micro_batches: int,
+                           mbs_prev: int, mbs_next: int) -> list[ChargedCollective]:
+    """The executor's relayout into layer ``i`` where the slices change
+    (Difference.RELAYOUT_WHOLE_STAGE): per micro-batch an all-gather over the stage of the
+    activation in forward and of its gradient in backward."""
+    if prev.dp == nxt.dp and _slices(prev) == _slices(nxt):
+        return []
+    gpus = prev.degrees.split * prev.dp
+    return [_row(i, Collective.ALL_GATHER, ("stage",), gpus, gpus * before.output_elements(mbs), micro_batches,
+                 Part.RELAYOUT, Difference.RELAYOUT_WHOLE_STAGE) for mbs in (mbs_prev, mbs_next)]
+
+
+def _vocab_split(model: ModelSpec, plan: Plan, per_stage: int) -> bool:
+    """Whether the executor runs embedding and head in the vocabulary's layout
+    (executor.parallel.vocab.wants_split): asked for, or in its own layout and not the first
+    and last layers'."""
+    if plan.vocab_asks_split:
+        return True
+    vocab = vocab_strategy(plan, per_stage)
+    return plan.vocab_in_own_layout(model, per_stage) and any(
+        (s.degrees.split, s.dp, s.tp_consecutive) != (vocab.degrees.split, vocab.dp, True)
+        for s in (plan.layers[0], plan.layers[-1]))
+
+
+def executed_vocab_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
+    """The vocabulary's collectives as the executor runs them (executor.parallel.vocab): as
+    charged without sequence parallelism; Difference.VOCAB_SP_BOTH_PASSES and
+    VOCAB_ULYSSES_GATHERS under vocab_sp."""
+    per_stage = world_size // plan.pp
+    if plan.vocab_tp <= 1 or not _vocab_split(model, plan, per_stage) or plan.vocab_sp == SequenceParallel.NONE:
+        return vocab_rows(model, plan, world_size)
+    m, last = plan.micro_batches, len(plan.layers) - 1
+    mbs = plan.global_batch // (per_stage // plan.vocab_tp * m)
+    embedded = mbs * model.seq_len * model.embedding.hidden_size
+    headed = mbs * model.head.seq_len * model.head.hidden_size
+    tp, axes = plan.vocab_tp, ("vocab_tp",)
+    if plan.vocab_sp == SequenceParallel.ULYSSES:
+        return [_row(j, Collective.ALL_GATHER, axes, tp, elements, m, part, Difference.VOCAB_ULYSSES_GATHERS)
+                for j, elements, part in ((0, embedded, Part.EMBEDDING), (last, headed, Part.HEAD))]
+    why = Difference.VOCAB_SP_BOTH_PASSES
+    return [_row(0, Collective.REDUCE_SCATTER, axes, tp, embedded, m, Part.EMBEDDING, why),
+            _row(0, Collective.ALL_GATHER, axes, tp, embedded, 2 * m, Part.EMBEDDING, why),
+            _row(last, Collective.ALL_GATHER, axes, tp, headed, 2 * m, Part.HEAD, why),
+            _row(last, Collective.REDUCE_SCATTER, axes, tp, headed, m, Part.HEAD, why)] \
+        + [row for row in vocab_rows(model, plan, world_size) if row.part == Part.LOSS]
+
+
+def executed_tied_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
+    """The executor's tied-matrix all-reduce (Difference.TIED_ONE_GROUP where it differs): over
+    every rank of both ends holding the same rows, of the rows it holds, once per iteration."""
+    if not (model.head.tied_lm and model.embedding.kind == "token"
+            and model.embedding.vocab_size == model.head.output_size):
+        return []
+    per_stage = world_size // plan.pp
+    holders, rows = len({0, plan.head_stage}) * per_stage, model.embedding.vocab_size
+    if _vocab_split(model, plan, per_stage):
+        rows = plan.padded_vocab_size(rows)
+        if plan.vocab_tp > 1 and plan.vocab_sp != SequenceParallel.ULYSSES:
+            holders, rows = holders // plan.vocab_tp, rows // plan.vocab_tp
+    if holders <= 1:
+        return []
+    row = ChargedCollective(layer=0, part=Part.TIED_EMBEDDING, op=Collective.ALL_REDUCE, group_axes=("pp", "dp"),
+                            group_size=holders, elements=rows * model.head.hidden_size, calls=1)
+    charged = tied_embedding_rows(model, plan, world_size)
+    same = charged and (charged[0].group_size, charged[0].elements) == (row.group_size, row.elements)
+    return [row if same else replace(row, difference=Difference.TIED_ONE_GROUP)]
 
 
 def _early_stopped(row: ChargedCollective, micro_batches: int) -> ChargedCollective:
@@ -319,10 +566,17 @@ def expected_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[
     what the cost model does not charge."""
     out = [row for dp_row in charged_dp_collectives(model, plan, world_size)
            for row in _executed_dp_rows(dp_row, model.layers[dp_row.layer], plan.layers[dp_row.layer])]
+    out += executed_tied_rows(model, plan, world_size)
+    m = plan.micro_batches
     for i, (layer, s, (split_in, split_out)) in enumerate(zip(model.layers, plan.layers, split_ends(model, plan))):
-        out += executed_mp_rows(i, layer, s, plan.micro_batches, plan.micro_batch_size(i),
-                                split_in=split_in, split_out=split_out)
-    return out + _executed_pipeline(model, plan)
+        out += executed_mp_rows(i, layer, s, m, plan.micro_batch_size(i), split_in=split_in, split_out=split_out)
+        out += executed_expert_rows(i, layer, s, m, plan.micro_batch_size(i))
+    per_stage = world_size // plan.pp
+    for i, before, prev, nxt, mbs_prev, mbs_next in relayouts(model, plan, world_size, chunk_starts=True):
+        if (i == 0 or i == len(plan.layers)) and not _vocab_split(model, plan, per_stage):
+            continue
+        out += executed_relayout_rows(i, before, prev, nxt, m, mbs_prev, mbs_next)
+    return out + executed_vocab_rows(model, plan, world_size) + _executed_pipeline(model, plan)
 
 
 def _executed_dp_rows(row: ChargedCollective, layer: LayerSpec, s: LayerStrategy) -> list[ChargedCollective]:

@@ -238,6 +238,10 @@ def unit_traces(units: list) -> dict[str, list[tuple[str, int, int]]]:
     return {u.name: list(u.trace) for u in units if u.trace is not None}
 
 
+TIED_UNIT = "tied embedding"
+"""The data-parallel unit of the tied word-embedding matrix (executor.parallelize)."""
+
+
 def part_key(unit_name: str) -> tuple[int, str] | None:
     """(layer, part) of a layer unit ("layer 3" -> (3, "dense"), "layer 3 experts" -> (3, "experts"))."""
     words = unit_name.split()
@@ -267,57 +271,86 @@ def _same(ran: dict, charged: dict) -> bool:
                for op in ran)
 
 
-MODEL_PARALLEL_PARTS = {"model_parallel": "layer", "pipeline": "boundary"}
-"""Charged rows' parts that are model-parallel traffic -> the key word of their trace records
-(executor.trace: "layer 3", "boundary 1")."""
+MODEL_PARALLEL_PARTS = {"model_parallel": "layer {}", "pipeline": "boundary {}", "expert_dispatch": "layer {} experts",
+                        "relayout": "relayout {}", "embedding": "embedding", "head": "head", "loss": "loss"}
+"""Charged rows' parts that are model-parallel traffic -> the key of their trace records
+(executor.trace: "layer 3", "boundary 1", "layer 3 experts", "relayout 3"...)."""
+UNCOMPARED = "outside layers"
+"""The trace's key for what ran outside every watched module (an interleaved pipeline's sends)."""
+ROUTED = " experts"
+"""Keys ending so hold a MoE's routed rows, whose sizes per rank follow the routing: each rank's
+calls per kind and group size are compared, their elements as the ranks' total."""
 
 
-def _mp_calls(records) -> dict[str, Counter]:
-    """Per kind: calls per (elements, group size)."""
+def _mp_calls(records, routed: bool = False) -> dict[str, Counter]:
+    """Per kind: calls per (elements, group size); ``routed``: per (0, group size)."""
     out: dict[str, Counter] = {}
     for op, elements, size in records:
-        out.setdefault(str(op), Counter())[(int(round(elements)), int(size))] += 1
+        out.setdefault(str(op), Counter())[(0 if routed else int(round(elements)), int(size))] += 1
     return out
 
 
 def _mp_text(calls: Counter) -> str:
-    return ", ".join(f"x{n} of {e} elements over {size} ranks" for (e, size), n in sorted(calls.items())) or "none"
+    return ", ".join(f"x{n} of {e} elements over {size} ranks" if e else f"x{n} over {size} ranks"
+                     for (e, size), n in sorted(calls.items())) or "none"
 
 
-def model_parallel_errors(per_rank: list[dict], charged: tuple) -> list[str]:
-    """Per rank, layer (or stage boundary) and kind: the model-parallel collectives the rank ran
-    in the last step (``per_rank[r]["model_parallel"]``, executor.trace) against the rows of
-    ``charged`` for it: calls, elements and group size; one line per kind that differs. Rows
-    carrying a ``difference`` are the executor's documented differences from the cost model."""
+def _charged_by_key(charged: tuple) -> tuple[dict[str, list], dict[tuple[str, str], str]]:
+    """The model-parallel rows as trace records per key, and the documented difference per (key, kind)."""
     want: dict[str, list] = {}
     notes: dict[tuple[str, str], str] = {}
     for row in charged:
-        word = MODEL_PARALLEL_PARTS.get(str(row.part))
-        if word is None:
+        form = MODEL_PARALLEL_PARTS.get(str(row.part))
+        if form is None:
             continue
-        key = f"{word} {row.layer}"
+        key = form.format(row.layer)
         want.setdefault(key, []).extend([(str(row.op), row.elements, row.group_size)] * row.calls)
         if getattr(row, "difference", ""):
             notes[(key, str(row.op))] = row.difference
+    return want, notes
+
+
+def model_parallel_errors(per_rank: list[dict], charged: tuple) -> list[str]:
+    """Per rank, key (layer, its experts, stage boundary, relayout, embedding, head, loss) and
+    kind: the model-parallel collectives the rank ran in the last step
+    (``per_rank[r]["model_parallel"]``, executor.trace) against the rows of ``charged`` for
+    it: calls, elements and group size; one line per kind that differs. A MoE's routed rows
+    (keys ending " experts") are held per rank to calls and group sizes and, over the ranks
+    that ran them, to the charged elements in total. Rows carrying a ``difference`` are the
+    executor's documented differences from the cost model."""
+    want, notes = _charged_by_key(charged)
     errors = []
+    totals: dict[tuple[str, str], list[float]] = {}  # (key, kind) -> [ran, charged, ranks]
     for rank, result in enumerate(per_rank):
         for key, records in result.get("model_parallel", {}).items():
-            words = key.split()
-            if len(words) != 2 or words[0] not in MODEL_PARALLEL_PARTS.values():
-                continue  # "layer 3 experts", "outside layers": not listed by the cost model
-            ran, charges = _mp_calls(records), _mp_calls(want.get(key, []))
+            if key == UNCOMPARED:
+                continue
+            routed = key.endswith(ROUTED)
+            ran, charges = _mp_calls(records, routed), _mp_calls(want.get(key, []), routed)
             for op in sorted(set(ran) | set(charges)):
+                note = f" (as the executor runs it: {notes[(key, op)]})" if (key, op) in notes else ""
                 if ran.get(op, Counter()) != charges.get(op, Counter()):
-                    note = f" (as the executor runs it: {notes[(key, op)]})" if (key, op) in notes else ""
                     errors.append(f"{key} (rank {rank}): {op} ran {_mp_text(ran.get(op, Counter()))}; the cost model "
                                   f"charges {_mp_text(charges.get(op, Counter()))}{note}")
+                elif routed:
+                    total = totals.setdefault((key, op), [0.0, 0.0, 0])
+                    total[0] += sum(e for o, e, _ in records if o == op)
+                    total[1] += sum(e for o, e, _ in want[key] if o == op)
+                    total[2] += 1
+    for (key, op), (ran_elements, charged_elements, ranks) in totals.items():
+        if abs(ran_elements - charged_elements) > COLLECTIVE_RTOL * charged_elements:
+            errors.append(f"{key} ({ranks} ranks): {op} moved {ran_elements:.0f} elements in all; the cost model "
+                          f"charges {charged_elements:.0f} (routed rows, compared as the ranks' total)")
     return errors
 
 
 def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[str]:
     """Per rank and layer part (``per_rank[r]["collectives"]``: the last step's): kinds, calls,
-    group sizes and elements against the cost model's ``charged`` rows; then the model-parallel
+    group sizes and elements against the cost model's ``charged`` rows, and the tied embedding's
+    unit where ``charged`` lists its sync (``cost_models.charged_collectives`` and
+    ``expected_collectives`` do, the data-parallel rows alone do not); then the model-parallel
     ones (model_parallel_errors)."""
+    tied = any(str(row.part) == "tied_embedding" for row in charged)
     want: dict[tuple[int, str], dict[str, tuple[int, float, int]]] = {}
     for row in charged:
         if str(row.part) in MODEL_PARALLEL_PARTS:
@@ -326,8 +359,8 @@ def collective_errors(plan: Plan, per_rank: list[dict], charged: tuple) -> list[
     errors = []
     for rank, result in enumerate(per_rank):
         for name, trace in result["collectives"].items():
-            key = part_key(name)
-            if key is None:
+            key = (0, "tied_embedding") if name == TIED_UNIT and tied else part_key(name)
+            if key is None:  # the embedding's and the head's own units: not compared
                 continue
             ran, charges = _ran(trace), want.get(key, {})
             if not _same(ran, charges):

@@ -10,8 +10,9 @@ functional collectives); DTensor ops are handed back (NotImplemented) so that th
 collectives DTensor desugars them into. Each op is put on the layer whose block is running:
 a forward pre-hook (first of the block's, before its sequence cut) and a forward hook (last,
 after its gather) bracket the forward, and gradient hooks on the block's input and output
-tensors bracket its backward (recomputation runs inside it). Pipeline sends and receives run
-between blocks; they go to the stage boundary they cross, read off the peer's stage.
+tensors bracket its backward (recomputation runs inside it); the embedding, relayouts, the head
+and the vocabulary-parallel loss are bracketed the same way (executor.train.collective_trace).
+Pipeline sends and receives go to the stage boundary they cross, read off the peer's stage.
 
 The data-parallel collectives are traced by their buckets (executor.parallel.data) and left
 out here: each of those appends one record to its unit's trace right before it starts its one
@@ -85,13 +86,13 @@ def _elements(name: str, args) -> int:
     return _numel(args[1] if name in INPUT_SIZED else args[0])
 
 
-def _is_metadata(kind: str, args) -> bool:
-    """A send or receive of integer tensors: torch.pipelining's shape inference exchanging the
-    stage's output shapes as pickled objects (size, bytes) on the first step, not a plan's
-    collective."""
+def _is_metadata(args) -> bool:
+    """A collective of integer tensors, not a plan's activation or gradient: torch.pipelining's
+    shape inference exchanging the stage's output shapes as pickled objects (size, bytes) on
+    the first step, expert parallelism's routing counts (E integers per rank before each
+    dispatch, so that every rank knows its split sizes)."""
     tensors = args[0] if args and isinstance(args[0], (list, tuple)) else args[:1]
-    return kind in ("send", "recv") and all(isinstance(t, torch.Tensor) and not t.is_floating_point()
-                                            for t in tensors)
+    return all(isinstance(t, torch.Tensor) and not t.is_floating_point() for t in tensors)
 
 
 def _on_gradient(x, fn: Callable[[], None]) -> None:
@@ -116,18 +117,45 @@ class CollectiveTrace(TorchDispatchMode):
         self._stack: list[str | None] = []
         self._dp_matched = 0
         self._boundaries: dict[int, str] = {}  # peer stage offset (+1, -1) -> key
+        self._per_stage = 1
         self._watched: list[str] = []
 
     # -- attribution -----------------------------------------------------------------------
     def watch_block(self, i: int, block: nn.Module) -> None:
         """Put what runs inside ``block`` (forward and backward) on layer ``i``, and what runs
-        inside its routed experts' MoE (the expert all-to-alls) on "layer i experts" (not
-        compared: the cost model's expert rows are not listed)."""
-        self._watched.append(f"layer {i}")
-        self._watch(block, f"layer {i}", None)
+        inside its MoE (the expert all-to-alls, the experts' tensor-parallel all-reduces) on
+        "layer i experts"."""
+        self.watch_module(block, f"layer {i}")
         mlp = getattr(block, "mlp", None)
         if mlp is not None and hasattr(mlp, "experts"):
+            self._watched.append(f"layer {i} experts")
             self._watch(mlp, f"layer {i} experts", f"layer {i}")
+
+    def watch_module(self, module: nn.Module, key: str) -> None:
+        """Put what runs inside ``module`` (forward and backward) on ``key``: a block ("layer
+        3"), a relayout ("relayout 3": into layer 3), the head, the loss."""
+        if key not in self._watched:
+            self._watched.append(key)
+        self._watch(module, key, None)
+
+    def watch_embedding(self, module: nn.Module) -> None:
+        """Put what the embedding runs on "embedding". Its input (token ids) has no gradient:
+        its backward ends at the gradient of the first differentiable output one of its
+        submodules makes (the token lookup's), which comes after every collective it runs."""
+        self.watch_module(module, "embedding")
+        pending = []
+
+        def enter(_module, _args):
+            pending[:] = [True]
+
+        def made(_module, _args, out):
+            if pending and isinstance(out, torch.Tensor) and out.requires_grad:
+                pending.clear()
+                _on_gradient(out, lambda: self._leave_backward("embedding", None))
+        module.register_forward_pre_hook(enter)
+        for sub in module.modules():
+            if sub is not module:
+                sub.register_forward_hook(made)
 
     def _watch(self, module: nn.Module, key: str, parent: str | None) -> None:
         def enter(_module, args):
@@ -152,7 +180,9 @@ class CollectiveTrace(TorchDispatchMode):
 
     def watch_stage(self, stage: int, pp: int, first_layer: int, last_layer: int) -> None:
         """Pipeline p2p of this rank's (one) stage: to or from the next stage crosses the boundary
-        after ``last_layer``, the previous one's the boundary after ``first_layer - 1``."""
+        after ``last_layer``, the previous one's the boundary after ``first_layer - 1`` (told
+        apart from sends inside the stage by the peer's stage)."""
+        self._per_stage = dist.get_world_size() // pp
         if stage + 1 < pp:
             self._boundaries[1] = f"boundary {last_layer}"
         if stage > 0:
@@ -181,29 +211,31 @@ class CollectiveTrace(TorchDispatchMode):
         namespace = func.namespace
         name = func._schema.name.split("::")[-1]
         kind = OPS.get(name) if namespace in ("c10d", "_c10d_functional") else None
-        if kind is not None and not self._is_data_parallel() and not _is_metadata(kind, args):
+        if kind is not None and not self._is_data_parallel() and not _is_metadata(args):
             self._record(kind, name, args, kwargs)
         return func(*args, **(kwargs or {}))
 
     def _record(self, kind: str, name: str, args, kwargs) -> None:
         size = _group_size(args, kwargs)
         elements = _elements(name, args)
-        if kind in ("send", "recv") and self.key is None:
-            key = self._boundary(args)
-        else:
-            key = self.key if self.key is not None else "outside layers"
+        key = self._boundary(args) if kind in ("send", "recv") else None
+        key = key or (self.key if self.key is not None else "outside layers")
         self.records[key].append((kind, elements, size))
 
-    def _boundary(self, args) -> str:
+    def _boundary(self, args) -> str | None:
+        """The stage boundary a send or receive crosses (its peer on the next or the previous
+        stage); None for one inside the stage (cp's ring)."""
         peer = _peer(args)
-        if peer is None or peer[1] is None:
-            return "outside layers"
-        me = dist.get_group_rank(peer[1], dist.get_rank())
-        return self._boundaries.get(1 if peer[0] > me else -1, "outside layers")
+        if peer is None or peer[1] is None or not self._boundaries:
+            return None
+        other = dist.get_global_rank(peer[1], peer[0]) // self._per_stage
+        mine = dist.get_rank() // self._per_stage
+        if other == mine:
+            return None
+        return self._boundaries.get(1 if other > mine else -1, "outside layers")
 
     def record(self) -> dict[str, list[tuple[str, int, int]]]:
-        """The step's records per key: every watched layer and boundary (empty if it ran none),
-        and "outside layers" (the embedding's, the head's, relayouts', an interleaved pipeline's
-        sends), which nothing is compared with."""
+        """The step's records per key: every watched module and boundary (empty if it ran none),
+        and "outside layers" (an interleaved pipeline's sends), which nothing is compared with."""
         keys = self._watched + [k for k in self.records if k not in self._watched]
         return {k: list(self.records.get(k, [])) for k in keys}

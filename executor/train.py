@@ -206,12 +206,23 @@ def worker(rank: int, world_size: int, model: ModelSpec, plan: Plan, cfg: TrainC
 
 
 def collective_trace(pm: ParallelModel, plan: Plan) -> CollectiveTrace:
-    """A model-parallel trace (executor.trace) watching this rank's blocks and, under a
-    pipeline of one chunk per rank, its stage's boundaries."""
+    """A model-parallel trace (executor.trace) watching this rank's embedding, blocks, relayouts,
+    head and loss and, under a pipeline of one chunk per rank, its stage's boundaries."""
     trace = CollectiveTrace([u.trace for u in pm.units if u.trace is not None])
     for chunk in _chunks(pm.module):
+        ids = sorted(int(key) for key in chunk.layers)
+        if chunk.embed is not None:
+            trace.watch_embedding(chunk.embed)
         for key, wrapped in chunk.layers.items():
             trace.watch_block(int(key), _first(wrapped, Block))
+        # a relayout into layer i (the head: len(plan.layers)), named by its place in the chunk
+        into = {"in": ids[0], "head": len(plan.layers), "out": ids[-1] + 1}
+        for key, relayout in chunk.relayouts.items():
+            trace.watch_module(relayout, f"relayout {into[key] if key in into else int(key)}")
+        if chunk.head is not None:
+            trace.watch_module(chunk.head, "head")
+            if hasattr(chunk.head, "loss"):
+                trace.watch_module(chunk.head.loss, "loss")
     chunks = plan.stage_chunks(pm.stage)
     if plan.pp > 1 and len(chunks) == 1:
         layers = plan.chunk_ranges()[chunks[0]]

@@ -221,7 +221,7 @@ class VocabEmbedding(nn.Module):
 
 class VocabHead(nn.Module):
     """Final norm / transform, then this rank's logits: its vocabulary columns (sharded) or its
-    tokens' full-vocabulary logits (Ulysses). The loss is ``VocabHead.per_sample_loss``."""
+    tokens' full-vocabulary logits (Ulysses). The loss is ``VocabHead.per_sample_loss`` (``VocabLoss``)."""
 
     def __init__(self, head: Head, split: VocabSplit, mesh) -> None:
         super().__init__()
@@ -230,6 +230,7 @@ class VocabHead(nn.Module):
         self.final_norm, self.transform = head.final_norm, head.transform
         bias = _shard_rows(head.out.bias, split, mesh) if head.out.bias is not None else None
         self.out = VocabRows(_shard_rows(head.out.weight, split, mesh), bias, self.first)
+        self.loss = VocabLoss(split, self.group, self.first)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         split, group = self.split, self.group
@@ -246,8 +247,21 @@ class VocabHead(nn.Module):
         return self.out(x, lookup=False)
 
     def per_sample_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Token-mean cross-entropy of each sample, as executor.model.per_sample_loss; under
-        Ulysses each rank returns its tokens' share (the shares sum to the loss)."""
+        """Token-mean cross-entropy of each sample (``VocabLoss``)."""
+        return self.loss(logits, targets)
+
+
+class VocabLoss(nn.Module):
+    """Token-mean cross-entropy of each sample, as executor.model.per_sample_loss, of logits
+    split by vocabulary columns (its all-reduces run here: a module, so that the collective
+    trace can tell them from the head's); under Ulysses each rank returns its tokens' share
+    (the shares sum to the loss)."""
+
+    def __init__(self, split: VocabSplit, group, first: int) -> None:
+        super().__init__()
+        self.split, self.group, self.first = split, group, first
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         seq = targets.shape[1]
         if self.split.sp == SequenceParallel.ULYSSES:
             targets = targets.chunk(self.split.tp, dim=1)[dist.get_rank(self.group)]

@@ -91,9 +91,66 @@ def test_charged_collectives_adds_model_parallel_rows_to_the_data_parallel(gpt):
                 model="tiny-gpt")
     dp = charged_dp_collectives(gpt, plan, 4)
     every = charged_collectives(gpt, plan, 4)
-    assert every[:len(dp)] == dp and {r.part for r in every[len(dp):]} == {Part.MODEL_PARALLEL}
+    # tiny-gpt's embedding and head run in the vocabulary's layout (dp 4): relaid out to and from dp 2
+    assert every[:len(dp)] == dp and {r.part for r in every[len(dp):]} == {Part.MODEL_PARALLEL, Part.RELAYOUT}
     # dp 2 halves the micro-batch: 4 * 64 * 128
     assert rows(every) == [("all_reduce", ("tp",), 2, 32768, 4)]
+
+
+def test_expert_all_to_alls_per_pass(gpt):
+    # tiny-moe (hidden 128, top-2): dp 2 x ep 2, micro-batch 4 / 2 = 2 sequences of 64: 128 tokens
+    # x 2 copies x 128 = 32768 per dispatch and combine, forward and backward (and a full
+    # recompute's forward), 2 micro-batches: 8 (12)
+    moe = specs.load_model("tiny-moe")
+    plan = Plan(pp=1, stage_layers=(4,), layers=(L(dp=2, ep=2),) * 4, global_batch=8, micro_batches=2,
+                model="tiny-moe")
+    assert rows(charged_collectives(moe, plan, 2), part=Part.EXPERT_DISPATCH) == [("all_to_all", ("ep",), 2, 32768, 8)]
+    plan = Plan(pp=1, stage_layers=(4,), layers=(L(dp=2, ep=2, recompute="full"),) * 4, global_batch=8,
+                micro_batches=2, model="tiny-moe")
+    assert rows(charged_collectives(moe, plan, 2), part=Part.EXPERT_DISPATCH) == [("all_to_all", ("ep",), 2, 32768, 12)]
+    # tp 2, ep 1: no all-to-all charged; the executor's experts all-reduce their routed rows
+    # (4 sequences: 256 tokens x 2 copies x 128) in forward and backward
+    plan = Plan(pp=1, stage_layers=(4,), layers=(L(tp=2),) * 4, global_batch=4, micro_batches=1, model="tiny-moe")
+    assert rows(charged_collectives(moe, plan, 2), part=Part.EXPERT_DISPATCH) == []
+    assert rows(expected_collectives(moe, plan, 2), part=Part.EXPERT_DISPATCH) == [("all_reduce", ("tp",), 2, 65536, 2)]
+
+
+def test_relayouts_where_the_batch_slices_change(gpt):
+    # tp 2 -> dp 2 -> dp 2: one relayout, into layer 1; dp grows 1 -> 2: the gradient's all-gather
+    # of the whole micro-batch (2 micro-batches of 2: 2 * 64 * 128) over 2 ranks in backward.
+    # Tiny-gpt's embedding and head run in the vocabulary's layout (dp 2): into layer 0 dp shrinks
+    # (an all-gather of 2 slices in forward), into the head nothing changes
+    plan = Plan(pp=1, stage_layers=(3,), layers=(L(tp=2), L(dp=2), L(dp=2)), global_batch=4, micro_batches=2,
+                model="tiny-gpt")
+    model = gpt.scaled(num_layers=3)
+    charged = charged_collectives(model, plan, 2)
+    assert [rows(charged, layer=i, part=Part.RELAYOUT) for i in range(4)] == [
+        [("all_gather", ("stage",), 2, 16384, 2)], [("all_gather", ("stage",), 2, 16384, 2)], [], []]
+    # the executor gathers every slice over the stage in forward (the tp side's whole 16384 x 2)
+    # and backward (the dp side's 8192 x 2)
+    assert rows(expected_collectives(model, plan, 2), layer=1, part=Part.RELAYOUT) == [
+        ("all_gather", ("stage",), 2, 16384, 2), ("all_gather", ("stage",), 2, 32768, 2)]
+
+
+def test_vocabulary_parallel_and_tied_embedding_rows(gpt):
+    # vocab tp 2 on 2 ranks, one micro-batch of 4: the embedding's lookups (4 * 64 * 128) all-reduced
+    # in forward, the head's input gradient in backward, three fp32 per token (256) for the loss
+    plan = Plan(pp=1, stage_layers=(4,), layers=(L(dp=2),) * 4, global_batch=4, micro_batches=1, model="tiny-gpt",
+                vocab_tp=2)
+    charged = charged_collectives(gpt, plan, 2)
+    assert [rows(charged, layer=i, part=p) for i, p in ((0, Part.EMBEDDING), (3, Part.HEAD), (3, Part.LOSS))] == [
+        [("all_reduce", ("vocab_tp",), 2, 32768, 1)], [("all_reduce", ("vocab_tp",), 2, 32768, 1)],
+        [("all_reduce", ("vocab_tp",), 2, 256, 3)]]
+    assert rows(charged, part=Part.TIED_EMBEDDING) == []  # one stage: the embedding's own sync
+    # pp 2, one rank per stage: the tied matrix (512 x 128) all-reduced by the pair once
+    plan = uniform_plan(4, model="tiny-gpt", global_batch=4, micro_batches=2, pp=2)
+    assert rows(charged_collectives(gpt, plan, 2), part=Part.TIED_EMBEDDING) == [("all_reduce", ("pp",), 2, 65536, 1)]
+    [row] = [r for r in expected_collectives(gpt, plan, 2) if r.part == Part.TIED_EMBEDDING]
+    assert (row.group_size, row.elements, row.difference) == (2, 65536, "")
+    # pp 2 x dp 2: the executor reduces it over both ends' replicas in one group of 4
+    plan = uniform_plan(4, model="tiny-gpt", global_batch=8, micro_batches=2, pp=2, dp=2)
+    [row] = [r for r in expected_collectives(gpt, plan, 4) if r.part == Part.TIED_EMBEDDING]
+    assert (row.group_size, row.elements, row.difference) == (4, 65536, Difference.TIED_ONE_GROUP)
 
 
 def block_gathers(model, plan, world_size):
@@ -108,7 +165,7 @@ def test_expected_differences_are_listed(gpt):
     # split); each of the 4 layernorm parameters (128) all-reduced once
     plan = uniform_plan(4, model="tiny-gpt", global_batch=2, tp=2, sp="megatron")
     extra = sorted((str(r.op), r.elements, r.calls, r.difference) for r in expected_collectives(gpt, plan, 2)
-                   if r.layer in (0, 3) and r.difference)
+                   if r.layer in (0, 3) and r.difference and r.part == Part.MODEL_PARALLEL)
     assert extra == [("all_gather", 16384, 1, Difference.BLOCK_GATHER)] * 2 + [
         ("all_reduce", 128, 4, Difference.SP_NORM_GRADS)] * 2
     assert block_gathers(gpt, plan, 2) == [1, 0, 0, 1]

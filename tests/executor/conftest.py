@@ -17,5 +17,5 @@ def assert_matches_reference(plan, model, world_size, **kwargs):
     c = m.check
     assert c is not None and c.compared_tensors > 0
     assert c.passed, (f"{plan.summary()}: loss {c.loss_max_abs_diff:.2e} grad {c.grad_max_abs_diff:.2e} "
-                      f"param {c.param_max_abs_diff:.2e} worst {c.worst}; {c.state_bytes_errors[:3]}")
+                      f"param {c.param_max_abs_diff:.2e} worst {c.worst}; {c.state_bytes_errors[:3]}; {c.collective_errors[:3]}")
     return m

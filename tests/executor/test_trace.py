@@ -1,7 +1,8 @@
 """--check's model-parallel collective trace (executor.trace) against the cost model's rows as the
-executor runs them (cost_models.expected_collectives): tp, Megatron-SP, Ulysses, the cp ring and
-a pipeline on 2 gloo ranks pass; an executor that runs other collectives (same numbers) fails
-with a line naming the layer, the kind and both sides' counts."""
+executor runs them (cost_models.expected_collectives): tp, Megatron-SP, Ulysses, the cp ring, a
+pipeline with a tied embedding, expert parallelism, relayouts and vocabulary parallelism on 2 gloo
+ranks pass; an executor that runs other collectives (same numbers), skips one or sends it
+mis-sized fails with a line naming the layer, the kind and both sides' numbers."""
 import json
 from functools import partial
 
@@ -13,25 +14,39 @@ import cost_models
 import specs
 from executor import train
 from executor.execution import CostPrediction, model_parallel_errors
-from executor.parallel import sequence, tensor
+from executor.parallel import expert, relayout, sequence, tensor
 from executor.run import run_plan
-from specs import uniform_plan
+from specs import LayerStrategy as L
+from specs import Plan, uniform_plan
+
+def _two_layers(model, layers, micro_batches=1, **kwargs):
+    return Plan(pp=1, stage_layers=(2,), layers=tuple(layers), model=model, micro_batches=micro_batches, **kwargs)
+
 
 PLANS = {
-    # name: (model, plan kwargs)
+    # name: (model, plan kwargs or plan)
     "tp2": ("tiny-llama", dict(global_batch=4, micro_batches=2, tp=2)),
     "tp2_sp": ("tiny-gpt", dict(global_batch=4, micro_batches=2, tp=2, sp="megatron")),
     "ulysses2": ("tiny-gpt", dict(global_batch=2, ulysses=2, sp="ulysses")),
     "cp2_ring": ("tiny-gpt", dict(global_batch=2, cp=2)),
-    "pp2": ("tiny-gpt", dict(global_batch=4, micro_batches=2, pp=2)),
+    "pp2": ("tiny-gpt", dict(global_batch=4, micro_batches=2, pp=2)),  # tied: the ends' sync too
+    "ep2": ("tiny-moe", _two_layers("tiny-moe", [L(dp=2, ep=2), L(dp=2, ep=2, recompute="full")], global_batch=4,
+                                    micro_batches=2)),
+    "moe_tp2": ("tiny-moe", _two_layers("tiny-moe", [L(tp=2)] * 2, global_batch=4)),
+    "relayout": ("tiny-gpt", _two_layers("tiny-gpt", [L(tp=2), L(dp=2)], global_batch=4, micro_batches=2)),
+    "vocab_tp2": ("tiny-gpt", _two_layers("tiny-gpt", [L(dp=2)] * 2, global_batch=4, vocab_tp=2)),
+    "vocab_sp": ("tiny-gpt", _two_layers("tiny-gpt", [L(tp=2)] * 2, global_batch=4, micro_batches=2, vocab_tp=2,
+                                         vocab_sp="megatron")),
+    "vocab_ulysses": ("tiny-gpt", _two_layers("tiny-gpt", [L(dp=2)] * 2, global_batch=4, vocab_tp=2,
+                                              vocab_sp="ulysses")),
 }
-SLOW = {"cp2_ring", "pp2"}
+SLOW = {"cp2_ring", "pp2", "moe_tp2", "vocab_ulysses"}
 
 
 def _model_plan(name):
-    model_name, kwargs = PLANS[name]
+    model_name, plan = PLANS[name]
     model = specs.load_model(model_name).scaled(num_layers=2)
-    return model, uniform_plan(2, model=model_name, **kwargs)
+    return model, plan if isinstance(plan, Plan) else uniform_plan(2, model=model_name, **plan)
 
 
 def _run(model, plan, rank_fn=train.worker):
@@ -81,7 +96,91 @@ def ulysses_without_all_to_all(rank, world_size, model, plan, cfg):
     return train.worker(rank, world_size, model, plan, cfg)
 
 
+def expert_all_to_all_by_send_recv(rank, world_size, model, plan, cfg):
+    """Expert parallelism's token exchange over 2 ranks done by a send and a receive of the
+    rows for the peer (the same numbers, no all-to-all)."""
+    def exchange(x, out_splits, in_splits, group):
+        me = dist.get_rank(group)
+        mine, theirs = x.split(in_splits)[me], x.split(in_splits)[1 - me].contiguous()
+        got = x.new_empty((out_splits[1 - me], *x.shape[1:]))
+        peer = dist.get_global_rank(group, 1 - me)
+        if me == 0:
+            dist.send(theirs, peer)
+            dist.recv(got, peer)
+        else:
+            dist.recv(got, peer)
+            dist.send(theirs, peer)
+        return torch.cat([mine, got] if me == 0 else [got, mine])
+
+    class AllToAll(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, out_splits, in_splits, group):
+            ctx.args = (in_splits, out_splits, group)
+            return exchange(x, out_splits, in_splits, group)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return AllToAll.apply(grad, *ctx.args), None, None, None
+    expert._AllToAll = AllToAll
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def expert_rows_padded(rank, world_size, model, plan, cfg):
+    """The dispatch and combine send each row padded to twice its width (zeros; cut off on
+    arrival): the same numbers, all-to-alls of twice the elements."""
+    real = expert._AllToAll
+
+    class Padded:
+        @staticmethod
+        def apply(x, out_splits, in_splits, group):
+            return real.apply(torch.cat([x, torch.zeros_like(x)], dim=1), out_splits, in_splits, group)[:, :x.shape[1]]
+    expert._AllToAll = Padded
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def relayout_by_all_reduce(rank, world_size, model, plan, cfg):
+    """Relayouts rebuild the micro-batch by an all-reduce of zero-padded slices (one copy of
+    each slice, the same numbers, no all-gather)."""
+    def gather_slices(x, layout, group):
+        me = dist.get_rank(group)
+        parts = x.new_zeros((layout.dp, *x.shape))
+        if layout.local_rank(layout.dp_index(me), 0) == me:
+            parts[layout.dp_index(me)] = x
+        dist.all_reduce(parts, group=group)
+        return torch.cat(list(parts), dim=0)
+    relayout._gather_slices = gather_slices
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
+def tied_sync_skipped(rank, world_size, model, plan, cfg):
+    """The tied embedding's bucket keeps each end's own gradient (no all-reduce between the ends)."""
+    real = train.parallelize
+
+    def parallelize(*args, **kwargs):
+        pm = real(*args, **kwargs)
+        unit = next(u for u in pm.units if u.name == "tied embedding")
+        unit.bucket.launch = lambda flat: (None, flat, flat)
+        return pm
+    train.parallelize = parallelize
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
 @pytest.mark.parametrize("fault, name, line", [
+    (expert_all_to_all_by_send_recv, "ep2",
+     # dispatch and combine, forward and backward (and layer 1's full recompute), 2 micro-batches
+     "layer 0 experts (rank 0): all_to_all ran none; the cost model charges x8 over 2 ranks"),
+    (expert_rows_padded, "ep2",
+     # 2 micro-batches of one sequence per rank: 64 tokens x 2 copies x 128 = 16384 per call, 8 calls
+     # per rank, 262144 on the 2 ranks; forward's sends padded to twice, backward's (whose gradients
+     # go through the padding's cut and the padded exchange again) to four times the width: 3x
+     "layer 0 experts (2 ranks): all_to_all moved 786432 elements in all; the cost model charges 262144 (routed "
+     "rows, compared as the ranks' total)"),
+    (relayout_by_all_reduce, "relayout",
+     # tp 2 -> dp 2, 2 micro-batches of 2: the activation (16384) gathered to 32768 in forward, its
+     # gradient (8192 per rank) to 16384 in backward
+     "relayout 1 (rank 0): all_gather ran none; the cost model charges x2 of 16384 elements over 2 ranks, x2 of "
+     "32768 elements over 2 ranks (as the executor runs it: relayout gathers every slice over the stage)"),
+
     (tp_input_all_reduced_per_projection, "tp2",
      # 2 micro-batches of 2: 2 * 64 * 128 = 16384 elements; forward 2, backward 3 + 2, per micro-batch
      "layer 0 (rank 0): all_reduce ran x14 of 16384 elements over 2 ranks; the cost model charges x8 of 16384 "
@@ -106,10 +205,20 @@ class Row:
 
 def test_model_parallel_errors_by_hand():
     charged = (Row(0, "model_parallel", "all_reduce", 100, 2), Row(1, "pipeline", "send", 50, 1, difference="why"),
-               Row(0, "dense", "all_reduce", 999, 1))
+               Row(0, "dense", "all_reduce", 999, 1), Row(0, "expert_dispatch", "all_to_all", 10, 2))
     ran = {"layer 0": [("all_reduce", 100, 2)] * 2, "boundary 1": [("send", 50, 2)], "outside layers": [("x", 1, 2)],
-           "layer 0 experts": [("all_to_all", 7, 2)]}
+           "layer 0 experts": [("all_to_all", 7, 2), ("all_to_all", 13, 2)]}
     assert model_parallel_errors([{"model_parallel": ran}], charged) == []
+    # routed rows: per rank the calls, over the ranks the elements in total (7 + 13 + 9 + 11 = 4 x 10)
+    other = dict(ran, **{"layer 0 experts": [("all_to_all", 9, 2), ("all_to_all", 11, 2)]})
+    assert model_parallel_errors([{"model_parallel": ran}, {"model_parallel": other}], charged) == []
+    other["layer 0 experts"] = [("all_to_all", 9, 2), ("all_to_all", 31, 2)]
+    assert model_parallel_errors([{"model_parallel": ran}, {"model_parallel": other}], charged) == [
+        "layer 0 experts (2 ranks): all_to_all moved 60 elements in all; the cost model charges 40 (routed rows, "
+        "compared as the ranks' total)"]
+    other["layer 0 experts"] = [("all_to_all", 9, 2)]
+    assert model_parallel_errors([{"model_parallel": ran}, {"model_parallel": other}], charged) == [
+        "layer 0 experts (rank 1): all_to_all ran x1 over 2 ranks; the cost model charges x2 over 2 ranks"]
     ran["boundary 1"] = [("send", 50, 2), ("recv", 50, 2)]
     ran["layer 0"] = [("all_reduce", 100, 2), ("all_reduce", 100, 4)]
     assert model_parallel_errors([{"model_parallel": ran}], charged) == [
@@ -139,3 +248,11 @@ def test_megatron_sp_keeps_the_sequence_split_between_blocks(tmp_path):
         trace = json.loads((tmp_path / f"rank{rank}.json").read_text())
         gathers = [trace[f"layer {i}"].count(["all_gather", 16384, 2]) for i in range(4)]
         assert gathers == [10, 8, 8, 10], (rank, gathers)
+
+
+def test_a_skipped_tied_embedding_sync_fails_the_check():
+    # pp 2, one rank per stage: the tied matrix (512 x 128) is the ends' one all-reduce
+    model, plan = _model_plan("pp2")
+    m = _run(model, plan, rank_fn=tied_sync_skipped)
+    line = "tied embedding (rank 1): ran none; the cost model charges all_reduce x1 of 65536 elements over 2 ranks"
+    assert not m.check.passed and line in m.check.collective_errors, m.check.collective_errors
