@@ -6,7 +6,7 @@ file, written by ``python -m cost_models.calibrate``, overrides the fitted ones)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -63,6 +63,34 @@ def _lanes_link(cluster: ClusterSpec, src: int, dst: int, senders: int):
     return cluster.transfers_link(tuple((src + i, dst + i) for i in range(senders)))
 
 
+@dataclass(frozen=True)
+class ComputeTime:
+    """A layer's per-micro-batch time besides its data-parallel traffic (seconds; LayerTime's
+    fields of the same names), and one forward pass's TP traffic (what hides host launches)."""
+
+    forward_s: float
+    backward_s: float
+    weight_grad_s: float
+    tp_comm_s: float
+    pass_comm_s: float
+    ep_comm_s: float
+    cp: context.CPTime
+
+
+@lru_cache(maxsize=65536)
+def _compute_strategy(strategy: LayerStrategy) -> LayerStrategy:
+    """``strategy`` under DDP: what _compute_compute reads (the strategies that differ only in
+    their dp type share its answer)."""
+    return replace(strategy, dp_type=DPType.DDP) if strategy.dp_type != DPType.DDP else strategy
+
+
+@lru_cache(maxsize=65536)
+def _sync_strategy(strategy: LayerStrategy) -> LayerStrategy:
+    """``strategy`` without recomputation: what _compute_sync reads (the strategies of one layout
+    and dp type that differ only in recompute share its answer)."""
+    return replace(strategy, recompute=Recompute.NONE) if strategy.recompute != Recompute.NONE else strategy
+
+
 @register
 class AnalyticalModel(CostModel):
     """FLOPs/bytes and alpha-beta cost model for one cluster."""
@@ -88,6 +116,7 @@ class AnalyticalModel(CostModel):
         self._transition = Memo(self._compute_transition)
         self._cp_core = Memo(self._compute_cp_core)
         self._sync = Memo(self._compute_sync)
+        self._compute = Memo(self._compute_compute)
         self._collective = lru_cache(maxsize=4096)(self._compute_collective)
         self._all_to_all = lru_cache(maxsize=16384)(self._compute_all_to_all)
 
@@ -176,7 +205,24 @@ class AnalyticalModel(CostModel):
 
     def _compute_layer_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                             micro_batches: int, first_rank: int) -> LayerTime:
-        tp_groups, traffic, update_s, tp_beside_dp = self._sync(layer, strategy, first_rank)
+        tp_groups, traffic, update_s, tp_beside_dp = self._sync(layer, _sync_strategy(strategy), first_rank)
+        c = self._compute(layer, _compute_strategy(strategy), mbs, first_rank, tp_groups)
+        # the prefetched gather also hides behind the forward's TP collectives on their other link
+        per_mb = self.exposed_time(traffic.micro_batch_bwd_s, c.backward_s) + \
+            self.exposed_time(traffic.micro_batch_fwd_s, c.forward_s, c.pass_comm_s if tp_beside_dp else 0.0)
+        tail = self.exposed_time(traffic.iteration_bwd_s, c.backward_s) + traffic.after_step_s
+        cp = c.cp
+        return LayerTime(forward_s=c.forward_s, backward_s=c.backward_s, weight_grad_s=c.weight_grad_s,
+                         tp_comm_s=c.tp_comm_s, cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s,
+                         cp_core_fwd_s=cp.core_fwd_s, cp_core_bwd_s=cp.core_bwd_s,
+                         dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
+                         exposed_micro_batch_dp_s=per_mb, ep_comm_s=c.ep_comm_s,
+                         update_s=update_s)
+
+    def _compute_compute(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int,
+                         tp_groups: RankGroups) -> "ComputeTime":
+        """The layer's kernels with its TP, Ulysses, cp and expert traffic on ``tp_groups``: what
+        its time shares across dp types (the strategies of one layout and recompute)."""
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
@@ -188,19 +234,11 @@ class AnalyticalModel(CostModel):
         backward_s = own_backward_s + self.recompute_time(layer, strategy, mbs, pass_comm_s)
         # W: the weight-gradient GEMMs' share of the backward's kernels (recompute stays in B)
         weight_grad_s = own_backward_s * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
-        # the prefetched gather also hides behind the forward's TP collectives on their other link
-        per_mb = self.exposed_time(traffic.micro_batch_bwd_s, backward_s) + \
-            self.exposed_time(traffic.micro_batch_fwd_s, forward_s, pass_comm_s if tp_beside_dp else 0.0)
-        tail = self.exposed_time(traffic.iteration_bwd_s, backward_s) + traffic.after_step_s
         ep_comm_s = experts.dispatch_time_s(self.all_to_all_time, layer, strategy, mbs, first_rank,
                                             self.expert_imbalance)
-        cp = self.cp_time(layer, strategy, mbs, first_rank)
-        return LayerTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s, tp_comm_s=tp_comm_s,
-                         cp_comm_s=cp.comm_s, cp_unbalanced_s=cp.unbalanced_s, cp_core_fwd_s=cp.core_fwd_s,
-                         cp_core_bwd_s=cp.core_bwd_s,
-                         dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
-                         exposed_micro_batch_dp_s=per_mb, ep_comm_s=ep_comm_s,
-                         update_s=update_s)
+        return ComputeTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s,
+                           tp_comm_s=tp_comm_s, pass_comm_s=pass_comm_s, ep_comm_s=ep_comm_s,
+                           cp=self.cp_time(layer, strategy, mbs, first_rank))
 
     def _compute_sync(self, layer: LayerSpec, strategy: LayerStrategy, first_rank: int
                       ) -> tuple[RankGroups, DPTraffic, float, bool]:

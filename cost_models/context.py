@@ -4,6 +4,7 @@ attention core, the all-gather variant, their buffers, and the causal imbalance 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence
 
 from cost_models.ops import Op
@@ -37,8 +38,10 @@ def blockwise_ops(ops: Sequence[Op]) -> list[Op]:
         [op for op in ops if not op.name.startswith("x_")])
 
 
+@lru_cache(maxsize=65536)
 def cp_groups(first_rank: int, strategy: LayerStrategy) -> RankGroups:
-    """The layer's context-parallel groups (the ring's ranks, in ring order)."""
+    """The layer's context-parallel groups (the ring's ranks, in ring order); cached: every
+    micro-batch size of a cp strategy asks for them."""
     return layer_grid(first_rank, strategy.degrees).groups("cp")
 
 

@@ -100,9 +100,11 @@ def sync_groups(first_rank: int, strategy: LayerStrategy) -> tuple[RankGroups, R
     return grid.groups(TP_COLLECTIVE_AXES), grid.groups(strategy.degrees.grad_sync_axes)
 
 
+@lru_cache(maxsize=65536)
 def sequence_groups(first_rank: int, strategy: LayerStrategy) -> RankGroups:
     """The groups that split one replica's tokens (tp under Megatron-SP, cp, ulysses): a
-    sequence-split activation is whole again after an all-gather over one."""
+    sequence-split activation is whole again after an all-gather over one. Cached: every
+    relayout to or from a sequence-split layout asks for them."""
     axes = tuple(a for a, on in (("tp", strategy.megatron_sp), ("cp", strategy.cp > 1),
                                  ("ulysses", strategy.ulysses > 1)) if on)
     return layer_grid(first_rank, strategy.degrees).groups(axes)
