@@ -1,40 +1,15 @@
-"""A per-instance cache for the hot per-layer queries: keyed by the arguments' identities first
-(a plan repeats the same LayerSpec and LayerStrategy objects), then by their values."""
+"""The per-instance cache of the cost models' hot per-layer queries, and a hash-once key for
+values too costly to hash per lookup."""
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from functools import cache
 
-
-_MISSING = object()
-"""Memo's marker of a value not cached (None may be one)."""
-
-
-class Memo:
-    """Like functools.lru_cache(maxsize=None) for positional hashable arguments, but a repeat
-    call with the very same objects skips hashing the frozen dataclasses (field by field)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self._by_id: dict[tuple[int, ...], tuple[tuple, Any]] = {}
-        self._by_value: dict[tuple, Any] = {}
-
-    def __call__(self, *args: Any) -> Any:
-        key = tuple(map(id, args))
-        hit = self._by_id.get(key)
-        # the stored args keep their objects alive, and no two live objects share an id: a
-        # matching key is the very same objects
-        if hit is not None:
-            return hit[1]
-        value = self._by_value.get(args, _MISSING)
-        if value is _MISSING:
-            value = self._by_value[args] = self.fn(*args)
-        self._by_id[key] = (args, value)
-        return value
-
-    def clear(self) -> None:
-        self._by_id.clear()
-        self._by_value.clear()
+Memo = cache
+"""A bound method's answers by its positional arguments' values: functools.cache, in C. The
+frozen dataclasses those arguments hold (LayerSpec, LayerStrategy, Degrees) and RankGroups hash
+once per object (specs.hashing), so a lookup costs a tuple hash; a level keyed by the
+arguments' identities before it, in Python, cost more per call than the hashing it saved."""
 
 
 class HashOnce:
