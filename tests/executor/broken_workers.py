@@ -78,17 +78,23 @@ def zero1_run_as_ddp(rank, world_size, model, plan, cfg):
     return train.worker(rank, world_size, model, changed, cfg)
 
 
-def one_layer_all_reduce_skipped(rank, world_size, model, plan, cfg):
-    """Layer 1's DDP bucket keeps each rank's own gradients (no all-reduce); the rest is synced."""
+def skip_sync(unit_name: str) -> None:
+    """Patch the executor so that unit ``unit_name``'s bucket keeps each rank's own gradients
+    (its collective never runs); the other units sync as planned."""
     real = train.parallelize
 
     def parallelize(*args, **kwargs):
         pm = real(*args, **kwargs)
-        unit = next(u for u in pm.units if u.name == "layer 1")
+        unit = next(u for u in pm.units if u.name == unit_name)
         unit.bucket.launch = lambda flat: (None, flat, flat)
         return pm
 
     train.parallelize = parallelize
+
+
+def one_layer_all_reduce_skipped(rank, world_size, model, plan, cfg):
+    """Layer 1's DDP bucket keeps each rank's own gradients (no all-reduce); the rest is synced."""
+    skip_sync("layer 1")
     return train.worker(rank, world_size, model, plan, cfg)
 
 
