@@ -480,24 +480,12 @@ def executed_relayout_rows(i: int, before: LayerSpec, prev: LayerStrategy, nxt: 
                  Part.RELAYOUT, Difference.RELAYOUT_WHOLE_STAGE) for mbs in (mbs_prev, mbs_next)]
 
 
-def _vocab_split(model: ModelSpec, plan: Plan, per_stage: int) -> bool:
-    """Whether the executor runs embedding and head in the vocabulary's layout
-    (executor.parallel.vocab.wants_split): asked for, or in its own layout and not the first
-    and last layers'."""
-    if plan.vocab_asks_split:
-        return True
-    vocab = vocab_strategy(plan, per_stage)
-    return plan.vocab_in_own_layout(model, per_stage) and any(
-        (s.degrees.split, s.dp, s.tp_consecutive) != (vocab.degrees.split, vocab.dp, True)
-        for s in (plan.layers[0], plan.layers[-1]))
-
-
 def executed_vocab_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCollective]:
     """The vocabulary's collectives as the executor runs them (executor.parallel.vocab): as
     charged without sequence parallelism; Difference.VOCAB_SP_BOTH_PASSES and
     VOCAB_ULYSSES_GATHERS under vocab_sp."""
     per_stage = world_size // plan.pp
-    if plan.vocab_tp <= 1 or not _vocab_split(model, plan, per_stage) or plan.vocab_sp == SequenceParallel.NONE:
+    if plan.vocab_tp <= 1 or not plan.vocab_relaid_out(model, per_stage) or plan.vocab_sp == SequenceParallel.NONE:
         return vocab_rows(model, plan, world_size)
     m, last = plan.micro_batches, len(plan.layers) - 1
     mbs = plan.global_batch // (per_stage // plan.vocab_tp * m)
@@ -523,7 +511,7 @@ def executed_tied_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[Ch
         return []
     per_stage = world_size // plan.pp
     holders, rows = len({0, plan.head_stage}) * per_stage, model.embedding.vocab_size
-    if _vocab_split(model, plan, per_stage):
+    if plan.vocab_relaid_out(model, per_stage):
         rows = plan.padded_vocab_size(rows)
         if plan.vocab_tp > 1 and plan.vocab_sp != SequenceParallel.ULYSSES:
             holders, rows = holders // plan.vocab_tp, rows // plan.vocab_tp
@@ -573,7 +561,7 @@ def expected_collectives(model: ModelSpec, plan: Plan, world_size: int) -> list[
         out += executed_expert_rows(i, layer, s, m, plan.micro_batch_size(i))
     per_stage = world_size // plan.pp
     for i, before, prev, nxt, mbs_prev, mbs_next in relayouts(model, plan, world_size, chunk_starts=True):
-        if (i == 0 or i == len(plan.layers)) and not _vocab_split(model, plan, per_stage):
+        if (i == 0 or i == len(plan.layers)) and not plan.vocab_relaid_out(model, per_stage):
             continue
         out += executed_relayout_rows(i, before, prev, nxt, m, mbs_prev, mbs_next)
     return out + executed_vocab_rows(model, plan, world_size) + _executed_pipeline(model, plan)

@@ -438,6 +438,19 @@ class Plan:
             return False
         return (self.global_batch // self.micro_batches) % (per_stage // self.vocab_tp) == 0
 
+    def vocab_relaid_out(self, model: ModelSpec, per_stage: int) -> bool:
+        """Embedding and head run in the vocabulary's layout with relayouts to the layers: where
+        vocab_in_own_layout says so and it is not already the first and last layers' layout (the
+        same slice groups and dp; their order matters only where both exceed 1). Else they run
+        in the first/last layer's layout. The executor runs them so; --check expects so."""
+        if self.vocab_asks_split:
+            return True
+        if not self.vocab_in_own_layout(model, per_stage):
+            return False
+        tp, dp = self.vocab_tp, per_stage // self.vocab_tp
+        return any((s.degrees.split, s.dp) != (tp, dp) or not (s.tp_consecutive or tp == 1 or dp == 1)
+                   for s in (self.layers[0], self.layers[-1]))
+
     def padded_vocab_size(self, vocab: int) -> int:
         """The embedding/head rows: ``vocab`` padded as Megatron pads it at vocab_tp."""
         if self.vocab_sp == SequenceParallel.ULYSSES:

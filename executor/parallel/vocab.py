@@ -65,23 +65,10 @@ class VocabSplit:
         return self.sp != SequenceParallel.NONE
 
 
-def wants_split(plan: Plan, model: ModelSpec, per_stage: int) -> bool:
-    """Embedding and head run in the vocabulary's layout (vocab_tp ranks per group, the stage's
-    other ranks data parallel), with relayouts to the layers, where Plan.vocab_in_own_layout says
-    so (the plan asks for a split, or a token model's micro-batch divides over that dp) and it is
-    not already the first and last layers' layout. Else they run in the first/last layer's
-    layout (and so do every patch embedding and classification head)."""
-    if plan.vocab_asks_split:
-        return True
-    if not plan.vocab_in_own_layout(model, per_stage):
-        return False
-    vocab = Layout(tp=plan.vocab_tp, dp=per_stage // plan.vocab_tp)
-    return any(Layout.of(plan.layers[i]) != vocab for i in (0, -1))
-
-
 def vocab_split(plan: Plan, model: ModelSpec, per_stage: int) -> VocabSplit | None:
-    """The split the plan asks for on stages of ``per_stage`` ranks, or None (wants_split)."""
-    if not wants_split(plan, model, per_stage):
+    """The split the plan asks for on stages of ``per_stage`` ranks, or None
+    (Plan.vocab_relaid_out)."""
+    if not plan.vocab_relaid_out(model, per_stage):
         return None
     vocab = model.embedding.vocab_size if model.embedding.kind == "token" else model.head.output_size
     return VocabSplit(tp=plan.vocab_tp, sp=plan.vocab_sp, zero3=plan.vocab_zero3,
