@@ -450,22 +450,35 @@ def vocab_min_memory_bytes(t: ComboTables, v) -> float:
 
 
 def _stage_min_memory(t: ComboTables, k: int, levels: np.ndarray, vc) -> np.ndarray:
-    """[a, b] -> least memory of layers a..b-1 on stage k (inf where b <= a)."""
-    st = t.stages[k]
-    n = len(t.layer_type)
-    lvl = np.searchsorted(levels, np.where(np.isfinite(st.temp_bytes), st.temp_bytes, np.inf))
-    best = np.full((n + 1, n + 1), np.inf)
-    for j, lv in enumerate(levels):
-        per_layer = np.where(t.allowed & (lvl <= j), st.memory_bytes, np.inf)[t.layer_type]
-        if vc.first_delta is not None:
-            per_layer[0] = per_layer[0] + vc.first_delta[:, 2]
-        if vc.last_delta is not None:
-            per_layer[-1] = per_layer[-1] + vc.last_delta[:, 2]
-        mem = per_layer.min(axis=1)
-        missing = np.concatenate(([0], np.cumsum(~np.isfinite(mem))))
-        prefix = np.concatenate(([0.0], np.cumsum(np.where(np.isfinite(mem), mem, 0.0))))
-        seg = prefix[None, :] - prefix[:, None] + max(lv, vc.temp_bytes) + vc.memory_bytes
-        seg = np.where(missing[None, :] - missing[:, None] > 0, np.inf, seg)
-        best = np.minimum(best, seg)
+    """[a, b] -> least memory of layers a..b-1 on stage k (inf where b <= a): the least over the
+    temporary levels j of the segment's layers, each at its least memory among the strategies
+    whose temporary is at most level j (all levels at once, as [level, a, b])."""
+    mem = _level_layer_memory(t, t.stages[k], levels, vc)
+    # a level whose layers' memory is the level below's only adds a larger temporary: never the least
+    kept = np.concatenate(([True], (mem[1:] != mem[:-1]).any(axis=1)))
+    mem, levels = mem[kept], levels[kept]
+    finite = np.isfinite(mem)
+    zeros = np.zeros((len(levels), 1))
+    missing = np.concatenate((zeros, np.cumsum(~finite, axis=1)), axis=1)
+    prefix = np.concatenate((zeros, np.cumsum(np.where(finite, mem, 0.0), axis=1)), axis=1)
+    seg = prefix[:, None, :] - prefix[:, :, None] + np.maximum(levels, vc.temp_bytes)[:, None, None] + vc.memory_bytes
+    best = np.where(missing[:, None, :] - missing[:, :, None] > 0, np.inf, seg).min(axis=0)
     a, b = np.indices(best.shape)
     return np.where(b > a, best, np.inf)
+
+
+def _level_layer_memory(t: ComboTables, st, levels: np.ndarray, vc) -> np.ndarray:
+    """[level j, layer] least memory of the layer among the strategies whose temporary is at most
+    level j (the embedding/head's memory deltas added on the first and last layer)."""
+    lvl = np.searchsorted(levels, np.where(np.isfinite(st.temp_bytes), st.temp_bytes, np.inf))
+    upto = lvl[None] <= np.arange(len(levels))[:, None, None]
+    by_type = np.where(t.allowed[None] & upto, st.memory_bytes[None], np.inf)  # [level, type, strategy]
+    mem = by_type.min(axis=2)[:, t.layer_type]
+    n = len(t.layer_type)
+    ends = {i: by_type[:, t.layer_type[i]] for i in (0, n - 1)}
+    for i, delta in ((0, vc.first_delta), (n - 1, vc.last_delta)):
+        if delta is not None:
+            ends[i] = ends[i] + delta[:, 2]
+    for i, row in ends.items():
+        mem[:, i] = row.min(axis=1)
+    return mem
