@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from cost_models import collectives as coll
 from cost_models import context
@@ -61,6 +64,29 @@ def _lanes_link(cluster: ClusterSpec, src: int, dst: int, senders: int):
     """The link ``senders`` lanes src + i -> dst + i leave each (keyed by the three numbers: the
     pairs of a 1024-rank stage are too many to build and hash per question)."""
     return cluster.transfers_link(tuple((src + i, dst + i) for i in range(senders)))
+
+
+@lru_cache(maxsize=256)
+def _domain_parts(groups: RankGroups, domain_gpus: int
+                  ) -> tuple[int, int, RankGroups, RankGroups] | None:
+    """(g, domains of the first group, each group's ranks in each of its domains, the groups of
+    one rank per domain at the same place) when every group holds the same number g > 1 of
+    ranks in each of its domains of ``domain_gpus`` ranks, else None. A group's domains come in
+    order of first appearance, their ranks in the group's order (hierarchical all-reduce rings)."""
+    sizes = [len(g) for g in groups]
+    ranks = np.fromiter(chain.from_iterable(groups), dtype=np.int64, count=sum(sizes))
+    owner = np.repeat(np.arange(len(groups)), sizes)
+    key = owner * (int(ranks.max()) // domain_gpus + 1) + ranks // domain_gpus  # (group, domain), ascending
+    _, first, part, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+    if counts.min() != counts.max() or counts[0] == 1:
+        return None
+    place = np.empty_like(first)
+    place[np.argsort(first)] = np.arange(len(first))  # each part's place in order of first appearance
+    by_part = ranks[np.argsort(place[part], kind="stable")].reshape(len(counts), int(counts[0])).tolist()
+    domains = np.bincount(owner[first], minlength=len(groups)).tolist()
+    starts = np.cumsum([0] + domains).tolist()
+    across = [tuple(col) for i in range(len(groups)) for col in zip(*by_part[starts[i]:starts[i + 1]])]
+    return int(counts[0]), domains[0], RankGroups(map(tuple, by_part)), RankGroups(across)
 
 
 @dataclass(frozen=True)
@@ -368,14 +394,15 @@ class AnalyticalModel(CostModel):
         """An all-to-all is priced pairwise on the links its pairs cross (all_to_all_time): a
         ring's bytes understate one whose group spans scale-up domains, where every rank sends
         its share to each other node; the other kinds by ring, tree or hierarchy."""
-        coll.check_kind(kind)
         if kind == "all_to_all":
             return self.all_to_all_time(nbytes, groups)
         return self._collective(kind, float(nbytes), coll.rank_groups(groups))
 
     def _compute_collective(self, kind: str, nbytes: float, groups: tuple[tuple[int, ...], ...]) -> float:
         """Best of ring, tree (all-reduce) and hierarchical (all-reduce over whole nodes) on the
-        bandwidth the concurrent groups leave each ring edge (ClusterSpec.ring_link)."""
+        bandwidth the concurrent groups leave each ring edge (ClusterSpec.ring_link). The kind is
+        checked here, once per answer cached (a refusal is not cached)."""
+        coll.check_kind(kind)
         p = coll.largest_group(groups)
         if p <= 1 or nbytes <= 0:
             return 0.0
@@ -431,26 +458,17 @@ class AnalyticalModel(CostModel):
         c = self.constants
         return gbytes_per_s * 1e9 * (c.network_efficiency if crosses_nodes else c.bus_efficiency)
 
-    def _hierarchical_s(self, nbytes: float, groups: tuple[tuple[int, ...], ...], at_scale: float = 1.0) -> float:
+    def _hierarchical_s(self, nbytes: float, groups: RankGroups, at_scale: float = 1.0) -> float:
         """Only for groups that hold the same number g > 1 of ranks in each of their scale-up
         domains (nodes, or NVLink racks); ``at_scale`` scales both levels' bandwidth."""
         cl = self.cluster
-        per_node: list[list[list[int]]] = []
-        domain = cl.domain_gpus  # cl.domain_of, inline: a rank at a time over up to 16,384 ranks
-        for g in groups:
-            nodes: dict[int, list[int]] = {}
-            for r in g:
-                nodes.setdefault(r // domain, []).append(r)
-            per_node.append(list(nodes.values()))
-        sizes = {len(part) for parts in per_node for part in parts}
-        if len(sizes) != 1 or sizes == {1}:
+        found = _domain_parts(groups, cl.domain_gpus)
+        if found is None:
             return float("inf")
-        g = sizes.pop()
-        intra = _ring_link(cl, tuple(tuple(part) for parts in per_node for part in parts))
-        inter = _ring_link(cl, tuple(tuple(parts[n][j] for n in range(len(parts)))
-                                     for parts in per_node for j in range(g)))
+        g, nodes, parts, across = found
+        intra, inter = _ring_link(cl, parts), _ring_link(cl, across)
         return coll.hierarchical_allreduce_time_s(
-            g, len(per_node[0]), nbytes, intra.latency_s * self._step_factor(False),
+            g, nodes, nbytes, intra.latency_s * self._step_factor(False),
             inter.latency_s * self._step_factor(True),
             self._effective_bandwidth(intra.bandwidth_gbytes_per_s, False) * at_scale,
             self._effective_bandwidth(inter.bandwidth_gbytes_per_s, True) * at_scale)

@@ -13,6 +13,7 @@ from cost_models.memo import HashOnce, hash_once
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
 from specs.capabilities import OFF, Capabilities
+from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import PRECISIONS, Precision, default_recipe, fp8_recipe, gpu_refusal, runnable_on
 from specs.schedules import PipelineFormula, schedule_entry
 
@@ -423,6 +424,9 @@ class Combo:
     micro_batches: int
     vocab: VocabChoice
     schedule: str
+
+    __hash__ = cached_hash  # a key of the tables' caches, asked per probe and relayout
+    __getstate__ = without_cached_hash
 
     @property
     def vocab_tp(self) -> int:

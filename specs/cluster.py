@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specs.errors import SpecError, check_fields, one_of, positive_int, positive_number, require
+from specs.hashing import cached_hash, without_cached_hash
 from specs.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SCALE_UP_DOMAIN_GPUS, at_most, unit_time
 from specs.schema import ClusterFile, check
 
@@ -138,6 +139,9 @@ class ClusterSpec:
     trays of 4). Ranks in different domains talk through their nodes' NICs."""
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """(field path, where its figure comes from) pairs from the file's ``sources``; informational."""
+
+    __hash__ = cached_hash  # a key of the cost models' topology caches, asked per collective
+    __getstate__ = without_cached_hash
 
     def __post_init__(self) -> None:
         positive_int(self.nodes, "nodes")
