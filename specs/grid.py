@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable
 
+import numpy as np
+
 from specs.axes import DENSE_AXES, EXPERT_AXES, Degrees
 from specs.errors import SpecError
 
@@ -110,15 +112,18 @@ def _groups(first_rank: int, axes: tuple[tuple[str, int], ...], order: tuple[str
     for n in order:
         stride[n] = s
         s *= sizes[n]
-    members = [0]
-    for n in order:  # fastest first: ranks ascending inside a group
-        if n in names:
-            members = [m + i * stride[n] for i in range(sizes[n]) for m in members]
-    bases = [first_rank]
-    for n, _ in axes:  # the documented order, first fastest
-        if n not in names:
-            bases = [b + i * stride[n] for i in range(sizes[n]) for b in bases]
-    return RankGroups(tuple(b + m for m in members) for b in bases)
+    members = _offsets(((sizes[n], stride[n]) for n in order if n in names), 0)  # fastest first: ascending
+    bases = _offsets(((k, stride[n]) for n, k in axes if n not in names), first_rank)  # documented order
+    return RankGroups(map(tuple, (bases[:, None] + members[None, :]).tolist()))
+
+
+def _offsets(steps: Iterable[tuple[int, int]], start: int) -> np.ndarray:
+    """``start`` plus every sum of i * stride (0 <= i < size) over ``steps`` (size, stride), the
+    first step varying fastest."""
+    out = np.array([start], dtype=np.int64)
+    for size, stride in steps:
+        out = (np.arange(size, dtype=np.int64)[:, None] * stride + out[None, :]).ravel()
+    return out
 
 
 def dense_order(tp_consecutive: bool) -> tuple[str, ...]:
