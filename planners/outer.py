@@ -461,7 +461,8 @@ def _stage_min_memory(t: ComboTables, k: int, levels: np.ndarray, vc) -> np.ndar
     zeros = np.zeros((len(levels), 1))
     missing = np.concatenate((zeros, np.cumsum(~finite, axis=1)), axis=1)
     prefix = np.concatenate((zeros, np.cumsum(np.where(finite, mem, 0.0), axis=1)), axis=1)
-    seg = prefix[:, None, :] - prefix[:, :, None] + np.maximum(levels, vc.temp_bytes)[:, None, None] + vc.memory_bytes
+    peak = np.fmax(levels, vc.temp_bytes)[:, None, None]  # max(level, temp): a NaN temp never wins, as with max()
+    seg = prefix[:, None, :] - prefix[:, :, None] + peak + vc.memory_bytes
     best = np.where(missing[:, None, :] - missing[:, :, None] > 0, np.inf, seg).min(axis=0)
     a, b = np.indices(best.shape)
     return np.where(b > a, best, np.inf)
