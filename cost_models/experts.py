@@ -7,6 +7,7 @@ one every rank holds every expert and the layer is costed as before. Formulas: d
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
@@ -158,7 +159,8 @@ def topology_all_to_all_s(cluster: ClusterSpec, nbytes: float, groups: Sequence[
         return 0.0
     shape = _pairwise_shape(cluster, groups)
     seconds_per_byte = max(shape.nic_s_per_byte / efficiency(True), shape.link_s_per_byte / efficiency(False))
-    bandwidth = (shape.p - 1) / shape.p / seconds_per_byte
+    # a bandwidth past float range (1e300 GB/s) leaves no time per byte: latency alone
+    bandwidth = (shape.p - 1) / shape.p / seconds_per_byte if seconds_per_byte > 0 else math.inf
     return coll.ring_time_s("all_to_all", shape.p, nbytes, alpha_s(shape.crosses), bandwidth)
 
 

@@ -41,6 +41,15 @@ def test_all_to_all_across_two_nodes_by_hand():
     assert cm.all_to_all_time(n, [[0, 2]]) == pytest.approx(0.020 + 10e-6)
 
 
+
+def test_all_to_all_on_links_past_float_range_is_latency_alone():
+    """1e300 GB/s is 1e309 B/s, past float range: no time per byte is left, only the steps'
+    latency (this divided by zero before)."""
+    fast = replace(TWO_BY_TWO, intra_node=replace(TWO_BY_TWO.intra_node, bandwidth_gbytes_per_s=1e300))
+    cm = cost_models.get("analytical", fast, **IDEAL)
+    assert cm.all_to_all_time(4e8, [[0, 1], [2, 3]]) == pytest.approx(5e-6)
+
+
 def test_dispatch_bytes_and_time_of_a_layer_by_hand():
     cm = cost_models.get("analytical", TWO_BY_TWO, **IDEAL)
     s = LayerStrategy(dp=4, ep=4)
