@@ -12,6 +12,7 @@ from cost_models.coverage import uncovered
 from cost_models.scenarios import perturbable
 from planners.robust import RobustChoice, objective, robust_plans
 from specs import ClusterSpec, ModelSpec, Plan, SpecError
+from specs.stack import SoftwareStack
 from specs.limits import made_time
 from specs.units import GIB
 
@@ -231,7 +232,7 @@ class Planner(ABC):
             result = replace(scored_result(self.name, cost_model, model, choice.chosen.plan, stats, result.top_k,
                                            message), robust=choice)
         new_stats = replace(result.stats, wall_time_s=time.perf_counter() - start)
-        return _replace_stats(result, new_stats)
+        return _with_stack(_replace_stats(result, new_stats), base.stack)
 
     def fix_precision(self, options: dict[str, Any], value: str, cluster: ClusterSpec) -> dict[str, Any]:
         """``options`` with the precision of every layer set by ``value`` (``search``, ``fp8`` or a
@@ -264,6 +265,15 @@ def _uncovered(cost_model: CostModel, result: PlanResult) -> tuple[str, ...]:
 def _auto_note(why: tuple[str, ...]) -> str:
     """The message of a plan objective=auto chose robustly."""
     return f"robust objective: the nominal plan runs {' and '.join(why)}" if why else ""
+
+
+def _with_stack(result: PlanResult, stack: SoftwareStack | None) -> PlanResult:
+    """``result`` with its plans stating the software stack their times assume (none stated
+    when the cost model assumes none)."""
+    if stack is None or not result.feasible:
+        return result
+    return replace(result, plan=replace(result.plan, stack=stack),
+                   top_k=tuple(replace(k, plan=replace(k.plan, stack=stack)) for k in result.top_k))
 
 
 def _replace_stats(result: PlanResult, stats: SearchStats) -> PlanResult:
