@@ -218,11 +218,11 @@ class Planner(ABC):
         cost_model = wrap(base)
         usable = budget.memory_bytes - cost_model.allocator_reserve_bytes(budget.memory_bytes)
         budget = replace(budget, memory_gib=usable / GIB)
-        result = self._search(model, cluster, budget, cost_model, dict(options))
+        result = _with_stack(self._search(model, cluster, budget, cost_model, dict(options)), base.stack)
         why = _uncovered(base, result) if goal == "auto" else ()
         if (goal == "robust" or why) and result.feasible:
             def search(cm: CostModel) -> tuple[Plan, ...]:
-                found = self._search(model, cluster, budget, cm, dict(options))
+                found = _with_stack(self._search(model, cluster, budget, cm, dict(options)), base.stack)
                 return (found.plan, *(k.plan for k in found.top_k)) if found.feasible else ()
             choice = robust_plans(search, model, base, (result.plan, *(k.plan for k in result.top_k)),
                                   scenarios, wrap)
@@ -232,7 +232,7 @@ class Planner(ABC):
             result = replace(scored_result(self.name, cost_model, model, choice.chosen.plan, stats, result.top_k,
                                            message), robust=choice)
         new_stats = replace(result.stats, wall_time_s=time.perf_counter() - start)
-        return _with_stack(_replace_stats(result, new_stats), base.stack)
+        return _replace_stats(result, new_stats)
 
     def fix_precision(self, options: dict[str, Any], value: str, cluster: ClusterSpec) -> dict[str, Any]:
         """``options`` with the precision of every layer set by ``value`` (``search``, ``fp8`` or a
