@@ -16,7 +16,7 @@ import numpy as np
 
 from cost_models import collectives as coll
 from cost_models import context
-from cost_models import experts, fp8
+from cost_models import experts, fp8, stacks
 from cost_models import memory as mem
 from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
@@ -28,6 +28,7 @@ from cost_models.vocab import vocab_cost, vocab_relayout_s
 from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, RankGroups, Recompute,
                    SequenceParallel, SpecError)
 from specs.precision import Precision
+from specs.stack import SoftwareStack, software_stack
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
@@ -126,10 +127,15 @@ class AnalyticalModel(CostModel):
     linear_in_flight = True  # memory.layer_memory: kept activations x in_flight
 
     def __init__(self, cluster: ClusterSpec, calibration: str | Path | Mapping[str, float] | None = None,
-                 constants: AnalyticalConstants | None = None, **overrides: float) -> None:
+                 constants: AnalyticalConstants | None = None, stack: str = SoftwareStack.MEGATRON_TE,
+                 **overrides: float) -> None:
         """``calibration`` (a file or a dict of constants) defaults to the cluster's own file;
-        ``constants`` replaces everything; ``overrides`` set single named constants last."""
+        ``constants`` replaces everything; ``stack`` is the software whose kernels it times
+        (specs.stack; it refuses plans that state another); ``overrides`` set single named
+        constants last."""
         super().__init__(cluster)
+        self.stack = software_stack(stack)
+        self.capabilities = replace(type(self).capabilities, stack=frozenset({self.stack}))
         source = cluster.calibration if calibration is None else calibration
         self._calibration_source = source if constants is None else dict(constants.to_dict())
         """What the constants came from, for calibration_status (a file, a dict, '' = defaults)."""
@@ -149,7 +155,7 @@ class AnalyticalModel(CostModel):
     def with_constants(self, constants: AnalyticalConstants) -> "AnalyticalModel":
         """The same model (cluster, reserve, runtime overhead, expert imbalance, calibration
         status) with other constants: a perturbed copy, with tables of its own."""
-        other = type(self)(self.cluster, constants=constants)
+        other = type(self)(self.cluster, constants=constants, stack=self.stack)
         other._calibration_source = self._calibration_source
         other.reserve, other.runtime_overhead_bytes = self.reserve, self.runtime_overhead_bytes
         other.expert_imbalance = self.expert_imbalance
@@ -214,7 +220,7 @@ class AnalyticalModel(CostModel):
         gradient GEMMs within that backward (W of a split backward) on one of tp GPUs (s / cp
         tokens): what every strategy of the same split, micro-batch size, expert split and
         precision shares (FP8: cost_models/fp8.py)."""
-        bf16 = forward_ops(layer, tp, mbs, split, cp)
+        bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
         fwd, bwd = fp8.forward_ops(bf16, precision), fp8.backward_ops(backward_ops(bf16), precision)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),

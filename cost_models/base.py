@@ -26,6 +26,7 @@ from typing import ClassVar, Sequence
 from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, stage_grid
 from cost_models.reserve import DEFAULT_RESERVE, AllocatorReserve
 from specs.capabilities import EVERYTHING, Capabilities, check_supported
+from specs.stack import SoftwareStack
 from specs.schedule_play import StageWork, played_s
 from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
@@ -174,9 +175,13 @@ class CostModel(ABC):
     answers (sum_k T_k + (m - 1) max_k T_k + max_k D_k of 1F1B): their lower bounds, pruning and
     "optimal" then hold for ``plan_cost``. A model with its own pipeline formula sets False; the
     planners then search every group without pruning and call their plans heuristic."""
-    capabilities: ClassVar[Capabilities] = EVERYTHING
+    capabilities: Capabilities = EVERYTHING
     """The axes and values ``plan_cost`` scores (specs.capabilities): it refuses the rest with ``check_supported``'s one line, and planners
-    leave the rest out of their search (SearchSpace.within)."""
+    leave the rest out of their search (SearchSpace.within). A class's record; an instance built
+    for one software stack narrows its ``stack``."""
+    stack: SoftwareStack | None = None
+    """The software stack whose kernels it times (specs.stack), which planners write into their
+    plans; None: it assumes none (a profile times what ran)."""
     linear_in_flight: ClassVar[bool] = False
     """True when ``layer_memory_in`` is states and temporaries that do not depend on ``in_flight``
     plus ``in_flight`` times one micro-batch's activations: planners then ask once per group."""

@@ -14,6 +14,7 @@ from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, co
                              uniform_view, vocab_sharded)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
 from specs.schedules import REGISTRY, PipelineSchedule, Schedule
+from specs.stack import SoftwareStack
 
 TOML_FILE = "torchtitan.toml"
 ARGS_FILE = "torchtitan_args.txt"
@@ -59,7 +60,8 @@ CANNOT_CARRY = (
     "selective recompute: torchtitan's selective AC is a per-op save policy, not Megatron's attention-core "
     "recompute that the cost model charges; plans with it are refused",
     "HSDP (replicate x shard): hybridpar's plan has one data-parallel flavour over the whole dp group",
-    "the cost model's overlap and kernel-efficiency assumptions (compile, async TP, float8 change the time)",
+    "the cost model's overlap and efficiency assumptions (async TP and float8 change the time); torch.compile "
+    "is enabled exactly when the plan's stack is compile, whose kernels its times assume",
 )
 
 
@@ -125,7 +127,10 @@ def settings(plan: Plan, model: ModelSpec) -> dict[str, dict[str, Any]]:
         training.update(local_batch_size=per_replica, disable_cuda_graphs=True)
     else:  # the micro-batches are gradient-accumulation steps
         training["local_batch_size"] = u.micro_batch_size
-    return {"parallelism": par, "training": training, "activation_checkpoint": {"mode": AC_MODES[u.recompute]}}
+    sections = {"parallelism": par, "training": training, "activation_checkpoint": {"mode": AC_MODES[u.recompute]}}
+    if plan.stack == SoftwareStack.COMPILE:  # the kernels the plan's times assume
+        sections["compile"] = {"enable": True}
+    return sections
 
 
 def _toml_value(v: Any) -> str:

@@ -12,6 +12,7 @@ from cost_models.coverage import uncovered
 from cost_models.scenarios import perturbable
 from planners.robust import RobustChoice, objective, robust_plans
 from specs import ClusterSpec, ModelSpec, Plan, SpecError
+from specs.stack import SoftwareStack
 from specs.limits import made_time
 from specs.units import GIB
 
@@ -217,11 +218,11 @@ class Planner(ABC):
         cost_model = wrap(base)
         usable = budget.memory_bytes - cost_model.allocator_reserve_bytes(budget.memory_bytes)
         budget = replace(budget, memory_gib=usable / GIB)
-        result = self._search(model, cluster, budget, cost_model, dict(options))
+        result = _with_stack(self._search(model, cluster, budget, cost_model, dict(options)), base.stack)
         why = _uncovered(base, result) if goal == "auto" else ()
         if (goal == "robust" or why) and result.feasible:
             def search(cm: CostModel) -> tuple[Plan, ...]:
-                found = self._search(model, cluster, budget, cm, dict(options))
+                found = _with_stack(self._search(model, cluster, budget, cm, dict(options)), base.stack)
                 return (found.plan, *(k.plan for k in found.top_k)) if found.feasible else ()
             choice = robust_plans(search, model, base, (result.plan, *(k.plan for k in result.top_k)),
                                   scenarios, wrap)
@@ -264,6 +265,15 @@ def _uncovered(cost_model: CostModel, result: PlanResult) -> tuple[str, ...]:
 def _auto_note(why: tuple[str, ...]) -> str:
     """The message of a plan objective=auto chose robustly."""
     return f"robust objective: the nominal plan runs {' and '.join(why)}" if why else ""
+
+
+def _with_stack(result: PlanResult, stack: SoftwareStack | None) -> PlanResult:
+    """``result`` with its plans stating the software stack their times assume (none stated
+    when the cost model assumes none)."""
+    if stack is None or not result.feasible:
+        return result
+    return replace(result, plan=replace(result.plan, stack=stack),
+                   top_k=tuple(replace(k, plan=replace(k.plan, stack=stack)) for k in result.top_k))
 
 
 def _replace_stats(result: PlanResult, stats: SearchStats) -> PlanResult:

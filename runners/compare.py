@@ -24,6 +24,7 @@ from runners.report import table
 from specs import SpecError
 from specs.cli import ArgumentParser, count, dumps, number, output_dir, output_file, parse_with_config
 from specs.model import ATTENTION_KINDS
+from specs.stack import STACKS
 from specs.errors import one_line_errors
 from specs.processes import WorkerDied
 from specs.limits import MAX_GLOBAL_BATCH
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="search the global batch over the powers of two in [LO, HI]")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="the cost model the planners minimise")
+    p.add_argument("--stack", choices=STACKS, help="for --cost-model analytical: the software whose kernels it "
+                   "times and every plan states: megatron-te (Megatron-Core with Transformer Engine, fused), eager "
+                   "(PyTorch as torchtitan runs without compile) or compile (torch.compile) (default: megatron-te)")
     reserve = p.add_mutually_exclusive_group()
     reserve.add_argument("--reserve-gib", type=number(0.0, 1e6, low_open=False),
                          help="allocator reserve: keep this many GiB of every budget free (0: none); default "
@@ -157,13 +161,17 @@ def _planner_options(args: argparse.Namespace, names: Sequence[str]) -> dict[str
 
 
 def _cost_model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The allocator reserve when given, and where the profiled model reads its numbers from."""
+    """The allocator reserve when given, the analytical model's software stack, and where the
+    profiled model reads its numbers from."""
     reserve = {k: v for k, v in (("reserve_gib", args.reserve_gib), ("reserve_fraction", args.reserve_fraction))
                if v is not None}
+    if args.stack is not None and args.cost_model != "analytical":
+        raise SpecError("--stack", f"the software stack is the analytical model's (--cost-model {args.cost_model} "
+                        "times what its profile ran)")
     if args.cost_model != "profiled":
         if args.profile or args.galvatron_dir:
             raise SpecError("--profile", "--profile/--galvatron-dir need --cost-model profiled")
-        return reserve
+        return {**reserve, "stack": args.stack} if args.stack else reserve
     if args.galvatron_dir:
         return {"galvatron_dir": args.galvatron_dir, "model": args.model, **reserve}
     return {"profile_path": args.profile, **reserve} if args.profile else reserve

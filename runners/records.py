@@ -13,12 +13,14 @@ COLUMNS = ("planner", "model", "cluster", "budget_gib", "seq_length", "global_ba
            "throughput_samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
            "iteration_time_s", "peak_memory_gib", "min_memory_gib", "search_time_s", "solver_status",
            "gap", "bound_s", "states_explored", "tie", "plan_summary", "plan_file", "calibration",
-           "regret_max", "robust_time_s", "worst_scenario", "robust_reason", "nominal_throughput_samples_per_s",
+           "stack", "regret_max", "robust_time_s", "worst_scenario", "robust_reason",
+           "nominal_throughput_samples_per_s",
            "nominal_iteration_time_s", "nominal_regret_max", "nominal_plan_summary")
 """The columns every record has, in table order. The regret columns are None but under a robust
 objective (planners/robust.py): the plan's worst regret over the scenarios, its worst iteration
 time and that scenario, why objective=auto chose robustly (None where robust was asked for); the
-nominal_* ones only where the nominal objective's plan differs."""
+nominal_* ones only where the nominal objective's plan differs. ``stack``: the software stack the
+plan's times assume (specs.stack; None where the cost model assumes none)."""
 EVALUATION_FIELDS = ("iteration_time_s", "throughput_samples_per_s", "peak_memory_gib", "oom")
 MEMORY_NOTE = ("peak GiB (cost model): states + the activations of the micro-batches in flight + the largest "
                "temporary + runtime overhead, all counted at once; {e} peak GiB: the highest total the {e}'s "
@@ -52,7 +54,8 @@ def record(result: PlanResult, model: str, cluster: str, budget: Budget, model_s
         "solver_status": result.stats.solver_status, "gap": result.stats.gap, "bound_s": result.stats.bound_s,
         "states_explored": result.stats.states_explored,
         "tie": None, "plan_summary": plan.summary() if plan else _oom_text(result), "plan_file": None,
-        "calibration": calibration, **robust_fields(result),
+        "calibration": calibration, "stack": str(plan.stack) if plan and plan.stack else None,
+        **robust_fields(result),
     }
 
 

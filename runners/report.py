@@ -32,7 +32,8 @@ def table(records: list[dict[str, Any]], evaluator: str | None = None) -> str:
         if robust and r.get("nominal_plan_summary"):  # the nominal objective's plan, beside the robust one
             rows.append(_nominal_row(r, len(head)))
     statuses = sorted({r["calibration"] for r in records if r.get("calibration")})
-    return "\n".join([f"cost model constants: {s}" for s in statuses]
+    stacks = sorted({r["stack"] for r in records if r.get("stack")})
+    return "\n".join([f"cost model constants: {s}" for s in statuses] + [f"software stack: {s}" for s in stacks]
                      + [tabulate(rows, headers=head, tablefmt="simple"), *notes(records, evaluator, ties)])
 
 

@@ -9,6 +9,7 @@ from specs.errors import SpecError
 from specs.axes import CPComm, CPLoadBalance
 from specs.plan import DPType, LayerStrategy, Plan, Recompute, Schedule, SequenceParallel
 from specs.precision import Precision
+from specs.stack import SoftwareStack
 
 if TYPE_CHECKING:
     from specs.model import LayerSpec, ModelSpec
@@ -42,6 +43,8 @@ class Capabilities:
     """How a layer with cp > 1 exchanges keys and values (CPComm values)."""
     cp_load_balance: frozenset[str] | None = None
     """The token order of a plan with a cp > 1 layer (CPLoadBalance values)."""
+    stack: frozenset[str] | None = None
+    """The software stack a plan states (SoftwareStack values; a plan that states none passes)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,6 +86,7 @@ PLAN_AXES: dict[str, Callable[[Plan], object]] = {
     "schedule": lambda plan: plan.schedule,
     "vocab_sp": lambda plan: plan.vocab_sp,
     "cp_load_balance": lambda plan: plan.cp_load_balance if any(s.cp > 1 for s in plan.layers) else None,
+    "stack": lambda plan: plan.stack,
 }
 """How each whole-plan axis reads its value."""
 
@@ -95,7 +99,8 @@ def refusal(who: str, where: str, axis: str, value: object, capabilities: Capabi
     return SpecError(f"{who} cannot run {where}", f"{axis} {value} (supported: {allowed})")
 
 
-_ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule, CPComm, CPLoadBalance, Precision)
+_ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule, CPComm, CPLoadBalance, Precision,
+                                          SoftwareStack)
                for v in enum]
 
 

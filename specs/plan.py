@@ -14,6 +14,7 @@ from specs.files import atomic_write_text
 from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import Precision, fp8_recipe, gpu_refusal
 from specs.precision import precision as to_precision
+from specs.stack import SoftwareStack, software_stack
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
 from specs.chunks import chunk_layout
 from specs.schedules import SCHEDULES, Schedule, schedule_entry, upgrade_schedule
@@ -211,6 +212,10 @@ class Plan:
     uneven first/last chunks, e.g. 3 + 4 x 30 + 3 for 126 layers on 32 chunks); each stage's
     chunks sum to its ``stage_layers``. Empty: each stage's layers split evenly over its chunks,
     the earlier chunks taking one more (a list equal to that is stored empty)."""
+    stack: SoftwareStack | None = None
+    """The software stack its times assume (specs.stack): megatron-te, eager or compile; None:
+    not stated (a planner states its cost model's). A cost model built for one stack refuses a
+    plan that states another."""
     model: str = ""
     """Zoo name or config path of the model this plan is for (informative)."""
     cluster: str = ""
@@ -240,6 +245,8 @@ class Plan:
             raise SpecError("vocab_zero3", f"must be true or false, got {self.vocab_zero3!r}")
         object.__setattr__(self, "cp_load_balance", member(self.cp_load_balance, CPLoadBalance, "cp_load_balance"))
         object.__setattr__(self, "vocab_sp", member(self.vocab_sp, SequenceParallel, "vocab_sp"))
+        if self.stack is not None:
+            object.__setattr__(self, "stack", software_stack(self.stack))
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
@@ -465,7 +472,7 @@ class Plan:
         if not self.chunk_layers:  # written only when not the even split
             del d["chunk_layers"]
         d["layers"] = [asdict(s) for s in self.layers]
-        for key in ("model_spec", "cluster_spec"):  # written only when embedded
+        for key in ("model_spec", "cluster_spec", "stack"):  # written only when embedded / stated
             if d[key] is None:
                 del d[key]
         return d

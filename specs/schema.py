@@ -12,9 +12,12 @@ from specs.errors import SpecError
 from specs.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MICRO_BATCHES,
                           MAX_NODES, MAX_SCALE_UP_DOMAIN_GPUS, MAX_WIDTH)
 from specs.schedules import SCHEDULES
+from specs.stack import STACKS
 
 _SCHEDULE_NAMES = tuple(s.value for s in SCHEDULES)
 """The registered pipeline schedules (specs.schedules)."""
+_STACK_NAMES = tuple(s.value for s in STACKS)
+"""The software stacks (specs.stack)."""
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 _OPEN = ConfigDict(strict=True, extra="allow", frozen=True)
@@ -178,6 +181,7 @@ class PlanFile(BaseModel):
     vocab_zero3: bool = False
     vocab_sp: Literal["none", "megatron", "ulysses"] = "none"
     cp_load_balance: Literal["zigzag", "none"] = "zigzag"
+    stack: Literal[_STACK_NAMES] | None = None  # type: ignore[valid-type]
     virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
     chunk_layers: list[Layers] = []
     model: str = ""

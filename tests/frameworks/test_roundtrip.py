@@ -236,3 +236,12 @@ def test_zb_h1_is_refused_by_torchtitan_naming_the_schedule():
     model, cluster = llama()
     zb = plan(model, cluster, tp=4, dp=4, pp=4, global_batch=64, micro_batches=8, schedule="zb_h1")
     _one_line("torchtitan", zb, "schedule", "zb_h1", "InterleavedZeroBubble")
+
+
+@pytest.mark.parametrize("stack, compiled", [("compile", True), ("eager", False), (None, False)])
+def test_torchtitan_export_compiles_what_the_plan_timed_compiled(stack, compiled):
+    model, cluster = llama()
+    plan = replace(expressible("torchtitan")[0], stack=stack)
+    files = frameworks.get("torchtitan").export(plan, model, cluster).files
+    assert ("[compile]\nenable = true" in files["torchtitan.toml"]) == compiled
+    assert ("--compile.enable" in files["torchtitan_args.txt"]) == compiled

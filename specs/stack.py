@@ -1,0 +1,33 @@
+"""The software stack a plan's times assume: which kernels a Transformer block runs as."""
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from specs.errors import SpecError
+
+
+class SoftwareStack(StrEnum):
+    """The framework and kernels that run the block (cost_models/stacks.py holds each one's
+    kernel list; docs/cost_models.md, "Software stacks")."""
+
+    MEGATRON_TE = "megatron-te"
+    """Megatron-Core with Transformer Engine: fused QKV and FC1 GEMMs, one kernel per norm,
+    bias-activation and bias-dropout-add (the analytical model's kernel list)."""
+    EAGER = "eager"
+    """PyTorch eager, as torchtitan runs without compile: separate Q/K/V and gated FC1 GEMMs, the
+    RMSNorm composite of ATen (an fp32 pass per step), SiLU and the gate product as two kernels."""
+    COMPILE = "compile"
+    """torch.compile (Inductor) over the eager model: the GEMMs stay separate, each chain of
+    pointwise and reduction kernels becomes one fused kernel."""
+
+
+STACKS = tuple(SoftwareStack)
+
+
+def software_stack(value: Any, field: str = "stack") -> SoftwareStack:
+    """``value`` as a SoftwareStack; a one-line SpecError naming ``field`` otherwise."""
+    try:
+        return SoftwareStack(value)
+    except ValueError:
+        raise SpecError(field, f"{value!r} is not a software stack; choose from {', '.join(STACKS)}") from None
