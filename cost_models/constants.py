@@ -31,7 +31,8 @@ class AnalyticalConstants:
     """Fraction of the FP8 peak (gpu.peak_fp8_tflops) a large FP8 GEMM reaches: a stated default,
     fitted on nothing. On an H100 SXM an 8192-cubed E4M3 GEMM reaches about 1,610 of 1,979
     TFLOP/s through cuBLASLt and 1,170 through torch._scaled_mm (a public cross-check report of
-    cuBLASLt FP8 GEMMs): 0.81 and 0.59; 0.7 sits between the two."""
+    cuBLASLt FP8 GEMMs): 0.81 and 0.59; 0.7 sits between the two. h100.json fits it on NeMo's
+    FP8 DGX-H100 runs (python -m cost_models.calibrate --cluster dgx-h100)."""
     gemm_half_efficiency_flops: float = 1.0e9
     """FLOPs of a GEMM that reaches half of gemm_efficiency_max (small GEMMs pay launch and
     tail-wave cost): 1 GFLOP at ~230 TFLOP/s is ~4 us, the usual fixed cost of a kernel."""
