@@ -254,7 +254,8 @@ def _start(recipe: Recipe, cluster: ClusterSpec, nccl: str | None) -> tuple[Anal
     collective = fit_collectives(cluster, rows, AnalyticalConstants())
     values = {n: getattr(collective, n) for n in COLLECTIVE_PARAMS}
     print("collectives:", ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
-    return collective.with_values(MEGATRON_SOFTWARE), values, {"collectives": f"nccl-tests all-reduce, {len(rows)} rows"}
+    notes = {"collectives": f"nccl-tests all-reduce, {len(rows)} rows"}
+    return collective.with_values(MEGATRON_SOFTWARE), values, notes
 
 
 # -- command line ----------------------------------------------------------------------------------

@@ -158,9 +158,20 @@ def _nemo_model(row: dict) -> ModelSpec | None:
                            name=row["source_model"].lower()).with_attention("flash")
 
 
+def _nemo_plan(model: ModelSpec, row: dict) -> Plan:
+    """The row's degrees, batch and interleaving under NEMO_SOFTWARE (Megatron-SP where tp > 1)."""
+    gpus, tp, pp, cp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp"))
+    dp, v = gpus // (tp * pp * cp), int(row["virtual_stages"])
+    mbs, gbs = int(row["micro_batch"]), int(row["global_batch"])
+    return uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, cp=cp, global_batch=gbs, micro_batches=gbs // (mbs * dp),
+                        sp=SequenceParallel.MEGATRON if tp > 1 else SequenceParallel.NONE,
+                        schedule=Schedule.INTERLEAVED_1F1B if v > 1 else Schedule.ONE_F_ONE_B,
+                        virtual_stages=v, model=model.name, **NEMO_SOFTWARE)
+
+
 def nemo_h100_runs() -> list[Run]:
     """The NeMo 24.07 FP8 rows whose model is stated (NEMO_SHAPES), as Megatron-Core ran them
-    (NEMO_SOFTWARE, as_megatron) on dgx-h100 nodes; measured time = tokens per iteration over
+    (_nemo_plan, as_megatron) on whole dgx-h100 nodes; measured time = tokens per iteration over
     the cluster's tokens per second."""
     import pandas as pd
     frame = pd.read_csv(data_path(Dataset.H100_FP8_CALIBRATION) / NEMO_TABLE, keep_default_na=False)
@@ -170,15 +181,9 @@ def nemo_h100_runs() -> list[Run]:
         model = _nemo_model(row)
         if model is None:
             continue
-        gpus, tp, pp, cp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp"))
-        dp, mbs, gbs, v = gpus // (tp * pp * cp), int(row["micro_batch"]), int(row["global_batch"]), int(row["virtual_stages"])
-        plan = uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, cp=cp, global_batch=gbs,
-                            micro_batches=gbs // (mbs * dp),
-                            sp=SequenceParallel.MEGATRON if tp > 1 else SequenceParallel.NONE,
-                            schedule=Schedule.INTERLEAVED_1F1B if v > 1 else Schedule.ONE_F_ONE_B,
-                            virtual_stages=v, model=model.name, **NEMO_SOFTWARE)
-        model, plan = as_megatron(model, plan)
-        cluster = base.with_nodes(gpus // base.gpus_per_node) if gpus >= base.gpus_per_node else base
-        measured_s = gbs * int(row["seq_len"]) / (float(row["tokens_per_s_per_gpu"]) * gpus)
-        runs.append(Run(model, cluster, plan, measured_s, f"nemo:{row['source_model']}"))
+        model, plan = as_megatron(model, _nemo_plan(model, row))
+        gpus = int(row["gpus"])
+        measured_s = int(row["global_batch"]) * int(row["seq_len"]) / (float(row["tokens_per_s_per_gpu"]) * gpus)
+        runs.append(Run(model, base.with_nodes(gpus // base.gpus_per_node), plan, measured_s,
+                        f"nemo:{row['source_model']}"))
     return runs
