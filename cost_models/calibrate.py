@@ -1,17 +1,19 @@
 """Fit the analytical model's free constants to measurements and write a cluster calibration file.
 
-Two independent fits (``python -m cost_models.calibrate --help``):
-1. collectives: base latency, per-step latency factor and bus efficiency, from nccl-tests
-   all-reduce tables (data/nccl_a100);
-2. compute: GEMM efficiency curve, memory efficiency and fixed overheads, from measured
-   iteration times (the vTrain single-node runs, cost_models.measured_runs), minimising squared log error
-   (scipy.optimize.least_squares, soft-L1 loss so a few odd runs cannot dominate).
+One recipe per GPU (``python -m cost_models.calibrate --cluster NAME``, RECIPES):
+- dgx-a100-80g: collectives (base latency, per-step latency factor, bus efficiency) from
+  nccl-tests all-reduce tables (data/nccl_a100), then the GEMM efficiency curve, memory
+  efficiency and fixed overheads from the vTrain single-node runs;
+- dgx-h100: the FP8 GEMM efficiency from NeMo 24.07's FP8 DGX-H100 table
+  (data/h100_fp8_calibration), every other constant at its public default.
+Compute fits minimise squared log error (scipy.optimize.least_squares, soft-L1 loss so a few
+odd runs cannot dominate); a K-fold (or leave-one-out) cross-validation gives the error band.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -21,7 +23,7 @@ from scipy.optimize import least_squares
 from cost_models.analytical import AnalyticalModel
 from cost_models.base import pipeline_time
 from cost_models.constants import AnalyticalConstants, save_calibration
-from cost_models.measured_runs import MEGATRON_SOFTWARE, Run, megatron_runs
+from cost_models.measured_runs import MEGATRON_SOFTWARE, Run, megatron_runs, nemo_h100_runs
 from specs import ClusterSpec, SpecError, load_cluster
 from specs.cli import ArgumentParser, count, output_file
 from specs.datasets import Dataset, data_path
@@ -35,10 +37,16 @@ COMPUTE_PARAMS: dict[str, tuple[float, float]] = {
     "micro_batch_overhead_s": (1e-7, 0.05),
     "iteration_overhead_s": (1e-6, 0.5),
 }
-"""Fitted on iteration times: name -> (lower, upper) bound; fitted in log space.
+"""Fitted on the A100 iteration times: name -> (lower, upper) bound; fitted in log space.
 gemm_efficiency_max stays at its public figure: single-node runs (GEMMs up to ~0.3 TFLOP)
 cannot tell it apart from the curve's knee, and fitting it (to 0.95) made large-model
 predictions 15% too fast."""
+FP8_PARAMS: dict[str, tuple[float, float]] = {"fp8_gemm_efficiency_max": (0.3, 1.0)}
+"""Fitted on the H100 FP8 iteration times. The NeMo table cannot identify the rest: fitted
+beside it, F_half and the per-micro-batch overhead run to their lower bounds and the
+leave-one-out error grows (14.0% -> 14.8%); memory efficiency trades against the FP8 ceiling
+(0.40 with 0.995); BF16's gemm_efficiency_max is seen only through attention in FP8 runs."""
+BOUNDS = {**COMPUTE_PARAMS, **FP8_PARAMS}
 LAUNCH_BOUND_STARTS = ()
 """Extra starting points of the compute fit: a framework whose small layers are launch-bound."""
 COLLECTIVE_PARAMS: dict[str, tuple[float, float]] = {
@@ -106,12 +114,13 @@ def fit_compute(runs: Sequence[Run], start: AnalyticalConstants | None = None,
     # max(GPU, host) makes two basins (launch-bound or not): start in each, keep the better.
     starts = [start] + [start.with_values(values) for values in LAUNCH_BOUND_STARTS
                         if set(values) <= set(names)]
-    fits = [_fit(list(names), COMPUTE_PARAMS, s, residuals, max_evals) for s in starts]
+    fits = [_fit(list(names), BOUNDS, s, residuals, max_evals) for s in starts]
     return min(fits, key=lambda fit: fit[1])[0]
 
 
-def _fit_fold(train: Sequence[Run], start: AnalyticalConstants | None, max_evals: int) -> AnalyticalConstants:
-    return fit_compute(train, start=start, max_evals=max_evals)
+def _fit_fold(train: Sequence[Run], start: AnalyticalConstants | None, max_evals: int,
+              names: Sequence[str]) -> AnalyticalConstants:
+    return fit_compute(train, start=start, names=names, max_evals=max_evals)
 
 
 def fold_indices(count: int, folds: int, seed: int = 0) -> np.ndarray:
@@ -124,16 +133,17 @@ def fold_indices(count: int, folds: int, seed: int = 0) -> np.ndarray:
 
 
 def cross_validate(runs: Sequence[Run], folds: int = 5, seed: int = 0, start: AnalyticalConstants | None = None,
-                   max_evals: int = 80, progress: Callable[[int], None] | None = None, jobs: int = 1
-                   ) -> tuple[np.ndarray, list[AnalyticalConstants]]:
-    """Held-out predictions: each run predicted by constants fitted on the other folds
-    (``jobs`` folds fitted at once in separate processes; same result as one at a time)."""
+                   max_evals: int = 80, progress: Callable[[int], None] | None = None, jobs: int = 1,
+                   names: Sequence[str] = tuple(COMPUTE_PARAMS)) -> tuple[np.ndarray, list[AnalyticalConstants]]:
+    """Held-out predictions: each run predicted by constants ``names`` fitted on the other folds
+    (folds = len(runs): leave-one-out; ``jobs`` folds fitted at once in separate processes; same
+    result as one at a time)."""
     from concurrent.futures import ProcessPoolExecutor
     fold_of = fold_indices(len(runs), folds, seed)
     trains = [[r for r, f in zip(runs, fold_of) if f != k] for k in range(folds)]
     predicted = np.empty(len(runs))
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Inline() as pool:
-        futures = [pool.submit(_fit_fold, train, start, max_evals) for train in trains]
+        futures = [pool.submit(_fit_fold, train, start, max_evals, tuple(names)) for train in trains]
         fitted = []
         for k, future in enumerate(futures):
             fitted.append(future.result())
@@ -195,20 +205,77 @@ def errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     return {"mape": float(ape.mean()), "median": float(np.median(ape)), "worst": float(ape.max())}
 
 
+# -- recipes -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Recipe:
+    """What one GPU's calibration fits, on which runs, and where it is written."""
+
+    out: str
+    """Calibration file it writes, relative to the repository root."""
+    data: str
+    """Short name of the measurements (the file's ``data``, shown in the calibration status)."""
+    runs_label: str
+    """The runs fitted, in words."""
+    names: tuple[str, ...]
+    """Compute constants fitted (bounds in BOUNDS)."""
+    runs: Callable[[], list[Run]]
+    """The measured runs fitted."""
+    fits_collectives: bool
+    """Whether collectives are fitted first (on nccl-tests tables) or left at the public defaults."""
+    folds: int | None
+    """Default cross-validation folds; None: leave-one-out (one fold per run)."""
+    transfers_to: dict[str, str] = field(default_factory=dict)
+    """GPU families the fit is stated to hold for without being fitted there, with the reason."""
+
+
+H200_TRANSFER = ("same GH100 compute die, clocks and 700 W as the H100 SXM (more and faster HBM only): "
+                 "the one fitted constant, the FP8 GEMM efficiency, is a compute-bound figure")
+RECIPES = {
+    "dgx-a100-80g": Recipe(out="specs/zoo/calibration/a100.json", data="vtrain", runs_label="vTrain single-node",
+                           names=tuple(COMPUTE_PARAMS), runs=lambda: megatron_runs("single"),
+                           fits_collectives=True, folds=5),
+    "dgx-h100": Recipe(out="specs/zoo/calibration/h100.json", data="nemo-24.07",
+                       runs_label="NeMo 24.07 FP8 DGX-H100", names=tuple(FP8_PARAMS), runs=nemo_h100_runs,
+                       fits_collectives=False, folds=None,
+                       transfers_to={"h200": H200_TRANSFER}),
+}
+"""Cluster -> its calibration (docs/cost_models.md, Calibration)."""
+
+
+def _start(recipe: Recipe, cluster: ClusterSpec, nccl: str | None) -> tuple[AnalyticalConstants, dict, dict]:
+    """(start constants of the compute fit, values fitted before it, notes): the A100 recipe fits
+    collectives first; the H100 one starts from the public defaults (no H100 collective table)."""
+    if not recipe.fits_collectives:
+        if nccl:
+            raise SpecError("--nccl", f"the {cluster.name} recipe fits no collectives")
+        return AnalyticalConstants(), {}, {"collectives": "not fitted: public defaults (no H100 nccl-tests table "
+                                           "in data/)"}
+    rows = read_nccl_tables(Path(nccl) if nccl else data_path(Dataset.NCCL_A100))
+    collective = fit_collectives(cluster, rows, AnalyticalConstants())
+    values = {n: getattr(collective, n) for n in COLLECTIVE_PARAMS}
+    print("collectives:", ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
+    notes = {"collectives": f"nccl-tests all-reduce, {len(rows)} rows"}
+    return collective.with_values(MEGATRON_SOFTWARE), values, notes
+
+
 # -- command line ----------------------------------------------------------------------------------
 def _parse(argv: Iterable[str] | None) -> argparse.Namespace:
     repo = Path(__file__).resolve().parents[1]
     parser = ArgumentParser(prog="python -m cost_models.calibrate", description=__doc__)
-    parser.add_argument("--cluster", default="dgx-a100-80g", help="zoo cluster whose file gets the result")
-    parser.add_argument("--out", default=str(repo / "specs/zoo/calibration/a100.json"),
-                        help="calibration file to write")
+    parser.add_argument("--cluster", default="dgx-a100-80g", choices=sorted(RECIPES),
+                        help="zoo cluster whose calibration is fitted (each has its recipe)")
+    parser.add_argument("--out", default=None, help="calibration file to write (default: the recipe's, "
+                        + ", ".join(f"{k}: {r.out}" for k, r in RECIPES.items()) + ")")
     parser.add_argument("--nccl", default=None, help="folder of nccl-tests *allreduce_*gpu.csv tables "
-                        "(default: data/nccl_a100)")
+                        "(A100 recipe; default: data/nccl_a100)")
     parser.add_argument("--max-evals", type=count(10_000), default=80, help="cost evaluations per fit")
-    parser.add_argument("--folds", type=count(100, minimum=0), default=5,
-                        help="cross-validation folds for the error band (cv_error_p10/p90); 0 skips it")
+    parser.add_argument("--folds", type=count(2000, minimum=0), default=None,
+                        help="cross-validation folds for the error band (cv_error_p10/p90); 0 skips it "
+                        "(default: the recipe's, 5 for A100, leave-one-out for H100)")
     parser.add_argument("--jobs", type=count(64), default=1, help="folds fitted at once (processes)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.out = args.out or str(repo / RECIPES[args.cluster].out)
+    return args
 
 
 def error_band(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
@@ -217,37 +284,45 @@ def error_band(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     return {"cv_error_p10": float(np.percentile(rel, 10)), "cv_error_p90": float(np.percentile(rel, 90))}
 
 
+def _folds(recipe: Recipe, asked: int | None, runs: int) -> int:
+    """Folds to cross-validate with: asked, else the recipe's (None there: one per run)."""
+    if asked is not None:
+        return asked
+    return runs if recipe.folds is None else recipe.folds
+
+
 @one_line_errors()
 def main(argv: Iterable[str] | None = None) -> int:
     args = _parse(argv)
     output_file(args.out, "--out")  # before the fits, not after them
+    recipe = RECIPES[args.cluster]
     cluster = load_cluster(args.cluster)
-    base = AnalyticalConstants()
-    rows = read_nccl_tables(Path(args.nccl) if args.nccl else data_path(Dataset.NCCL_A100))
-    collective = fit_collectives(cluster, rows, base)
-    coll_values = {n: getattr(collective, n) for n in COLLECTIVE_PARAMS}
-    print("collectives:", ", ".join(f"{k}={v:.4g}" for k, v in coll_values.items()))
-    runs = megatron_runs("single")
-    start = collective.with_values(MEGATRON_SOFTWARE)
-    fitted = fit_compute(runs, start=start, max_evals=args.max_evals)
-    comp_values = {n: getattr(fitted, n) for n in COMPUTE_PARAMS}
-    print("compute:", ", ".join(f"{k}={v:.4g}" for k, v in comp_values.items()))
-    stats = errors(predict(fitted, runs), np.array([r.measured_s for r in runs]))
-    print(f"in-sample on {len(runs)} single-node runs: MAPE {stats['mape']:.2f}% "
+    start, values, fitted_on = _start(recipe, cluster, args.nccl)
+    runs = recipe.runs()
+    measured = np.array([r.measured_s for r in runs])
+    fitted = fit_compute(runs, start=start, names=recipe.names, max_evals=args.max_evals)
+    values |= {n: getattr(fitted, n) for n in recipe.names}
+    print("compute:", ", ".join(f"{k}={getattr(fitted, k):.4g}" for k in recipe.names))
+    stats = errors(predict(fitted, runs), measured)
+    print(f"in-sample on {len(runs)} {recipe.runs_label} runs: MAPE {stats['mape']:.2f}% "
           f"median {stats['median']:.2f}% worst {stats['worst']:.1f}%")
-    band = {}
-    if args.folds:
-        cv_pred, _ = cross_validate(runs, folds=args.folds, start=start, max_evals=args.max_evals, jobs=args.jobs)
-        band = error_band(cv_pred, np.array([r.measured_s for r in runs]))
-        print(f"{args.folds}-fold CV error band: p10 {band['cv_error_p10']:+.3f}, p90 {band['cv_error_p90']:+.3f}")
-    fitted_on = {"collectives": f"nccl-tests all-reduce, {len(rows)} rows",
-                 "compute": f"vTrain single-node, {len(runs)} runs, in-sample MAPE {stats['mape']:.2f}%"}
-    if band:
-        fitted_on["error_band"] = (f"{args.folds}-fold CV residuals on the vTrain single-node set "
+    fitted_on["compute"] = f"{recipe.runs_label}, {len(runs)} runs, in-sample MAPE {stats['mape']:.2f}%"
+    folds = _folds(recipe, args.folds, len(runs))
+    if folds:
+        cv_pred, _ = cross_validate(runs, folds=folds, start=start, max_evals=args.max_evals, jobs=args.jobs,
+                                    names=recipe.names)
+        band = error_band(cv_pred, measured)
+        values |= band
+        cv = errors(cv_pred, measured)
+        kind = "leave-one-out" if folds == len(runs) else f"{folds}-fold"
+        print(f"{kind} CV: MAPE {cv['mape']:.2f}% worst {cv['worst']:.1f}%; error band p10 "
+              f"{band['cv_error_p10']:+.3f}, p90 {band['cv_error_p90']:+.3f}")
+        fitted_on["error_band"] = (f"{kind} CV residuals on the {recipe.runs_label} set "
                                    f"(max {args.max_evals} cost evaluations per fold)")
-    save_calibration(args.out, {**coll_values, **comp_values, **band}, cluster=args.cluster,
-                     gpu=cluster.gpu.name, data="vtrain", fitted_on=fitted_on,
-                     procedure="python -m cost_models.calibrate (docs/cost_models.md)")
+    meta = {"transfers_to": recipe.transfers_to} if recipe.transfers_to else {}
+    save_calibration(args.out, values, cluster=args.cluster, gpu=cluster.gpu.name, data=recipe.data,
+                     fitted_on=fitted_on, procedure=f"python -m cost_models.calibrate --cluster {args.cluster} "
+                     "(docs/cost_models.md)", **meta)
     print(f"wrote {args.out}")
     return 0
 

@@ -31,7 +31,8 @@ class AnalyticalConstants:
     """Fraction of the FP8 peak (gpu.peak_fp8_tflops) a large FP8 GEMM reaches: a stated default,
     fitted on nothing. On an H100 SXM an 8192-cubed E4M3 GEMM reaches about 1,610 of 1,979
     TFLOP/s through cuBLASLt and 1,170 through torch._scaled_mm (a public cross-check report of
-    cuBLASLt FP8 GEMMs): 0.81 and 0.59; 0.7 sits between the two."""
+    cuBLASLt FP8 GEMMs): 0.81 and 0.59; 0.7 sits between the two. h100.json fits it on NeMo's
+    FP8 DGX-H100 runs (python -m cost_models.calibrate --cluster dgx-h100)."""
     gemm_half_efficiency_flops: float = 1.0e9
     """FLOPs of a GEMM that reaches half of gemm_efficiency_max (small GEMMs pay launch and
     tail-wave cost): 1 GFLOP at ~230 TFLOP/s is ~4 us, the usual fixed cost of a kernel."""
@@ -160,11 +161,25 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
                         str(path))
     if not isinstance(raw.get("constants"), dict):
         raise SpecError("constants", "must be an object of named numbers", str(path))
+    _check_transfers(raw.get("transfers_to", {}), str(path))
     try:
         AnalyticalConstants().with_values(raw["constants"])
     except SpecError as err:
         raise err.with_source(str(path)) from None
     return raw
+
+
+def _check_transfers(transfers: Any, source: str) -> None:
+    """``transfers_to`` (optional): GPU family (gpu_family's lower-case name) -> why constants fitted
+    on the file's GPU are taken to hold there without a fit of their own."""
+    if not isinstance(transfers, dict):
+        raise SpecError("transfers_to", f"must be an object of GPU family -> reason, got {transfers!r}", source)
+    for family, reason in transfers.items():
+        if family != gpu_family(family):
+            raise SpecError(f"transfers_to.{family}", f"must be a GPU family in lower case (e.g. "
+                            f"{gpu_family(family)!r})", source)
+        if not isinstance(reason, str) or not reason.strip():
+            raise SpecError(f"transfers_to.{family}", f"must state the reason as text, got {reason!r}", source)
 
 
 def constants_for(calibration: str | Path | Mapping[str, float] | None) -> AnalyticalConstants:
@@ -194,8 +209,9 @@ def gpu_family(name: str) -> str:
 
 def calibration_status(calibration: str | Path | Mapping[str, float] | None, gpu_name: str) -> str:
     """Whether the constants ``constants_for(calibration)`` applies were fitted on ``gpu_name``'s
-    GPU: 'calibrated: a100 (vtrain)', 'uncalibrated: A100-fitted constants on H100', or
-    'defaults: ...' when no calibration applies (public figures, fitted on no GPU)."""
+    GPU: 'calibrated: a100 (vtrain)', 'transferred: H100-fitted constants on H200 (not fitted
+    there)' where the file's ``transfers_to`` names the GPU, 'uncalibrated: A100-fitted constants
+    on H100', or 'defaults: ...' when no calibration applies (public figures, fitted on no GPU)."""
     gpu = gpu_family(gpu_name)
     if calibration is None or calibration == "":
         return f"defaults: public-figure constants, uncalibrated on {gpu.upper()}"
@@ -205,6 +221,8 @@ def calibration_status(calibration: str | Path | Mapping[str, float] | None, gpu
     fitted, data = gpu_family(str(raw.get("gpu", ""))), str(raw.get("data", "")) or "unnamed data"
     if fitted == "?":
         return f"uncalibrated: constants fitted on an unstated GPU ({Path(calibration).name}) on {gpu.upper()}"
+    if fitted != gpu and gpu in raw.get("transfers_to", {}):
+        return f"transferred: {fitted.upper()}-fitted constants ({data}) on {gpu.upper()}, not fitted there"
     if fitted != gpu:
         return f"uncalibrated: {fitted.upper()}-fitted constants on {gpu.upper()}"
     return f"calibrated: {fitted} ({data})"

@@ -4,18 +4,21 @@ cluster, plan, measured time), read via specs.datasets:
 - the vTrain A100 runs (data/vtrain_a100): Megatron-DeepSpeed, fp16, Adam, full recomputation,
   1F1B, no ZeRO, no sequence parallelism; sets 'single' (fitted) and 'multi' (never fitted);
 - Megatron-LM's published runs (data/megatron_a100): set 'published' (never fitted), with the
-  interleaving, recomputation and sequence parallelism each row gives.
+  interleaving, recomputation and sequence parallelism each row gives;
+- NeMo 24.07's FP8 DGX-H100 table (data/h100_fp8_calibration): the H100 calibration's runs
+  (``nemo_h100_runs``), on zoo models or the NeMo GPT-3 shapes of NEMO_SHAPES.
 
-Each row becomes a uniform Plan on a GPT model of the row's shape (vocabulary 50257).
+Each vTrain/Megatron row becomes a uniform Plan on a GPT model of the row's shape (vocabulary 50257).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from specs import (ClusterSpec, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, load_cluster, model_from_dict,
-                   uniform_plan)
+from specs import (ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, load_cluster,
+                   load_model, model_from_dict, uniform_plan)
 from specs.cluster import InterNodeLink
 from specs.datasets import DATA_ROOT, Dataset, data_path
+from specs.precision import Precision
 
 SETS = {"single": Dataset.VTRAIN_SINGLE_NODE, "multi": Dataset.VTRAIN_MULTI_NODE,
         "published": Dataset.MEGATRON_PUBLISHED}
@@ -123,4 +126,64 @@ def megatron_runs(set_name: str) -> list[Run]:
     for case in load_cases(set_name):
         model, plan = as_megatron(case.model, case.plan)
         runs.append(replace(case, model=model, plan=plan))
+    return runs
+
+
+NEMO_TABLE = "nemo_24.07_h100_fp8.csv"
+"""The NeMo 24.07 FP8 DGX-H100 performance table in Dataset.H100_FP8_CALIBRATION."""
+NEMO_SHAPES = {
+    "GPT3-5B": {"n_embd": 4096, "n_layer": 24, "n_head": 32, "n_inner": 16384},
+    "GPT3-20B": {"n_embd": 6144, "n_layer": 44, "n_head": 48, "n_inner": 24576},
+}
+"""NeMo rows without a zoo model whose shape is stated: GPTConfig5B / GPTConfig20B of
+nemo/collections/llm/gpt/model/base.py in github.com/NVIDIA/NeMo (hidden, layers, heads, FFN;
+GPT-2 vocabulary 50257, learned positions). The Nemotron rows (8B, 22B, 340B) are left out:
+squared-ReLU MLPs and shapes no file read here states."""
+NEMO_SOFTWARE = {"precision": Precision.FP8_DELAYED, "dp_type": DPType.ZERO1, "recompute": Recompute.NONE}
+"""What NeMo 24.07's performance recipes ran, stated not fitted: Transformer Engine FP8 with
+delayed scaling (the release's default recipe), Megatron's distributed optimizer (ZeRO-1), no
+activation recomputation, and Megatron-SP wherever tp > 1."""
+
+
+def _nemo_model(row: dict) -> ModelSpec | None:
+    """The row's model at its sequence length: the zoo model it names, a NEMO_SHAPES shape, or
+    None (not stated)."""
+    seq = int(row["seq_len"])
+    if isinstance(row.get("zoo_model"), str) and row["zoo_model"]:
+        return load_model(row["zoo_model"]).with_seq_len(seq).with_attention("flash")
+    shape = NEMO_SHAPES.get(row["source_model"])
+    if shape is None:
+        return None
+    return model_from_dict({"model_type": "gpt2", **shape, "n_positions": seq, "seq_length": seq, "vocab_size": VOCAB},
+                           name=row["source_model"].lower()).with_attention("flash")
+
+
+def _nemo_plan(model: ModelSpec, row: dict) -> Plan:
+    """The row's degrees, batch and interleaving under NEMO_SOFTWARE (Megatron-SP where tp > 1)."""
+    gpus, tp, pp, cp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp"))
+    dp, v = gpus // (tp * pp * cp), int(row["virtual_stages"])
+    mbs, gbs = int(row["micro_batch"]), int(row["global_batch"])
+    return uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, cp=cp, global_batch=gbs, micro_batches=gbs // (mbs * dp),
+                        sp=SequenceParallel.MEGATRON if tp > 1 else SequenceParallel.NONE,
+                        schedule=Schedule.INTERLEAVED_1F1B if v > 1 else Schedule.ONE_F_ONE_B,
+                        virtual_stages=v, model=model.name, **NEMO_SOFTWARE)
+
+
+def nemo_h100_runs() -> list[Run]:
+    """The NeMo 24.07 FP8 rows whose model is stated (NEMO_SHAPES), as Megatron-Core ran them
+    (_nemo_plan, as_megatron) on whole dgx-h100 nodes; measured time = tokens per iteration over
+    the cluster's tokens per second."""
+    import pandas as pd
+    frame = pd.read_csv(data_path(Dataset.H100_FP8_CALIBRATION) / NEMO_TABLE, keep_default_na=False)
+    base = load_cluster("dgx-h100")
+    runs = []
+    for row in frame.to_dict("records"):
+        model = _nemo_model(row)
+        if model is None:
+            continue
+        model, plan = as_megatron(model, _nemo_plan(model, row))
+        gpus = int(row["gpus"])
+        measured_s = int(row["global_batch"]) * int(row["seq_len"]) / (float(row["tokens_per_s_per_gpu"]) * gpus)
+        runs.append(Run(model, base.with_nodes(gpus // base.gpus_per_node), plan, measured_s,
+                        f"nemo:{row['source_model']}"))
     return runs

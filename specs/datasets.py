@@ -27,8 +27,8 @@ class Dataset(StrEnum):
     """Published H100/H200/A100 training runs (torchtitan, Megatron-Bridge, NeMo AutoModel,
     Llama 3): the validation set of benchmarks.published_runs, never fitted."""
     H100_FP8_CALIBRATION = "h100_fp8_calibration"
-    """NeMo 24.07 H100 FP8 runs and torchtitan BF16/FP8 pairs: reserved for calibration (no
-    row shared with PUBLISHED_RUNS; nothing fitted yet)."""
+    """NeMo 24.07 H100 FP8 runs (the H100 calibration's, cost_models.calibrate) and torchtitan
+    BF16/FP8 pairs (not fitted); no row shared with PUBLISHED_RUNS."""
     NCCL_A100 = "nccl_a100"
     """nccl-tests all-reduce on 2..8 A100 SXM GPUs (folder of CSVs)."""
     GALVATRON_LLAMA2_7B = "galvatron_llama2_7b"

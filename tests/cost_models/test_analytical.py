@@ -210,7 +210,9 @@ def test_calibration_status_says_whether_the_constants_were_fitted_on_this_gpu(t
     assert load_cluster("dgx-a100-40g").calibration == a100.calibration  # 40 GB parts share the A100 fit
     assert AnalyticalModel(h100, calibration=a100.calibration).calibration_status() == \
         "uncalibrated: A100-fitted constants on H100"
-    assert AnalyticalModel(h100).calibration_status() == "defaults: public-figure constants, uncalibrated on H100"
+    assert AnalyticalModel(h100).calibration_status() == "calibrated: h100 (nemo-24.07)"
+    assert AnalyticalModel(h100, calibration="").calibration_status() == \
+        "defaults: public-figure constants, uncalibrated on H100"
     assert AnalyticalModel(h100, constants=AnalyticalConstants()).calibration_status().startswith("custom:")
     raw = json.loads(open(a100.calibration).read())
     raw.pop("gpu")
@@ -229,4 +231,6 @@ def test_list_clusters_shows_gpu_memory_and_calibration_of_every_zoo_cluster():
     assert "B200-SXM-180GB" in rows["dgx-b200"] and "4500" in rows["dgx-b200"]
     assert rows["gb200-nvl72"].split()[3:6] == ["4", "72", "18"]  # GPUs per tray, NVLink domain, trays
     assert rows["dgx-a100-80g"].endswith("calibrated: a100 (vtrain)")
-    assert rows["dgx-h100"].endswith("uncalibrated on H100")
+    assert rows["dgx-h100"].endswith("calibrated: h100 (nemo-24.07)")
+    assert rows["dgx-h200"].startswith("dgx-h200") and "transferred: H100-fitted" in rows["dgx-h200"]
+    assert rows["h100-500w"].endswith("uncalibrated on H100")  # 500 W, HBM2e, torchtitan: not the fit's GPU

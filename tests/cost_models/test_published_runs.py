@@ -136,4 +136,5 @@ def test_the_benchmark_prints_the_table(capsys):
     assert pr.main([]) == 0
     out = capsys.readouterr().out
     assert "cannot state: the row's plan" in out and "not modelled yet" not in out
-    assert "calibrated: a100 (vtrain)" in out and "uncalibrated on H100" in out
+    assert "calibrated: a100 (vtrain)" in out and "uncalibrated on H100" in out  # h100-500w: no fit of its own
+    assert "calibrated: h100 (nemo-24.07)" in out and "transferred: H100-fitted constants (nemo-24.07) on H200" in out
