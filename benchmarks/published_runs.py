@@ -20,6 +20,7 @@ from specs import (ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recomput
                    uniform_plan)
 from specs.datasets import Dataset, data_path
 from specs.errors import SpecError, one_line_errors
+from specs.stack import STACKS, SoftwareStack
 from specs.precision import Precision
 
 RUN_PRECISIONS = {"bf16": Precision.BF16, "fp8-tensorwise": Precision.FP8_CURRENT,
@@ -126,6 +127,13 @@ def cluster_for(run: PublishedRun) -> ClusterSpec:
     return base.with_nodes(run.gpus // base.gpus_per_node)
 
 
+def stack_for(run: PublishedRun) -> SoftwareStack:
+    """The kernels the row's software runs (specs.stack): torchtitan's eager and compile rows as
+    such; Megatron-Core, NeMo AutoModel's Transformer Engine layers and unstated software as
+    megatron-te (fused)."""
+    return SoftwareStack(run.software) if run.software in STACKS else SoftwareStack.MEGATRON_TE
+
+
 def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     """Uniform layers as the row states them, every layer in the row's precision (none of the
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
@@ -181,7 +189,7 @@ def predict(run: PublishedRun, sim_max_gpus: int = 0) -> Prediction:
         return Prediction(run, reason=reason)
     model = load_model(run.model).with_seq_len(run.seq_len).with_attention(run.attention)
     cluster = cluster_for(run)
-    cm = AnalyticalModel(cluster)
+    cm = AnalyticalModel(cluster, stack=stack_for(run))
     try:
         plan = plan_for(run, model)
         cost = cm.plan_cost(model, plan)
