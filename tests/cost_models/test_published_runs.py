@@ -118,6 +118,13 @@ def test_plan_follows_the_row():
     assert (plan.vocab_tp, plan.layers[0].tp, plan.global_batch) == (8, 8, 32)
 
 
+def test_each_row_is_timed_with_its_softwares_kernels():
+    eager, nemo = _run("tt-h100-8b-fsdp8-eager"), _run("automodel-h100-llama3-70b")
+    assert (pr.stack_for(eager), pr.stack_for(nemo)) == ("eager", "megatron-te")  # fsdp2-te: TE's fused kernels
+    as_eager = pr.predict(eager).predicted_s
+    assert as_eager > pr.predict(replace(eager, software="megatron-te")).predicted_s
+
+
 def test_validation_and_calibration_sets_share_no_run():
     def key(model, gpus, tp, dp, batch, precision, software):
         return (model, int(gpus), int(tp), int(dp), int(batch), precision, software)
