@@ -123,8 +123,9 @@ class PipelineSchedule(ABC):
                     virtual_stages: int = 1) -> tuple[tuple[float, float], ...]:
         """(micro-batches whose activations the stage holds, micro-batches past their B and
         before their W) at the program points where the stage's memory can peak, in units of
-        the whole stage as ``in_flight``: none but the first can be past B without a split
-        backward; with one, every point neither of whose counts another point beats."""
+        the whole stage as ``in_flight``. Without a split backward, the one point ``in_flight``
+        gives, none past B; with one, every point of the program no other point holds at least
+        as many of both."""
         if not self.splits_backward:
             return ((self.in_flight(pp, stage, micro_batches, virtual_stages), 0.0),)
         v = virtual_stages
