@@ -312,6 +312,12 @@ def test_zero_bubble_h1_two_stages_four_micro_batches():
     # a micro-batch holds its activations until its W: 2 at the peak on both stages
     assert result.peak_memory_bytes == (2 * GIB, 2 * GIB)
     assert [m.activations_bytes for m in cm.plan_cost(tiny_model(2), plan).stage_memory] == [2 * GIB, 2 * GIB]
+    # B keeping K = GIB / 4 until W: stage 0's peak after B0 (mb 0 and 1 held, mb 0 past B),
+    # 2 GIB + K; stage 1's after B1 (both held and past B), 2 GIB + 2 K; the cost model's too
+    cm = HandCostModel(cluster, activation_bytes=GIB, weight_grad_s=1.0, kept_for_w_bytes=GIB / 4)
+    expected = (2.25 * GIB, 2.5 * GIB)
+    assert simulate(tiny_model(2), cluster, plan, cm).peak_memory_bytes == pytest.approx(expected)
+    assert [m.activations_bytes for m in cm.plan_cost(tiny_model(2), plan).stage_memory] == pytest.approx(expected)
 
 
 def test_zero_bubble_v_two_stages_four_micro_batches():
