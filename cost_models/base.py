@@ -320,6 +320,7 @@ class CostModel(ABC):
         time_s, tail_s = vocab_time.micro_batch_s, vocab_time.tail_s
         chunk_starts = plan.chunk_starts()
         splits = schedule_entry(plan.schedule).splits_backward
+        first_chunk = plan.chunk_ranges()[0]  # keeps nothing for W (PipelineSchedule.held_points)
         layers_memory, kept_for_w = MemoryBreakdown(), 0.0
         # (layer, strategy) objects -> the layer's terms, (layer, strategy, next strategy) -> the
         # relayout between them: a stage repeats a few layers and strategies, each asked once
@@ -338,7 +339,7 @@ class CostModel(ABC):
             time_s += layer_s
             tail_s += layer_tail_s
             layers_memory = layers_memory + layer_memory
-            kept_for_w += layer_kept_for_w
+            kept_for_w += 0.0 if i in first_chunk else layer_kept_for_w
             if i not in chunk_starts:  # a chunk's first layer gets its input by p2p, not a re-layout
                 prev = i - 1
                 key = (id(model.layers[prev]), id(plan.layers[prev]), id(strategy))
@@ -356,7 +357,8 @@ class CostModel(ABC):
                          stage: int) -> MemoryBreakdown:
         """The stage's layers' ``memory`` (``held`` micro-batches' activations) at the program
         point of a split-backward schedule where activations plus what B keeps for W
-        (``kept_for_w`` bytes a micro-batch) are largest."""
+        (``kept_for_w`` bytes a micro-batch of the stage's layers outside the pipeline's first
+        chunk) are largest."""
         per_micro_batch = memory.activations_bytes / held if held > 0 else 0.0
         points = schedule_entry(plan.schedule).held_points(plan.pp, stage, plan.micro_batches, plan.virtual_stages)
         extra = max((h - held) * per_micro_batch + waiting * kept_for_w for h, waiting in points)

@@ -211,6 +211,15 @@ def _tied(model: ModelSpec, plan: Plan, stage: int, world: int) -> tuple[float, 
     return float(nbytes), tuple((first + i, last + i) for i in range(per_stage))
 
 
+def _kept_for_w_bytes(model: ModelSpec, plan: Plan, cm: CostModel, i: int) -> float:
+    """What layer i's B keeps until its W: the cost model's weight_wait_bytes under a split
+    backward, none in the pipeline's first chunk (its whole backward runs at W:
+    PipelineSchedule.held_points) nor without a split backward."""
+    if not schedule_entry(plan.schedule).splits_backward or i in plan.chunk_ranges()[0]:
+        return 0.0
+    return cm.weight_wait_bytes(model.layers[i], plan.layers[i], plan.micro_batch_size(i))
+
+
 def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank: int, last_of_stage: bool) -> LayerWork:
     layer, s, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
     lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
@@ -245,7 +254,7 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
                                optimizer_bytes=one.optimizer_bytes),
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
-        kept_for_w_bytes=cm.weight_wait_bytes(layer, s, mbs) if schedule_entry(plan.schedule).splits_backward else 0.0,
+        kept_for_w_bytes=_kept_for_w_bytes(model, plan, cm, i),
         gathered_bytes=gathered, temporary_bytes=max(0.0, one.temporary_bytes - gathered - full_act),
         transition_s=transition, parts=parts, ep_groups=ep_groups, ep_calls=ep_calls)
 
