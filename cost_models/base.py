@@ -15,11 +15,14 @@ with one formula that every planner optimises and every test checks:
             + vocab states/activations on the first/last stage + runtime overhead
 
 with in_flight_k the schedule's (specs.schedules): min(pp - k, m) under 1F1B, m under GPipe.
+Under a split backward the layers' activations term is instead the largest, over the program
+points of the stage (``held_points``), of held * sum_l activations_l + waiting * sum_l
+kept_for_w_l: micro-batches past their B keep what their W needs (``weight_wait_bytes``).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar, Sequence
 
@@ -321,6 +324,9 @@ class CostModel(ABC):
         vocab_time, memory = self.vocab_cost(model, plan, stage, world)
         time_s, tail_s = vocab_time.micro_batch_s, vocab_time.tail_s
         chunk_starts = plan.chunk_starts()
+        splits = schedule_entry(plan.schedule).splits_backward
+        first_chunk = plan.chunk_ranges()[0]  # keeps nothing for W (PipelineSchedule.held_points)
+        layers_memory, kept_for_w = MemoryBreakdown(), 0.0
         # (layer, strategy) objects -> the layer's terms, (layer, strategy, next strategy) -> the
         # relayout between them: a stage repeats a few layers and strategies, each asked once
         answers: dict[tuple[int, ...], tuple | float] = {}
@@ -332,11 +338,13 @@ class CostModel(ABC):
                 lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
                 answers[key] = (lt.micro_batch_s + (lt.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE
                                                     else 0.0), lt.tail_s,
-                                self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches))
-            layer_s, layer_tail_s, layer_memory = answers[key]
+                                self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches),
+                                self.weight_wait_bytes(layer, strategy, mbs) if splits else 0.0)
+            layer_s, layer_tail_s, layer_memory, layer_kept_for_w = answers[key]
             time_s += layer_s
             tail_s += layer_tail_s
-            memory = memory + layer_memory
+            layers_memory = layers_memory + layer_memory
+            kept_for_w += 0.0 if i in first_chunk else layer_kept_for_w
             if i not in chunk_starts:  # a chunk's first layer gets its input by p2p, not a re-layout
                 prev = i - 1
                 key = (id(model.layers[prev]), id(plan.layers[prev]), id(strategy))
@@ -344,8 +352,28 @@ class CostModel(ABC):
                     answers[key] = self.transition_time(model.layers[prev], plan.layers[prev], strategy,
                                                         plan.micro_batch_size(prev), first_rank)
                 time_s += answers[key]
+        if splits:
+            layers_memory = self._with_kept_for_w(layers_memory, kept_for_w, held, plan, stage)
         time_s += self._pipeline_send_s(model, plan, stage, layer_ids, world)
-        return time_s, tail_s, memory
+        return time_s, tail_s, memory + layers_memory
+
+    @staticmethod
+    def _with_kept_for_w(memory: MemoryBreakdown, kept_for_w: float, held: float, plan: Plan,
+                         stage: int) -> MemoryBreakdown:
+        """The stage's layers' ``memory`` (``held`` micro-batches' activations) at the program
+        point of a split-backward schedule where activations plus what B keeps for W
+        (``kept_for_w`` bytes a micro-batch of the stage's layers outside the pipeline's first
+        chunk) are largest."""
+        per_micro_batch = memory.activations_bytes / held if held > 0 else 0.0
+        points = schedule_entry(plan.schedule).held_points(plan.pp, stage, plan.micro_batches, plan.virtual_stages)
+        extra = max((h - held) * per_micro_batch + waiting * kept_for_w for h, waiting in points)
+        return replace(memory, activations_bytes=memory.activations_bytes + max(0.0, extra))
+
+    def weight_wait_bytes(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
+        """Bytes one micro-batch of ``layer`` keeps on one GPU from its B to its W under a split
+        backward, beyond its activations (cost_models.memory.weight_wait_bytes, 16-bit)."""
+        from cost_models import memory  # memory builds on this module
+        return memory.weight_wait_bytes(layer, strategy, micro_batch_size)
 
     def stage_work(self, model: ModelSpec, plan: Plan, stage_time_s: Sequence[float]) -> list[StageWork]:
         """Each stage's T_k as a split-backward schedule runs it: W its layers' weight-gradient

@@ -148,6 +148,31 @@ def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size
     return tokens * (replicated + split / tp) + moe_fix
 
 
+def weight_wait_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int,
+                      element_bytes: int = ACTIVATION_BYTES) -> float:
+    """Bytes one micro-batch of ``layer`` keeps on one GPU between its B (input gradient) and
+    its W (weight gradient) under a split backward, beyond its activations (which stay until W,
+    the weight-gradient GEMMs' inputs among them): the gradient of every weighted op's output,
+    the other operand of those GEMMs. Per token: the two norms' h, QKV's q + 2 kv and FC1's f
+    (2 f gated; routed and shared experts' widths under MoE), split by tp; the projection's and
+    FC2's h (one per expert pass under MoE), replicated unless the sequence is split. GPT
+    (q = kv = h, f = 4 h): 11 h per token. Context parallelism splits the tokens."""
+    h, cp = layer.hidden_size, strategy.cp
+    tp = strategy.degrees.split // cp
+    ffn_width = layer.ffn_hidden_size
+    outputs_h = 1.0
+    if layer.moe is not None:
+        ffn_width = layer.moe.expert_passes_per_token * layer.moe.expert_ffn_hidden_size + \
+            layer.moe.shared_ffn_hidden_size
+        outputs_h = layer.moe.expert_passes_per_token + (1 if layer.moe.shared_ffn_hidden_size else 0)
+    split = layer.q_width + 2 * layer.kv_width + ffn_width * (2 if layer.gated_ffn else 1)
+    replicated = 2 * h + h + outputs_h * h
+    tokens = micro_batch_size * layer.seq_len / cp
+    if strategy.sp != SequenceParallel.NONE:
+        return element_bytes * tokens * (replicated + split) / tp
+    return element_bytes * tokens * (replicated + split / tp)
+
+
 def attention_core_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
     """The attention-core activations selective recomputation rebuilds in backward (temporary)."""
     core = _attention_bytes_per_token(layer, layer.attention_span)[2]

@@ -361,6 +361,10 @@ class ProfiledModel(CostModel):
         memory = self.layer_memory(layer, strategy, micro_batch_size, in_flight)
         return first_backward_overlap(memory, in_flight, micro_batches, memory.gradients_bytes)
 
+    def weight_wait_bytes(self, layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: int) -> float:
+        """The formula's, in the profiled run's gradient dtype."""
+        return mem.weight_wait_bytes(layer, strategy, micro_batch_size, element_bytes=self.bytes_per_param)
+
     def _activation_per_sample(self, layer: LayerSpec, tp: int, checkpoint: bool) -> float:
         table = self.profile.layer(layer).activation_bytes_per_sample
         if checkpoint and "ckpt" in table:

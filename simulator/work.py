@@ -16,6 +16,7 @@ from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import sync_groups, ulysses_message_bytes
 from specs import ClusterSpec, CPLoadBalance, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid, stage_grid
 from specs.precision import Precision
+from specs.schedules import schedule_entry
 
 GRAD_BYTES_PER_PARAM = 2
 """Gradients are reduced in 16-bit (the 2 of the ZeRO paper's 2 + 2 + 12)."""
@@ -58,6 +59,9 @@ class LayerWork:
     """Parameters, gradients, optimizer states held all iteration."""
     activation_bytes: float
     """Stashed per micro-batch until its backward."""
+    kept_for_w_bytes: float
+    """Under a split backward, what a micro-batch's B keeps until its W (the cost model's
+    ``weight_wait_bytes``; 0 otherwise)."""
     recompute_bytes: float
     """Activations rebuilt during the backward of a recomputed layer (temporary): all of them
     under full recomputation, the attention core under selective."""
@@ -207,6 +211,15 @@ def _tied(model: ModelSpec, plan: Plan, stage: int, world: int) -> tuple[float, 
     return float(nbytes), tuple((first + i, last + i) for i in range(per_stage))
 
 
+def _kept_for_w_bytes(model: ModelSpec, plan: Plan, cm: CostModel, i: int) -> float:
+    """What layer i's B keeps until its W: the cost model's weight_wait_bytes under a split
+    backward, none in the pipeline's first chunk (its whole backward runs at W:
+    PipelineSchedule.held_points) nor without a split backward."""
+    if not schedule_entry(plan.schedule).splits_backward or i in plan.chunk_ranges()[0]:
+        return 0.0
+    return cm.weight_wait_bytes(model.layers[i], plan.layers[i], plan.micro_batch_size(i))
+
+
 def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank: int, last_of_stage: bool) -> LayerWork:
     layer, s, mbs = model.layers[i], plan.layers[i], plan.micro_batch_size(i)
     lt = cm.layer_time(layer, s, mbs, plan.micro_batches, first_rank)
@@ -241,6 +254,7 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
                                optimizer_bytes=one.optimizer_bytes),
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
+        kept_for_w_bytes=_kept_for_w_bytes(model, plan, cm, i),
         gathered_bytes=gathered, temporary_bytes=max(0.0, one.temporary_bytes - gathered - full_act),
         transition_s=transition, parts=parts, ep_groups=ep_groups, ep_calls=ep_calls)
 

@@ -181,6 +181,7 @@ class Worker:
             yield from self._ep_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
+            mem.alloc(f"kept for W {lw.name} mb{mb}", lw.kept_for_w_bytes)
             if not self._split:
                 self._layer_gradients(lw, mb, last_mb)
             self._release_gathered(lw, mb, "B")
@@ -201,6 +202,7 @@ class Worker:
         layers = [self.work.layers[p] for p in chunk.positions]
         for lw in reversed(layers):
             yield from self.gpu.compute.run(f"W{mb} {lw.name}", lw.weight_grad_s)
+            self.gpu.memory.free(f"kept for W {lw.name} mb{mb}", lw.kept_for_w_bytes)
             self._layer_gradients(lw, mb, last_mb)
         self._flush_gradients(mb)
         yield from self._wait_sharded_syncs()

@@ -119,6 +119,22 @@ class PipelineSchedule(ABC):
     splits_backward: ClassVar[bool] = False
     """Its programs run W ops (the backward split into B and W)."""
 
+    def held_points(self, pp: int, stage: int, micro_batches: int,
+                    virtual_stages: int = 1) -> tuple[tuple[float, float], ...]:
+        """(micro-batches whose activations the stage holds, micro-batches past their B and
+        before their W) at the program points where the stage's memory can peak. The first in
+        units of the whole stage as ``in_flight``; the second of the stage's chunks that keep
+        something for W: all but the pipeline's first (stage 0's chunk 0), whose input, the
+        tokens, needs no gradient, so torch's pipelining runs its whole backward at W and its B
+        keeps nothing. Without a split backward, the one point ``in_flight`` gives, none past B;
+        with one, every point of the program no other point holds at least as many of both."""
+        if not self.splits_backward:
+            return ((self.in_flight(pp, stage, micro_batches, virtual_stages), 0.0),)
+        v = virtual_stages
+        keeping = v - 1 if stage == 0 else v
+        return tuple((held / v, waiting / keeping if keeping else 0.0)
+                     for held, waiting in _held_points(self.name, pp, stage, micro_batches, v))
+
     def formula(self, micro_batches: int, virtual_stages: int = 1) -> PipelineFormula:
         """The iteration time's formula (a lower bound for a split-backward schedule, whose time
         plan_cost plays op by op: specs.schedule_play)."""
@@ -448,6 +464,23 @@ def _held(name: Schedule, pp: int, stage: int, micro_batches: int, virtual_stage
     entry = REGISTRY[name]
     releases = OpKind.WEIGHT if entry.splits_backward else OpKind.BACKWARD
     return _peak_held(entry.ops(stage, pp, micro_batches, virtual_stages), releases)
+
+
+@lru_cache(maxsize=4096)
+def _held_points(name: Schedule, pp: int, stage: int, micro_batches: int,
+                 virtual_stages: int) -> tuple[tuple[int, int], ...]:
+    """(chunk-micro-batches forwarded and not yet through W, those of them through B outside
+    the pipeline's first chunk) after each op of a split-backward program (a B's own peak comes
+    with what it keeps for W), less the points another point holds at least as many of both."""
+    held = waiting = 0
+    points: set[tuple[int, int]] = set()
+    for op in REGISTRY[name].ops(stage, pp, micro_batches, virtual_stages):
+        held += 1 if op.kind == OpKind.FORWARD else -1 if op.kind == OpKind.WEIGHT else 0
+        if stage > 0 or op.chunk > 0:
+            waiting += 1 if op.kind == OpKind.BACKWARD else -1 if op.kind == OpKind.WEIGHT else 0
+        points.add((held, waiting))
+    return tuple(sorted(p for p in points
+                        if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in points)))
 
 
 def schedule_entry(name: str) -> PipelineSchedule:

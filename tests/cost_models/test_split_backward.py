@@ -52,6 +52,28 @@ def test_zero_bubble_shrinks_the_bubble_and_keeps_1f1b_memory_of_stage_0():
     weight_s = sum(cm.layer_time(model.layers[i], zb.layers[i], 1, 16).weight_grad_s for i in middle)
     assert 0.1 < weight_s / c1.stage_time_s[3] < 1 / 3  # recompute puts a forward into B
     assert c1.iteration_time_s - cz.iteration_time_s == pytest.approx(2 * 7 * weight_s, rel=0.015)
-    assert c1.stage_memory[0].activations_bytes == pytest.approx(cz.stage_memory[0].activations_bytes)
-    # stage 4: 1F1B holds pp - 4 = 4 micro-batches, ZB-H1 8
-    assert cz.stage_memory[4].activations_bytes == pytest.approx(2 * c1.stage_memory[4].activations_bytes)
+    # stage 0 (F0-F7, B0: 8 held, 1 past B) holds 1F1B's 8 and nothing for W: the pipeline's
+    # first chunk runs its whole backward at W (its input, the tokens, needs no gradient)
+    assert cz.stage_memory[0].activations_bytes == pytest.approx(c1.stage_memory[0].activations_bytes)
+    # stage 4: 1F1B holds pp - 4 = 4 micro-batches; ZB-H1 8, 5 of them past B (F0-F3, F4 B0 ... F7 B4)
+    kept = sum(cm.weight_wait_bytes(model.layers[i], zb.layers[i], 1) for i in zb.stage_ranges()[4])
+    assert cz.stage_memory[4].activations_bytes == pytest.approx(2 * c1.stage_memory[4].activations_bytes
+                                                                 + 5 * kept)
+
+
+def test_split_backward_charges_what_b_keeps_for_w():
+    """tiny-gpt (h 128, s 64, q = kv = h, f = 4 h, 4 layers) on 4 stages of one layer, ZB-H1, m 8,
+    1 sample a micro-batch, tp 1. What B keeps for W, per micro-batch of a layer: the gradients
+    of the norms' outputs (2 h), QKV's (3 h), the projection's (h), FC1's (4 h) and FC2's (h),
+    11 h a token, 16-bit: 2 x 64 x 11 x 128 = 180,224 bytes. Stage 2 runs F0 F1 B0 F2 B1 F3 B2
+    W0 ...: after B2 it holds 4 micro-batches' activations, 3 of them past B; no later point
+    holds more of either, so it charges 4 A + 3 x 180,224 (before: 4 A). 1F1B charges none."""
+    cm = cost_models.get("analytical", load_cluster("cpu-4"))
+    model = load_model("tiny-gpt")
+    layer = model.layers[2]
+    assert cm.weight_wait_bytes(layer, LayerStrategy(), 1) == 180_224
+    kw = dict(pp=4, global_batch=8, micro_batches=8)
+    zb, one = uniform_plan(4, schedule="zb_h1", **kw), uniform_plan(4, **kw)
+    activations = cm.layer_memory(layer, zb.layers[2], 1, 1).activations_bytes
+    assert cm.plan_cost(model, zb).stage_memory[2].activations_bytes == pytest.approx(4 * activations + 3 * 180_224)
+    assert cm.plan_cost(model, one).stage_memory[2].activations_bytes == pytest.approx(2 * activations)

@@ -57,6 +57,10 @@ class RandomCostModel(CostModel):
         temp = int(rng.integers(0, 800)) * KIB if rng.random() < 0.5 else 0
         return MemoryBreakdown(parameters_bytes=states, activations_bytes=act * in_flight, temporary_bytes=temp)
 
+    def weight_wait_bytes(self, layer, strategy, micro_batch_size):
+        rng = self._rng("w", layer.seq_len, strategy, micro_batch_size)
+        return int(rng.integers(10, 1000)) * KIB
+
     def transition_time(self, layer, prev, nxt, micro_batch_size, first_rank=0):
         if (prev.tp, prev.dp, prev.tp_consecutive) == (nxt.tp, nxt.dp, nxt.tp_consecutive):
             return 0.0

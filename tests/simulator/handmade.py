@@ -9,13 +9,14 @@ GIB = 1024**3
 
 class HandCostModel(CostModel):
     """Every layer: forward_s, backward_s (weight_grad_s of it W), update_s; parameter, gradient
-    and activation bytes as given; the embedding and head cost nothing."""
+    and activation bytes as given, and kept_for_w_bytes kept from B to W under a split backward;
+    the embedding and head cost nothing."""
 
     name = "hand"
 
     def __init__(self, cluster: ClusterSpec, *, forward_s: float = 1.0, backward_s: float = 2.0,
                  update_s: float = 0.0, states_bytes: float = 0.0, activation_bytes: float = 0.0,
-                 gradient_bytes: float = 0.0, weight_grad_s: float = 0.0) -> None:
+                 gradient_bytes: float = 0.0, weight_grad_s: float = 0.0, kept_for_w_bytes: float = 0.0) -> None:
         super().__init__(cluster)
         self.runtime_overhead_bytes = 0.0
         self.t = LayerTime(forward_s=forward_s, backward_s=backward_s, update_s=update_s, weight_grad_s=weight_grad_s)
@@ -23,9 +24,13 @@ class HandCostModel(CostModel):
         self.activation_bytes = activation_bytes
         self.gradient_bytes = gradient_bytes
         """Unsharded; ZeRO-2/3 keep 1/dp of it."""
+        self.kept_for_w_bytes = kept_for_w_bytes
 
     def layer_time(self, layer, strategy, micro_batch_size, micro_batches, first_rank=0):
         return self.t
+
+    def weight_wait_bytes(self, layer, strategy, micro_batch_size):
+        return self.kept_for_w_bytes
 
     def layer_memory(self, layer, strategy, micro_batch_size, in_flight):
         shard = strategy.dp if strategy.dp_type in ("zero2", "zero3") else 1

@@ -312,6 +312,13 @@ def test_zero_bubble_h1_two_stages_four_micro_batches():
     # a micro-batch holds its activations until its W: 2 at the peak on both stages
     assert result.peak_memory_bytes == (2 * GIB, 2 * GIB)
     assert [m.activations_bytes for m in cm.plan_cost(tiny_model(2), plan).stage_memory] == [2 * GIB, 2 * GIB]
+    # B keeping K = GIB / 4 until W: stage 1's peak after B1 (both held and past B), 2 GIB + 2 K;
+    # stage 0's B keeps nothing (the pipeline's first chunk: its whole backward runs at W), 2 GIB;
+    # the cost model's too
+    cm = HandCostModel(cluster, activation_bytes=GIB, weight_grad_s=1.0, kept_for_w_bytes=GIB / 4)
+    expected = (2 * GIB, 2.5 * GIB)
+    assert simulate(tiny_model(2), cluster, plan, cm).peak_memory_bytes == pytest.approx(expected)
+    assert [m.activations_bytes for m in cm.plan_cost(tiny_model(2), plan).stage_memory] == pytest.approx(expected)
 
 
 def test_zero_bubble_v_two_stages_four_micro_batches():
@@ -355,6 +362,15 @@ def test_zero_bubble_v_two_stages_four_micro_batches():
     assert cm.plan_cost(tiny_model(4), plan).iteration_time_s == pytest.approx(25.0)
     # 4 chunk activations at the peak on each stage (s0: F0.0 F1.0 F2.0 F0.1; s1: F0.0 F0.1 F1.0 F1.1)
     assert result.peak_memory_bytes == (4 * GIB, 4 * GIB)
+    # B keeping K = GIB / 4 until W, except L0's (the pipeline's first chunk: its whole backward
+    # runs at W): s0 peaks after B0.1 (4 held, L3's mb 0 past B), later points hold no more
+    # (B0.0 keeps nothing); s1 after B0.1 (4 held, 1 past B) and B3.0 (3 held, 3 past B) hold
+    # 4 GIB + K and 3 GIB + 3 K. The cost model in stage units: s0 (2, 1 of its one keeping
+    # chunk) -> 2 x 2 GIB + K; s1 max(2 x 2 GIB + 1/2 x 2 K, 1.5 x 2 GIB + 3/2 x 2 K)
+    cm = HandCostModel(cluster, activation_bytes=GIB, weight_grad_s=1.0, kept_for_w_bytes=GIB / 4)
+    assert simulate(tiny_model(4), cluster, plan, cm).peak_memory_bytes == pytest.approx((4.25 * GIB, 4.25 * GIB))
+    assert [m.activations_bytes for m in cm.plan_cost(tiny_model(4), plan).stage_memory] == \
+        pytest.approx([4.25 * GIB, 4.25 * GIB])
 
 
 @pytest.mark.parametrize("schedule", sorted(REGISTRY))
