@@ -299,19 +299,20 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
     c, n, entry = t.combo, len(t.layer_type), schedule_entry(schedule)
     if c.schedule != Schedule.ONE_F_ONE_B or not entry.allows(c.pp, c.micro_batches, v) or n < c.pp * v:
         return
-    stage_layers = chunk_layout(n, c.pp, v, schedule)[0] if v > 1 else even_stage_layers(n, c.pp)
     uniform = np.flatnonzero(t.allowed.all(axis=0))
-    floor, fits = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), stage_layers)
+    if not len(uniform):
+        return
+    layout = uniform_schedule_plan(t, int(uniform[0]), schedule, v, space, meta)  # every strategy's layers
+    stage_ids = tuple(tuple(ids) for ids in layout.stage_ranges())
+    floor = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), stage_ids)
+    fits = _scheduled_fits(t, uniform, schedule, v, stage_ids)
     order = np.argsort(floor)
-    scheduled = None  # fits under the schedule's own in-flight counts, worked out when first needed
     for pos, i in enumerate(order):
         threshold = state.throughputs(top_k)[1]
         if c.global_batch / floor[i] <= threshold:
             state.pruned += len(order) - pos
             return
-        if fits[i] and scheduled is None:
-            scheduled = _scheduled_fits(t, uniform, schedule, v, stage_layers)
-        if not fits[i] or not scheduled[i]:
+        if not fits[i]:
             state.pruned += 1
             continue
         if passed(deadline):  # the rest, bounded by the best of them
@@ -341,21 +342,12 @@ def uniform_schedule_plan(t: ComboTables, strategy: int, schedule: str, v: int, 
 
 
 def _interleaved_floor(t: ComboTables, uniform: np.ndarray, formula: PipelineFormula,
-                       stage_layers: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per uniform strategy: a lower bound on its plan's time under the schedule, and whether it
-    can fit.
-
-    A stage's time is at least its layers' (sends and the embedding/head left out) and
-    m max T + bubble (sum T - max T) / v + max D grows with every T_k. Each stage holds at least
-    as many micro-batches under these schedules as under 1F1B (interleaved (2 (pp-k-1) + (v-1)
-    pp + 1) / v >= pp - k; zero-bubble and V-shaped pp or more; looped m), so where memory is
-    linear in them a uniform plan whose layers overflow a stage under 1F1B (the tables)
-    overflows it under them too (_scheduled_fits then counts the schedule's own)."""
-    T, D, mem, temp = uniform_layer_sums(t, uniform, stage_layers)
-    # infinite memory: a layout the cost model cannot score (whatever the in-flight count)
-    linear = t.stages[0].activation_bytes is not None
-    fits = (mem + temp <= t.budget_bytes).all(axis=0) if linear else np.isfinite(mem + temp).all(axis=0)
-    return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0)), fits
+                       stage_ids: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Per uniform strategy: a lower bound on its plan's time under the schedule, stage k holding
+    layers ``stage_ids[k]``. A stage's time is at least its layers' (sends and the embedding/head
+    left out) and m max T + bubble (sum T - max T) / v + max D grows with every T_k."""
+    T, D, _, _ = uniform_layer_sums(t, uniform, stage_ids)
+    return formula.time_s(T.max(axis=0), T.sum(axis=0), D.max(axis=0))
 
 
 def uniform_plan_floor_s(t: ComboTables, cost_model: CostModel, model: ModelSpec, plan: Plan, strategy: int,
@@ -387,16 +379,19 @@ def uniform_plan_floor_s(t: ComboTables, cost_model: CostModel, model: ModelSpec
 
 
 def _scheduled_fits(t: ComboTables, uniform: np.ndarray, schedule: str, v: int,
-                    stage_layers: tuple[int, ...]) -> np.ndarray:
-    """Per uniform strategy, whether its layers fit every stage holding the schedule's own
+                    stage_ids: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Per uniform strategy, whether its layers can fit every stage holding the schedule's own
     in-flight count of micro-batches (states + count x activations + the largest temporary, the
-    tables holding both parts where memory is linear in the count; elsewhere every one may)."""
+    tables holding both parts where memory is linear in the count; what a split backward keeps
+    for W, >= 0, left to plan_cost). A schedule may hold fewer than 1F1B on a stage (ZB-V with
+    fewer than 2 pp micro-batches), so the 1F1B tables alone bound nothing. Where memory is not
+    linear, only the layouts the cost model cannot score (infinite memory) are ruled out."""
+    _, _, mem, temp = uniform_layer_sums(t, uniform, stage_ids)
     if t.stages[0].activation_bytes is None:
-        return np.ones(len(uniform), dtype=bool)
+        return np.isfinite(mem + temp).all(axis=0)
     c = t.combo
-    _, _, mem, temp = uniform_layer_sums(t, uniform, stage_layers)
     held = np.array([in_flight(schedule, c.pp, k, c.micro_batches, v) - st.in_flight for k, st in enumerate(t.stages)])
-    mem = mem + held[:, None] * uniform_activation_sums(t, uniform, stage_layers)
+    mem = mem + held[:, None] * uniform_activation_sums(t, uniform, stage_ids)
     return (mem + temp <= t.budget_bytes).all(axis=0)
 
 

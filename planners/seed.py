@@ -8,21 +8,20 @@ from planners.tables import ComboTables
 from specs import even_stage_layers
 
 
-def uniform_layer_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, ...] | None = None
+def uniform_layer_sums(t: ComboTables, S: np.ndarray, stage_ids: tuple[tuple[int, ...], ...] | None = None
                        ) -> tuple[np.ndarray, ...]:
-    """[stage, strategy in S] of a uniform plan on ``stage_layers`` (even stages by default), its
-    layers only: summed per-micro-batch time, tail and memory, and the largest temporary (a
-    uniform plan's sums depend on a stage's layer count, not on which layers it holds). Kept in
-    ``t.shared`` per stage layout and S (the schedules of a group share layouts): read only."""
-    stage_layers = tuple(stage_layers or even_stage_layers(len(t.layer_type), t.combo.pp))
-    key = ("uniform sums", stage_layers, S.tobytes())
+    """[stage, strategy in S] of a uniform plan whose stage k holds layers ``stage_ids[k]`` (even
+    contiguous stages by default; interleaved and V-shaped layouts hold chunks apart), its layers
+    only: summed per-micro-batch time, tail and memory, and the largest temporary. Kept in
+    ``t.shared`` per layout and S (the schedules of a group share layouts): read only."""
+    stage_ids = stage_ids or _even_stage_ids(t)
+    key = ("uniform sums", stage_ids, S.tobytes())
     hit = t.shared.get(key)
     if hit is not None and hit[0] is t.stages:
         return hit[1]
-    bounds = np.concatenate(([0], np.cumsum(stage_layers)))
     sums = []
-    for k, st in enumerate(t.stages):
-        types = t.layer_type[bounds[k]:bounds[k + 1]]
+    for ids, st in zip(stage_ids, t.stages):
+        types = t.layer_type[list(ids)]
         sums.append([st.time_s[types][:, S].sum(axis=0), st.tail_s[types][:, S].sum(axis=0),
                      st.memory_bytes[types][:, S].sum(axis=0), st.temp_bytes[types][:, S].max(axis=0)])
     out = tuple(np.array(x) for x in zip(*sums))
@@ -32,12 +31,18 @@ def uniform_layer_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, .
     return out
 
 
-def uniform_activation_sums(t: ComboTables, S: np.ndarray, stage_layers: tuple[int, ...]) -> np.ndarray:
-    """[stage, strategy in S] of a uniform plan on ``stage_layers``: its layers' activations of
-    one micro-batch in flight (tables of a cost model linear in the in-flight count)."""
-    bounds = np.concatenate(([0], np.cumsum(stage_layers)))
-    return np.array([st.activation_bytes[t.layer_type[bounds[k]:bounds[k + 1]]][:, S].sum(axis=0)
-                     for k, st in enumerate(t.stages)])
+def uniform_activation_sums(t: ComboTables, S: np.ndarray, stage_ids: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """[stage, strategy in S] of a uniform plan whose stage k holds layers ``stage_ids[k]``: its
+    layers' activations of one micro-batch in flight (tables of a cost model linear in the
+    in-flight count)."""
+    return np.array([st.activation_bytes[t.layer_type[list(ids)]][:, S].sum(axis=0)
+                     for ids, st in zip(stage_ids, t.stages)])
+
+
+def _even_stage_ids(t: ComboTables) -> tuple[tuple[int, ...], ...]:
+    """Each stage's layers under even contiguous stages."""
+    bounds = np.concatenate(([0], np.cumsum(even_stage_layers(len(t.layer_type), t.combo.pp))))
+    return tuple(tuple(range(bounds[k], bounds[k + 1])) for k in range(t.combo.pp))
 
 
 def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:

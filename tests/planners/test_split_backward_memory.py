@@ -60,11 +60,7 @@ class LinearRandomCostModel(RandomCostModel):
 @pytest.mark.parametrize("seed", range(0, 24, 3))
 @pytest.mark.parametrize("quantile", [0.2, 0.5, 0.8])
 @pytest.mark.parametrize("schedule, linear", [
-    ("zb_h1", False), ("zb_h1", True), ("zbv", False),
-    pytest.param("zbv", True, marks=pytest.mark.xfail(reason=(
-        "planners.outer._interleaved_floor takes a uniform plan that overflows a stage under 1F1B to "
-        "overflow it under ZB-V too; with fewer micro-batches than 2 pp ZB-V's stage 0 holds fewer "
-        "(pp 2, m 2: 1.5 micro-batches, 1F1B 2), so plans that fit are not scored")))])
+    ("zb_h1", False), ("zb_h1", True), ("zbv", False), ("zbv", True)])
 def test_every_zero_bubble_plan_plan_cost_fits_is_scored(seed, quantile, schedule, linear, spied):
     """The budget is one zero-bubble plan's peak exactly: it fits, some others do not."""
     groups, scored = spied
