@@ -302,7 +302,8 @@ def _print_row(name, m, cost, sim, spread: float) -> None:
     mem_pred = max(cost.peak_memory_bytes) / 2**20
     mem_sim = max(sim.peak_memory_bytes) / 2**20
     fastest = min(m.step_times_s) * 1e3
-    print(f"{name:22s} measured {m.step_time_s * 1e3:8.1f} ms (fastest {fastest:7.1f}, rounds {spread:4.0%})  cost {cost.time_s * 1e3:8.1f} "
+    print(f"{name:22s} measured {m.step_time_s * 1e3:8.1f} ms (fastest {fastest:7.1f}, rounds {spread:4.0%})  "
+          f"cost {cost.time_s * 1e3:8.1f} "
           f"({(cost.time_s - m.step_time_s) / m.step_time_s:+5.0%})  sim {sim.time_s * 1e3:8.1f} "
           f"({(sim.time_s - m.step_time_s) / m.step_time_s:+5.0%})  | peak MiB measured {mem_meas:6.1f} "
           f"cost {mem_pred:6.1f} ({(mem_pred - mem_meas) / mem_meas:+4.0%}) sim {mem_sim:6.1f} "
