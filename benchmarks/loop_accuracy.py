@@ -12,10 +12,15 @@ and predicted beside measured peak memory (runtime overhead excluded). Summary, 
 Targets (issue 11): MAPE <= 15 %, tau >= 0.8, memory within 10 % on every plan.
 
 Measurement: each plan runs once per round, the rounds interleaved over the plans (--rounds,
-default 3, of --steps 2 timed steps after one warm-up), so a spell of load falls on one run
-of many plans, not on every run of one. A plan's time is the median of its timed steps (each
-step's slowest rank) over all rounds, as the profile takes the median of its repeats, so
-prediction and measurement are the same statistic; the fastest step is printed beside it. Peak memory is
+default 3, of --steps 2 timed steps after --warmup 1 untimed), so a spell of load falls on one
+run of many plans, not on every run of one. Every run is fresh processes, one rank a core: the
+launcher pins rank r to the r-th core of the machine and sets one intra-op thread per rank
+(executor.launch), as the profile's ranks run. A plan's time is the median of its timed steps
+(each step's slowest rank) over all rounds, as the profile takes the median of its repeats, so
+prediction and measurement are the same statistic; the fastest step is printed beside it, and
+the spread of its rounds (the largest run median less the smallest, over the plan's time): a
+plan whose rounds spread more than its distance to the next plan in the ranking is not ranked
+by this run. The load average is printed at the start and the end. Peak memory is
 measured in the first round (MemTracker; deterministic since the launcher's heartbeat stopped
 keeping frames alive). --plans runs a subset; --profile-dir keeps the profiles for a rerun.
 
@@ -229,7 +234,8 @@ def _check(wanted: dict[str, Plan], the_models: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.loop_accuracy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per plan and round (after one warm-up)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per plan and round (after --warmup)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them (each run is fresh processes)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="passes over the plans, one run of each per pass: a plan's time is the median "
                              "of its timed steps over all its runs, so a spell of load spreads over every plan")
@@ -256,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list] = {name: [] for name in wanted}
     for r in range(args.rounds):
         for name, plan in wanted.items():  # memory is deterministic: measured in the first round
-            runs[name].append(run_plan(plan, the_models[plan.model], world_size=2, steps=args.steps, warmup=1,
+            runs[name].append(run_plan(plan, the_models[plan.model], world_size=2, steps=args.steps, warmup=args.warmup,
                                        timeout_s=600, track_memory=r == 0))
         print(f"round {r + 1}/{args.rounds} done ({time.time() - start:.0f} s)", flush=True)
     rows = []
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         cost, sim = predict_plan(the_models[plan.model], cluster, plan, profile=profiles[plan.model])
         m = _combined(runs[name])
         rows.append((name, m, cost, sim))
-        _print_row(name, m, cost, sim)
+        _print_row(name, m, cost, sim, round_spread([r.step_time_s for r in runs[name]], m.step_time_s))
     groups = [("all plans", rows)]
     old = [r for r in rows if r[0] in SPACE_2022]
     if old and len(old) < len(rows):
@@ -285,12 +291,19 @@ def _combined(measurements: list):
     return dataclasses.replace(measurements[0], step_time_s=statistics.median(steps), step_times_s=steps)
 
 
-def _print_row(name, m, cost, sim) -> None:
+def round_spread(run_medians: list[float], time_s: float) -> float:
+    """The spread of a plan's rounds: the largest run median less the smallest, over the plan's
+    time (0 with one round)."""
+    return (max(run_medians) - min(run_medians)) / time_s
+
+
+def _print_row(name, m, cost, sim, spread: float) -> None:
     mem_meas = max(m.peak_memory_bytes) / 2**20
     mem_pred = max(cost.peak_memory_bytes) / 2**20
     mem_sim = max(sim.peak_memory_bytes) / 2**20
     fastest = min(m.step_times_s) * 1e3
-    print(f"{name:22s} measured {m.step_time_s * 1e3:8.1f} ms (fastest {fastest:7.1f})  cost {cost.time_s * 1e3:8.1f} "
+    print(f"{name:22s} measured {m.step_time_s * 1e3:8.1f} ms (fastest {fastest:7.1f}, rounds {spread:4.0%})  "
+          f"cost {cost.time_s * 1e3:8.1f} "
           f"({(cost.time_s - m.step_time_s) / m.step_time_s:+5.0%})  sim {sim.time_s * 1e3:8.1f} "
           f"({(sim.time_s - m.step_time_s) / m.step_time_s:+5.0%})  | peak MiB measured {mem_meas:6.1f} "
           f"cost {mem_pred:6.1f} ({(mem_pred - mem_meas) / mem_meas:+4.0%}) sim {mem_sim:6.1f} "

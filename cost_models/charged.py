@@ -247,6 +247,12 @@ def vocab_strategy(plan: Plan, per_stage: int) -> LayerStrategy:
                          sp=plan.vocab_sp if plan.vocab_tp > 1 else SequenceParallel.NONE)
 
 
+def _vocab_micro_batch(plan: Plan, per_stage: int) -> int:
+    """Samples of one micro-batch on one rank of the vocabulary's layout (its vocab_tp ranks
+    share a replica's samples; the stage's other ranks are its replicas)."""
+    return plan.global_batch // (per_stage // plan.vocab_tp * plan.micro_batches)
+
+
 def relayouts(model: ModelSpec, plan: Plan, world_size: int, *, chunk_starts: bool = False
               ) -> list[tuple[int, LayerSpec, LayerStrategy, LayerStrategy, int, int]]:
     """Every place the layout may change, as (index of the layer it feeds, the layer before,
@@ -260,7 +266,7 @@ def relayouts(model: ModelSpec, plan: Plan, world_size: int, *, chunk_starts: bo
     per_stage = world_size // plan.pp
     if plan.vocab_in_own_layout(model, per_stage):
         vocab, last = vocab_strategy(plan, per_stage), len(plan.layers) - 1
-        mbs = plan.global_batch // (vocab.dp * plan.micro_batches)
+        mbs = _vocab_micro_batch(plan, per_stage)
         out = [(0, model.layers[0], vocab, plan.layers[0], mbs, plan.micro_batch_size(0))] + out \
             + [(last + 1, model.layers[last], plan.layers[last], vocab, plan.micro_batch_size(last), mbs)]
     return out
@@ -278,7 +284,7 @@ def vocab_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[ChargedCol
             or not plan.vocab_in_own_layout(model, per_stage)):
         return []
     m, last = plan.micro_batches, len(plan.layers) - 1
-    mbs = plan.global_batch // (per_stage // plan.vocab_tp * m)
+    mbs = _vocab_micro_batch(plan, per_stage)
     tp, axes = plan.vocab_tp, ("vocab_tp",)
     megatron = plan.vocab_sp == SequenceParallel.MEGATRON
     out = []
@@ -488,7 +494,7 @@ def executed_vocab_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[C
     if plan.vocab_tp <= 1 or not plan.vocab_relaid_out(model, per_stage) or plan.vocab_sp == SequenceParallel.NONE:
         return vocab_rows(model, plan, world_size)
     m, last = plan.micro_batches, len(plan.layers) - 1
-    mbs = plan.global_batch // (per_stage // plan.vocab_tp * m)
+    mbs = _vocab_micro_batch(plan, per_stage)
     embedded = mbs * model.seq_len * model.embedding.hidden_size
     headed = mbs * model.head.seq_len * model.head.hidden_size
     tp, axes = plan.vocab_tp, ("vocab_tp",)

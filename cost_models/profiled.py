@@ -227,8 +227,9 @@ class ProfiledModel(CostModel):
         """What recomputation adds to one micro-batch's backward. Selective under Megatron-SP at
         a profiled degree: the measured backward with the executor's selective recomputation
         less the plain one (what it re-runs beyond the attention core's kernels: the sub-layer's
-        DTensor dispatch, and the all-gather of its input, which the executor issues again in
-        backward); else ``forward_s`` times recompute_share."""
+        DTensor dispatch around the projections, whose matmul results the policy's cache hands
+        back; its input's all-gather runs once, before the checkpointed region); else
+        ``forward_s`` times recompute_share."""
         entry, tp = self.profile.layer(layer), strategy.tp
         if (strategy.recompute == Recompute.SELECTIVE and strategy.megatron_sp and strategy.degrees.split == tp
                 and tp in entry.sp_selective_backward_ms and tp in entry.sp_backward_ms):

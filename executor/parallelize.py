@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from executor.execution import TIED_UNIT
 from executor.model import build_block, build_embedding, build_head, is_tied, per_sample_loss
 from executor.parallel.checkpoint import apply_ac
 from executor.parallel.context import apply_cp
@@ -319,6 +320,6 @@ def _apply_data_parallel(chunks: list[StageModule], plan: Plan, meshes: dict, sm
         # its group's ranks reach the tied weight's last use at different points of backward
         # (TP duplicates add nothing): reduce after it
         bucket = dp.add_bucket([weight], group, DPType.DDP, dtype, eager=False)
-        units.append(Unit(name="tied embedding", dp_type=DPType.DDP, dp=1, numel=local(weight).numel(),
+        units.append(Unit(name=TIED_UNIT, dp_type=DPType.DDP, dp=1, numel=local(weight).numel(),
                           bucket=bucket, trace=bucket.trace))
     return dp, units

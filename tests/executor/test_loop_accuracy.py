@@ -132,3 +132,9 @@ def test_the_head_holds_its_own_chunks_micro_batches():
     assert in_flight("dualpipev", 2, 0, 8, 2) == 2.5  # chunk-micro-batches in stage units
     gpipe = p["pp2 m4 gpipe"]
     assert head_held(gpipe, 1) == in_flight("gpipe", 2, 1, 4) == 4
+
+
+def test_round_spread_on_hand_worked_numbers():
+    # run medians 90, 100, 120 ms around a plan time of 100 ms: (120 - 90) / 100
+    assert loop.round_spread([0.09, 0.1, 0.12], 0.1) == pytest.approx(0.3)
+    assert loop.round_spread([0.1], 0.1) == 0

@@ -14,7 +14,7 @@ import cost_models
 import specs
 from executor import train
 from executor.execution import CostPrediction, model_parallel_errors
-from executor.parallel import expert, relayout, sequence, tensor
+from executor.parallel import checkpoint, expert, relayout, sequence, tensor
 from executor.run import run_plan
 from specs import LayerStrategy as L
 from specs import Plan, uniform_plan
@@ -28,6 +28,8 @@ PLANS = {
     # name: (model, plan kwargs or plan)
     "tp2": ("tiny-llama", dict(global_batch=4, micro_batches=2, tp=2)),
     "tp2_sp": ("tiny-gpt", dict(global_batch=4, micro_batches=2, tp=2, sp="megatron")),
+    "tp2_sp_selective": ("tiny-gpt", dict(global_batch=4, micro_batches=2, tp=2, sp="megatron",
+                                          recompute="selective")),
     "ulysses2": ("tiny-gpt", dict(global_batch=2, ulysses=2, sp="ulysses")),
     "cp2_ring": ("tiny-gpt", dict(global_batch=2, cp=2)),
     "pp2": ("tiny-gpt", dict(global_batch=4, micro_batches=2, pp=2)),  # tied: the ends' sync too
@@ -153,6 +155,15 @@ def relayout_by_all_reduce(rank, world_size, model, plan, cfg):
     return train.worker(rank, world_size, model, plan, cfg)
 
 
+def sp_gather_recomputed(rank, world_size, model, plan, cfg):
+    """Selective recomputation with Megatron-SP's attention all-gather inside the checkpointed
+    region and not kept by the policy: backward re-runs the gather (same numbers, one more
+    all-gather per block and micro-batch)."""
+    checkpoint._hoist_pre_hooks = lambda inner, outer: None
+    checkpoint.SAVED_NAMESPACES = frozenset()
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
 def tied_sync_skipped(rank, world_size, model, plan, cfg):
     """The tied embedding's bucket keeps each end's own gradient (no all-reduce between the ends)."""
     broken_workers.skip_sync("tied embedding")
@@ -179,6 +190,12 @@ def tied_sync_skipped(rank, world_size, model, plan, cfg):
      # 2 micro-batches of 2: 2 * 64 * 128 = 16384 elements; forward 2, backward 3 + 2, per micro-batch
      "layer 0 (rank 0): all_reduce ran x14 of 16384 elements over 2 ranks; the cost model charges x8 of 16384 "
      "elements over 2 ranks"),
+    (sp_gather_recomputed, "tp2_sp_selective",
+     # 2 micro-batches of 2: 2 * 64 * 128 = 16384 elements gathered. Layer 1 (the last) gathers
+     # forward 2 + its output 1, backward 2, per micro-batch: 10, and 2 more from the recomputed
+     # attention gathers
+     "layer 1 (rank 0): all_gather ran x12 of 16384 elements over 2 ranks; the cost model charges x10 of 16384 "
+     "elements over 2 ranks (as the executor runs it: sequence gathered where the split ends)"),
     (ulysses_without_all_to_all, "ulysses2",
      "layer 1 (rank 1): all_to_all ran none; the cost model charges x2 of 8192 elements over 2 ranks, x2 of 24576 "
      "elements over 2 ranks"),
@@ -250,3 +267,22 @@ def test_a_skipped_tied_embedding_sync_fails_the_check():
     m = _run(model, plan, rank_fn=tied_sync_skipped)
     line = "tied embedding (rank 1): ran none; the cost model charges all_reduce x1 of 65536 elements over 2 ranks"
     assert not m.check.passed and line in m.check.collective_errors, m.check.collective_errors
+
+
+def test_selective_recompute_runs_a_sub_layers_input_hooks_once():
+    # the hooks at a selective sub-layer's entry (Megatron-SP's all-gather) run before its
+    # checkpointed region: once a micro-batch, not again when backward recomputes the core
+    from executor.model import Block
+    block = Block(specs.load_model("tiny-gpt").layers[0])
+    calls = []
+    block.attn.register_forward_pre_hook(lambda _m, args: calls.append("args") or (args[0] * 2, *args[1:]))
+    block.attn.register_forward_pre_hook(lambda _m, args, kwargs: calls.append("kwargs"), with_kwargs=True)
+    reference = Block(specs.load_model("tiny-gpt").layers[0])
+    reference.load_state_dict(block.state_dict())
+    reference.attn.register_forward_pre_hook(lambda _m, args: (args[0] * 2, *args[1:]))
+    checkpoint.apply_ac(block, "selective")
+    x = torch.randn(2, 64, 128)
+    out = block(x)
+    out.sum().backward()
+    assert calls == ["args", "kwargs"]
+    torch.testing.assert_close(out, reference(x))  # the hooks' change to the input still applies
