@@ -305,13 +305,19 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
     layout = uniform_schedule_plan(t, int(uniform[0]), schedule, v, space, meta)  # every strategy's layers
     stage_ids = tuple(tuple(ids) for ids in layout.stage_ranges())
     floor = _interleaved_floor(t, uniform, entry.formula(c.micro_batches, v), stage_ids)
-    fits = _scheduled_fits(t, uniform, schedule, v, stage_ids)
     order = np.argsort(floor)
+    tables_fit = _tables_fit(t, uniform, stage_ids) if holds_1f1b_count(schedule, c.pp, c.micro_batches) else None
+    fits = None  # worked out when a plan first passes both (the schedule's program is played)
     for pos, i in enumerate(order):
         threshold = state.throughputs(top_k)[1]
         if c.global_batch / floor[i] <= threshold:
             state.pruned += len(order) - pos
             return
+        if tables_fit is not None and not tables_fit[i]:
+            state.pruned += 1
+            continue
+        if fits is None:
+            fits = _scheduled_fits(t, uniform, schedule, v, stage_ids)
         if not fits[i]:
             state.pruned += 1
             continue
@@ -376,6 +382,24 @@ def uniform_plan_floor_s(t: ComboTables, cost_model: CostModel, model: ModelSpec
         return floor_s
     work = cost_model.stage_work(model, plan, T)
     return max(floor_s, pipeline_time(T, D, plan.micro_batches, plan.schedule, plan.virtual_stages, work))
+
+
+def holds_1f1b_count(schedule: str, pp: int, micro_batches: int) -> bool:
+    """Whether every stage holds at least 1F1B's micro-batches in flight under ``schedule``
+    (interleaved, ZB-H1, DualPipeV, Looped BFS always; ZB-V from 2 pp micro-batches: below, its
+    stage 0 holds fewer, pp 2 m 2: 1.5 against 2); tests/planners/test_uniform_plan_floor.py
+    checks it on every schedule. Where it holds and memory is linear in the count, a uniform plan
+    that overflows a stage in the 1F1B tables overflows it under the schedule too."""
+    return schedule != Schedule.ZBV or micro_batches >= 2 * pp
+
+
+def _tables_fit(t: ComboTables, uniform: np.ndarray, stage_ids: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Per uniform strategy, whether its layers fit every stage in the 1F1B tables (a memory
+    linear in the in-flight count; else only the layouts of finite memory): no played program."""
+    _, _, mem, temp = uniform_layer_sums(t, uniform, stage_ids)
+    if t.stages[0].activation_bytes is None:
+        return np.isfinite(mem + temp).all(axis=0)
+    return (mem + temp <= t.budget_bytes).all(axis=0)
 
 
 def _scheduled_fits(t: ComboTables, uniform: np.ndarray, schedule: str, v: int,

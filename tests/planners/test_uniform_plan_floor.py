@@ -9,6 +9,7 @@ import pytest
 
 from planners import outer
 from planners.outer import grouped_tables, uniform_plan_floor_s, uniform_schedule_plan
+from cost_models import in_flight
 from specs import Schedule
 from specs.schedules import schedule_entry
 from tests.planners.random_instances import SMALL_SPACE, instance, tiny_model
@@ -61,3 +62,22 @@ def test_the_tables_floor_holds_each_stage_to_its_own_layers(seed):
                 assert floor <= cm.plan_cost(model, plan).iteration_time_s * (1 + 1e-12), plan.summary()
                 checked += 1
     assert checked > 50
+
+
+def test_the_1f1b_prefilter_holds_where_outer_uses_it():
+    """outer.holds_1f1b_count: where it says so, every stage holds at least 1F1B's count, and
+    ZB-V below 2 pp micro-batches is a case where a stage holds fewer (so the 1F1B tables alone
+    would skip plans that fit)."""
+    fewer = []
+    for schedule, v in SCHEDULES:
+        entry = schedule_entry(schedule)
+        for pp in (2, 3, 4, 8, 16):
+            for m in range(1, 4 * pp + 1):
+                if not entry.allows(pp, m, v):
+                    continue
+                for k in range(pp):
+                    held, one_f = in_flight(schedule, pp, k, m, v), in_flight(Schedule.ONE_F_ONE_B, pp, k, m)
+                    if held < one_f:
+                        fewer.append((schedule, pp, m))
+                        assert not outer.holds_1f1b_count(schedule, pp, m), (schedule, pp, m, k, held, one_f)
+    assert (Schedule.ZBV, 2, 2) in fewer
