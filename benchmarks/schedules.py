@@ -30,6 +30,7 @@ from planners.base import PlanResult
 from planners.outer import OuterState, finish, run_outer
 from specs import Schedule, load_cluster, load_model
 from specs.errors import one_line_errors
+from specs.units import GIB
 
 
 class Case(NamedTuple):
@@ -76,8 +77,13 @@ def best_of_schedule(model, cluster, budget: Budget, cm, space: SearchSpace, sch
     state, tables = run_outer("uniform", model, cm, usable_bytes, uniform, budget.global_batches(),
                               lambda tables, incumbent_s: [], 1, {"model": model.name, "cluster": cluster.name},
                               OuterState(limit_s=time_limit_s), deadline, seed=schedule == UNIFORM_1F1B)
-    return finish("uniform", model, cm, state, tables, usable_bytes, 1,
-                  "time_limit" if state.timed_out else "optimal", None)
+    result = finish("uniform", model, cm, state, tables, usable_bytes, 1,
+                    "time_limit" if state.timed_out else "optimal", None)
+    if result.feasible or schedule == UNIFORM_1F1B or state.timed_out:
+        return result
+    # the tables' smallest memory is 1F1B's: a schedule played by plan_cost alone states none
+    return replace(result, min_memory_gib=None,
+                   message=f"no uniform plan fits {usable_bytes / GIB:.1f} GiB by plan_cost")
 
 
 def case_rows(case: Case, time_limit_s: float, rows=ROWS) -> Iterator[str]:

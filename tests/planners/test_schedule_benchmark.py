@@ -40,3 +40,15 @@ def test_a_row_the_time_limit_stops_says_so(case, schedule, v):
     res = best_of_schedule(model, cluster, budget, cm, space, schedule, v, time_limit_s=1e-9)
     assert not res.feasible and res.stats.solver_status == "time_limit"
     assert "time limit of 1e-09 s reached" in res.message
+
+
+def test_a_schedule_no_uniform_plan_fits_states_no_smallest_memory(case):
+    """Where every uniform ZB-H1 plan fails plan_cost's memory, the row says so and claims no
+    smallest memory (the tables' is 1F1B's, not the schedule's); 1F1B's own search states one."""
+    model, cluster, cm, _, space = case
+    tight = Budget(memory_gib=2, global_batch=64)  # no reserve under 20 GiB
+    res = best_of_schedule(model, cluster, tight, cm, space, "zb_h1", 1, time_limit_s=60)
+    assert not res.feasible and res.min_memory_gib is None
+    assert res.message == "no uniform plan fits 2.0 GiB by plan_cost"
+    one_f = best_of_schedule(model, cluster, tight, cm, space, "1f1b", 1, time_limit_s=60)
+    assert not one_f.feasible and one_f.min_memory_gib > 2
