@@ -181,13 +181,18 @@ def _bodies(row_id: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarra
 def _frontier(memo: dict, rows: dict[int, tuple], head: int, plain: int, count: int, levels: np.ndarray,
               cap: float) -> CountFrontier:
     """The frontier of the head row plus ``count`` copies of the plain row, memoised by the
-    rows' contents (with the cap it was pruned under)."""
+    rows' contents (with the cap it was pruned under). The copies are summed first and the head
+    added last, so segments with other first rows (another vocab choice's first layer) share
+    the copies' chain."""
     key = (None if head < 0 else rows[head], None if plain < 0 else rows[plain], count, cap)
     if key not in memo:
-        if count == 0:
-            memo[key] = CountFrontier.empty() if head < 0 else _row_of(memo, rows[head], levels)
+        if head >= 0:
+            copies = _frontier(memo, rows, -1, plain, count, levels, cap)
+            memo[key] = copies.plus(_row_of(memo, rows[head], levels), cap)
+        elif count == 0:
+            memo[key] = CountFrontier.empty()
         else:
-            before = _frontier(memo, rows, head, plain, count - 1, levels, cap)
+            before = _frontier(memo, rows, -1, plain, count - 1, levels, cap)
             memo[key] = before.plus(_row_of(memo, rows[plain], levels), cap)
     return memo[key]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planners.counts import count_bounds, segment_classes
+from planners.counts import MAX_COUNT_LAYERS, count_bounds, segment_classes
 from planners.pareto import _hull_prices
 from planners.partition import StageOptions, Windows, partition_floor
 from planners.tables import ComboTables, temp_levels
@@ -39,7 +39,11 @@ def memory_floor(t: ComboTables, v, windows: tuple[Windows, ...], recv: list, co
     a stage's last layer is left free (each segment at its least over it, each gradient
     received at its least over the sender's dp), which keeps the partition search one layer of
     dp values small. ``counts``: short segments of identical layers also take the integer bound
-    of counts.count_bounds where larger (tighter on short stages, and dearer)."""
+    of counts.count_bounds where larger (tighter on short stages, and dearer); with one stage
+    (pp = 1) its one segment at any length: the chain of identical middle layers is built once
+    per group and every vocab choice only adds its first and last rows, and on a long stage
+    packed to the budget the LP bound's fractional layer still leaves a few tenths of a percent
+    (llama3-70b on 1024 H100: 12.922 against the optimum 12.956 s, the count bound 12.956)."""
     pp, n, m = t.combo.pp, len(t.layer_type), t.combo.micro_batches
     lam = 1.0 / pp if pp > 1 else 1.0 / m  # pp = 1: m (T + D/m) = m T + D
     sums, maxes = [], []
@@ -114,7 +118,8 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, coun
         free = np.where(no_plan, np.inf, val[:, 0]).min(axis=0)
     if counts:  # only where memory lifts the LP bound: elsewhere the counts rarely add anything
         binds = np.isfinite(out) & (out > free)
-        counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes, among=binds)
+        longest = len(t.layer_type) if t.combo.pp == 1 else MAX_COUNT_LAYERS  # one stage: one chain a group
+        counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes, longest, among=binds)
         out = np.where(np.isfinite(counted) & np.isfinite(out), np.maximum(out, counted), out)
     return out[classes.of_window] + vc.time_s + lam * vc.tail_s
 

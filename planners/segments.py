@@ -34,6 +34,13 @@ def _last_mem_floor(vc) -> float:
     return float(vc.last_delta[:, 2].min()) if vc.last_delta is not None else 0.0
 
 
+OPTIMISTIC_CUT_RTOL = 1e-4
+"""Where the search is exact (``GroupDP.proven``) and a lower bound is known, it runs first with
+its cut this far above the bound: a plan it finds there is the optimum (the search is exact below
+its cut), and a tight cut prunes most points (a one-stage group's count bound is its optimum
+when the best plan needs no relayout). Nothing found: the search runs again under the incumbent."""
+
+
 class GroupDP:
     """Runs the passes once per group (stage 0 once per vocab tp) and answers every vocab tp."""
 
@@ -392,7 +399,7 @@ class GroupDP:
         only when the ones before cannot."""
         relaxed = self._memory_floor(v, counts=False)
         pp = self.t.combo.pp
-        if relaxed < incumbent_s and pp > 1:
+        if relaxed < incumbent_s:
             relaxed = max(relaxed, self._memory_floor(v, counts=True))
         if relaxed < incumbent_s:
             relaxed = max(relaxed, self.relaxed_objective(v))
@@ -440,8 +447,14 @@ class GroupDP:
             sizes = list(even_stage_layers(self.n, self.t.combo.pp))
             seeded = GroupSolution(v, [seed[1]] * self.n, sizes, seed[0])
             incumbent_s = seed[0]
-        self.incumbent_s = incumbent_s
-        found = self._solve(v)
+        found = None
+        hint_s = self.bounds.get(v, np.inf) * (1.0 + OPTIMISTIC_CUT_RTOL)
+        if self.proven and hint_s < incumbent_s:  # first under a cut just above the bound: cheap
+            self.incumbent_s = hint_s
+            found = self._solve(v)
+        if found is None:
+            self.incumbent_s = incumbent_s
+            found = self._solve(v)
         if found is None or (seeded is not None and seeded.objective_s <= found.objective_s):
             found = seeded
         if self.proven:  # with the cut, a plan at or above the incumbent proves only that nothing beats it
