@@ -282,6 +282,14 @@ class CostModel(ABC):
         return f"not stated by the {self.name} cost model"
 
     # -- links ----------------------------------------------------------------------------
+    @property
+    def wire_scale(self) -> float:
+        """Bytes a message moves per byte the formulas count: they count 16-bit activations and
+        gradients (BYTES_PER_ACTIVATION), so 1 for a 16-bit run. This model's collective and send
+        times include it; a simulator that plays the formulas' messages over the links scales
+        their bytes by it."""
+        return 1.0
+
     def link_calibration(self) -> dict[str, float]:
         """How this model's collectives and sends relate to the cluster's link figures, for a
         simulator that plays them over the links (empty: at the data sheet): any of

@@ -52,7 +52,7 @@ class LayerWork:
     tp_groups: tuple[tuple[int, ...], ...]
     dp_groups: tuple[tuple[int, ...], ...]
     tp_calls: tuple[tuple[str, float, int], ...]
-    """TP-group collectives of one forward pass as (kind, bytes, count): Megatron TP two
+    """TP-group collectives of one forward pass as (kind, bytes on the wire, count): Megatron TP two
     all-reduces of the activation, Megatron-SP a reduce-scatter and an all-gather each instead,
     Ulysses the QKV and output all-to-alls (as many in backward, again in a full recompute)."""
     states: MemoryBreakdown
@@ -76,7 +76,7 @@ class LayerWork:
     the routed experts under an expert split."""
     ep_groups: tuple[tuple[int, ...], ...] = ()
     ep_calls: tuple[tuple[str, float, int], ...] = ()
-    """Expert all-to-alls of one forward pass (dispatch and combine) over ``ep_groups``; as many
+    """Expert all-to-alls of one forward pass (dispatch and combine; bytes on the wire) over ``ep_groups``; as many
     in backward, again in a full recompute."""
     cp: "CPWork | None" = None
     """Context parallelism's attention, played block by block (None without cp)."""
@@ -96,7 +96,7 @@ class CPWork:
     groups: tuple[tuple[int, ...], ...]
     """The stage's cp groups (ring order)."""
     block_bytes: float
-    """One rank's K/V block (cost_models.context.kv_block_bytes)."""
+    """One rank's K/V block on the wire (cost_models.context.kv_block_bytes, CostModel.wire_scale)."""
     core_fwd_s: float
     """The attention core's part of the layer's forward_s (each block plays 1 / cp of it)."""
     core_bwd_s: float
@@ -165,14 +165,14 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
         vocab_time, vocab_mem = cost_model.vocab_cost(model, plan, stage, world)
         vocab_dp = per_stage // plan.vocab_tp
         vocab_groups = stage_grid(first, per_stage, plan.vocab_tp).groups("dp")
-        tied_bytes, tied_groups = _tied(model, plan, stage, world) if vocab_mem.gradients_bytes > 0 else (0.0, ())
+        tied_bytes, tied_groups = _tied(model, plan, stage, world, cost_model.wire_scale) if vocab_mem.gradients_bytes > 0 else (0.0, ())
         stages.append(StageWork(stage=stage, ranks=ranks, layers=layers, vocab=vocab_time,
                                 vocab_memory=vocab_mem, vocab_groups=_tuples(vocab_groups),
                                 chunks=_chunks(model, plan, cost_model, chunk_ranges, stage, layer_ids),
                                 runtime_overhead_bytes=cost_model.runtime_overhead_bytes,
                                 # sizes from the shapes; none if the cost model gives the vocab no gradients
                                 vocab_grad_bytes=_vocab_params(model, plan, stage) / plan.vocab_tp * GRAD_BYTES_PER_PARAM
-                                if vocab_dp > 1 and vocab_mem.gradients_bytes > 0 else 0.0,
+                                * cost_model.wire_scale if vocab_dp > 1 and vocab_mem.gradients_bytes > 0 else 0.0,
                                 tied_grad_bytes=tied_bytes, tied_groups=tied_groups))
     return stages
 
@@ -180,7 +180,8 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
 def _chunks(model: ModelSpec, plan: Plan, cm: CostModel, chunk_ranges: list, stage: int, layer_ids: list[int]) -> tuple:
     """The stage's chunks (global indices, as the schedule places them) with their boundary messages."""
     last_chunk = len(chunk_ranges) - 1
-    message = lambda i: cm.pipeline_message(model.layers[i], plan.layers[i], plan.micro_batch_size(i))  # noqa: E731
+    message = lambda i: _on_wire(cm.pipeline_message(model.layers[i], plan.layers[i], plan.micro_batch_size(i)),  # noqa: E731
+                                 cm.wire_scale)
     out = []
     for j in plan.stage_chunks(stage):
         ids = list(chunk_ranges[j])
@@ -188,6 +189,13 @@ def _chunks(model: ModelSpec, plan: Plan, cm: CostModel, chunk_ranges: list, sta
                              output_message=message(ids[-1]) if j < last_chunk else None,
                              input_message=message(ids[0] - 1) if j > 0 else None))
     return tuple(out)
+
+
+def _on_wire(message: PipelineMessage, wire_scale: float) -> PipelineMessage:
+    """``message`` in the bytes the links carry (CostModel.wire_scale: the formulas count 16-bit
+    activations)."""
+    return replace(message, send_bytes=message.send_bytes * wire_scale,
+                   gather_bytes=message.gather_bytes * wire_scale)
 
 
 def _vocab_params(model: ModelSpec, plan: Plan, stage: int) -> float:
@@ -201,13 +209,14 @@ def _vocab_params(model: ModelSpec, plan: Plan, stage: int) -> float:
     return float(params)
 
 
-def _tied(model: ModelSpec, plan: Plan, stage: int, world: int) -> tuple[float, tuple]:
-    """Bytes and rank pairs of the tied-embedding gradient all-reduce (first and last stage)."""
+def _tied(model: ModelSpec, plan: Plan, stage: int, world: int, wire_scale: float) -> tuple[float, tuple]:
+    """Bytes (on the wire: ``wire_scale``, CostModel.wire_scale) and rank pairs of the
+    tied-embedding gradient all-reduce (first and last stage)."""
     if plan.head_stage == 0 or not model.head.tied_lm or stage not in (0, plan.head_stage):
         return 0.0, ()
     per_stage = world // plan.pp
     first, last = plan.stage_first_rank(0, world), plan.stage_first_rank(plan.head_stage, world)
-    nbytes = model.head.hidden_size * model.head.output_size / plan.vocab_tp * GRAD_BYTES_PER_PARAM
+    nbytes = model.head.hidden_size * model.head.output_size / plan.vocab_tp * GRAD_BYTES_PER_PARAM * wire_scale
     return float(nbytes), tuple((first + i, last + i) for i in range(per_stage))
 
 
@@ -244,13 +253,13 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     if s.cp > 1:
         scale = context.imbalance(layer, s.cp) if plan.cp_load_balance == CPLoadBalance.NONE else 1.0
         cp = CPWork(comm=s.cp_comm, cp=s.cp, groups=_tuples(context.cp_groups(first_rank, s)),
-                    block_bytes=context.kv_block_bytes(layer, s, mbs), core_fwd_s=lt.cp_core_fwd_s,
+                    block_bytes=context.kv_block_bytes(layer, s, mbs) * cm.wire_scale, core_fwd_s=lt.cp_core_fwd_s,
                     core_bwd_s=lt.cp_core_bwd_s, rerun=context.reruns_core(layer, s), block_scale=scale)
     return LayerWork(
         index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, weight_grad_s=lt.weight_grad_s, update_s=lt.update_s,
         strategy=s, cp=cp,
         tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
-        tp_calls=tp_calls(layer, s, mbs),
+        tp_calls=tuple((kind, nbytes * cm.wire_scale, count) for kind, nbytes, count in tp_calls(layer, s, mbs)),
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
                                optimizer_bytes=one.optimizer_bytes),
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
@@ -281,7 +290,7 @@ def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, f
     """(ep groups, forward all-to-alls) of a MoE layer whose experts are split over ep > 1 ranks."""
     if not experts.applies(layer, s) or s.ep == 1:
         return (), ()
-    nbytes = experts.all_to_all_bytes(layer, s, mbs, cm.expert_imbalance)
+    nbytes = experts.all_to_all_bytes(layer, s, mbs, cm.expert_imbalance) * cm.wire_scale
     groups = layer_grid(first_rank, s.degrees).groups("ep")
     return groups, (("all_to_all", nbytes, experts.ALL_TO_ALLS_PER_PASS),)
 

@@ -113,6 +113,24 @@ def test_both_predictors_price_every_plan():
             assert p.peak_memory_bytes and all(math.isfinite(b) and b > 0 for b in p.peak_memory_bytes), name
 
 
+def test_the_simulator_plays_an_fp32_runs_messages_at_its_bytes():
+    """The loop's runs are fp32: the profiled model charges each TP all-reduce, expert all-to-all
+    and pipeline send at 4-byte activations (wire_scale 2 over the formulas' 16-bit bytes), and the
+    simulator plays the same bytes over links calibrated to the model, so one layer's forward
+    all-reduces take the model's two all-reduce times (they took one half-size each)."""
+    import cost_models
+    import simulator
+    from simulator.work import tp_allreduce_bytes
+    models, cluster = loop.models(), load_cluster(loop.CLUSTER)
+    model, plan = models[loop.MODEL], loop.plans()["tp2 ckpt m2"]
+    cm = cost_models.get("profiled", cluster, profile=_synthetic_profile(model))
+    assert cm.wire_scale == 2.0
+    res = simulator.simulate(model, cluster, plan, cm, keep_spans=True)
+    span = next(b - a for _, stream, name, a, b in res.spans if stream == "tp" and name.startswith("F0 L0 tp"))
+    one = cm.collective_time("all_reduce", tp_allreduce_bytes(model.layers[0], plan.micro_batch_size(0)), [[0, 1]])
+    assert span == pytest.approx(2 * one)
+
+
 @pytest.mark.slow
 def test_loop_end_to_end_on_one_plan_of_each_model(capsys):
     """Both profiles, --check, one round: the loop's whole path (minutes on 2 cores)."""
