@@ -19,9 +19,9 @@ import numpy as np
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.deadline import DeadlinePassed, passed
-from planners.outer import GAP_RTOL, OuterState, finish, lower_bound_s, run_outer, vocab_min_memory_bytes
+from planners.outer import OuterState, finish, lower_bound_s, run_outer, vocab_min_memory_bytes
 from planners.registry import register
-from planners.segments import GroupDP, GroupSolution
+from planners.segments import GAP_RTOL, GroupDP, GroupSolution
 from planners.space import SearchSpace
 from planners.tables import ComboTables
 from specs import ClusterSpec, ModelSpec, SpecError

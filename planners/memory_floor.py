@@ -23,7 +23,7 @@ import numpy as np
 from planners.counts import MAX_COUNT_LAYERS, count_bounds, segment_classes
 from planners.pareto import _hull_prices
 from planners.partition import StageOptions, Windows, partition_floor
-from planners.tables import ComboTables, temp_levels
+from planners.tables import ComboTables, layer_temp_levels
 
 MAX_LEVELS = 12
 """Temporary levels tried per stage (the largest kept; each level l stands for every level up to
@@ -119,7 +119,7 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, coun
     if counts:  # only where memory lifts the LP bound: elsewhere the counts rarely add anything
         binds = np.isfinite(out) & (out > free)
         longest = len(t.layer_type) if t.combo.pp == 1 else MAX_COUNT_LAYERS  # one stage: one chain a group
-        counted = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes, longest, among=binds)
+        counted = count_bounds(t, classes, layer_temp_levels(t), vc.memory_bytes, vc.temp_bytes, longest, among=binds)
         out = np.where(np.isfinite(counted) & np.isfinite(out), np.maximum(out, counted), out)
     return out[classes.of_window] + vc.time_s + lam * vc.tail_s
 

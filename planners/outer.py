@@ -20,7 +20,7 @@ from planners.base import (
 )
 from planners.deadline import DeadlinePassed, check, passed
 from planners.seed import uniform_activation_sums, uniform_layer_sums, uniform_seed
-from planners.segments import GroupSolution
+from planners.segments import GAP_RTOL, GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
 from planners.tables import (ComboTables, build_tables, cached_table_bytes, is_built, relayout_table_bytes,
                              temp_levels)
@@ -30,8 +30,6 @@ from specs.units import GIB
 
 RESCORE_RTOL = 1e-6
 """Planner objective vs plan_cost: they are the same formula, so they agree to rounding."""
-GAP_RTOL = 1e-9
-"""A relative gap this small is rounding (group objectives vs plan_cost's re-score): proven optimal."""
 
 
 @dataclass

@@ -34,6 +34,9 @@ def _last_mem_floor(vc) -> float:
     return float(vc.last_delta[:, 2].min()) if vc.last_delta is not None else 0.0
 
 
+GAP_RTOL = 1e-9
+"""A relative gap this small is rounding (group objectives vs plan_cost's re-score): proven
+optimal; a vocab choice whose bound comes this close to the incumbent is not searched."""
 OPTIMISTIC_CUT_RTOL = 1e-4
 """Where the search is exact (``GroupDP.proven``) and a lower bound is known, it runs first with
 its cut this far above the bound: a plan it finds there is the optimum (the search is exact below
@@ -438,7 +441,7 @@ class GroupDP:
         if bound and (not self.exact or not self.proven):
             if v not in self.bounds:  # one computed earlier under a larger incumbent still holds
                 self.bounds[v] = self.lower_bound(v, incumbent_s)
-            if not self.exact and self.bounds[v] >= incumbent_s:
+            if not self.exact and self.bounds[v] >= incumbent_s * (1.0 - GAP_RTOL):
                 self.skipped += 1
                 return None
         seed = uniform_seed(self.t if self.stages is self.t.stages else replace(self.t, stages=self.stages), v)

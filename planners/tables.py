@@ -142,8 +142,15 @@ class ComboTables:
 def temp_levels(t: ComboTables) -> np.ndarray:
     """The group's distinct temporary sizes (every stage's layers, every embedding/head, and 0),
     sorted: a Pareto point's level indexes them."""
+    vocab = [np.array([vc.temp_bytes for vc in v]) for v in t.vocab.values()]
+    return np.unique(np.concatenate([layer_temp_levels(t)] + vocab))
+
+
+def layer_temp_levels(t: ComboTables) -> np.ndarray:
+    """The distinct temporary sizes of the group's layers (every stage's) and 0, sorted: what the
+    largest temporary of some layers can be, whatever the embedding/head (so that sums of layers
+    indexed by them serve every vocab choice)."""
     vals = [s.temp_bytes[np.isfinite(s.temp_bytes)] for s in t.stages]
-    vals += [np.array([vc.temp_bytes for vc in v]) for v in t.vocab.values()]
     return np.unique(np.concatenate(vals + [np.zeros(1)]))
 
 

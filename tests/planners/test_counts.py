@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planners.counts import CountFrontier, count_bounds, segment_classes
+from planners.counts import MAX_COUNT_LAYERS, CountFrontier, count_bounds, segment_classes
 from planners.partition import Windows
 from planners.memory_floor import _distinct_rows, _layer_arrays, memory_floor
 from planners.outer import grouped_tables
@@ -171,3 +171,28 @@ def test_plus_equals_pruning_every_sum(seed):
     assert np.array_equal(got.level, level[keep])
     assert np.array_equal(got.memory_bytes, memory[keep])
     assert np.array_equal(got.cost_s, cost[keep])
+
+
+def test_a_one_stage_group_takes_the_count_bound_over_all_its_layers():
+    """pp 1: the count bound covers the whole stage, past MAX_COUNT_LAYERS (the identical layers'
+    chain is built once a group): it lies between the LP bound and the group's exact optimum, and
+    lifts the LP bound somewhere."""
+    layers = MAX_COUNT_LAYERS + 2
+    lifted = solved = 0
+    for seed in range(4):
+        model, cluster = tiny_model(layers, identical=True), tiny_cluster()
+        for budget_kib in (9000, 14000):
+            for t in grouped_tables(model, RandomCostModel(cluster, seed), budget_kib * KIB, PIPE_SPACE, (8,)):
+                if t.combo.pp != 1:
+                    continue
+                dp = GroupDP(t, exact=True, even=False)
+                for v in t.vocab:
+                    lp = memory_floor(t, v, dp.bound_windows, [None])
+                    counted = memory_floor(t, v, dp.bound_windows, [None], counts=True)
+                    sol = dp.solve(v, bound=False)
+                    assert counted >= lp * (1 - 1e-12)
+                    if sol is not None:
+                        assert counted <= sol.objective_s * (1 + 1e-12)
+                        solved += 1
+                    lifted += np.isfinite(counted) and counted > lp * (1 + 1e-9)
+    assert solved and lifted
