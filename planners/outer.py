@@ -158,23 +158,32 @@ def _check_table_memory(model: ModelSpec, cost_model: CostModel, space: SearchSp
 
 
 def lower_bound_s(t: ComboTables) -> float:
-    """The schedule's linear form with sum_k T_k >= sum of each layer's fastest strategy
-    (+ embedding/head) and max_k T_k >= their mean."""
+    """The schedule's linear form, least over the vocab choices, with sum_k T_k >= the sum of each
+    layer's fastest strategy (+ embedding/head) and max_k T_k >= their mean, and on a pipeline
+    >= the first stage's least (the embedding and layer 0) and the last's (the head and the last
+    layer): on a deep pipeline the stages holding the embedding and the head, not the mean,
+    floor the slowest."""
     pp, formula = t.combo.pp, t.combo.formula
     per_type = np.min([np.min(s.time_s, axis=1) for s in t.stages], axis=0)
     layers = float(per_type[t.layer_type].sum())
-    vocab = min(sum(vc.time_s for vc in v) + _least_delta(v) for v in t.vocab.values())
-    total = layers + vocab
-    return formula.fill * total + formula.steady * total / pp
+    ends = (float(np.min(t.stages[0].time_s[t.layer_type[0]])), float(np.min(t.stages[-1].time_s[t.layer_type[-1]])))
+    out = np.inf
+    for costs in t.vocab.values():
+        total = layers + sum(vc.time_s for vc in costs) + sum(_least_delta(vc) for vc in costs)
+        slowest = total / pp
+        if pp > 1:
+            slowest = max(slowest, costs[0].time_s + _least_delta(costs[0]) + ends[0],
+                          costs[-1].time_s + _least_delta(costs[-1]) + ends[1])
+        out = min(out, formula.fill * total + formula.steady * slowest)
+    return out
 
 
-def _least_delta(vocab) -> float:
-    """The most the first/last layer's dp type can take off the embedding/head's time (<= 0)."""
+def _least_delta(vc) -> float:
+    """The most the first/last layer's dp type can take off one stage's embedding/head time (<= 0)."""
     out = 0.0
-    for vc in vocab:
-        for d in (vc.first_delta, vc.last_delta):
-            if d is not None:
-                out += min(0.0, float(d[:, 0].min()))
+    for d in (vc.first_delta, vc.last_delta):
+        if d is not None:
+            out += min(0.0, float(d[:, 0].min()))
     return out
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import planners
-from planners.outer import grouped_tables
+from planners.outer import _least_delta, grouped_tables, lower_bound_s
 from planners.segments import GroupDP
 from specs import SpecError
 from tests.planners.random_instances import (
@@ -159,3 +159,28 @@ def test_gap_tolerance_skips_near_ties_and_keeps_the_optimum_inside_the_gap():
     for bad in (-0.1, 1.0, True, "0.1"):
         with pytest.raises(SpecError, match="gap_tolerance: must be a number in"):
             galvatron.plan(model, cluster, budget, cm, {"space": PIPE_SPACE, "gap_tolerance": bad})
+
+
+@pytest.mark.parametrize("seed", [2, 13, 14])
+def test_the_groups_cheap_bound_never_exceeds_their_optimum(seed):
+    """outer.lower_bound_s (the order and first cut of the groups) against each group's exact
+    optimum; on pipelines its slowest stage is floored by the stages holding the embedding and the
+    head, which here lifts it above the mean's bound somewhere."""
+    model, _, cm, budget = _pipe_instance(seed)
+    checked = lifted = 0
+    for t in grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (8,)):
+        found = [GroupDP(t, exact=True, even=False).solve(v) for v in t.vocab]
+        best = min((f.objective_s for f in found if f is not None), default=np.inf)
+        bound = lower_bound_s(t)
+        assert bound <= best * (1 + 1e-12), (t.combo, bound, best)
+        checked += np.isfinite(best)
+        lifted += t.combo.pp > 1 and bound > _mean_bound(t) * (1 + 1e-12)
+    assert checked and lifted
+
+
+def _mean_bound(t) -> float:
+    """lower_bound_s with the slowest stage floored by the mean alone."""
+    f, pp = t.combo.formula, t.combo.pp
+    layers = float(np.min([np.min(s.time_s, axis=1) for s in t.stages], axis=0)[t.layer_type].sum())
+    totals = [layers + sum(vc.time_s + _least_delta(vc) for vc in costs) for costs in t.vocab.values()]
+    return min(f.fill * total + f.steady * total / pp for total in totals)
