@@ -192,6 +192,10 @@ class CostModel(ABC):
     """True when a layer's gradients take memory from the first backward that makes them
     (PyTorch's ``.grad``, as our executor runs), False when they are held all iteration
     (Megatron's contiguous gradient buffer); a simulator allocates them accordingly."""
+    sync_bucket_bytes: ClassVar[float] = 25 * 2**20
+    """Gradient bytes synced together over the data-parallel group: PyTorch DDP's and Megatron's
+    25 MiB buckets, whose sync starts once the backward has filled them; 0: every layer's own
+    (our executor's per-module reduction). A simulator buckets the sync accordingly."""
     runtime_overhead_bytes: float = 1.0 * GIB
     """Per-GPU memory outside the model (CUDA context, allocator slack); set per instance."""
 

@@ -142,6 +142,7 @@ class ProfiledModel(CostModel):
     capabilities = Capabilities(precision=BF16_ONLY)
     """Every axis but FP8: the profiles measure BF16 kernels (docs/profile_format.md)."""
     lazy_gradients = True  # the executor's .grad (first_backward_overlap is the same fact)
+    sync_bucket_bytes = 0.0  # the executor reduces each layer's gradients on their own (executor/parallel/data.py)
     # not linear_in_flight: with every micro-batch in flight the gradients take the place of
     # one micro-batch's activations (first_backward_overlap)
 

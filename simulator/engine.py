@@ -48,13 +48,14 @@ CAPABILITIES = Capabilities(schedule=frozenset(REGISTRY))
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: CostModel | None = None, *,
              full: bool = False, trace_path: str | Path | None = None, record_memory: bool = True,
-             overlap_dp: bool = True, bucket_bytes: float = 25 * 2**20, prefetch: bool = True,
+             overlap_dp: bool = True, bucket_bytes: float | None = None, prefetch: bool = True,
              coalesce_steps: bool | None = None, keep_spans: bool = False) -> SimResult:
     """Play one training iteration of ``plan``; compute times and byte sizes from ``cost_model``
     (default: the analytical model of ``cluster``), communication over ``cluster``'s links.
 
     overlap_dp=False defers gradient sync to after the last backward (the cost-model
-    formula's assumption); coalesce_steps plays each collective as one flow instead of
+    formula's assumption); bucket_bytes: gradient bytes synced together (default: the cost
+    model's sync_bucket_bytes); coalesce_steps plays each collective as one flow instead of
     its ring steps (default: only above AUTO_COALESCE_GPUS GPUs); keep_spans keeps every
     (gpu, stream, name, start, end) in the result.
     """
@@ -74,7 +75,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
     fabric = Fabric(env, cluster, network, coalesce_steps, LinkCalibration.from_cost_model(cost_model))
     config = WorkerConfig(schedule=plan.schedule, pp=plan.pp, micro_batches=plan.micro_batches, full=full,
                           virtual_stages=plan.virtual_stages,
-                          overlap_dp=overlap_dp, bucket_bytes=bucket_bytes, prefetch=prefetch,
+                          overlap_dp=overlap_dp, prefetch=prefetch,
+                          bucket_bytes=cost_model.sync_bucket_bytes if bucket_bytes is None else bucket_bytes,
                           lazy_gradients=cost_model.lazy_gradients)
     capacity = cluster.gpu.memory_gib * GIB
     rendezvous = Rendezvous(env) if full else None

@@ -131,6 +131,28 @@ def test_the_simulator_plays_an_fp32_runs_messages_at_its_bytes():
     assert span == pytest.approx(2 * one)
 
 
+def test_the_simulator_syncs_gradients_in_the_cost_models_buckets():
+    """The profiled model describes our executor, which reduces each layer's gradients on their own
+    (sync_bucket_bytes 0): the simulator then syncs layer by layer, and a slow ZeRO-2 reduce-scatter
+    no longer holds every layer's unsharded gradients; the analytical model keeps DDP's 25 MiB
+    buckets, which hold the loop model's four layers at once."""
+    import re
+
+    import cost_models
+    import simulator
+    models, cluster = loop.models(), load_cluster(loop.CLUSTER)
+    model, plan = models[loop.MODEL], loop.plans()["dp2 zero2 m2"]
+
+    def synced(cm) -> set[str]:
+        spans = simulator.simulate(model, cluster, plan, cm, keep_spans=True).spans
+        return {re.match(r"grad sync (\S+) ", name).group(1) for _, stream, name, _, _ in spans
+                if stream == "dp" and name.startswith("grad sync L")}
+
+    profiled = cost_models.get("profiled", cluster, profile=_synthetic_profile(model))
+    assert synced(profiled) == {f"L{i}-L{i}" for i in range(4)}
+    assert synced(cost_models.get("analytical", cluster)) == {"L0-L3"}
+
+
 @pytest.mark.slow
 def test_loop_end_to_end_on_one_plan_of_each_model(capsys):
     """Both profiles, --check, one round: the loop's whole path (minutes on 2 cores)."""
