@@ -397,7 +397,8 @@ class GroupDP:
 
     def lower_bound(self, v, incumbent_s: float = np.inf, tails: bool = True) -> float:
         """The largest of the per-segment memory bound (memory_floor; its integer count bound on
-        short segments of identical layers asked only when the LP one cannot rule the group out),
+        short segments of identical layers, and on a one-stage group's whole stage, asked only
+        when the LP one cannot rule the group out),
         the memory-blind bound and, with ``tails``, the tail-cap bound (tail_floor), each asked
         only when the ones before cannot."""
         relaxed = self._memory_floor(v, counts=False)
