@@ -169,11 +169,9 @@ def lower_bound_s(t: ComboTables) -> float:
     ends = (float(np.min(t.stages[0].time_s[t.layer_type[0]])), float(np.min(t.stages[-1].time_s[t.layer_type[-1]])))
     out = np.inf
     for costs in t.vocab.values():
-        total = layers + sum(vc.time_s for vc in costs) + sum(_least_delta(vc) for vc in costs)
-        slowest = total / pp
-        if pp > 1:
-            slowest = max(slowest, costs[0].time_s + _least_delta(costs[0]) + ends[0],
-                          costs[-1].time_s + _least_delta(costs[-1]) + ends[1])
+        vocab = [vc.time_s + _least_delta(vc) for vc in costs]  # each stage's embedding/head at its least
+        total = layers + sum(vocab)
+        slowest = max(total / pp, vocab[0] + ends[0], vocab[-1] + ends[1]) if pp > 1 else total
         out = min(out, formula.fill * total + formula.steady * slowest)
     return out
 
