@@ -178,14 +178,18 @@ class Fabric:
         yield from self._play(name, self._schedules[key], per_edge)
 
     def send(self, name: str, nbytes: float, pairs: Sequence[tuple[int, int]], per_edge: bool = False,
-             focus: int | None = None):
-        """Generator: point-to-point sends of ``nbytes`` on every (src, dst) pair at once."""
-        key = ("send", nbytes, tuple(pairs), per_edge, focus, 1)
+             focus: int | None = None, step_of: str | None = None):
+        """Generator: point-to-point sends of ``nbytes`` on every (src, dst) pair at once: pipeline
+        sends at the p2p calibration, or with ``step_of`` (a collective kind) one step of that
+        collective's ring (every rank sends and receives at once, as a context-parallel K/V ring
+        step does) at that collective's calibration and slowdown."""
+        key = ("send", nbytes, tuple(pairs), per_edge, focus, step_of)
         if key not in self._schedules:
             pairs = tuple((a, b) for a, b in pairs if a != b)
             steps = [(pairs, float(nbytes))] if pairs and nbytes > 0 else []
             keep = None if focus is None else frozenset([focus])
-            self._schedules[key] = self._schedule(steps, per_edge, True, keep, 1)
+            slowdown = 1.0 if step_of is None else self.cal.collective_slowdown.get(step_of, 1.0)
+            self._schedules[key] = self._schedule(steps, per_edge, step_of is None, keep, 1, slowdown)
         yield from self._play(name, self._schedules[key], per_edge)
 
     def _algorithm(self, kind: str, nbytes: float, groups: tuple) -> list[Step]:

@@ -286,9 +286,11 @@ class Worker:
 
     def _ring_send(self, name: str, nbytes: float, cp):
         """One ring step: the rank's send to its next rank (every ring edge of the stage at once
-        for a worker that stands for the stage)."""
+        for a worker that stands for the stage), played as one step of a ring all-gather, as the
+        cost models charge it (cost_models.context.ring_step_s)."""
         pairs = cp.ring_pairs if not self.cfg.full else tuple(p for p in cp.ring_pairs if p[0] == self.rank)
-        return lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full, None if self.cfg.full else self.rank)
+        return lambda: self.fabric.send(name, nbytes, pairs, self.cfg.full, None if self.cfg.full else self.rank,
+                                        step_of="all_gather")
 
     def _vocab_sync(self) -> None:
         """Embedding/head gradients over their replicas; the tied embedding between the two ends

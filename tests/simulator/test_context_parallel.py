@@ -68,3 +68,22 @@ def test_the_cp_flag_runs_a_uniform_plan(capsys):
                  "--cp", "4", "--sp", "megatron", "--zero", "1", "--global-batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "pp1 m2 | L0-31 tp4/dp1 zero1 sp cp4" in out
+
+
+class _SlowGatherModel(HandCostModel):
+    """Pipeline sends at the links' rate, all-gathers at half of it (a backend whose all-gather
+    carries twice its ring's bytes)."""
+
+    def link_calibration(self):
+        return {"collective_slowdown": {"all_gather": 2.0}}
+
+
+def test_a_ring_step_runs_at_the_all_gathers_rate_not_a_pipeline_sends():
+    # the cost models charge a ring step as one step of a ring all-gather (context.ring_step_s):
+    # at half the rate each forward step's 1024 B takes 2 s, each backward step's 2048 B 4 s;
+    # the last dK/dV block home 2 s. Forward 2 + 3 * 2 + 0.5 = 8.5; backward 4 + 3 * 4 + 1 + 2 = 19
+    cm = _SlowGatherModel(CLUSTER)
+    cm.t = _cost_model().t
+    result = simulate(MODEL, CLUSTER, _plan(), cm, keep_spans=True)
+    assert timeline(result, 0, "cp")[:2] == [("F0 L0 cp ring 0", 2, 4), ("F0 L0 cp ring 1", 4, 6)]
+    assert result.iteration_time_s == pytest.approx(8.5 + 19.0)
