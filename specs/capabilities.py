@@ -15,7 +15,11 @@ if TYPE_CHECKING:
     from specs.model import LayerSpec, ModelSpec
 
 OFF = "off"
-"""The ``expert_parallel`` value of a layer without an expert split."""
+"""The ``expert_parallel`` value of a layer without an expert split; ``tp_comm_overlap`` off."""
+ON = "on"
+"""``tp_comm_overlap`` on."""
+NO_TP_OVERLAP = frozenset({OFF})
+"""The ``tp_comm_overlap`` of a consumer that does not run TP communication overlap."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +49,8 @@ class Capabilities:
     """The token order of a plan with a cp > 1 layer (CPLoadBalance values)."""
     stack: frozenset[str] | None = None
     """The software stack a plan states (SoftwareStack values; a plan that states none passes)."""
+    tp_comm_overlap: frozenset[str] | None = None
+    """TP communication overlap (Plan.tp_comm_overlap): ``on`` or ``off``."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -87,6 +93,7 @@ PLAN_AXES: dict[str, Callable[[Plan], object]] = {
     "vocab_sp": lambda plan: plan.vocab_sp,
     "cp_load_balance": lambda plan: plan.cp_load_balance if any(s.cp > 1 for s in plan.layers) else None,
     "stack": lambda plan: plan.stack,
+    "tp_comm_overlap": lambda plan: ON if plan.tp_comm_overlap else OFF,
 }
 """How each whole-plan axis reads its value."""
 
@@ -131,5 +138,5 @@ def layer_supported(spec: LayerSpec, s: LayerStrategy, capabilities: Capabilitie
     return all(capabilities.supports(axis, read(spec, s)) for axis, read in LAYER_AXES.items())
 
 
-__all__ = ["BF16_ONLY", "Capabilities", "EVERYTHING", "OFF", "LAYER_AXES", "PLAN_AXES", "check_supported",
-           "layer_supported", "refusal"]
+__all__ = ["BF16_ONLY", "Capabilities", "EVERYTHING", "NO_TP_OVERLAP", "OFF", "ON", "LAYER_AXES", "PLAN_AXES",
+           "check_supported", "layer_supported", "refusal"]

@@ -14,7 +14,7 @@ from specs.files import atomic_write_text
 from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import Precision, fp8_recipe, gpu_refusal
 from specs.precision import precision as to_precision
-from specs.stack import SoftwareStack, software_stack
+from specs.stack import TP_OVERLAP_STACKS, SoftwareStack, overlaps_tp_comm, software_stack
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
 from specs.chunks import chunk_layout
 from specs.schedules import SCHEDULES, Schedule, schedule_entry, upgrade_schedule
@@ -216,6 +216,11 @@ class Plan:
     """The software stack its times assume (specs.stack): megatron-te, eager or compile; None:
     not stated (a planner states its cost model's). A cost model built for one stack refuses a
     plan that states another."""
+    tp_comm_overlap: bool = False
+    """The Megatron-SP all-gathers and reduce-scatters of the tp > 1 layers run chunked beside the
+    GEMMs that consume or produce their tensors (specs.stack.overlaps_tp_comm: Transformer Engine's
+    userbuffers under megatron-te, torchtitan's async TP under compile). Needs a tp > 1 layer,
+    Megatron-SP on every tp > 1 layer and a stated stack that runs it."""
     model: str = ""
     """Zoo name or config path of the model this plan is for (informative)."""
     cluster: str = ""
@@ -247,6 +252,7 @@ class Plan:
         object.__setattr__(self, "vocab_sp", member(self.vocab_sp, SequenceParallel, "vocab_sp"))
         if self.stack is not None:
             object.__setattr__(self, "stack", software_stack(self.stack))
+        self._check_tp_comm_overlap()
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
@@ -258,6 +264,24 @@ class Plan:
         if sum(self.stage_layers) != len(self.layers):
             raise SpecError("stage_layers", f"sum {sum(self.stage_layers)} != {len(self.layers)} layers")
         object.__setattr__(self, "chunk_layers", self._checked_chunk_layers())
+
+    def _check_tp_comm_overlap(self) -> None:
+        """tp_comm_overlap: a boolean; when on, a tp > 1 layer, Megatron-SP on each and a stack that runs it."""
+        value = self.tp_comm_overlap
+        if not isinstance(value, bool):
+            raise SpecError("tp_comm_overlap", f"must be true or false, got {value!r}")
+        if not value:
+            return
+        if not overlaps_tp_comm(self.stack):
+            raise SpecError("tp_comm_overlap", f"true needs a stack that runs it ({', '.join(TP_OVERLAP_STACKS)}), "
+                            f"got {self.stack or 'none stated'}")
+        tp_layers = [(i, s) for i, s in enumerate(self.layers) if s.tp > 1]
+        if not tp_layers:
+            raise SpecError("tp_comm_overlap", "true needs a layer with tp > 1 (no layer has one)")
+        for i, s in tp_layers:
+            if not s.megatron_sp:
+                raise SpecError("tp_comm_overlap", f"true needs sp megatron on every tp > 1 layer: layer {i} "
+                                f"has tp {s.tp}, sp {s.sp}")
 
     def _checked_chunk_layers(self) -> tuple[int, ...]:
         """``chunk_layers`` validated against the stages, stored empty when it is the default split."""
@@ -355,13 +379,15 @@ class Plan:
 
     def summary(self) -> str:
         """One line: ``pp2 m4 [16/16] vocab tp2/sp | L0-15 tp2/dp2 zero3 | L16-31 dp4 ckpt``
-        (stage sizes when pp > 1 without interleaving, a cp token order other than zigzag, the
-        embedding/head strategy when not the default, then runs of equal layers)."""
+        (stage sizes when pp > 1 without interleaving, a cp token order other than zigzag, TP
+        communication overlap, the embedding/head strategy when not the default, then runs of equal layers)."""
         head = f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "") + f" m{self.micro_batches}"
         if self.pp > 1 and (self.virtual_stages == 1 or self.chunk_layers):
             head += f" [{'/'.join(map(str, self.chunk_layers or self.stage_layers))}]"
         if self.cp_load_balance != CPLoadBalance.ZIGZAG and any(s.cp > 1 for s in self.layers):
             head += f" cp-order {self.cp_load_balance}"
+        if self.tp_comm_overlap:
+            head += " tp-overlap"
         vocab = [f"tp{self.vocab_tp}"] if self.vocab_tp > 1 else []
         vocab += {"megatron": ["sp"], "ulysses": ["uly"]}.get(self.vocab_sp, []) + (["zero3"] if self.vocab_zero3 else [])
         parts = [head + (f" vocab {'/'.join(vocab)}" if vocab else "")]
@@ -475,6 +501,8 @@ class Plan:
         for key in ("model_spec", "cluster_spec", "stack"):  # written only when embedded / stated
             if d[key] is None:
                 del d[key]
+        if not self.tp_comm_overlap:  # written only when on: older files and hashes stay as they were
+            del d["tp_comm_overlap"]
         return d
 
     @classmethod

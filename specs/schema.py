@@ -182,6 +182,8 @@ class PlanFile(BaseModel):
     vocab_sp: Literal["none", "megatron", "ulysses"] = "none"
     cp_load_balance: Literal["zigzag", "none"] = "zigzag"
     stack: Literal[_STACK_NAMES] | None = None  # type: ignore[valid-type]
+    tp_comm_overlap: bool = False
+    """Plan.tp_comm_overlap; files without it do not overlap."""
     virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
     chunk_layers: list[Layers] = []
     model: str = ""

@@ -31,3 +31,15 @@ def software_stack(value: Any, field: str = "stack") -> SoftwareStack:
         return SoftwareStack(value)
     except ValueError:
         raise SpecError(field, f"{value!r} is not a software stack; choose from {', '.join(STACKS)}") from None
+
+
+TP_OVERLAP_STACKS = (SoftwareStack.MEGATRON_TE, SoftwareStack.COMPILE)
+"""The stacks that overlap Megatron-SP's collectives with their GEMMs (Plan.tp_comm_overlap):
+Transformer Engine's userbuffers (Megatron's ``tp_comm_overlap``) and torchtitan's async TP
+(``enable_async_tensor_parallel``, Inductor's micro-pipelined collective matmuls, which need
+torch.compile). Eager PyTorch has none."""
+
+
+def overlaps_tp_comm(stack: SoftwareStack | None) -> bool:
+    """Whether ``stack`` runs TP communication overlap (None: no stack stated, so none)."""
+    return stack in TP_OVERLAP_STACKS
