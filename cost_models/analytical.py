@@ -16,7 +16,7 @@ import numpy as np
 
 from cost_models import collectives as coll
 from cost_models import context
-from cost_models import experts, fp8, stacks
+from cost_models import experts, fp8, stacks, tp_overlap
 from cost_models import memory as mem
 from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
@@ -102,6 +102,7 @@ class ComputeTime:
     pass_comm_s: float
     ep_comm_s: float
     cp: context.CPTime
+    tp_overlap: tuple[tp_overlap.OverlapPair, ...] = ()
 
 
 @lru_cache(maxsize=65536)
@@ -215,16 +216,17 @@ class AnalyticalModel(CostModel):
         return max(gpu_s, count * self.constants.host_time_per_kernel_s - hidden_host_s)
 
     def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split, cp: int = 1,
-                              precision: Precision = Precision.BF16) -> tuple[tuple[float, int], ...]:
+                              precision: Precision = Precision.BF16) -> tuple[tuple, ...]:
         """(GPU seconds, kernel count) of the layer's forward, of its backward and of the weight-
         gradient GEMMs within that backward (W of a split backward) on one of tp GPUs (s / cp
-        tokens): what every strategy of the same split, micro-batch size, expert split and
-        precision shares (FP8: cost_models/fp8.py)."""
+        tokens), and the GEMMs beside its TP collectives (tp_overlap.site_gemm_s): what every
+        strategy of the same split, micro-batch size, expert split and precision shares (FP8:
+        cost_models/fp8.py)."""
         bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
         fwd, bwd = fp8.forward_ops(bf16, precision), fp8.backward_ops(backward_ops(bf16), precision)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
-                (sum(map(self.op_time, wgrad)), len(wgrad)))
+                (sum(map(self.op_time, wgrad)), len(wgrad)), tp_overlap.site_gemm_s(self.op_time, fwd, bwd))
 
     def _memory_bound_s(self, nbytes: float) -> float:
         c = self.constants
@@ -249,7 +251,7 @@ class AnalyticalModel(CostModel):
                          cp_core_fwd_s=cp.core_fwd_s, cp_core_bwd_s=cp.core_bwd_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb, ep_comm_s=c.ep_comm_s,
-                         update_s=update_s)
+                         update_s=update_s, tp_overlap=c.tp_overlap)
 
     def _compute_compute(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int,
                          tp_groups: RankGroups) -> "ComputeTime":
@@ -258,9 +260,9 @@ class AnalyticalModel(CostModel):
         per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
-        fwd, bwd, wgrad = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs,
-                                             experts.compute_split(layer, strategy, self.expert_imbalance),
-                                             strategy.cp, strategy.precision)
+        fwd, bwd, wgrad, gemms = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs,
+                                                    experts.compute_split(layer, strategy, self.expert_imbalance),
+                                                    strategy.cp, strategy.precision)
         forward_s = self._launch_bound(fwd, pass_comm_s)
         own_backward_s = self._launch_bound(bwd, pass_comm_s)
         backward_s = own_backward_s + self.recompute_time(layer, strategy, mbs, pass_comm_s)
@@ -270,7 +272,18 @@ class AnalyticalModel(CostModel):
                                             self.expert_imbalance)
         return ComputeTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s,
                            tp_comm_s=tp_comm_s, pass_comm_s=pass_comm_s, ep_comm_s=ep_comm_s,
-                           cp=self.cp_time(layer, strategy, mbs, first_rank))
+                           cp=self.cp_time(layer, strategy, mbs, first_rank),
+                           tp_overlap=self._tp_overlap(layer, strategy, mbs, tp_groups, gemms))
+
+    def _tp_overlap(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, tp_groups: RankGroups,
+                    gemms: tuple[tuple[float, float], ...]) -> tuple[tp_overlap.OverlapPair, ...]:
+        """The layer's TP collectives beside their GEMMs (cost_models/tp_overlap.py), what a plan with
+        tp_comm_overlap hides; none without Megatron-SP over tp > 1."""
+        if strategy.tp <= 1 or not strategy.megatron_sp:
+            return ()
+        nbytes = seq.tp_message_bytes(layer, mbs) / strategy.cp
+        comm_s = {kind: self.collective_time(kind, nbytes, tp_groups) for kind in ("all_gather", "reduce_scatter")}
+        return tp_overlap.overlap_pairs(gemms, comm_s, strategy.tp, strategy.recompute == Recompute.FULL)
 
     def _compute_sync(self, layer: LayerSpec, strategy: LayerStrategy, first_rank: int
                       ) -> tuple[RankGroups, DPTraffic, float, bool]:

@@ -28,6 +28,7 @@ from typing import ClassVar, Sequence
 
 from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, stage_grid
 from cost_models.reserve import DEFAULT_RESERVE, AllocatorReserve
+from cost_models.tp_overlap import OverlapPair
 from specs.capabilities import EVERYTHING, Capabilities, check_supported
 from specs.stack import SoftwareStack
 from specs.schedule_play import StageWork, played_s
@@ -76,12 +77,27 @@ class LayerTime:
     ring overlaps block by block (the simulator plays it so); 0 without cp."""
     cp_core_bwd_s: float = 0.0
     """The same of ``backward_s``, a recomputed forward's core excluded."""
+    tp_overlap: tuple[OverlapPair, ...] = ()
+    """Megatron-SP's collectives of one micro-batch (counted in ``tp_comm_s``) beside the GEMMs
+    of ``forward_s`` and ``backward_s`` they pair with (cost_models/tp_overlap.py): what a plan with
+    tp_comm_overlap hides; empty where the model pairs none."""
 
     @property
     def micro_batch_s(self) -> float:
         """What this layer adds to its stage's per-micro-batch time (load-balanced cp tokens)."""
         return (self.forward_s + self.backward_s + self.tp_comm_s + self.exposed_micro_batch_dp_s + self.ep_comm_s
                 + self.cp_comm_s)
+
+    @property
+    def tp_hidden_s(self) -> float:
+        """What of ``tp_comm_s`` the paired GEMMs cover under TP communication overlap."""
+        return sum(p.hidden_s for p in self.tp_overlap)
+
+    def micro_batch_s_of(self, plan: Plan) -> float:
+        """``micro_batch_s`` in ``plan``: less ``tp_hidden_s`` under its tp_comm_overlap, plus the
+        causal imbalance under its cp_load_balance none."""
+        return (self.micro_batch_s - (self.tp_hidden_s if plan.tp_comm_overlap else 0.0)
+                + (self.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE else 0.0))
 
     @property
     def tail_s(self) -> float:
@@ -348,8 +364,7 @@ class CostModel(ABC):
             if key not in answers:
                 mbs = plan.micro_batch_size(i)
                 lt = self.layer_time(layer, strategy, mbs, plan.micro_batches, first_rank)
-                answers[key] = (lt.micro_batch_s + (lt.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE
-                                                    else 0.0), lt.tail_s,
+                answers[key] = (lt.micro_batch_s_of(plan), lt.tail_s,
                                 self.layer_memory_in(layer, strategy, mbs, held, plan.micro_batches),
                                 self.weight_wait_bytes(layer, strategy, mbs) if splits else 0.0)
             layer_s, layer_tail_s, layer_memory, layer_kept_for_w = answers[key]
