@@ -224,7 +224,8 @@ class GPU:
 
     CONTENDING = (Channel.DP, Channel.GATHER)
     """The channels whose work slows compute down under a Contention (data-parallel traffic,
-    which overlaps compute; TP collectives and sends sit between compute on its path)."""
+    which overlaps compute; TP collectives and sends sit between compute on its path, and under TP
+    communication overlap run beside GEMM chunks without slowing them, as the cost models charge)."""
 
     def __init__(self, env: simpy.Environment, rank: int, capacity_bytes: float, recorder: Recorder | None = None,
                  record_memory: bool = True, on_oom: Callable[[OOMEvent], None] | None = None,

@@ -14,6 +14,7 @@ from cost_models import context, experts, fp8
 from cost_models.memory import WEIGHT_BYTES_PER_PARAM
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import sync_groups, ulysses_message_bytes
+from cost_models.tp_overlap import OverlapPair
 from specs import ClusterSpec, CPLoadBalance, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid, stage_grid
 from specs.precision import Precision
 from specs.schedules import schedule_entry
@@ -80,6 +81,10 @@ class LayerWork:
     in backward, again in a full recompute."""
     cp: "CPWork | None" = None
     """Context parallelism's attention, played block by block (None without cp)."""
+    tp_overlap: tuple[OverlapPair, ...] = ()
+    """Under the plan's tp_comm_overlap: the TP collectives played beside the chunks of the GEMMs
+    they pair with (the cost model's LayerTime.tp_overlap; of ``tp_calls``, the rest stay on the
+    critical path); empty otherwise."""
 
     @property
     def name(self) -> str:
@@ -265,7 +270,8 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
         kept_for_w_bytes=_kept_for_w_bytes(model, plan, cm, i),
         gathered_bytes=gathered, temporary_bytes=max(0.0, one.temporary_bytes - gathered - full_act),
-        transition_s=transition, parts=parts, ep_groups=ep_groups, ep_calls=ep_calls)
+        transition_s=transition, parts=parts, ep_groups=ep_groups, ep_calls=ep_calls,
+        tp_overlap=lt.tp_overlap if plan.tp_comm_overlap else ())
 
 
 def _sync_parts(name: str, layer: LayerSpec, s: LayerStrategy, first_rank: int, dp_groups,

@@ -43,6 +43,10 @@ class WorkerConfig:
     """Gradients take memory from the first backward that makes them (CostModel.lazy_gradients)."""
 
 
+TP_TAGS = {"all_reduce": "tp", "reduce_scatter": "sp rs", "all_gather": "sp ag", "all_to_all": "a2a"}
+"""How a TP-group collective's kind shows in span names."""
+
+
 class Worker:
     """Runs one stage's schedule on ``gpu``; wired to its neighbours by ``prev``/``next``."""
 
@@ -121,12 +125,29 @@ class Worker:
         return not self._holds_head and chunk.index == self.work.chunks[0].index
 
     def _tp_calls(self, phase: str, mb: int, lw: LayerWork, rounds: int):
-        """The layer's TP-group collectives, ``rounds`` passes' worth, on the critical path."""
+        """The layer's TP-group collectives, ``rounds`` passes' worth, on the critical path (but
+        those played beside their GEMMs under TP communication overlap: _overlapped)."""
         for kind, nbytes, count in lw.tp_calls:
-            tag = "tp" if kind == "all_reduce" else {"reduce_scatter": "sp rs", "all_gather": "sp ag",
-                                                     "all_to_all": "a2a"}[kind]
-            yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} {tag} x{count * rounds}", kind, nbytes,
-                                            lw.tp_groups, count * rounds)
+            left = count * rounds - sum(1 for p in lw.tp_overlap if p.phase == phase and p.kind == kind)
+            if left > 0:
+                yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} {TP_TAGS[kind]} x{left}", kind,
+                                                nbytes, lw.tp_groups, left)
+
+    def _overlapped(self, phase: str, mb: int, lw: LayerWork):
+        """TP communication overlap: each paired collective of ``phase`` beside its GEMM, whose
+        chunk on the rank's own shard runs first, alone, and the other chunks beside the transfer
+        (cost_models/tp_overlap.py); the layer's other compute ran before, less these GEMMs."""
+        nbytes = {kind: n for kind, n, _ in lw.tp_calls}
+        for i, pair in enumerate(p for p in lw.tp_overlap if p.phase == phase):
+            name = f"{phase}{mb} {lw.name} {TP_TAGS[pair.kind]} {i}"
+            yield from self.gpu.compute.run(f"{name} gemm own", pair.gemm_s - pair.beside_s)
+            done = self._collective(Channel.TP, name, pair.kind, nbytes[pair.kind], lw.tp_groups)
+            yield from self.gpu.compute.run(f"{name} gemm beside", pair.beside_s)
+            yield done
+
+    def _paired_gemm_s(self, phase: str, lw: LayerWork) -> float:
+        """The seconds of the layer's ``phase`` compute that _overlapped plays."""
+        return sum(p.gemm_s for p in lw.tp_overlap if p.phase == phase)
 
     def _ep_calls(self, phase: str, mb: int, lw: LayerWork, rounds: int):
         """The layer's expert dispatch and combine all-to-alls, ``rounds`` passes' worth, on the
@@ -146,6 +167,7 @@ class Worker:
         for pos, lw in enumerate(layers):
             yield from self._gathered(lw, mb, "F", layers[pos + 1] if pos + 1 < len(layers) else None)
             yield from self._layer_forward(mb, lw)
+            yield from self._overlapped("F", mb, lw)
             self.gpu.memory.alloc(f"act {lw.name} mb{mb}", lw.activation_bytes)
             yield from self._tp_calls("F", mb, lw, 1)
             yield from self._ep_calls("F", mb, lw, 1)
@@ -176,6 +198,7 @@ class Worker:
             mem.alloc(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.alloc(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             yield from self._layer_backward(mb, lw)
+            yield from self._overlapped("B", mb, lw)
             # backward's collectives, plus the recomputed forward's under full recomputation
             yield from self._tp_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
             yield from self._ep_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
@@ -238,18 +261,20 @@ class Worker:
 
     # -- context parallelism ---------------------------------------------------------------
     def _layer_forward(self, mb: int, lw: LayerWork):
-        """The layer's forward compute; under cp its attention core runs beside the K/V exchange."""
+        """The layer's forward compute (less the GEMMs _overlapped plays); under cp its attention
+        core runs beside the K/V exchange."""
+        forward_s = lw.forward_s - self._paired_gemm_s("F", lw)
         if lw.cp is None:
-            yield from self.gpu.compute.run(f"F{mb} {lw.name}", lw.forward_s)
+            yield from self.gpu.compute.run(f"F{mb} {lw.name}", forward_s)
             return
-        yield from self.gpu.compute.run(f"F{mb} {lw.name}", lw.forward_s - lw.cp.core_fwd_s)
+        yield from self.gpu.compute.run(f"F{mb} {lw.name}", forward_s - lw.cp.core_fwd_s)
         yield from self._cp_attention("F", mb, lw, forward=True)
 
     def _layer_backward(self, mb: int, lw: LayerWork):
         """The layer's backward compute (with its recomputed forward; less W under a split
-        schedule); under cp the recomputed core re-runs its forward exchange, then the backward
-        exchange runs beside the core's backward."""
-        backward_s = lw.backward_s - (lw.weight_grad_s if self._split else 0.0)
+        schedule and the GEMMs _overlapped plays); under cp the recomputed core re-runs its
+        forward exchange, then the backward exchange runs beside the core's backward."""
+        backward_s = lw.backward_s - (lw.weight_grad_s if self._split else 0.0) - self._paired_gemm_s("B", lw)
         if lw.cp is None:
             yield from self.gpu.compute.run(f"B{mb} {lw.name}", backward_s)
             return

@@ -1,5 +1,7 @@
 """The symmetry shortcut against the full simulation, and the simulator against the cost-model
 formula where nothing overlaps and nothing contends."""
+from dataclasses import replace
+
 import pytest
 
 import cost_models
@@ -111,3 +113,24 @@ def test_heterogeneous_plan_with_a_relayout_runs_and_matches_full():
     short, full = simulate(model, cluster, plan, cm), simulate(model, cluster, plan, cm, full=True)
     assert short.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
     assert short.peak_memory_bytes == pytest.approx(full.peak_memory_bytes, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp, pp, m, recompute, precision", [(8, 1, 4, "none", "fp8-current"),
+                                                             (4, 2, 4, "full", "bf16"),
+                                                             (2, 2, 8, "selective", "fp8-current")])
+def test_tp_overlap_matches_the_cost_model_within_one_percent(tp, pp, m, recompute, precision):
+    # H100 with its own calibration: each Megatron-SP collective beside its GEMM's chunks in the
+    # simulator is the formula's max(0, C - G (tp - 1) / tp); the rest as in the test above
+    cluster = load_cluster("dgx-h100")
+    cm = cost_models.get("analytical", cluster, dp_overlap_fraction=0.0)
+    model = load_model("llama3-70b").scaled(num_layers=4)
+    plan = uniform_plan(model.num_layers, tp=tp, dp=8 // (tp * pp), pp=pp, global_batch=16, micro_batches=m,
+                        sp="megatron", recompute=recompute, precision=precision, dp_type="zero1",
+                        stack="megatron-te", tp_comm_overlap=True)
+    sim = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=False)
+    formula = cm.plan_cost(model, plan)
+    assert sim.iteration_time_s == pytest.approx(formula.iteration_time_s, rel=0.01), plan.summary()
+    without = cm.plan_cost(model, replace(plan, tp_comm_overlap=False)).iteration_time_s
+    assert formula.iteration_time_s < without  # the overlap is played, not left out on both sides
+    full = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=False, full=True)
+    assert full.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)

@@ -1,8 +1,12 @@
 """Timelines of cases small enough to work out by hand (hand-set compute times, no vocab)."""
+from dataclasses import replace
+
 import pytest
 
 import cost_models
+from cost_models import LayerTime
 from cost_models.base import PipelineMessage
+from cost_models.tp_overlap import OverlapPair
 from cost_models.memory import activation_bytes, attention_core_bytes
 from simulator import simulate
 from specs import LayerStrategy, uniform_plan
@@ -451,3 +455,34 @@ def test_dualpipev_two_stages_four_micro_batches():
     assert result.iteration_time_s == pytest.approx(25.0)
     assert cm.plan_cost(tiny_model(4), plan).iteration_time_s == pytest.approx(25.0)
     assert result.peak_memory_bytes == (5 * GIB, 5 * GIB)
+
+
+def test_tp_overlap_plays_each_collective_beside_its_gemm_chunks():
+    # 2 GPUs, one layer at tp 2 with Megatron-SP; each collective moves one ring step of 512 B of the
+    # 1024 B activation at 1024 B/s: 0.5 s. Forward 4 s holds a 1 s GEMM beside the first all-gather
+    # and a 0.4 s one beside the first reduce-scatter; backward 8 s a 1 s dgrad beside one
+    # reduce-scatter. At tp 2 the first half of each GEMM runs alone, the second beside the transfer:
+    # the all-gather and the backward's reduce-scatter hide whole, the forward's reduce-scatter
+    # shows 0.3 s. The other collectives (one of each kind forward, three backward) stay on the path.
+    cluster = hand_cluster(2, bytes_per_s=1024.0)
+    pairs = (OverlapPair("F", "all_gather", 0.5, 0.5, 1.0), OverlapPair("F", "reduce_scatter", 0.5, 0.2, 0.4),
+             OverlapPair("B", "reduce_scatter", 0.5, 0.5, 1.0))
+    cm = HandCostModel(cluster)
+    cm.t = LayerTime(forward_s=4.0, backward_s=8.0, tp_comm_s=8 * 0.5, tp_overlap=pairs)
+    plan = uniform_plan(1, tp=2, sp="megatron", global_batch=1, stack="megatron-te", tp_comm_overlap=True)
+    model = tiny_model(1, hidden=64, seq=8, heads=2)
+    result = simulate(model, cluster, plan, cm, keep_spans=True)
+    assert timeline(result, 0) == [
+        ("F0 L0", 0.0, 2.6), ("F0 L0 sp ag 0 gemm own", 2.6, 3.1), ("F0 L0 sp ag 0 gemm beside", 3.1, 3.6),
+        ("F0 L0 sp rs 1 gemm own", 3.6, 3.8), ("F0 L0 sp rs 1 gemm beside", 3.8, 4.0),
+        ("B0 L0", 5.3, 12.3), ("B0 L0 sp rs 0 gemm own", 12.3, 12.8), ("B0 L0 sp rs 0 gemm beside", 12.8, 13.3)]
+    assert timeline(result, 0, "tp") == [
+        ("F0 L0 sp ag 0", 3.1, 3.6), ("F0 L0 sp rs 1", 3.8, 4.3), ("F0 L0 sp rs x1", 4.3, 4.8),
+        ("F0 L0 sp ag x1", 4.8, 5.3), ("B0 L0 sp rs 0", 12.8, 13.3), ("B0 L0 sp rs x1", 13.3, 13.8),
+        ("B0 L0 sp ag x2", 13.8, 14.8)]
+    # the cost model's formula: F + B + all TP traffic - what the pairs hide (0.5 + 0.2 + 0.5)
+    assert result.iteration_time_s == pytest.approx(14.8)
+    assert cm.plan_cost(model, plan).iteration_time_s == pytest.approx(4.0 + 8.0 + 4.0 - 1.2)
+    # without the choice, the same layer plays every collective after its compute
+    plain = simulate(model, cluster, replace(plan, tp_comm_overlap=False), cm, keep_spans=True)
+    assert plain.iteration_time_s == pytest.approx(16.0)
