@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Mapping
 
 from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 from specs.axes import Degrees
+from specs.stack import SoftwareStack
 from specs.files import atomic_write_text
 
 
@@ -81,6 +82,12 @@ def refuse_fp8(plan: Plan) -> None:
     for i, s in enumerate(plan.layers):
         if s.precision.is_fp8:
             raise SpecError(f"layer {i}", f"precision {s.precision}: FP8 is not written to framework files yet")
+
+
+def refuse_tp_overlap(plan: Plan, target: str) -> None:
+    """A target whose files have no TP communication overlap refuses a plan with it in one line."""
+    if plan.tp_comm_overlap:
+        raise SpecError("tp_comm_overlap", f"true: {target} files have no TP communication overlap")
 
 
 # -- reading the frameworks' numbers -------------------------------------------------------------
@@ -159,6 +166,10 @@ class Uniform:
     vocab_zero3: bool = False
     recompute_layers: tuple[Recompute, ...] = ()
     """Per layer, when a framework carries a per-layer recompute pattern (else empty)."""
+    tp_comm_overlap: bool = False
+    """TP communication overlap (Plan.tp_comm_overlap)."""
+    stack: SoftwareStack | None = None
+    """The software stack the files state (Plan.stack; None: not stated)."""
 
     @property
     def micro_batch_size(self) -> int:
@@ -194,7 +205,8 @@ def uniform_view(plan: Plan, model: ModelSpec, target: str, per_layer: tuple[str
                    stage_layers=plan.stage_layers, global_batch=plan.global_batch,
                    micro_batches=plan.micro_batches, schedule=schedule, virtual_stages=v,
                    vocab_tp=plan.vocab_tp, vocab_sp=plan.vocab_sp, vocab_zero3=plan.vocab_zero3,
-                   recompute_layers=tuple(s.recompute for s in plan.layers) if "recompute" in per_layer else ())
+                   recompute_layers=tuple(s.recompute for s in plan.layers) if "recompute" in per_layer else (),
+                   tp_comm_overlap=plan.tp_comm_overlap, stack=plan.stack)
 
 
 def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Plan:
@@ -215,7 +227,7 @@ def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Pla
     plan = Plan(pp=u.pp, stage_layers=stages, layers=tuple(layers), global_batch=u.global_batch,
                 micro_batches=u.micro_batches, vocab_tp=u.vocab_tp, vocab_sp=u.vocab_sp,
                 vocab_zero3=u.vocab_zero3, model=model.name, cluster=cluster.name, chunk_layers=u.chunk_layers,
-                **schedule_fields(u.schedule, u.virtual_stages))
+                stack=u.stack, tp_comm_overlap=u.tp_comm_overlap, **schedule_fields(u.schedule, u.virtual_stages))
     plan.validate(model, cluster)
     return plan
 

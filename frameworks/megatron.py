@@ -9,6 +9,7 @@ from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, co
                              register, schedule_of,
                              uniform_view)
 from specs import ClusterSpec, CPComm, CPLoadBalance, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
+from specs.stack import SoftwareStack
 
 ARGS_FILE = "megatron_args.txt"
 BRIDGE_FILE = "megatron_bridge_override.yaml"
@@ -120,6 +121,8 @@ def parallel_settings(plan: Plan, model: ModelSpec) -> dict[str, Any]:
         out["expert_model_parallel_size"] = u.ep
         out["expert_tensor_parallel_size"] = u.expert_tp or u.tp
     out.update(_recompute_args(plan))
+    if u.tp_comm_overlap:  # Transformer Engine's userbuffers
+        out["tp_comm_overlap"] = True
     return out
 
 
@@ -160,19 +163,20 @@ def args_text(settings: Mapping[str, Any]) -> str:
 
 
 BRIDGE_SECTIONS = {"micro_batch_size": "train", "global_batch_size": "train",
-                   "use_distributed_optimizer": ("optimizer", "ddp")}
+                   "use_distributed_optimizer": ("optimizer", "ddp"), "tp_comm_overlap": "comm_overlap"}
 """Where Megatron-Bridge's ConfigContainer keeps the settings that are not TransformerConfig's."""
 BRIDGE_RENAMES = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
                   "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage"}
 
 
 def bridge_yaml(settings: Mapping[str, Any], model: ModelSpec) -> str:
-    """A Megatron-Bridge recipe override: the model/train/optimizer/ddp sections of its ConfigContainer."""
+    """A Megatron-Bridge recipe override: the model/train/optimizer/ddp sections of its ConfigContainer
+    (and comm_overlap, its CommOverlapConfig, for TP communication overlap)."""
     sections: dict[str, dict[str, Any]] = {"model": {}, "train": {}, "optimizer": {}, "ddp": {}}
     for k, v in settings.items():
         where = BRIDGE_SECTIONS.get(k, "model")
         for section in (where if isinstance(where, tuple) else (where,)):
-            sections[section][BRIDGE_RENAMES.get(k, k)] = v
+            sections.setdefault(section, {})[BRIDGE_RENAMES.get(k, k)] = v
     v = settings.get("num_layers_per_virtual_pipeline_stage")
     if v is not None:  # Bridge names the chunks per rank
         del sections["model"]["num_layers_per_virtual_pipeline_stage"]
@@ -292,12 +296,14 @@ def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
     ep, etp = _int(s, "expert_model_parallel_size", 1), _int(s, "expert_tensor_parallel_size", tp)
     sp = s.get("sequence_parallel", False) in (True, "true", "True")
     zero1 = s.get("use_distributed_optimizer", False) in (True, "true", "True")
+    overlap = s.get("tp_comm_overlap", False) in (True, "true", "True")
     u = Uniform(tp=tp, cp=cp, cp_comm=cp_comm, dp=dp, pp=pp, dp_type=DPType.ZERO1 if zero1 else DPType.DDP,
                 recompute=recompute,
                 megatron_sp=sp, ep=ep, expert_tp=0 if etp == tp else etp, stage_layers=stages,
                 global_batch=gbs, micro_batches=gbs // (mbs * dp), schedule="1f1b", virtual_stages=v,
                 vocab_tp=tp, vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
-                recompute_layers=per_layer)
+                recompute_layers=per_layer, tp_comm_overlap=overlap,
+                stack=SoftwareStack.MEGATRON_TE if overlap else None)  # the overlap is Transformer Engine's
     return plan_from_uniform(u, model, cluster)
 
 

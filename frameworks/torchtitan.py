@@ -60,8 +60,9 @@ CANNOT_CARRY = (
     "selective recompute: torchtitan's selective AC is a per-op save policy, not Megatron's attention-core "
     "recompute that the cost model charges; plans with it are refused",
     "HSDP (replicate x shard): hybridpar's plan has one data-parallel flavour over the whole dp group",
-    "the cost model's overlap and efficiency assumptions (async TP and float8 change the time); torch.compile "
-    "is enabled exactly when the plan's stack is compile, whose kernels its times assume",
+    "the cost model's overlap and efficiency assumptions (float8 changes the time); torch.compile is enabled "
+    "exactly when the plan's stack is compile, whose kernels its times assume, and async TP when the plan's "
+    "tp_comm_overlap is on",
 )
 
 
@@ -95,6 +96,9 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
         chunk_pattern(plan, "torchtitan")
     zero3 = vocab_sharded(u.dp_type, u.dp, model)
     sp = SequenceParallel.MEGATRON if u.megatron_sp else SequenceParallel.NONE
+    if u.tp_comm_overlap and plan.stack != SoftwareStack.COMPILE:
+        raise SpecError("tp_comm_overlap", f"true under stack {plan.stack}: torchtitan's async TP needs "
+                        "torch.compile (stack compile)")
     if plan.vocab_tp != u.tp or plan.vocab_sp != sp or plan.vocab_zero3 != zero3:
         raise SpecError("vocab_tp", f"vocab tp {plan.vocab_tp} sp {plan.vocab_sp} zero3 {plan.vocab_zero3}: "
                         f"torchtitan shards the embedding and head like the layers (tp {u.tp}, sp {sp}, "
@@ -130,6 +134,8 @@ def settings(plan: Plan, model: ModelSpec) -> dict[str, dict[str, Any]]:
     sections = {"parallelism": par, "training": training, "activation_checkpoint": {"mode": AC_MODES[u.recompute]}}
     if plan.stack == SoftwareStack.COMPILE:  # the kernels the plan's times assume
         sections["compile"] = {"enable": True}
+    if u.tp_comm_overlap:  # async TP: Inductor's micro-pipelined collective matmuls (_check: under compile)
+        sections["compile"]["enable_async_tensor_parallel"] = True
     return sections
 
 
@@ -286,15 +292,31 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
     if recompute is None:
         raise SpecError("activation_checkpoint.mode", f"{mode!r}: hybridpar reads none or full")
     sp = par.get("enable_sequence_parallel", True) and tp > 1
+    overlap = _async_tp(sections, par)
     u = Uniform(tp=tp, dp=dp, pp=pp, dp_type=dp_type, recompute=recompute, megatron_sp=sp,
                 ep=_get(par, "expert_parallel_degree", 1, "parallelism"), global_batch=global_batch,
                 micro_batches=micro, schedule=schedule, virtual_stages=v, vocab_tp=tp, stage_layers=stages,
                 chunk_layers=chunks,
                 vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
-                vocab_zero3=vocab_sharded(dp_type, dp, model))
+                vocab_zero3=vocab_sharded(dp_type, dp, model), tp_comm_overlap=overlap,
+                stack=SoftwareStack.COMPILE if overlap else None)
     if u.ep > 1:
         u = replace(u, expert_tp=1 if tp > 1 else 0)
     return plan_from_uniform(u, model, cluster)
+
+
+def _async_tp(sections: Mapping[str, Any], par: Mapping[str, Any]) -> bool:
+    """``compile.enable_async_tensor_parallel`` (``parallelism.`` in torchtitan releases before the
+    key moved), which torchtitan runs only under ``compile.enable``."""
+    compile_ = _table(sections, "compile")
+    key = next((k for k, table in (("compile", compile_), ("parallelism", par))
+                if table.get("enable_async_tensor_parallel", False) is True), None)
+    if key is None:
+        return False
+    if compile_.get("enable", False) is not True:
+        raise SpecError(f"{key}.enable_async_tensor_parallel", "true needs compile.enable true "
+                        "(torchtitan's async TP runs under torch.compile)")
+    return True
 
 
 def _pipeline(par: Mapping[str, Any], model: ModelSpec,

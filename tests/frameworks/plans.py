@@ -36,6 +36,8 @@ def expressible(target: str) -> list[Plan]:
             plan(m, c, tp=8, cp=4, dp=2, pp=1, global_batch=16, micro_batches=8, sp="megatron", dp_type="zero1"),
             plan(m, c, tp=4, cp=4, dp=1, pp=4, global_batch=16, micro_batches=16, cp_comm="all_gather",
                  dp_type="zero1", recompute="selective"),
+            plan(m, c, tp=4, dp=8, pp=2, global_batch=64, micro_batches=8, sp="megatron", dp_type="zero1",
+                 stack="megatron-te", tp_comm_overlap=True),
         ],
         "torchtitan": [
             plan(m, c, tp=8, dp=8, global_batch=64, micro_batches=2, sp="megatron", recompute="full",
@@ -43,6 +45,8 @@ def expressible(target: str) -> list[Plan]:
             plan(m, c, tp=4, dp=4, pp=4, global_batch=64, micro_batches=8, sp="megatron", dp_type="zero2",
                  virtual_stages=2),
             plan(m, c, tp=8, dp=4, pp=2, global_batch=32, micro_batches=4, schedule="gpipe", recompute="full"),
+            plan(m, c, tp=8, dp=8, global_batch=64, micro_batches=2, sp="megatron", recompute="full",
+                 dp_type="zero3", vocab_zero3=True, stack="compile", tp_comm_overlap=True),
         ],
         "deepspeed": [
             plan(m, c, tp=1, dp=16, pp=4, global_batch=64, micro_batches=4, recompute="full", dp_type="zero1"),

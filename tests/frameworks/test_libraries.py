@@ -20,7 +20,7 @@ def _export(target, p):
     return frameworks.get(target).export(p, model, cluster).files
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", [0, 1, 2, -1])
 def test_torchtitan_config_manager_reads_the_export(index):
     pytest.importorskip("triton")  # torchtitan's model registry imports it
     manager = pytest.importorskip("torchtitan.config.manager")
@@ -32,6 +32,7 @@ def test_torchtitan_config_manager_reads_the_export(index):
     assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (shard, s.dp // shard)
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (s.tp, p.pp)
     assert par.enable_sequence_parallel == s.megatron_sp
+    assert config.compile.enable_async_tensor_parallel == p.tp_comm_overlap
     assert training.global_batch_size == p.global_batch and training.seq_len == 8192
     assert training.mixed_precision_param == "bfloat16"
     ac = type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint is not None else "None"
@@ -48,7 +49,7 @@ def test_torchtitan_config_manager_reads_the_export(index):
     parallel_dims.ParallelDims.from_config(par, world_size=64)  # its degree checks: product == world
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", [0, 1, 2, 3, -1])
 def test_megatron_core_transformer_config_accepts_the_export(index):
     tc = pytest.importorskip("megatron.core.transformer.transformer_config")
     p = expressible("megatron")[index]
@@ -70,6 +71,7 @@ def test_megatron_core_transformer_config_accepts_the_export(index):
     s = p.layers[0]
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (s.tp, p.pp)
     assert config.sequence_parallel == s.megatron_sp and config.bf16
+    assert config.tp_comm_overlap == p.tp_comm_overlap
     assert config.recompute_granularity == (None if s.recompute == Recompute.NONE else str(s.recompute))
     assert (config.virtual_pipeline_model_parallel_size or 1) == p.virtual_stages
     # the Bridge override's model section is TransformerConfig's own fields

@@ -245,3 +245,35 @@ def test_torchtitan_export_compiles_what_the_plan_timed_compiled(stack, compiled
     files = frameworks.get("torchtitan").export(plan, model, cluster).files
     assert ("[compile]\nenable = true" in files["torchtitan.toml"]) == compiled
     assert ("--compile.enable" in files["torchtitan_args.txt"]) == compiled
+
+
+def test_tp_comm_overlap_is_written_under_each_frameworks_own_key():
+    model, cluster = llama()
+    megatron = frameworks.get("megatron").export(expressible("megatron")[-1], model, cluster).files
+    assert "--tp-comm-overlap" in megatron["megatron_args.txt"].split()
+    assert "comm_overlap:\n  tp_comm_overlap: true" in megatron["megatron_bridge_override.yaml"]
+    titan = frameworks.get("torchtitan").export(expressible("torchtitan")[-1], model, cluster).files
+    assert "[compile]\nenable = true\nenable_async_tensor_parallel = true" in titan["torchtitan.toml"]
+    assert "--compile.enable-async-tensor-parallel" in titan["torchtitan_args.txt"].split()
+    # read back: Transformer Engine's overlap under megatron-te, async TP under compile (the round trip above)
+    assert frameworks.get("megatron").import_(megatron, model, cluster).stack == "megatron-te"
+
+
+def test_tp_comm_overlap_is_refused_where_the_files_cannot_carry_it():
+    model, cluster = llama()
+    overlapped = expressible("megatron")[-1]
+    _one_line("deepspeed", replace(expressible("deepspeed")[2], stack="megatron-te", tp_comm_overlap=True),
+              "tp_comm_overlap", "DeepSpeed")
+    _one_line("galvatron", overlapped, "tp_comm_overlap", "Galvatron")
+    # torchtitan's async TP runs under torch.compile only, both ways
+    titan = expressible("torchtitan")[-1]
+    _one_line("torchtitan", replace(titan, stack="megatron-te"), "tp_comm_overlap", "compile")
+    files = frameworks.get("torchtitan").export(titan, model, cluster).files
+    # releases before the key moved to [compile] kept it under [parallelism]
+    older = files["torchtitan.toml"].replace("enable_async_tensor_parallel = true\n", "").replace(
+        "[parallelism]\n", "[parallelism]\nenable_async_tensor_parallel = true\n")
+    assert frameworks.get("torchtitan").import_({"torchtitan.toml": older}, model, cluster) == titan
+    toml = files["torchtitan.toml"].replace("[compile]\nenable = true", "[compile]\nenable = false")
+    with pytest.raises(SpecError) as err:
+        frameworks.get("torchtitan").import_({"torchtitan.toml": toml}, model, cluster)
+    assert str(err.value).startswith("compile.enable_async_tensor_parallel: true needs compile.enable")
