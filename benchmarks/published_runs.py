@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specs import (ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, load_cluster, load_model,
-                   uniform_plan)
+from specs import (ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, SequenceParallel,
+                   load_cluster, load_model, uniform_plan)
 from specs.datasets import Dataset, data_path
 from specs.errors import SpecError, one_line_errors
 from specs.stack import STACKS, SoftwareStack
@@ -59,6 +59,9 @@ class PublishedRun:
     ep: int = 1
     """Expert-parallel degree of the model's MoE layers (1: dense, or unstated), carved out of
     the data-parallel ranks as Megatron-Core and FSDP2 with expert parallelism do."""
+    tp_comm_overlap: bool = False
+    """The TP collectives overlap their GEMMs as the source's configuration states (Transformer
+    Engine userbuffers, torchtitan's async TP; Plan.tp_comm_overlap, with Megatron-SP, which both need)."""
 
     @property
     def gpu(self) -> str:
@@ -80,6 +83,8 @@ class PublishedRun:
 INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "global_batch", "seq_len")
 OPTIONAL_INT_FIELDS = {"ep": 1}
 """Integer columns a row may leave empty, with the value an empty one means."""
+BOOLS = {"true": True, "false": False}
+"""The ``tp_comm_overlap`` column's values."""
 
 
 def load_runs() -> list[PublishedRun]:
@@ -90,6 +95,9 @@ def load_runs() -> list[PublishedRun]:
             try:
                 typed = {k: int(row[k]) for k in INT_FIELDS}
                 typed |= {k: int(row.get(k) or default) for k, default in OPTIONAL_INT_FIELDS.items()}
+                if row["tp_comm_overlap"] not in BOOLS:
+                    raise ValueError(f"tp_comm_overlap {row['tp_comm_overlap']!r} is not true or false")
+                typed["tp_comm_overlap"] = BOOLS[row["tp_comm_overlap"]]
                 mem = float(row["memory_gib"]) if row["memory_gib"] else None
                 out.append(PublishedRun(**{k: row[k] for k in ("id", "cluster", "model", "framework", "software",
                                                                "precision", "dp_type", "recompute",
@@ -138,11 +146,12 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     """Uniform layers as the row states them, every layer in the row's precision (none of the
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
     shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
-    row's ep."""
+    row's ep; the row's software stack, and its TP communication overlap with Megatron-SP."""
     every_2nd = run.recompute == "full-every-2nd"
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, global_batch=run.global_batch,
                         micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
-                        recompute=Recompute.NONE if every_2nd else run.recompute)
+                        recompute=Recompute.NONE if every_2nd else run.recompute,
+                        sp=SequenceParallel.MEGATRON if run.tp_comm_overlap else SequenceParallel.NONE)
     layers = plan.layers
     if every_2nd:  # torchtitan's "selective layer" AC: every other block fully recomputed
         layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)
@@ -153,7 +162,7 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
                        for s, spec in zip(layers, model.layers))
     schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else plan.schedule
     return replace(plan, layers=layers, schedule=schedule, virtual_stages=run.virtual_stages, vocab_tp=run.tp,
-                   vocab_zero3=run.dp_type == "zero3")
+                   vocab_zero3=run.dp_type == "zero3", stack=stack_for(run), tp_comm_overlap=run.tp_comm_overlap)
 
 
 def _expert_parallel(strategy: LayerStrategy, ep: int) -> LayerStrategy:

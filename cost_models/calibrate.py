@@ -43,8 +43,8 @@ cannot tell it apart from the curve's knee, and fitting it (to 0.95) made large-
 predictions 15% too fast."""
 FP8_PARAMS: dict[str, tuple[float, float]] = {"fp8_gemm_efficiency_max": (0.3, 1.0)}
 """Fitted on the H100 FP8 iteration times. The NeMo table cannot identify the rest: fitted
-beside it, F_half and the per-micro-batch overhead run to their lower bounds and the
-leave-one-out error grows (14.0% -> 14.8%); memory efficiency trades against the FP8 ceiling
+beside it with F_half, the per-micro-batch overhead runs to its lower bound and the
+leave-one-out error grows (10.5% -> 11.6%); memory efficiency trades against the FP8 ceiling
 (0.40 with 0.995); BF16's gemm_efficiency_max is seen only through attention in FP8 runs."""
 BOUNDS = {**COMPUTE_PARAMS, **FP8_PARAMS}
 LAUNCH_BOUND_STARTS = ()

@@ -19,6 +19,7 @@ from specs import (ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, Se
 from specs.cluster import InterNodeLink
 from specs.datasets import DATA_ROOT, Dataset, data_path
 from specs.precision import Precision
+from specs.stack import SoftwareStack
 
 SETS = {"single": Dataset.VTRAIN_SINGLE_NODE, "multi": Dataset.VTRAIN_MULTI_NODE,
         "published": Dataset.MEGATRON_PUBLISHED}
@@ -139,10 +140,12 @@ NEMO_SHAPES = {
 nemo/collections/llm/gpt/model/base.py in github.com/NVIDIA/NeMo (hidden, layers, heads, FFN;
 GPT-2 vocabulary 50257, learned positions). The Nemotron rows (8B, 22B, 340B) are left out:
 squared-ReLU MLPs and shapes no file read here states."""
-NEMO_SOFTWARE = {"precision": Precision.FP8_DELAYED, "dp_type": DPType.ZERO1, "recompute": Recompute.NONE}
-"""What NeMo 24.07's performance recipes ran, stated not fitted: Transformer Engine FP8 with
-delayed scaling (the release's default recipe), Megatron's distributed optimizer (ZeRO-1), no
-activation recomputation, and Megatron-SP wherever tp > 1."""
+NEMO_SOFTWARE = {"precision": Precision.FP8_DELAYED, "dp_type": DPType.ZERO1, "recompute": Recompute.NONE,
+                 "stack": SoftwareStack.MEGATRON_TE}
+"""What NeMo 24.07's performance recipes ran, stated not fitted: Megatron-Core with Transformer
+Engine, FP8 with delayed scaling (the release's default recipe), Megatron's distributed optimizer
+(ZeRO-1), no activation recomputation, Megatron-SP wherever tp > 1, and TP communication overlap
+where the row's ``tp_comm_overlap`` says (the launcher's training config of that model)."""
 
 
 def _nemo_model(row: dict) -> ModelSpec | None:
@@ -159,14 +162,16 @@ def _nemo_model(row: dict) -> ModelSpec | None:
 
 
 def _nemo_plan(model: ModelSpec, row: dict) -> Plan:
-    """The row's degrees, batch and interleaving under NEMO_SOFTWARE (Megatron-SP where tp > 1)."""
+    """The row's degrees, batch, interleaving and TP communication overlap under NEMO_SOFTWARE
+    (Megatron-SP where tp > 1)."""
     gpus, tp, pp, cp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp"))
     dp, v = gpus // (tp * pp * cp), int(row["virtual_stages"])
     mbs, gbs = int(row["micro_batch"]), int(row["global_batch"])
     return uniform_plan(model.num_layers, tp=tp, dp=dp, pp=pp, cp=cp, global_batch=gbs, micro_batches=gbs // (mbs * dp),
                         sp=SequenceParallel.MEGATRON if tp > 1 else SequenceParallel.NONE,
                         schedule=Schedule.INTERLEAVED_1F1B if v > 1 else Schedule.ONE_F_ONE_B,
-                        virtual_stages=v, model=model.name, **NEMO_SOFTWARE)
+                        virtual_stages=v, model=model.name,
+                        tp_comm_overlap=str(row["tp_comm_overlap"]).lower() == "true", **NEMO_SOFTWARE)
 
 
 def nemo_h100_runs() -> list[Run]:

@@ -25,6 +25,10 @@ def test_nemo_rows_with_a_stated_model_become_fp8_megatron_runs():
     assert gpt175.plan.virtual_stages == 6 and gpt175.plan.layers[0].sp == "megatron"
     gpt5b = next(r for r in runs if r.set_name == "nemo:GPT3-5B")
     assert gpt5b.model.num_layers == 24 and gpt5b.model.layers[0].ffn_hidden_size == 16384
+    # TP communication overlap where the launcher's training config of the model turns it on
+    assert {r.set_name.removeprefix("nemo:") for r in runs if r.plan.tp_comm_overlap} == {
+        "GPT3-20B", "LLAMA2-70B", "LLAMA3-70B"}
+    assert {r.plan.stack for r in runs} == {"megatron-te"}
 
 
 def test_the_command_reproduces_the_shipped_file(tmp_path):

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from benchmarks import published_runs as pr
-from specs import Recompute, load_model
+from specs import Recompute, SpecError, load_model
 from specs.datasets import Dataset, data_path
 
 
@@ -44,6 +44,27 @@ def test_fp8_and_context_parallel_runs_are_stated():
     assert pr.predict(_run("automodel-h100-llama3-70b")).reason == ""
     # the local batch of 32 as one micro-batch under pp 8: the row does not state the micro-batches
     assert pr.predict(_run("tt-h100-405b-3d-1f1b-fp8")).reason.startswith("the row's plan: micro_batches")
+
+
+def test_tp_comm_overlap_is_planned_where_the_source_states_it():
+    assert {r.id for r in pr.load_runs() if r.tp_comm_overlap} == {
+        "mb-25.11-h100-llama3-70b-fp8", "mb-25.11-h100-llama3.1-405b-fp8", "tt-h100-405b-2d-fp8-asynctp"}
+    for run_id, stack in (("mb-25.11-h100-llama3-70b-fp8", "megatron-te"), ("tt-h100-405b-2d-fp8-asynctp", "compile")):
+        run = _run(run_id)
+        plan = pr.plan_for(run, load_model(run.model))
+        assert plan.tp_comm_overlap and plan.stack == stack and {s.sp for s in plan.layers} == {"megatron"}
+    plain = _run("tt-h100-405b-2d-fp8")  # the same run without async TP
+    assert not pr.plan_for(plain, load_model(plain.model)).tp_comm_overlap
+    assert pr.predict(_run("tt-h100-405b-2d-fp8-asynctp")).predicted_s < pr.predict(plain).predicted_s
+
+
+def test_a_malformed_overlap_value_is_one_line_naming_the_row(tmp_path, monkeypatch):
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,flash,", ",none,yes,flash,", 1)
+    bad = tmp_path / "published_runs.csv"
+    bad.write_text(text)
+    monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
+    with pytest.raises(SpecError, match=r"published_runs\[mb-25.11-h100-llama3-70b-fp8\]: tp_comm_overlap 'yes'"):
+        pr.load_runs()
 
 
 def test_bf16_and_fp8_runs_are_summarised_apart():
