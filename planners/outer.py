@@ -22,8 +22,8 @@ from planners.deadline import DeadlinePassed, check, passed
 from planners.seed import uniform_activation_sums, uniform_layer_sums, uniform_seed
 from planners.segments import GAP_RTOL, GroupSolution
 from planners.space import Combo, SearchSpace, VocabChoice, combos
-from planners.tables import (ComboTables, build_tables, cached_table_bytes, is_built, relayout_table_bytes,
-                             temp_levels)
+from planners.tables import (ComboTables, build_layer_tables, build_tables, cached_table_bytes, is_built,
+                             relayout_table_bytes, temp_levels)
 from specs import ModelSpec, Plan, Schedule, SpecError, chunk_layout, even_stage_layers
 from specs.schedules import PipelineFormula, schedule_entry
 from specs.units import GIB
@@ -110,28 +110,36 @@ class OuterState:
 def grouped_tables(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
                    batches: tuple[int, ...]) -> list[ComboTables]:
     """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps."""
-    return build_groups(model, cost_model, budget_bytes, space, batches)[0]
-
-
-def build_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
-                 batches: tuple[int, ...], deadline: float | None = None) -> tuple[list[ComboTables], int]:
-    """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps, and how many
-    groups were left unbuilt because ``deadline`` (time.monotonic) passed, part-way through one
-    group or before it (then possibly none is built)."""
-    groups: dict[tuple, list[Combo]] = {}
     space = space.for_gpu(cost_model.cluster.gpu)
+    return [build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes)
+            for cs in combo_groups(model, cost_model, space, batches)]
+
+
+def combo_groups(model: ModelSpec, cost_model: CostModel, space: SearchSpace, batches: tuple[int, ...]
+                 ) -> list[list[Combo]]:
+    """The combos of ``space`` (already for the cluster's GPU) by (global batch, pp, micro-batches,
+    schedule): one list per group, one combo per vocab choice. SpecError where the relayout tables
+    of the groups not built yet would not fit in memory (_check_table_memory)."""
+    groups: dict[tuple, list[Combo]] = {}
     for c in combos(model, cost_model.cluster, batches, space):
         groups.setdefault((c.global_batch, c.pp, c.micro_batches, c.schedule), []).append(c)
     _check_table_memory(model, cost_model, space, [cs for cs in groups.values()
                                                    if not is_built(model, cost_model, cs[0], [c.vocab for c in cs], space)])
+    return list(groups.values())
+
+
+def build_layer_groups(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
+                       groups: list[list[Combo]], deadline: float | None = None) -> list[ComboTables]:
+    """The layer tables (build_layer_tables) of ``groups`` in order, until ``deadline``
+    (time.monotonic) passes, part-way through one group or before it (then possibly none)."""
     out = []
     try:
-        for cs in groups.values():
+        for cs in groups:
             check(deadline)
-            out.append(build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes, deadline))
+            out.append(build_layer_tables(model, cost_model, cs[0], space, budget_bytes, deadline))
     except DeadlinePassed:
         pass
-    return out, len(groups) - len(out)
+    return out
 
 
 TABLE_MEMORY_FRACTION = 0.5
@@ -164,8 +172,7 @@ def lower_bound_s(t: ComboTables) -> float:
     layer): on a deep pipeline the stages holding the embedding and the head, not the mean,
     floor the slowest."""
     pp, formula = t.combo.pp, t.combo.formula
-    per_type = np.min([np.min(s.time_s, axis=1) for s in t.stages], axis=0)
-    layers = float(per_type[t.layer_type].sum())
+    layers = _least_layers_s(t)
     ends = (float(np.min(t.stages[0].time_s[t.layer_type[0]])), float(np.min(t.stages[-1].time_s[t.layer_type[-1]])))
     out = np.inf
     for costs in t.vocab.values():
@@ -174,6 +181,20 @@ def lower_bound_s(t: ComboTables) -> float:
         slowest = max(total / pp, vocab[0] + ends[0], vocab[-1] + ends[1]) if pp > 1 else total
         out = min(out, formula.fill * total + formula.steady * slowest)
     return out
+
+
+def layers_lower_bound_s(t: ComboTables) -> float:
+    """lower_bound_s with the embedding and head left out (each stage's share of them >= 0), which
+    layer tables (build_layer_tables) alone give: the schedule's linear form with sum_k T_k >= the
+    sum of each layer's fastest strategy and max_k T_k >= their mean."""
+    total, formula = _least_layers_s(t), t.combo.formula
+    return formula.fill * total + formula.steady * total / t.combo.pp
+
+
+def _least_layers_s(t: ComboTables) -> float:
+    """The sum over the layers of each one's least time on any stage under any strategy."""
+    per_type = np.min([np.min(s.time_s, axis=1) for s in t.stages], axis=0)
+    return float(per_type[t.layer_type].sum())
 
 
 def _least_delta(vc) -> float:
@@ -190,26 +211,34 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
               top_k: int, meta: dict, state: OuterState | None = None, deadline: float | None = None,
               seed: bool = True, refine: Callable[[ComboTables, float], float] | None = None
               ) -> tuple[OuterState, list[ComboTables]]:
-    """Seed with the uniform recipes and the interleaved plans (``seed``; else the interleaved
-    plans come last), then solve groups in order of their lower bound, skipping a group whose
-    bound cannot beat the best. ``refine(tables, incumbent_s)``: a tighter bound of a group,
-    asked of every group the cheap bound keeps after the seeds, so that the groups are searched
-    in its order (the best group first, whose plan then rules the others out). Past ``deadline``
-    (time.monotonic) every step stops where it is (tables, seeds, groups): the groups built keep
-    their lower bound, those not built have none; ``state.doing`` names the step."""
+    """Build every group's layer tables; seed with the interleaved plans and then the uniform
+    recipes (``seed``; else the interleaved plans come last); complete the tables (relayouts,
+    sends, vocabulary) of the groups whose layers alone may still beat the top_k plans; solve
+    those in order of their lower bound, skipping a group whose bound cannot beat the best.
+    ``refine(tables, incumbent_s)``: a tighter bound of a group, asked of every group the cheap
+    bound keeps after the seeds, so that the groups are searched in its order (the best group
+    first, whose plan then rules the others out). Past ``deadline`` (time.monotonic) every step
+    stops where it is (tables, seeds, groups): the groups with full tables keep their lower
+    bound, those with layer tables alone their layers-only bound, those with none no bound;
+    ``state.doing`` names the step. Returns the full tables built."""
     state = state or OuterState()
     space = space.for_gpu(cost_model.cluster.gpu)  # no table for a precision the GPU cannot run
     prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
+    groups = combo_groups(model, cost_model, space, batches)
     start = time.perf_counter()
-    tables, unbuilt = build_groups(model, cost_model, budget_bytes, space, batches, deadline)
+    layers = build_layer_groups(model, cost_model, budget_bytes, space, groups, deadline)
     state.tables_s += time.perf_counter() - start
-    state.unbounded += unbuilt
-    if unbuilt:
-        state.stop(f"building cost tables ({len(tables)} of {len(tables) + unbuilt} groups built)")
+    if len(layers) < len(groups):
+        state.unbounded += len(groups) - len(layers)
+        state.stop(f"building cost tables ({len(layers)} of {len(groups)} groups built)")
+    if seed:
+        _all_interleaved(layers, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
+    start = time.perf_counter()
+    tables = _complete_groups(layers, groups, model, cost_model, budget_bytes, space, top_k, state, deadline, prune)
+    state.tables_s += time.perf_counter() - start
     bounds = [lower_bound_s(t) for t in tables]
     if seed:
         _seed_uniform(tables, model, cost_model, budget_bytes, top_k, meta, state, deadline)
-        _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     order = sorted(range(len(tables)), key=lambda i: -tables[i].combo.global_batch / bounds[i])
     if refine is not None and prune:
         start = time.perf_counter()
@@ -234,8 +263,32 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
         for sol in found:
             state.keep_solution(cost_model, model, t, sol, budget_bytes, meta)
     if not seed:
-        _all_interleaved(tables, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
+        _all_interleaved(layers, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     return state, tables
+
+
+def _complete_groups(layers: list[ComboTables], groups: list[list[Combo]], model: ModelSpec, cost_model: CostModel,
+                     budget_bytes: float, space: SearchSpace, top_k: int, state: OuterState, deadline: float | None,
+                     prune: bool) -> list[ComboTables]:
+    """The full tables (build_tables) of the groups of layer tables ``layers`` whose layers-only
+    bound may still beat the top_k-th plan kept (with ``prune``), in order; the others are pruned,
+    every vocab choice (their relayouts, sends and vocabulary are never built). Past ``deadline``
+    a group not completed keeps its layers-only bound."""
+    out = []
+    for t, cs in zip(layers, groups):
+        floor_s = layers_lower_bound_s(t)
+        threshold = state.throughputs(top_k)[1]
+        if prune and threshold > 0 and t.combo.global_batch / floor_s <= threshold:
+            state.candidates += len(cs)
+            state.pruned += len(cs)
+            continue
+        try:
+            check(deadline)
+            out.append(build_tables(model, cost_model, t.combo, [c.vocab for c in cs], space, budget_bytes, deadline))
+        except DeadlinePassed:
+            state.stop(f"building cost tables ({len(out)} of {len(groups)} groups' relayouts built)")
+            state.bound(t.combo.global_batch, floor_s)
+    return out
 
 
 def _refine(tables: list[ComboTables], bounds: list[float], order: list[int], refine: Callable, state: OuterState,

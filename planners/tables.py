@@ -44,13 +44,15 @@ class StageTables:
     activation_bytes: np.ndarray | None
     """Of memory_bytes, the activations of one micro-batch in flight (memory_bytes = states +
     in_flight x these) for a cost model whose memory is linear in the in-flight count; else None."""
-    trans_s: np.ndarray
-    """[producer type, from strategy, to strategy]: relayout between consecutive layers."""
-    send_next_s: np.ndarray
-    """[type, strategy]: p2p of this layer's output to the next stage (0 on the last stage)."""
-    send_prev_s: np.ndarray
+    trans_s: np.ndarray | None = None
+    """[producer type, from strategy, to strategy]: relayout between consecutive layers (None in
+    layer tables: build_layer_tables)."""
+    send_next_s: np.ndarray | None = None
+    """[type, strategy]: p2p of this layer's output to the next stage (0 on the last stage; None
+    in layer tables)."""
+    send_prev_s: np.ndarray | None = None
     """[type, strategy]: the gradient of this layer's output sent back to it from the next stage
-    (a term of the NEXT stage's time)."""
+    (a term of the NEXT stage's time; None in layer tables)."""
     classes: dict = field(default_factory=dict, compare=False, repr=False)
     """[type] -> (source, target) relayout classes (``relayout_classes``), and ("finite", type) ->
     ``finite_relayouts``, computed once (shared by the stages of a group whose relayouts are the
@@ -116,7 +118,7 @@ class ComboTables:
     """[type, strategy] bool."""
     stages: list[StageTables]
     vocab: dict[VocabChoice, list[VocabCost]]
-    """embedding/head choice -> one VocabCost per stage."""
+    """embedding/head choice -> one VocabCost per stage (empty in layer tables: build_layer_tables)."""
     budget_bytes: float
     """Memory a stage may use, runtime overhead already taken off."""
     dp_values: list[int]
@@ -157,18 +159,33 @@ def layer_temp_levels(t: ComboTables) -> np.ndarray:
 def build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
                  space: SearchSpace, budget_bytes: float, deadline: float | None = None) -> ComboTables:
     """Query the cost model (through the cache) for every layer type x strategy of ``combo``'s
-    (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``. The
-    tables do not depend on the budget: built once per cost model and shared by every budget
-    and planner of a run (planners read them, never write them); each call gets its own
-    ``shared`` memo (ComboTables.shared). Past ``deadline`` (time.monotonic) the build stops with
-    DeadlinePassed before the next layer-time or relayout question the cache cannot answer, or
-    between stages and vocab choices (the cost model's answers so far stay cached)."""
+    (global batch, pp, micro-batches), and the embedding/head under each of ``vocab_tps``: the
+    layer tables (build_layer_tables) completed with the relayouts, the pipeline sends and the
+    vocabulary. The tables do not depend on the budget: built once per cost model and shared by
+    every budget and planner of a run (planners read them, never write them); each call gets its
+    own ``shared`` memo (ComboTables.shared). Past ``deadline`` (time.monotonic) the build stops
+    with DeadlinePassed before the next layer-time or relayout question the cache cannot answer,
+    or between stages and vocab choices (the cost model's answers so far stay cached)."""
     key = ("tables", model, combo, tuple(vocab_tps), space)
     cache = memo(cost_model)
     if key not in cache:
-        cache[key] = _build_tables(model, cost_model, combo, vocab_tps, space, deadline)
+        layers = build_layer_tables(model, cost_model, combo, space, budget_bytes, deadline)
+        cache[key] = _complete(model, cost_model, layers, vocab_tps, deadline)
         arrays = {id(st.trans_s): st.trans_s.nbytes for st in cache[key].stages}
         cache[TABLE_BYTES] = cache.get(TABLE_BYTES, 0.0) + sum(arrays.values())
+    return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes, shared={})
+
+
+def build_layer_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, space: SearchSpace,
+                       budget_bytes: float, deadline: float | None = None) -> ComboTables:
+    """``combo``'s tables of the layers alone: per stage their time, tail, memory and temporaries
+    (no relayouts, sends or vocabulary: build_tables adds them), what the uniform plans of the
+    other schedules and a layers-only bound read. Cached and stopped by ``deadline`` as
+    build_tables."""
+    key = ("layer tables", model, combo, space)
+    cache = memo(cost_model)
+    if key not in cache:
+        cache[key] = _layer_tables(model, cost_model, combo, space, deadline)
     return replace(cache[key], budget_bytes=budget_bytes - cost_model.runtime_overhead_bytes, shared={})
 
 
@@ -196,30 +213,47 @@ def relayout_table_bytes(model: ModelSpec, cost_model: CostModel, space: SearchS
     return len(model.layer_types()) * strategies ** 2 * 8.0 * len(ranks)
 
 
-def _build_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, vocab_tps: list[VocabChoice],
-                  space: SearchSpace, deadline: float | None) -> ComboTables:
-    world = cost_model.cluster.world_size
-    gpus = world // combo.pp
+def _layer_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, space: SearchSpace,
+                  deadline: float | None) -> ComboTables:
+    gpus = cost_model.cluster.world_size // combo.pp
     strategies = space.stage_strategies(gpus, model)
     types = model.layer_types()
     index = {t: i for i, t in enumerate(types)}
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    shared: dict = {"mbs": np.array([_mbs(combo, s) for s in strategies]), "layouts": layout_classes(strategies),
-                    "dp_types": dp_type_classes(strategies)}
+    shared = {"mbs": _micro_batch_sizes(combo, strategies)}
     stages = []
     for k in range(combo.pp):
         check(deadline)
         stages.append(_stage(cost_model, combo, types, strategies, allowed, k, gpus, shared, deadline))
+    return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
+                       allowed=allowed, stages=stages, vocab={}, budget_bytes=np.inf,
+                       dp_values=sorted({s.dp for s in strategies}),
+                       overhead_bytes=cost_model.runtime_overhead_bytes)
+
+
+def _complete(model: ModelSpec, cost_model: CostModel, t: ComboTables, vocab_tps: list[VocabChoice],
+              deadline: float | None) -> ComboTables:
+    """Layer tables ``t`` with each stage's relayouts and sends and the vocabulary under each of
+    ``vocab_tps``."""
+    combo, strategies = t.combo, t.strategies
+    shared: dict = {"mbs": _micro_batch_sizes(combo, strategies), "layouts": layout_classes(strategies),
+                    "dp_types": dp_type_classes(strategies)}
+    stages = []
+    for st in t.stages:
+        check(deadline)
+        stages.append(_stage_moves(cost_model, combo, t.types, strategies, t.allowed, st, shared, deadline))
     vocab = {}
     for v in vocab_tps:
         check(deadline)
         vocab[v] = _vocab_stages(cost_model, model, replace(combo, vocab=v), strategies, shared)
-    return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
-                       allowed=allowed, stages=stages, vocab=vocab, budget_bytes=np.inf,
-                       dp_values=sorted({s.dp for s in strategies}),
-                       overhead_bytes=cost_model.runtime_overhead_bytes)
+    return replace(t, stages=stages, vocab=vocab)
+
+
+def _micro_batch_sizes(combo: Combo, strategies: list[LayerStrategy]) -> np.ndarray:
+    """Each strategy's micro-batch size in ``combo``."""
+    return np.array([_mbs(combo, s) for s in strategies])
 
 
 def _mbs(combo: Combo, s: LayerStrategy) -> int:
@@ -276,25 +310,39 @@ def dp_type_classes(strategies: list[LayerStrategy]) -> tuple[np.ndarray, list[s
 
 def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
            k: int, gpus: int, shared: dict, deadline: float | None) -> StageTables:
-    """Stage k's tables. Its layer times and relayouts depend on the stage only through its
-    (canonical) first rank, its memory only through its in-flight count: ``shared`` (one dict per
-    group, holding each strategy's micro-batch size and layout classes) keeps both parts for the
-    group's other stages.
-    ``deadline`` is checked before each layer-time and relayout question the cache cannot answer,
-    and between layer types."""
+    """Stage k's layer tables. Its layer times depend on the stage only through its (canonical)
+    first rank, its memory only through its in-flight count: ``shared`` (one dict per group,
+    holding each strategy's micro-batch size) keeps both parts for the group's other stages.
+    ``deadline`` is checked before each layer-time question the cache cannot answer."""
     first = k * gpus
-    local = canonical_first_rank(cm, first, gpus)  # stage-local questions; sends keep the true ranks
+    local = canonical_first_rank(cm, first, gpus)
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
     mbs = shared["mbs"]
     if ("local", local) not in shared:
-        shared["local", local] = _stage_local(cm, combo, types, strategies, allowed, mbs, shared["layouts"], local,
-                                              deadline)
+        shared["local", local] = _stage_times(cm, combo, types, strategies, allowed, mbs, local, deadline)
     if ("memory", held) not in shared:
         shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
-    (time_s, tail_s, trans), (memory, temp) = shared["local", local], shared["memory", held]
+    (time_s, tail_s), (memory, temp) = shared["local", local], shared["memory", held]
     activations = shared["per_micro_batch"][1] if cm.linear_in_flight else None
-    send_next, send_prev = np.zeros(time_s.shape), np.zeros(time_s.shape)
-    if k < combo.pp - 1:
+    return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
+                       temp_bytes=temp, activation_bytes=activations)
+
+
+def _stage_moves(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
+                 st: StageTables, shared: dict, deadline: float | None) -> StageTables:
+    """Layer tables ``st`` of one stage with its relayouts (which depend on the stage only through
+    its canonical first rank: ``shared``, the group's dict with the strategies' micro-batch sizes
+    and layout classes, keeps them for the other stages) and its sends to the next stage.
+    ``deadline`` is checked before each relayout question the cache cannot answer, and between
+    layer types."""
+    gpus = cm.cluster.world_size // combo.pp
+    first, mbs = st.first_rank, shared["mbs"]
+    local = canonical_first_rank(cm, first, gpus)  # stage-local questions; sends keep the true ranks
+    if ("trans", local) not in shared:
+        shared["trans", local] = _stage_relayouts(cm, combo, types, strategies, allowed, mbs, shared["layouts"],
+                                                  local, deadline)
+    send_next, send_prev = np.zeros(st.time_s.shape), np.zeros(st.time_s.shape)
+    if first // gpus < combo.pp - 1:
         cache = memo(cm)
         for ti, layer in enumerate(types):
             check(deadline)
@@ -305,9 +353,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
                 s, b = strategies[cols[0]], int(mbs[cols[0]])
                 send_next[ti, cols] = _send(cm, cache, msg, layer, s, b, src, src + gpus, gpus)
                 send_prev[ti, cols] = _send(cm, cache, msg, layer, s, b, src + gpus, src, gpus)
-    return StageTables(first_rank=first, in_flight=held, time_s=time_s, tail_s=tail_s, memory_bytes=memory,
-                       temp_bytes=temp, activation_bytes=activations, trans_s=trans, send_next_s=send_next,
-                       send_prev_s=send_prev, classes=shared.setdefault(("classes", local), {}))  # one per trans
+    return replace(st, trans_s=shared["trans", local], send_next_s=send_next, send_prev_s=send_prev,
+                   classes=shared.setdefault(("classes", local), {}))  # one per trans
 
 
 def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy], allowed: np.ndarray,
@@ -319,15 +366,11 @@ def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy]
     return out
 
 
-def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-                 mbs: np.ndarray, layouts: tuple[np.ndarray, list[int]], local: int, deadline: float | None
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[type, strategy] per-micro-batch time and tail, [type, from, to] relayouts (over the
-    strategies' ``layouts``: layout_classes), asked at ``local``."""
+def _stage_times(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
+                 mbs: np.ndarray, local: int, deadline: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """[type, strategy] per-micro-batch time and tail, asked at ``local``."""
     cache = memo(cm)
-    nt, ns = len(types), len(strategies)
-    time_s, tail_s, trans = np.full((nt, ns), np.inf), np.full((nt, ns), np.inf), np.full((nt, ns, ns), np.inf)
-    cls, reps = layouts
+    time_s, tail_s = np.full((len(types), len(strategies)), np.inf), np.full((len(types), len(strategies)), np.inf)
     for ti, layer in enumerate(types):
         for si in np.flatnonzero(allowed[ti]):
             key = ("lt", layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
@@ -336,11 +379,23 @@ def _stage_local(cm: CostModel, combo: Combo, types: list, strategies: list[Laye
                 check(deadline)
                 lt = cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
             time_s[ti, si], tail_s[ti, si] = lt.micro_batch_s, lt.tail_s
+    return time_s, tail_s
+
+
+def _stage_relayouts(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy],
+                     allowed: np.ndarray, mbs: np.ndarray, layouts: tuple[np.ndarray, list[int]], local: int,
+                     deadline: float | None) -> np.ndarray:
+    """[type, from, to] relayouts (over the strategies' ``layouts``: layout_classes), asked at ``local``."""
+    cache = memo(cm)
+    ns = len(strategies)
+    trans = np.full((len(types), ns, ns), np.inf)
+    cls, reps = layouts
+    for ti, layer in enumerate(types):
         rows = allowed[ti]
         if rows.any():
             small = _trans_classes(cm, cache, layer, combo, strategies, reps, local, deadline)
             trans[ti][rows] = small[cls[rows]][:, cls]
-    return time_s, tail_s, trans
+    return trans
 
 
 def _stage_memory(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import planners
-from planners.outer import _least_delta, grouped_tables, lower_bound_s
+from planners.outer import _least_delta, grouped_tables, layers_lower_bound_s, lower_bound_s
 from planners.segments import GroupDP
 from specs import SpecError
 from tests.planners.random_instances import (
@@ -173,6 +173,7 @@ def test_the_groups_cheap_bound_never_exceeds_their_optimum(seed):
         best = min((f.objective_s for f in found if f is not None), default=np.inf)
         bound = lower_bound_s(t)
         assert bound <= best * (1 + 1e-12), (t.combo, bound, best)
+        assert layers_lower_bound_s(t) <= bound * (1 + 1e-12), (t.combo, bound)  # the layer tables' bound
         checked += np.isfinite(best)
         lifted += t.combo.pp > 1 and bound > _mean_bound(t) * (1 + 1e-12)
     assert checked and lifted

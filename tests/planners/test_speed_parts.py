@@ -112,7 +112,7 @@ def test_vocab_relayout_deltas_asked_per_layout_class_equal_each_strategys_answe
     cm = cost_models.get("analytical", cluster)
     checked = 0
     for t in grouped_tables(model, cm, 40 * 2**30, SearchSpace.preset("full"), (32,))[::4]:
-        shared = {"layouts": layout_classes(t.strategies)}  # the group's, as _build_tables keeps it
+        shared = {"layouts": layout_classes(t.strategies)}  # the group's, as tables._complete keeps it
         for v in t.vocab:
             combo = dataclasses.replace(t.combo, vocab=v)
             probe = _cached_probe_plan(cm, model, combo, DPType.DDP, DPType.DDP)
