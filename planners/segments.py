@@ -400,11 +400,14 @@ class GroupDP:
         short segments of identical layers, and on a one-stage group's whole stage, asked only
         when the LP one cannot rule the group out),
         the memory-blind bound and, with ``tails``, the tail-cap bound (tail_floor), each asked
-        only when the ones before cannot."""
-        relaxed = self._memory_floor(v, counts=False)
+        only when the ones before cannot; the count bound at once where order_key has computed it
+        (it is at least the LP one: each segment's is the larger of the two)."""
+        relaxed = self.t.shared.get(self._memory_floor_key(v, counts=True))
+        if relaxed is None:
+            relaxed = self._memory_floor(v, counts=False)
+            if relaxed < incumbent_s:
+                relaxed = max(relaxed, self._memory_floor(v, counts=True))
         pp = self.t.combo.pp
-        if relaxed < incumbent_s:
-            relaxed = max(relaxed, self._memory_floor(v, counts=True))
         if relaxed < incumbent_s:
             relaxed = max(relaxed, self.relaxed_objective(v))
         if relaxed < incumbent_s and pp > 1 and tails:
@@ -418,11 +421,14 @@ class GroupDP:
 
     def _memory_floor(self, v, counts: bool) -> float:
         """memory_floor over every partition, kept per budget in ComboTables.shared."""
-        key = ("memory_floor", v, counts, self.even, self.t.budget_bytes)
+        key = self._memory_floor_key(v, counts)
         if key not in self.t.shared:
             recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
             self.t.shared[key] = memory_floor(self.t, v, self.bound_windows, recv, counts=counts)
         return self.t.shared[key]
+
+    def _memory_floor_key(self, v, counts: bool) -> tuple:
+        return ("memory_floor", v, counts, self.even, self.t.budget_bytes)
 
     def tail_floor(self, v, incumbent_s: float = np.inf, known_s: float = -np.inf) -> float:
         """tail_floor.tail_floor on this group's memory-blind options over every partition
