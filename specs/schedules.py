@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
 from enum import StrEnum
-from typing import Any, ClassVar, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from specs.errors import SpecError, one_of
 
@@ -261,25 +261,14 @@ class Interleaved1F1B(PipelineSchedule):
         super().check(pp, micro_batches, virtual_stages)
 
 
-def _peak_held(ops: Sequence[Op], releases: OpKind) -> int:
-    """Most chunk-micro-batches forwarded and not yet released (by their B, or by their W where
-    the backward is split: W still needs the layer inputs and output gradients)."""
-    held = peak = 0
-    for op in ops:
-        held += 1 if op.kind == OpKind.FORWARD else -1 if op.kind == releases else 0
-        peak = max(peak, held)
-    return peak
-
-
 class SplitBackward(PipelineSchedule):
     """A schedule whose backward runs as B then W: a micro-batch's activations stay until its W
-    (an upper bound: only W's inputs and output gradients are needed after B)."""
+    (an upper bound: only W's inputs and output gradients are needed after B). Each one's
+    ``in_flight`` is the peak of its own program in closed form, equal to the program played op
+    by op on every pp, micro-batch count and stage (tests/specs/test_schedules.py): planners ask
+    it for thousands of micro-batches, where playing the program took a quarter of a second."""
 
     splits_backward = True
-
-    def in_flight(self, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
-        """The peak of its own program, chunk-micro-batches of 1/v of the stage each."""
-        return _held(self.name, pp, stage, micro_batches, virtual_stages) / virtual_stages
 
     def formula(self, micro_batches: int, virtual_stages: int = 1) -> PipelineFormula:
         """No bubble: the bound planners prune with (every stage runs its m micro-batches at
@@ -303,6 +292,12 @@ class ZeroBubbleH1(SplitBackward):
             out += [Op(OpKind.FORWARD, warmup + i, 0)] if warmup + i < m else []
             out += [Op(OpKind.BACKWARD, i, 0)] + ([Op(OpKind.WEIGHT, i - stage, 0)] if i >= stage else [])
         return out + [Op(OpKind.WEIGHT, i, 0) for i in range(max(m - stage, 0), m)]
+
+    def in_flight(self, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
+        """min(pp, m) on every stage: after its pp - k - 1 warm-up forwards, step i adds a forward
+        and, from step k on, a W, so the forwards not yet through their W climb to pp at step k
+        and stay there."""
+        return min(pp, micro_batches)
 
     def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
         m = micro_batches
@@ -375,6 +370,13 @@ class ZeroBubbleV(VShape):
             add(W, 0)
         return [op for op in out if op.micro_batch < micro_batches]
 
+    def in_flight(self, pp: int, stage: int, micro_batches: int, virtual_stages: int = 2) -> float:
+        """The peak comes before the first W: chunk 0's forwards (at most m) and chunk 1's first
+        k + 1 (at most m), 2 pp at most (each steady round runs F B W on one chunk, then the
+        other); in chunk-micro-batches of half the stage."""
+        m = micro_batches
+        return min(2 * pp, m + min(m, stage + 1)) / virtual_stages
+
 
 class DualPipeV(VShape):
     name = Schedule.DUALPIPE_V
@@ -425,6 +427,13 @@ class DualPipeV(VShape):
             pending_w()
         return out
 
+    def in_flight(self, pp: int, stage: int, micro_batches: int, virtual_stages: int = 2) -> float:
+        """2 pp forwards before the first W (2 r of chunk 0, then k + 1 pairs); each of the next
+        r steps runs its deferred W at once; the first steady round's forward, where
+        m >= 2 pp - k gives one, holds one more, and every backward after it runs whole (W at
+        once) until the cool-down: 2 pp + 1. In chunk-micro-batches of half the stage."""
+        return (2 * pp + (micro_batches >= 2 * pp - stage)) / virtual_stages
+
     def micro_batch_error(self, pp: int, micro_batches: int) -> str | None:
         if micro_batches < 2 * pp:
             return f"{self.name} needs micro_batches({micro_batches}) >= 2 * pp({pp}) = {2 * pp} (one per chunk of the V)"
@@ -457,13 +466,6 @@ class LoopedBFS(PipelineSchedule):
 REGISTRY: dict[Schedule, PipelineSchedule] = {s.name: s for s in (
     GPipe(), OneFOneB(), Interleaved1F1B(), ZeroBubbleH1(), ZeroBubbleV(), DualPipeV(), LoopedBFS())}
 """Every schedule, by name."""
-
-
-@lru_cache(maxsize=4096)
-def _held(name: Schedule, pp: int, stage: int, micro_batches: int, virtual_stages: int) -> int:
-    entry = REGISTRY[name]
-    releases = OpKind.WEIGHT if entry.splits_backward else OpKind.BACKWARD
-    return _peak_held(entry.ops(stage, pp, micro_batches, virtual_stages), releases)
 
 
 @lru_cache(maxsize=4096)
