@@ -182,11 +182,15 @@ class AnalyticalModel(CostModel):
         GEMM efficiency eff(F) = eff_max * F / (F + F_half): small GEMMs do not reach peak
         (time = (F + F_half) / (peak * eff_max)). An FP8 GEMM runs at the FP8 peak and its own
         eff_max, with F_half scaled by the peaks' ratio (the same fixed time per kernel).
-        Memory-bound kernels add a launch cost."""
+        Attention run by PyTorch's SDPA (Op.sdpa) runs at the kernel's measured rate on the GPU
+        (gpu.sdpa_flash_tflops) where the cluster states one. Memory-bound kernels add a launch
+        cost."""
         c, gpu = self.constants, self.cluster.gpu
         memory_s = op.nbytes / (gpu.memory_bandwidth_gbytes_per_s * 1e9 * c.memory_efficiency)
         if op.flops <= 0:
             return memory_s + c.kernel_overhead_s
+        if op.sdpa and gpu.sdpa_flash_tflops is not None:  # a measured kernel rate, no efficiency curve
+            return max(op.flops / (gpu.sdpa_flash_tflops * 1e12), memory_s)
         if op.fp8:
             fp8_peak = self._fp8_peak_tflops()
             half = c.gemm_half_efficiency_flops * fp8_peak / gpu.peak_tflops
@@ -311,7 +315,8 @@ class AnalyticalModel(CostModel):
     def _compute_cp_core(self, layer: LayerSpec, heads_split: int, cp: int, mbs: int) -> tuple[float, float]:
         """(forward, backward) time of a rank's attention core under cp (seq.rank_ops' kernels):
         what every strategy of the same split, cp and micro-batch size shares."""
-        core = context.blockwise_ops(forward_ops(layer, heads_split, mbs, cp=cp))
+        run = stacks.forward_ops(forward_ops(layer, heads_split, mbs, cp=cp), layer, self.stack)
+        core = context.blockwise_ops(run)
         return self.ops_time(core), self.ops_time(backward_ops(core))
 
     def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,

@@ -47,6 +47,9 @@ class Op:
     and memory-bound kernels."""
     fp8: bool = False
     """Runs at the GPU's FP8 peak (its operands are FP8)."""
+    sdpa: bool = False
+    """Fused attention run by PyTorch's scaled_dot_product_attention (the eager and compile
+    stacks): at ``gpu.sdpa_flash_tflops`` where the cluster states it."""
 
 
 def gemm(name: str, m: float, n: float, k: float, batch: float = 1, linear: bool = True) -> Op:
@@ -231,7 +234,7 @@ def backward_ops(forward: list[Op]) -> list[Op]:
     out: list[Op] = []
     for op in forward:
         if op.flops and op.backward_flops_factor != 2.0:
-            out.append(Op(op.name + "_bwd", op.flops * op.backward_flops_factor, 2 * op.nbytes))
+            out.append(Op(op.name + "_bwd", op.flops * op.backward_flops_factor, 2 * op.nbytes, sdpa=op.sdpa))
         elif op.flops:
             out += [replace(op, name=op.name + "_dgrad"), replace(op, name=op.name + "_wgrad")]
         else:

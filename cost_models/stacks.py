@@ -12,8 +12,14 @@ Facts used (docs/cost_models.md, "Software stacks"):
   fused ATen kernel in eager as well.
 - Eager SwiGLU is ``silu(w1 x) * w3 x``: the SiLU and the product are two kernels.
 - torch.compile fuses each norm and the SiLU-product into one kernel: the fused list's bytes.
+- Attention goes through ``scaled_dot_product_attention``, whose default fused kernel is the
+  flash backend (FlashAttention-2; cuDNN attention has been opt-in since PyTorch 2.5.1, in every
+  build the published eager and compile runs used): it runs at ``gpu.sdpa_flash_tflops`` where
+  the cluster states it (``Op.sdpa``). Megatron-TE runs cuDNN's fused attention.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from cost_models.ops import ELEMENT_BYTES, Op, gemm
 from specs import LayerSpec
@@ -47,6 +53,8 @@ def _as_run(op: Op, layer: LayerSpec, stack: SoftwareStack) -> list[Op]:
         return _split_gemm(op, "qkv", ("q", "k", "v"), (layer.q_width, layer.kv_width, layer.kv_width))
     if layer.gated_ffn and op.name.endswith("fc1"):
         return _split_gemm(op, "fc1", ("w1", "w3"), (1, 1))
+    if op.name.endswith("flash_attn"):
+        return [replace(op, sdpa=True)]
     if stack != SoftwareStack.EAGER:
         return [op]
     if layer.gated_ffn and op.name.endswith("act"):

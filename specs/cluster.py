@@ -44,14 +44,20 @@ class GPUSpec:
     mxfp8: bool = False
     """Tensor cores that take MX block-scaled FP8 operands (one scale per 32 elements): Blackwell.
     Plans in ``mxfp8`` need it."""
+    sdpa_flash_tflops: float | None = None
+    """What PyTorch's scaled_dot_product_attention reaches on this GPU with its default fused
+    kernel (the flash backend, FlashAttention-2), bf16, TFLOP/s: the attention of the eager and
+    compile stacks runs at it. None: that kernel runs at the GEMM efficiency, as a fused
+    attention kernel written for the GPU does (FlashAttention-2 on Ampere)."""
 
     def __post_init__(self) -> None:
         for name in ("peak_tflops", "memory_gib", "memory_bandwidth_gbytes_per_s"):
             positive_number(getattr(self, name), f"gpu.{name}")
         unit_time(1 / self.peak_tflops, "gpu.peak_tflops", self.peak_tflops, "1 TFLOP")
         _link_times(self.memory_bandwidth_gbytes_per_s, 0.0, "gpu.memory_bandwidth_gbytes_per_s", "")
-        if self.peak_fp8_tflops is not None:
-            positive_number(self.peak_fp8_tflops, "gpu.peak_fp8_tflops")
+        for name in ("peak_fp8_tflops", "sdpa_flash_tflops"):
+            if getattr(self, name) is not None:
+                positive_number(getattr(self, name), f"gpu.{name}")
         if not isinstance(self.mxfp8, bool):
             raise SpecError("gpu.mxfp8", f"must be true or false, got {self.mxfp8!r}")
         if self.mxfp8 and self.peak_fp8_tflops is None:

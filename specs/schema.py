@@ -83,6 +83,8 @@ class GPUFile(BaseModel):
     """Dense FP8 tensor-core peak, TFLOP/s (FP8 plans run at it; none: refused)."""
     mxfp8: bool = False
     """Tensor cores with MX block-scaled FP8 (Blackwell)."""
+    sdpa_flash_tflops: Positive | None = None
+    """PyTorch SDPA's default fused attention kernel on this GPU, TFLOP/s (none: at the GEMM efficiency)."""
 
 
 class IntraNodeFile(BaseModel):

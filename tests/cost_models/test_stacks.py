@@ -71,6 +71,27 @@ def test_eager_is_slower_than_fused_on_llama():
     assert fused.forward_s <= times[SoftwareStack.COMPILE].forward_s < eager.forward_s
 
 
+def test_pytorch_stacks_run_attention_through_sdpa():
+    for stack in (SoftwareStack.EAGER, SoftwareStack.COMPILE):
+        assert _run(LLAMA_LIKE, stack)["flash_attn"].sdpa
+    assert not _run(LLAMA_LIKE, SoftwareStack.MEGATRON_TE)["flash_attn"].sdpa
+    backward = {op.name: op for op in ops.backward_ops(list(_run(LLAMA_LIKE, SoftwareStack.EAGER).values()))}
+    assert backward["flash_attn_bwd"].sdpa and not backward["q_dgrad"].sdpa
+
+
+def test_sdpa_attention_runs_at_the_gpus_measured_kernel_rate():
+    # Llama 3 8B, micro-batch 1 of 8192 tokens: the eager/compile attention kernel's FLOPs at 329.5
+    # TFLOP/s on H100 (gpu.sdpa_flash_tflops); Megatron-TE's fused attention at the GEMM efficiency
+    layer = load_model("llama3-8b").layers[0]
+    sdpa = {op.name: op for op in stacks.forward_ops(ops.forward_ops(layer, 1, 1), layer, SoftwareStack.EAGER)}
+    te = {op.name: op for op in ops.forward_ops(layer, 1, 1)}
+    h100 = cost_models.get("analytical", load_cluster("dgx-h100"))
+    assert h100.op_time(sdpa["flash_attn"]) == pytest.approx(sdpa["flash_attn"].flops / 329.5e12)
+    assert h100.op_time(te["flash_attn"]) < 0.6 * h100.op_time(sdpa["flash_attn"])
+    a100 = cost_models.get("analytical", load_cluster("dgx-a100-80g"))  # no SDPA figure: at the GEMM efficiency
+    assert a100.op_time(sdpa["flash_attn"]) == a100.op_time(te["flash_attn"])
+
+
 def test_planners_state_the_stack_and_models_refuse_another():
     model, cluster = load_model("tiny-gpt"), load_cluster("cpu-4")
     eager = cost_models.get("analytical", cluster, stack="eager")

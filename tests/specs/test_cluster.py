@@ -120,6 +120,7 @@ def test_every_figure_of_the_new_clusters_names_its_source():
     (lambda c: c.update(scale_up_domain_gpus=16), "scale_up_domain_gpus", "needs an nvswitch or nvlink"),
     (lambda c: c["gpu"].update(peak_fp8_tflops=0), "gpu.peak_fp8_tflops", "greater than 0"),
     (lambda c: c["gpu"].update(peak_fp8_tflops="fast"), "gpu.peak_fp8_tflops", "valid number"),
+    (lambda c: c["gpu"].update(sdpa_flash_tflops=-1), "gpu.sdpa_flash_tflops", "greater than 0"),
     (lambda c: c.update(sources={"gpu.peak_tflopz": "datasheet"}), "sources", "'gpu.peak_tflopz' names no field"),
     (lambda c: c.update(sources={"gpu.peak_tflops": 989}), "sources['gpu.peak_tflops']", "valid string"),
     (lambda c: c.update(sources={"gpu.peak_tflops": ""}), "sources['gpu.peak_tflops']", "at least 1 character"),
