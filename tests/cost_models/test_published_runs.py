@@ -42,13 +42,22 @@ def test_fp8_and_context_parallel_runs_are_stated():
     cp16 = _run("llama3-405b-16k-cp16")  # the ring over 16 ranks, zigzag (Megatron's default)
     assert pr.cannot_state(cp16) == "" and {s.cp for s in pr.plan_for(cp16, load_model(cp16.model)).layers} == {16}
     assert pr.predict(_run("automodel-h100-llama3-70b")).reason == ""
-    # the local batch of 32 as one micro-batch under pp 8: the row does not state the micro-batches
-    assert pr.predict(_run("tt-h100-405b-3d-1f1b-fp8")).reason.startswith("the row's plan: micro_batches")
+    # Table 5's pipelines at torchtitan's defaults of the time: 8 micro-batches (pp) of 4 from the local 32
+    for run_id, schedule, chunks in (("tt-h100-405b-3d-1f1b-fp8", "1f1b", 1),
+                                     ("tt-h100-405b-3d-i1f1b-fp8", "interleaved_1f1b", 2)):
+        run = _run(run_id)
+        plan = pr.plan_for(run, load_model(run.model))
+        assert (plan.pp, plan.micro_batches, plan.schedule, plan.virtual_stages) == (8, 8, schedule, chunks)
+        assert pr.predict(run).reason == ""
+    # the local batch as one micro-batch under pp 8 is refused in one line
+    whole = replace(_run("tt-h100-405b-3d-1f1b-fp8"), micro_batch=32)
+    assert pr.predict(whole).reason.startswith("the row's plan: micro_batches")
 
 
 def test_tp_comm_overlap_is_planned_where_the_source_states_it():
     assert {r.id for r in pr.load_runs() if r.tp_comm_overlap} == {
-        "mb-25.11-h100-llama3-70b-fp8", "mb-25.11-h100-llama3.1-405b-fp8", "tt-h100-405b-2d-fp8-asynctp"}
+        "mb-25.11-h100-llama3-70b-fp8", "mb-25.11-h100-llama3.1-405b-fp8", "tt-h100-405b-2d-fp8-asynctp",
+        "tt-h100-405b-3d-1f1b-fp8", "tt-h100-405b-3d-i1f1b-fp8"}
     for run_id, stack in (("mb-25.11-h100-llama3-70b-fp8", "megatron-te"), ("tt-h100-405b-2d-fp8-asynctp", "compile")):
         run = _run(run_id)
         plan = pr.plan_for(run, load_model(run.model))
@@ -163,6 +172,6 @@ def test_validation_and_calibration_sets_share_no_run():
 def test_the_benchmark_prints_the_table(capsys):
     assert pr.main([]) == 0
     out = capsys.readouterr().out
-    assert "cannot state: the row's plan" in out and "not modelled yet" not in out
+    assert "cannot state" not in out and "25        25" in out  # every run expressible
     assert "calibrated: a100 (vtrain)" in out and "uncalibrated on H100" in out  # h100-500w: no fit of its own
     assert "calibrated: h100 (nemo-24.07)" in out and "transferred: H100-fitted constants (nemo-24.07) on H200" in out
