@@ -149,8 +149,9 @@ def test_plan_follows_the_row():
 
 
 def test_each_row_is_timed_with_its_softwares_kernels():
-    eager, nemo = _run("tt-h100-8b-fsdp8-eager"), _run("automodel-h100-llama3-70b")
-    assert (pr.stack_for(eager), pr.stack_for(nemo)) == ("eager", "megatron-te")  # fsdp2-te: TE's fused kernels
+    eager, nemo, dsv3 = _run("tt-h100-8b-fsdp8-eager"), _run("automodel-h100-llama3-70b"), _run("automodel-h100-dsv3-256")
+    # AutoModel: its Llama 70B recipe compiles the Hugging Face model; fsdp2-te (DeepSeek V3): TE's fused kernels
+    assert (pr.stack_for(eager), pr.stack_for(nemo), pr.stack_for(dsv3)) == ("eager", "compile", "megatron-te")
     as_eager = pr.predict(eager).predicted_s
     assert as_eager > pr.predict(replace(eager, software="megatron-te")).predicted_s
 
