@@ -45,9 +45,10 @@ def _even_stage_ids(t: ComboTables) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(range(bounds[k], bounds[k + 1])) for k in range(t.combo.pp))
 
 
-def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
-    """(objective, strategy index) of the best uniform plan that fits under vocab choice ``v``,
-    or None when none does."""
+def uniform_seed(t: ComboTables, v, budget_bytes: float | None = None) -> tuple[float, int] | None:
+    """(objective, strategy index) of the best uniform plan that fits ``budget_bytes`` (None: the
+    group's budget; inf: memory ignored) under vocab choice ``v``, or None when none does."""
+    budget_bytes = t.budget_bytes if budget_bytes is None else budget_bytes
     parts = _uniform_parts(t)
     if parts is None:
         return None
@@ -61,7 +62,7 @@ def uniform_seed(t: ComboTables, v) -> tuple[float, int] | None:
                 T, D, mem = T + d[S, 0], D + d[S, 1], mem + d[S, 2]
         Ts.append(T)
         Ds.append(D)
-        fits &= mem <= t.budget_bytes
+        fits &= mem <= budget_bytes
     Ts, Ds = np.array(Ts), np.array(Ds)
     value = np.where(fits, t.combo.formula.linear_s(Ts.sum(axis=0), Ts.max(axis=0), Ds.max(axis=0)), np.inf)
     i = int(np.argmin(value))

@@ -401,18 +401,28 @@ class GroupDP:
         when the LP one cannot rule the group out),
         the memory-blind bound and, with ``tails``, the tail-cap bound (tail_floor), each asked
         only when the ones before cannot; the count bound at once where order_key has computed it
-        (it is at least the LP one: each segment's is the larger of the two)."""
+        (it is at least the LP one: each segment's is the larger of the two). The two memory-blind
+        bounds are asked only below ``blind_plan_s``, which neither can exceed."""
         relaxed = self.t.shared.get(self._memory_floor_key(v, counts=True))
         if relaxed is None:
             relaxed = self._memory_floor(v, counts=False)
             if relaxed < incumbent_s:
                 relaxed = max(relaxed, self._memory_floor(v, counts=True))
-        pp = self.t.combo.pp
-        if relaxed < incumbent_s:
+        reach = incumbent_s if relaxed >= incumbent_s else min(incumbent_s, self.blind_plan_s(v))
+        if relaxed < reach:
             relaxed = max(relaxed, self.relaxed_objective(v))
-        if relaxed < incumbent_s and pp > 1 and tails:
+        if relaxed < reach and self.t.combo.pp > 1 and tails:
             relaxed = self.tail_floor(v, incumbent_s, known_s=relaxed)
         return relaxed
+
+    def blind_plan_s(self, v) -> float:
+        """The objective of the group's best uniform plan under vocab choice ``v`` (even stages),
+        memory ignored (inf: no strategy every layer allows). A memory-blind bound bounds the
+        objective of every plan of the group with memory ignored, this one's too, so it never
+        exceeds it: where the memory floor reaches it (memory binds: llama3-70b's pp 1, 2 and 4
+        groups on 1024 H100), the memory-blind and tail-cap bounds cannot lift the bound."""
+        found = uniform_seed(self.t, v, budget_bytes=np.inf)
+        return np.inf if found is None else found[0]
 
     def order_key(self, v) -> float:
         """lower_bound's per-segment memory floors (LP, and the count bound for pp > 1) without

@@ -48,6 +48,24 @@ def test_skip_bound_never_exceeds_the_group_optimum(seed):
     assert checked
 
 
+@pytest.mark.parametrize("seed", [2, 13, 14, 21])
+def test_no_memory_blind_bound_exceeds_the_memory_blind_uniform_plan(seed):
+    """lower_bound skips the memory-blind and tail-cap bounds once the memory floor reaches
+    blind_plan_s (the best uniform plan's objective, memory ignored): on random pipelines
+    neither bound exceeds it."""
+    model, _, cm, budget = _pipe_instance(seed)
+    checked = 0
+    for t in grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (8,)):
+        dp = GroupDP(t, exact=False, even=False)
+        for v in t.vocab:
+            blind = dp.blind_plan_s(v)
+            assert dp.relaxed_objective(v) <= blind * (1 + 1e-12), (t.combo, v)
+            if t.combo.pp > 1:
+                assert dp.tail_floor(v) <= blind * (1 + 1e-12), (t.combo, v)
+            checked += np.isfinite(blind)
+    assert checked
+
+
 @pytest.mark.parametrize("seed", [2, 13, 14])
 def test_one_bound_for_every_vocab_choice_is_below_each_of_theirs(seed):
     """any_vocab_floor (each stage's embedding/head at its least over the choices) never exceeds
