@@ -109,13 +109,12 @@ class SegmentClasses:
 
 
 def segment_classes(rows: tuple, row_id: np.ndarray, windows: Windows) -> SegmentClasses:
-    """``rows``: (cost, last_cost, memory, temp) [layer, strategy] as memory_floor._layer_arrays
-    gives them (``last_cost``: the layer as a segment's last, with its send to the next stage);
-    ``row_id``: [layer] equal only for layers whose rows (and last rows) are equal."""
+    """``rows``: (cost, last_cost, memory, temp) [row, strategy] of each distinct row, as
+    memory_floor._layer_arrays gives them (``last_cost``: the layer as a segment's last, with
+    its send to the next stage); ``row_id``: [layer] its row."""
     cost, last_cost, memory, temp = rows
-    first = np.unique(row_id, return_index=True)[1]
-    inner_rows = {int(row_id[j]): (cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
-    last_rows = {int(row_id[j]): (last_cost[j].tobytes(), memory[j].tobytes(), temp[j].tobytes()) for j in first}
+    inner_rows = {r: (cost[r].tobytes(), memory[r].tobytes(), temp[r].tobytes()) for r in range(len(cost))}
+    last_rows = {r: (last_cost[r].tobytes(), memory[r].tobytes(), temp[r].tobytes()) for r in range(len(cost))}
     a, b, of_window, bodies = _classes(row_id.dtype.str, row_id.tobytes(), windows)
     return SegmentClasses(a, b, of_window, bodies, inner_rows, last_rows, row_id)
 

@@ -93,20 +93,20 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, coun
     (counts.segment_classes: one per length for identical layers), and with ``counts`` the
     integer one of counts.count_bounds where larger."""
     st, vc = t.stages[k], t.vocab[v][k]
-    cost, mem, temp = _layer_arrays(t, v, k, lam)
-    last_cost = cost + (st.send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
     rows, inverse = _distinct_rows(t, v, k)
+    cost, mem, temp = _layer_arrays(t, v, k, lam, rows)  # [row, strategy]: each distinct row once
+    last_cost = cost + (st.send_next_s[t.layer_type[rows]] if k < t.combo.pp - 1 else 0.0)
     classes = segment_classes((cost, last_cost, mem, temp), inverse, windows)
     a, b = classes.a, classes.b
-    prices = np.unique(np.concatenate([[0.0]] + [_hull_prices(mem[j], cost[j]) for j in rows]))
+    prices = np.unique(np.concatenate([[0.0]] + [_hull_prices(mem[r], cost[r]) for r in range(len(rows))]))
     out, free = np.full(len(a), np.inf), np.full(len(a), np.inf)  # free: at price 0 (memory ignored)
     levels = _levels(temp, vc.temp_bytes)
     if levels:  # every level at once: [level, price, layer], then [level, price, segment]
         level, floor = (np.array(x) for x in zip(*levels))
         cap = t.budget_bytes - vc.memory_bytes - np.maximum(floor, vc.temp_bytes)
-        priced = _priced_min(cost[rows], mem[rows], temp[rows], level, prices)[:, :, inverse]
+        priced = _priced_min(cost, mem, temp, level, prices)[:, :, inverse]
         # as the segment's last layer
-        last = _priced_min(last_cost[rows], mem[rows], temp[rows], level, prices)[:, :, inverse]
+        last = _priced_min(last_cost, mem, temp, level, prices)[:, :, inverse]
         missing = np.concatenate((np.zeros((len(level), 1), dtype=int), np.cumsum(~np.isfinite(priced[:, 0]), axis=1)),
                                  axis=1)
         prefix = np.concatenate((np.zeros((*priced.shape[:2], 1)),
@@ -137,18 +137,22 @@ def _distinct_rows(t: ComboTables, v, k: int) -> tuple[np.ndarray, np.ndarray]:
     return first, inverse.ravel()
 
 
-def _layer_arrays(t: ComboTables, v, k: int, lam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[layer, strategy] cost (T + lam D), memory and temporary of each layer on stage k, the
-    embedding's and the head's per-strategy deltas on layer 0 / the last layer; inf where not
-    allowed."""
-    st, vc, lt = t.stages[k], t.vocab[v][k], t.layer_type
+def _layer_arrays(t: ComboTables, v, k: int, lam: float, layers: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[layer, strategy] cost (T + lam D), memory and temporary of each of ``layers`` (None:
+    every layer) on stage k, the embedding's and the head's per-strategy deltas on layer 0 / the
+    last layer; inf where not allowed."""
+    st, vc = t.stages[k], t.vocab[v][k]
+    layers = np.arange(len(t.layer_type)) if layers is None else layers
+    lt = t.layer_type[layers]
     ok = t.allowed[lt]
     cost = np.where(ok, st.time_s[lt] + lam * np.where(ok, st.tail_s[lt], 0.0), np.inf)
     mem = np.where(ok, st.memory_bytes[lt], np.inf)
-    for d, j in ((vc.first_delta, 0), (vc.last_delta, -1)):
+    for d, j in ((vc.first_delta, 0), (vc.last_delta, len(t.layer_type) - 1)):
         if d is not None:
-            cost[j] = cost[j] + d[:, 0] + lam * d[:, 1]
-            mem[j] = mem[j] + d[:, 2]
+            at = layers == j
+            cost[at] = cost[at] + d[:, 0] + lam * d[:, 1]
+            mem[at] = mem[at] + d[:, 2]
     return cost, mem, np.where(ok, st.temp_bytes[lt], np.inf)
 
 

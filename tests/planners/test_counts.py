@@ -51,10 +51,11 @@ def test_count_bounds_are_the_integer_optimum(seed):
         windows = GroupDP(t, exact=False, even=False).bound_windows
         for k in range(t.combo.pp):
             for lam in (0.0, 0.5):
-                cost, mem, temp = _layer_arrays(t, v, k, lam)
-                last = cost + (t.stages[k].send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
+                rows, row = _distinct_rows(t, v, k)
+                cost, mem, temp = _layer_arrays(t, v, k, lam, rows)
+                last = cost + (t.stages[k].send_next_s[t.layer_type[rows]] if k < t.combo.pp - 1 else 0.0)
                 vc = t.vocab[v][k]
-                classes = segment_classes((cost, last, mem, temp), _distinct_rows(t, v, k)[1], windows[k])
+                classes = segment_classes((cost, last, mem, temp), row, windows[k])
                 got = count_bounds(t, classes, temp_levels(t), vc.memory_bytes, vc.temp_bytes)[classes.of_window]
                 for (a, b), value in zip(windows[k], got):
                     if b - a <= 3:
@@ -86,9 +87,9 @@ def test_heterogeneous_models_keep_one_class_per_run():
     for model in (t5_like(3, 3), swin_like((4, 3, 1))):
         t = grouped_tables(model, RandomCostModel(tiny_cluster(), 0), 1e9, PIPE_SPACE, (8,))[0]
         v, n = next(iter(t.vocab)), len(t.layer_type)
-        cost, mem, temp = _layer_arrays(t, v, 0, 0.0)
+        rows, row = _distinct_rows(t, v, 0)
+        cost, mem, temp = _layer_arrays(t, v, 0, 0.0, rows)
         windows = Windows((a, b) for a in range(n) for b in range(a + 1, n + 1))
-        row = _distinct_rows(t, v, 0)[1]
         classes = segment_classes((cost, cost, mem, temp), row, windows)
         for (a, b), c in zip(windows, classes.of_window):
             inner = set(row[a + 1:b - 1].tolist())
@@ -134,10 +135,11 @@ def test_count_bounds_do_not_depend_on_levels_another_call_used(seed):
         levels = temp_levels(t)
         others = np.unique(np.concatenate((levels, (levels[:-1] + levels[1:]) / 2)))  # a level between each
         for k in range(t.combo.pp):
-            cost, mem, temp = _layer_arrays(t, v, k, 0.0)
-            last = cost + (t.stages[k].send_next_s[t.layer_type] if k < t.combo.pp - 1 else 0.0)
+            rows, row = _distinct_rows(t, v, k)
+            cost, mem, temp = _layer_arrays(t, v, k, 0.0, rows)
+            last = cost + (t.stages[k].send_next_s[t.layer_type[rows]] if k < t.combo.pp - 1 else 0.0)
             vc = t.vocab[v][k]
-            classes = segment_classes((cost, last, mem, temp), _distinct_rows(t, v, k)[1], windows[k])
+            classes = segment_classes((cost, last, mem, temp), row, windows[k])
             alone = count_bounds(replace(t, shared={}), classes, levels, vc.memory_bytes, vc.temp_bytes)
             shared = replace(t, shared={})
             count_bounds(shared, classes, others, vc.memory_bytes, vc.temp_bytes)
