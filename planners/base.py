@@ -276,6 +276,17 @@ def _with_stack(result: PlanResult, stack: SoftwareStack | None) -> PlanResult:
                    top_k=tuple(replace(k, plan=replace(k.plan, stack=stack)) for k in result.top_k))
 
 
+def overlapped(plan: Plan, stack: SoftwareStack | None) -> Plan | None:
+    """``plan`` with TP communication overlap on, stating ``stack``; None where it cannot run it
+    (Plan's own rules: a tp > 1 layer, Megatron-SP on each, a stack that runs it). The search
+    planners' plans state it where their tables are built (ComboTables.plan), as plan_cost must
+    see it; the grid baselines and the uniform targets turn it on here."""
+    try:
+        return replace(plan, tp_comm_overlap=True, stack=stack)
+    except SpecError:
+        return None
+
+
 def _replace_stats(result: PlanResult, stats: SearchStats) -> PlanResult:
     from dataclasses import replace
     return replace(result, stats=stats)

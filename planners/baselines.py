@@ -7,18 +7,19 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from cost_models import CostModel
-from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result,
+from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result, overlapped,
                            pop_options, scored_result, time_limit)
 from planners.deadline import passed
 from planners.registry import register
-from planners.space import SearchSpace, powers_of_two, tp_splits, with_ep
+from planners.space import SearchSpace, powers_of_two, runs_tp_overlap, tp_splits, with_ep
 from planners.tables import memo
 from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.precision import Precision
 from specs.schedules import schedule_entry
+from specs.stack import SoftwareStack
 from specs.units import GIB
 
 DEFAULTS = {"top_k": 3, "precisions": (Precision.BF16,), "time_limit_s": None}
@@ -29,6 +30,12 @@ plan so far (no gap: the candidates not scored are not bounded), or says it has 
 class GridPlanner(Planner):
     """Enumerate ``candidates``, each in every precision of the ``precisions`` option (bf16 by
     default); keep the fastest plan whose peak memory fits."""
+
+    tp_comm_overlap: ClassVar[bool] = False
+    """Whether its candidates run TP communication overlap where they can (tp > 1 with Megatron-SP,
+    under a megatron-te cost model that scores it): the Megatron recipes, as NeMo's performance
+    recipes set comm_overlap.tp_comm_overlap (hiding the collectives never slows a plan down nor
+    adds memory in the cost models)."""
 
     def fix_precision(self, options: dict[str, Any], value: str, cluster: ClusterSpec) -> dict[str, Any]:
         """The ``precisions`` option: what SearchSpace.with_precision gives for ``value``."""
@@ -89,11 +96,19 @@ class GridPlanner(Planner):
             if passed(deadline):
                 return rows, False
             plan = self.build(model, cluster, batch, kw)
+            if plan is not None and self.tp_comm_overlap and _megatron_overlap(cost_model):
+                plan = overlapped(plan, cost_model.stack) or plan
             if plan is not None:
                 cost = cost_model.plan_cost(model, plan)
                 rows.append((cost.throughput_samples_per_s, cost.iteration_time_s, cost.peak_memory_bytes, plan))
         cache[key] = rows
         return rows, True
+
+
+def _megatron_overlap(cost_model: CostModel) -> bool:
+    """Whether Megatron's TP communication overlap (Transformer Engine's userbuffers) can be
+    scored: a megatron-te cost model that runs it."""
+    return cost_model.stack == SoftwareStack.MEGATRON_TE and runs_tp_overlap(cost_model.capabilities)
 
 
 def _plan_or_none(model: ModelSpec, cluster: ClusterSpec, batch: int, kw: dict) -> Plan | None:
@@ -200,11 +215,13 @@ def megatron_pp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
 class Megatron3d(GridPlanner):
     """The grid Megatron-LM users tune today: tp inside a node x pp up to the layer count x dp
     the rest x micro-batch size (from 1) x recompute {none, selective, full}, sequence
-    parallelism on whenever tp > 1, interleaved 1F1B with v in {1, 2, 4} where the layers and
-    micro-batches allow; the vocabulary sharded like the layers."""
+    parallelism on whenever tp > 1 (with TP communication overlap under megatron-te),
+    interleaved 1F1B with v in {1, 2, 4} where the layers and micro-batches allow; the
+    vocabulary sharded like the layers."""
 
     name = "megatron_3d"
     dp_type = DPType.DDP
+    tp_comm_overlap = True
 
     def candidates(self, model, cluster, batch):
         for pp in megatron_pp_degrees(model, cluster):
@@ -226,10 +243,12 @@ class Megatron3d(GridPlanner):
 
 @register
 class DeepSpeed3d(Megatron3d):
-    """The same grid with ZeRO-1 on the data-parallel dimension (DeepSpeed's 3D recipe)."""
+    """The same grid with ZeRO-1 on the data-parallel dimension (DeepSpeed's 3D recipe; DeepSpeed
+    has no TP communication overlap)."""
 
     name = "deepspeed_3d"
     dp_type = DPType.ZERO1
+    tp_comm_overlap = False
 
 
 @register
@@ -239,6 +258,7 @@ class MegatronSpSelective(GridPlanner):
     (every pp dividing the world up to the layer count), dp the rest."""
 
     name = "megatron_sp_selective"
+    tp_comm_overlap = True
 
     def candidates(self, model, cluster, batch):
         for pp in megatron_pp_degrees(model, cluster):
@@ -261,6 +281,7 @@ class MegatronCp(GridPlanner):
     micro-batch size 1, recompute {none, selective, full}, 1F1B."""
 
     name = "megatron_cp"
+    tp_comm_overlap = True
 
     def candidates(self, model, cluster, batch):
         for pp in megatron_pp_degrees(model, cluster):
@@ -327,6 +348,7 @@ class MegatronMoE(_MoEGrid):
 
     name = "megatron_moe"
     dp_type = DPType.ZERO1
+    tp_comm_overlap = True
 
     def candidates(self, model, cluster, batch):
         for kw in Megatron3d.candidates(self, model, cluster, batch):

@@ -19,7 +19,7 @@ from planners import count_formulation
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.deadline import passed
 from planners.formulation import Formulation, build
-from planners.galvatron import GalvatronPlanner, resolve_space
+from planners.galvatron import GalvatronPlanner, resolve_space, union
 from planners.outer import OuterState, finish, lower_bound_s, run_outer
 from planners.segments import GroupDP, GroupSolution
 from specs import ClusterSpec, ModelSpec, SpecError
@@ -141,6 +141,9 @@ class ExactPlanner(Planner):
             raise SpecError("formulation", f"must be one of {', '.join(FORMULATIONS)}, got {opts['formulation']!r}")
         self.check_options(opts)
         space, even = resolve_space(opts["space"], cost_model), opts["partition"] == "even"
+        spaces = space.one_choice_spaces(per_precision=False)
+        if len(spaces) > 1:  # TP overlap off and on: a search each, the limit shared
+            return self._per_choice(model, cluster, budget, cost_model, options, spaces, deadline, int(opts["top_k"]))
         log, state = SolveLog(), OuterState(limit_s=limit_s)
         if opts["warm_start"]:
             seed = GalvatronPlanner().plan(model, cluster, budget, cost_model,
@@ -200,6 +203,22 @@ class ExactPlanner(Planner):
             bound_s = log.bound_for(result.iteration_time_s)
         return dataclasses.replace(result, stats=dataclasses.replace(result.stats,
                                                                      bound_s=bound_s if result.feasible else None))
+
+    def _per_choice(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+                    options: dict[str, Any], spaces: list[tuple[str, Any]], deadline: float, top_k: int
+                    ) -> PlanResult:
+        """One search per (label, space) of SearchSpace.one_choice_spaces, each with the time the
+        ones before left, the best kept (planners.galvatron.union)."""
+        results, skipped = [], []
+        for label, space in spaces:
+            left_s = deadline - time.monotonic()
+            if results and left_s <= 0:
+                skipped.append(label)
+                continue
+            sub = {**options, "space": space, "time_limit_s": max(left_s, 1e-3)}
+            results.append(self._search(model, cluster, budget, cost_model, sub))
+        return union(self.name, results, top_k, skipped, time_limit(options.get("time_limit_s",
+                                                                                 self.defaults["time_limit_s"])))
 
     def check_options(self, opts: dict) -> None:
         """Subclasses validate their own options."""

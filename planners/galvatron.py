@@ -29,7 +29,7 @@ from specs.units import MIB
 
 DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0,
-            "prove_candidates": 2_000_000, "precision_per": "plan"}
+            "prove_candidates": 2_000_000, "precision_per": "plan", "tp_comm_overlap": None}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
 distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper). time_limit_s: bounds
@@ -46,16 +46,21 @@ seconds, so that a call returns the same plan and gap on every machine (0: no pr
 memory_granularity_mib or max_temp_levels, where the DP is inexact). precision_per: ``plan``
 searches each of the space's precisions for every layer and keeps the best plan (Megatron-Core and
 Transformer Engine run one recipe for the whole model; the DP's strategies stay as many as in BF16);
-``layer`` lets each layer choose (twice the strategies: exact, much slower on large models)."""
+``layer`` lets each layer choose (twice the strategies: exact, much slower on large models).
+tp_comm_overlap: ``off``, ``on`` or ``search`` (one search each way, the best kept) sets the space's
+SearchSpace.tp_comm_overlap; None keeps the space's (off in every preset)."""
 
 
-def resolve_space(space: Any, cost_model: CostModel | None = None) -> SearchSpace:
-    """The SearchSpace (or preset name) ``space``, less what ``cost_model`` cannot score and the
-    precisions its cluster's GPU cannot run."""
+def resolve_space(space: Any, cost_model: CostModel | None = None, overlap: str | None = None) -> SearchSpace:
+    """The SearchSpace (or preset name) ``space`` with TP communication ``overlap`` (off, on,
+    search; None: the space's), less what ``cost_model`` cannot score and the precisions its
+    cluster's GPU cannot run."""
     if isinstance(space, str):
         space = SearchSpace.preset(space)
     if not isinstance(space, SearchSpace):
         raise SpecError("space", f"must be a SearchSpace or a preset name, got {space!r}")
+    if overlap is not None:
+        space = space.with_tp_overlap(str(overlap))
     return space if cost_model is None else space.within(cost_model.capabilities).for_gpu(cost_model.cluster.gpu)
 
 
@@ -74,11 +79,12 @@ class GalvatronPlanner(Planner):
         has already started the clock (precision_per=plan)."""
         given = dict(options)
         opts = pop_options(options, self.defaults, self.name)
-        space = resolve_space(opts["space"], cost_model)
+        space = resolve_space(opts["space"], cost_model, opts["tp_comm_overlap"])
         if opts["precision_per"] not in ("plan", "layer"):
             raise SpecError("precision_per", f"must be plan or layer, got {opts['precision_per']!r}")
-        if opts["precision_per"] == "plan" and len(space.precisions) > 1:
-            return self._per_precision(model, cluster, budget, cost_model, given, space, opts)
+        spaces = space.one_choice_spaces(opts["precision_per"] == "plan")
+        if len(spaces) > 1:
+            return self._per_choice(model, cluster, budget, cost_model, given, spaces, opts)
         if opts["mode"] not in ("fast", "exact"):
             raise SpecError("mode", f"must be fast or exact, got {opts['mode']!r}")
         if opts["partition"] not in ("search", "even"):
@@ -173,25 +179,28 @@ class GalvatronPlanner(Planner):
                         status, gap)
         return replace(result, stats=replace(result.stats, bound_s=bound_s))
 
-    def _per_precision(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
-                       given: dict[str, Any], space: SearchSpace, opts: dict[str, Any]) -> PlanResult:
-        """precision_per=plan: one search per precision of ``space`` (every layer in it), the best
-        kept; a time limit covers them all (a search that has no time left is not started)."""
+    def _per_choice(self, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
+                    given: dict[str, Any], spaces: list[tuple[str, SearchSpace]], opts: dict[str, Any]
+                    ) -> PlanResult:
+        """One search per (label, space) of SearchSpace.one_choice_spaces (each precision of
+        precision_per=plan, each TP-overlap value), the best kept; a time limit covers them all (a
+        search that has no time left is not started)."""
         limit = opts["time_limit_s"]
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
         results, skipped = [], []
-        for p in space.precisions:
+        for label, space in spaces:
             if results and passed(deadline):
-                skipped.append(str(p))
+                skipped.append(label)
                 continue
-            sub = {**given, "space": replace(space, precisions=(p,)), "precision_per": "layer"}
+            sub = {**given, "space": space, "precision_per": "layer", "tp_comm_overlap": None}
             results.append(self._search(model, cluster, budget, cost_model, sub, deadline))
-        return _union(self.name, results, int(opts["top_k"]), skipped, limit)
+        return union(self.name, results, int(opts["top_k"]), skipped, limit)
 
 
-def _union(name: str, results: list[PlanResult], top_k: int, skipped: list[str], limit_s: float | None
-           ) -> PlanResult:
-    """The best of searches over disjoint spaces: its plan, the union's top plans, the work of all,
+def union(name: str, results: list[PlanResult], top_k: int, skipped: list[str], limit_s: float | None
+          ) -> PlanResult:
+    """The best of searches over several spaces: its plan, the union's top plans (each once: the
+    TP-overlap spaces share their tp 1 plans), the work of all,
     and the gap against the highest throughput bound of any (an infeasible search bounds its
     space at 0; one without a bound, or a precision ``skipped`` by the time limit, leaves the union
     without one); stopped by the limit, the message says where, in one line."""
@@ -224,7 +233,10 @@ def _union(name: str, results: list[PlanResult], top_k: int, skipped: list[str],
     message = best.message
     if stopped:
         message = f"{stopped}: the best plan so far, " + ("no bound" if gap is None else f"gap {gap:.2%}")
-    top = tuple(sorted((k for r in results for k in r.top_k), key=lambda k: -k.throughput_samples_per_s))[:top_k]
+    ranked: dict = {}
+    for k in sorted((k for r in results for k in r.top_k), key=lambda k: -k.throughput_samples_per_s):
+        ranked.setdefault(k.plan, k)
+    top = tuple(ranked.values())[:top_k]
     return replace(best, planner=name, top_k=top, message=message,
                    stats=replace(best.stats, solver_status=status, gap=gap, bound_s=bound_s, **work))
 

@@ -12,10 +12,11 @@ from typing import Iterator, NamedTuple
 from cost_models.memo import HashOnce, hash_once
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
-from specs.capabilities import OFF, Capabilities
+from specs.capabilities import OFF, ON, Capabilities
 from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import PRECISIONS, Precision, default_recipe, fp8_recipe, gpu_refusal, runnable_on
 from specs.schedules import PipelineFormula, schedule_entry
+from specs.stack import SoftwareStack, overlaps_tp_comm
 
 DEGREE_RULES = ("powers_of_two", "divisors")
 """How degrees and micro-batch counts are enumerated: Galvatron's powers of two, or every divisor."""
@@ -126,6 +127,15 @@ class SearchSpace:
     planners drop what the cluster's GPU cannot run (``for_gpu``). Every preset is bf16: FP8 is
     searched when asked (``--precision search``, ``with_precision``), as the FP8 speed-up is the
     least validated term (over-predicted on the published pairs) and its searches are the slowest."""
+    tp_comm_overlap: tuple[bool, ...] = (False,)
+    """TP communication overlap (Plan.tp_comm_overlap) off and/or on. A plan makes the choice once,
+    so each value is a search of its own (as ``precision_per=plan`` searches each precision); under
+    on, a tp > 1 strategy takes Megatron-SP only and the tables take each layer's hidden TP time
+    off (LayerTime.tp_hidden_s). Every preset but ``moe`` is off (on alone could lose their tp > 1
+    plans without Megatron-SP, and both ways searches twice): asked for with ``with_tp_overlap``
+    (--option galvatron.tp_comm_overlap=search); ``moe`` is on (its Megatron-Core recipes run
+    Megatron-SP whenever tp > 1). ``within`` drops on for a cost model that cannot score it or
+    whose stack does not run it (off is every consumer's)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches", "cp_min_tokens"):
@@ -165,6 +175,10 @@ class SearchSpace:
         if not self.precisions or any(p not in PRECISIONS for p in self.precisions):
             raise SpecError("precisions", f"must be a non-empty subset of {', '.join(PRECISIONS)}, got {self.precisions!r}")
         fp8_recipe(self.precisions)
+        if not self.tp_comm_overlap or any(not isinstance(v, bool) for v in self.tp_comm_overlap) \
+                or len(set(self.tp_comm_overlap)) < len(self.tp_comm_overlap):
+            raise SpecError("tp_comm_overlap", f"must be distinct booleans (off False, on True), got "
+                            f"{self.tp_comm_overlap!r}")
         if not self.expert_tp or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.expert_tp):
             raise SpecError("expert_tp", f"must be integers >= 0 (0 = the layer's tp), got {self.expert_tp!r}")
 
@@ -191,11 +205,13 @@ class SearchSpace:
                        uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V))
         # Megatron-Core's MoE dimensions per layer: the megatron_moe grid, pp up to the layer
         # count and micro-batches uncapped as in it (until 2026-12-03 classic's caps, pp 8 and
-        # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach)
+        # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach); TP
+        # communication overlap on, as its MoE recipes run tp > 1 (Megatron-SP whenever tp > 1,
+        # Megatron-Core's MoELayer refuses to train tp > 1 without it)
         moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=tuple(Recompute),
                       sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON), tp_consecutive=(True,),
                       virtual_stages=(1, 2, 4), vocab_sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON),
-                      expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20)
+                      expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20, tp_comm_overlap=(True,))
         presets = {
             "full": full, "moe": moe, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
             "dp+tp": replace(classic, pp_degrees=(1,), dp_types=(DPType.DDP,)),
@@ -247,7 +263,34 @@ class SearchSpace:
         kept = tuple(p for p in self.precisions if capabilities.supports("precision", p))
         if kept and kept != self.precisions:
             changes["precisions"] = kept
+        if True in self.tp_comm_overlap and not runs_tp_overlap(capabilities):
+            changes["tp_comm_overlap"] = (False,)  # off is every consumer's
         return replace(self, **changes) if changes else self
+
+    @property
+    def overlaps_tp_comm(self) -> bool:
+        """Whether this space's plans run TP communication overlap: ``tp_comm_overlap`` is (True,)
+        (a space with both values is searched once per value, each search's space holding one)."""
+        return self.tp_comm_overlap == (True,)
+
+    def with_tp_overlap(self, value: str) -> "SearchSpace":
+        """The space with TP communication overlap ``off``, ``on`` or ``search`` (both)."""
+        values = {"off": (False,), "on": (True,), "search": (False, True)}
+        if value not in values:
+            raise SpecError("tp_comm_overlap", f"{value!r}: choose from {', '.join(values)}")
+        return replace(self, tp_comm_overlap=values[value])
+
+    def one_choice_spaces(self, per_precision: bool) -> list[tuple[str, "SearchSpace"]]:
+        """The spaces searched one after another for the choices a plan makes once, with a label
+        each: every TP-overlap value and, with ``per_precision``, every precision (each space
+        holding one value); this space alone when there is nothing to split."""
+        precisions = [(p,) for p in self.precisions] if per_precision else [self.precisions]
+        out = []
+        for p in precisions:
+            for overlap in self.tp_comm_overlap:
+                label = ", ".join(p) + (", tp overlap on" if overlap else "")
+                out.append((label, replace(self, precisions=p, tp_comm_overlap=(overlap,))))
+        return out
 
     def for_gpu(self, gpu) -> "SearchSpace":
         """The same space less the precisions ``gpu`` cannot run (FP8 without gpu.peak_fp8_tflops,
@@ -322,7 +365,7 @@ class SearchSpace:
         """Strategies of one (tp or Ulysses degree, cp, dp): sp, K/V exchange, dp type, layout, recompute."""
         out = []
         layouts = self.tp_consecutive if tp * cp > 1 and dp > 1 else (True,)
-        for sp in (self.sp if tp > 1 else (SequenceParallel.NONE,)):
+        for sp in (self._tp_sp() if tp > 1 else (SequenceParallel.NONE,)):
             # a Ulysses group of this size splits tokens, not weights: its own axis, tp 1
             split = {"tp": 1, "ulysses": tp} if sp == SequenceParallel.ULYSSES else {"tp": tp}
             uly = sp == SequenceParallel.ULYSSES
@@ -337,6 +380,13 @@ class SearchSpace:
                                                          cp_comm=comm, recompute=recompute, sp=sp,
                                                          precision=precision, **split))
         return out
+
+    def _tp_sp(self) -> tuple[str, ...]:
+        """Sequence-parallel choices beside tp > 1: under TP communication overlap not none (its
+        collectives are Megatron-SP's; Ulysses, whose weights are whole, has tp 1)."""
+        if not self.overlaps_tp_comm:
+            return self.sp
+        return tuple(sp for sp in self.sp if sp != SequenceParallel.NONE)
 
     def micro_batch_choices(self, global_batch: int, pp: int, virtual_stages: int = 1) -> list[int]:
         limit = min(self.max_micro_batches, global_batch)
@@ -359,6 +409,14 @@ class SearchSpace:
                 for zero3 in (self.vocab_zero3 if replicas > 1 else (False,)):
                     out.append(VocabChoice(v, zero3, sp))
         return out
+
+
+def runs_tp_overlap(capabilities: Capabilities) -> bool:
+    """Whether a consumer scores TP communication overlap: ``on`` supported and a declared stack
+    that runs it (its plans state the stack; a consumer declaring none states none)."""
+    stacks = capabilities.stack
+    return (capabilities.supports("tp_comm_overlap", ON) and stacks is not None
+            and any(overlaps_tp_comm(SoftwareStack(s)) for s in stacks))
 
 
 @lru_cache(maxsize=256)

@@ -11,11 +11,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from cost_models import CostModel, in_flight
+from cost_models import CostModel, LayerTime, in_flight
 from cost_models.memo import hash_once
 from planners.deadline import check
 from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
 from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, even_stage_layers
+from specs.stack import SoftwareStack
 
 _CACHES: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
 
@@ -125,6 +126,10 @@ class ComboTables:
     """Distinct dp degrees of the strategies."""
     overhead_bytes: float = 0.0
     """The cost model's runtime overhead (already taken off budget_bytes)."""
+    overlap_stack: SoftwareStack | None = None
+    """The stack whose TP communication overlap the layer times assume (SearchSpace.overlaps_tp_comm:
+    each layer's hidden TP time taken off, ``layer_seconds``), which the group's plans with a tp > 1
+    layer state with tp_comm_overlap on; None: no overlap."""
     shared: dict = field(default_factory=dict, compare=False, repr=False)
     """Answers that do not depend on the budget (memory-blind bounds), computed once per search
     (one budget) and seen by every GroupDP over these tables (``replace`` keeps the same dict).
@@ -136,9 +141,12 @@ class ComboTables:
         """The Plan that picks strategy index ``choice[l]`` for layer l and ``vocab`` for the
         embedding/head."""
         c = self.combo
-        return Plan(pp=c.pp, stage_layers=tuple(stage_layers), layers=tuple(self.strategies[i] for i in choice),
+        layers = tuple(self.strategies[i] for i in choice)
+        overlap = self.overlap_stack is not None and any(s.tp > 1 for s in layers)
+        return Plan(pp=c.pp, stage_layers=tuple(stage_layers), layers=layers,
                     global_batch=c.global_batch, micro_batches=c.micro_batches, schedule=c.schedule,
-                    vocab_tp=vocab.tp, vocab_zero3=vocab.zero3, vocab_sp=vocab.sp, **meta)
+                    vocab_tp=vocab.tp, vocab_zero3=vocab.zero3, vocab_sp=vocab.sp,
+                    **({"tp_comm_overlap": True, "stack": self.overlap_stack} if overlap else {}), **meta)
 
 
 def temp_levels(t: ComboTables) -> np.ndarray:
@@ -222,7 +230,7 @@ def _layer_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, space: 
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    shared = {"mbs": _micro_batch_sizes(combo, strategies)}
+    shared = {"mbs": _micro_batch_sizes(combo, strategies), "overlap": space.overlaps_tp_comm}
     stages = []
     for k in range(combo.pp):
         check(deadline)
@@ -230,7 +238,8 @@ def _layer_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, space: 
     return ComboTables(combo=combo, strategies=strategies, types=types, layer_type=layer_type,
                        allowed=allowed, stages=stages, vocab={}, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
-                       overhead_bytes=cost_model.runtime_overhead_bytes)
+                       overhead_bytes=cost_model.runtime_overhead_bytes,
+                       overlap_stack=cost_model.stack if space.overlaps_tp_comm else None)
 
 
 def _complete(model: ModelSpec, cost_model: CostModel, t: ComboTables, vocab_tps: list[VocabChoice],
@@ -319,7 +328,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
     mbs = shared["mbs"]
     if ("local", local) not in shared:
-        shared["local", local] = _stage_times(cm, combo, types, strategies, allowed, mbs, local, deadline)
+        shared["local", local] = _stage_times(cm, combo, types, strategies, allowed, mbs, local, shared["overlap"],
+                                              deadline)
     if ("memory", held) not in shared:
         shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
     (time_s, tail_s), (memory, temp) = shared["local", local], shared["memory", held]
@@ -367,8 +377,8 @@ def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy]
 
 
 def _stage_times(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-                 mbs: np.ndarray, local: int, deadline: float | None) -> tuple[np.ndarray, np.ndarray]:
-    """[type, strategy] per-micro-batch time and tail, asked at ``local``."""
+                 mbs: np.ndarray, local: int, overlap: bool, deadline: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """[type, strategy] per-micro-batch time (``layer_seconds``) and tail, asked at ``local``."""
     cache = memo(cm)
     time_s, tail_s = np.full((len(types), len(strategies)), np.inf), np.full((len(types), len(strategies)), np.inf)
     for ti, layer in enumerate(types):
@@ -378,8 +388,14 @@ def _stage_times(cm: CostModel, combo: Combo, types: list, strategies: list[Laye
             if lt is None:
                 check(deadline)
                 lt = cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
-            time_s[ti, si], tail_s[ti, si] = lt.micro_batch_s, lt.tail_s
+            time_s[ti, si], tail_s[ti, si] = layer_seconds(lt, overlap), lt.tail_s
     return time_s, tail_s
+
+
+def layer_seconds(lt: LayerTime, overlap: bool) -> float:
+    """What a layer adds to its stage's time per micro-batch, as plan_cost charges it
+    (LayerTime.micro_batch_s_of): with TP communication ``overlap``, less what its GEMMs hide."""
+    return lt.micro_batch_s - lt.tp_hidden_s if overlap else lt.micro_batch_s
 
 
 def _stage_relayouts(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy],

@@ -11,14 +11,15 @@ from typing import Any, Iterator
 import frameworks
 from frameworks.base import schedule_fields, vocab_sharded
 from cost_models import CostModel
-from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result, pop_options,
-                           scored_result)
+from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats, infeasible_result, overlapped,
+                           pop_options, scored_result)
 from planners.galvatron import GalvatronPlanner
 from planners.registry import register
-from planners.space import SearchSpace
+from planners.space import SearchSpace, runs_tp_overlap
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 from specs.precision import Precision
 from specs.schedules import schedule_entry
+from specs.stack import SoftwareStack
 from specs.units import GIB
 
 TARGETS = ("none", "megatron", "torchtitan", "deepspeed", "galvatron")
@@ -30,6 +31,11 @@ SCHEDULES = {"megatron": (Schedule.ONE_F_ONE_B,),
 torchtitan's V-shaped ZBVZeroBubble and DualPipeV are tried at 1F1B's micro-batch counts, as the
 unrestricted search tries them; its LoopedBFS, which the full space does not search (it holds
 every micro-batch, as GPipe), is exported and imported but not searched."""
+TP_OVERLAP_TARGETS = ("megatron", "torchtitan")
+"""Targets whose files carry TP communication overlap: Megatron's tp_comm_overlap (Transformer
+Engine's userbuffers) and torchtitan's async TP, which needs torch.compile (its export refuses
+it under any other stack, so only a compile cost model's plans carry it); DeepSpeed's and
+Galvatron's files have none."""
 GALVATRON_FAMILIES = ((DPType.DDP, DPType.ZERO3), (DPType.ZERO2, DPType.ZERO3))
 """A Galvatron file names one default dp type (ddp or zero2) besides per-layer ZeRO-3."""
 NONE, MEGATRON_SP = SequenceParallel.NONE, SequenceParallel.MEGATRON
@@ -61,14 +67,18 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     }
     if name not in spaces:
         raise SpecError("target", f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
+    if name == "none" or name in TP_OVERLAP_TARGETS:  # both ways (none: no target's plan may beat it);
+        spaces[name] = replace(spaces[name], tp_comm_overlap=(False, True))  # within() drops what cannot be scored
     # the uniform targets' schedules are SCHEDULES' (uniform_plans), Galvatron's 1F1B
     return spaces[name] if name == "none" else replace(spaces[name], uniform_schedules=())
 
 
 def uniform_plans(target: str, model: ModelSpec, cluster: ClusterSpec, batch: int,
-                  space: SearchSpace) -> Iterator[Plan]:
+                  space: SearchSpace, overlap_stack: SoftwareStack | None = None) -> Iterator[Plan]:
     """Every uniform plan of ``space`` at global batch ``batch`` (even stages, the vocabulary split
-    like the layers) that framework ``target`` exports without refusal."""
+    like the layers) that framework ``target`` exports without refusal; with ``overlap_stack``
+    (where the space searches TP communication overlap), also each one that can run it with it on,
+    stating that stack."""
     framework = frameworks.get(target)
     for pp in space.pp_choices(model, cluster):
         if model.num_layers % pp:
@@ -78,8 +88,10 @@ def uniform_plans(target: str, model: ModelSpec, cluster: ClusterSpec, batch: in
                 for v, counts in _micro_batch_counts(space, schedule, batch, pp):
                     for m in counts:
                         plan = _uniform(model, cluster, s, pp, m, v, batch, schedule)
-                        if plan is not None and _launchable(framework, plan, model, cluster):
-                            yield plan
+                        if plan is None:
+                            continue
+                        on = overlapped(plan, overlap_stack) if overlap_stack is not None else None
+                        yield from (p for p in (plan, on) if p is not None and _launchable(framework, p, model, cluster))
 
 
 def _micro_batch_counts(space: SearchSpace, schedule: str, batch: int, pp: int) -> Iterator[tuple[int, list[int]]]:
@@ -152,8 +164,9 @@ class TargetPlanner(Planner):
 def _best_uniform(name: str, target: str, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                   space: SearchSpace, top_k: int) -> PlanResult:
     scored, smallest, tried = [], None, 0
+    overlap = True in space.tp_comm_overlap and runs_tp_overlap(cost_model.capabilities)
     for batch in budget.global_batches():
-        for plan in uniform_plans(target, model, cluster, batch, space):
+        for plan in uniform_plans(target, model, cluster, batch, space, cost_model.stack if overlap else None):
             cost = cost_model.plan_cost(model, plan)
             tried += 1
             smallest = cost.peak_memory_bytes if smallest is None else min(smallest, cost.peak_memory_bytes)

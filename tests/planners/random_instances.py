@@ -15,9 +15,12 @@ from dataclasses import replace
 import numpy as np
 
 from cost_models import CostModel, LayerTime, MemoryBreakdown
+from cost_models.tp_overlap import OverlapPair
 from planners import Budget, SearchSpace
 from specs import (ClusterSpec, EmbeddingSpec, GPUSpec, HeadSpec, IntraNodeLink, LayerSpec, ModelSpec,
                    Plan)
+from specs.capabilities import Capabilities
+from specs.stack import SoftwareStack
 
 KIB = 1024
 TICK_S = 1e-7
@@ -101,6 +104,24 @@ class RandomCostModel(CostModel):
     def vocab_relayout_time(self, model, plan: Plan, layer_index, strategy):
         rng = self._rng("vr", layer_index == 0, plan.vocab_tp, strategy.tp, strategy.dp, strategy.tp_consecutive)
         return self._ticks(rng, 0, 1500)
+
+
+class OverlapCostModel(RandomCostModel):
+    """RandomCostModel on the megatron-te stack, whose Megatron-SP layers pair a random share of
+    their TP time with GEMMs (LayerTime.tp_overlap): what a plan with tp_comm_overlap hides."""
+
+    name = "random-overlap-test"
+    stack = SoftwareStack.MEGATRON_TE
+    capabilities = Capabilities(stack=frozenset({SoftwareStack.MEGATRON_TE}))
+
+    def layer_time(self, layer, strategy, micro_batch_size, micro_batches, first_rank=0):
+        lt = super().layer_time(layer, strategy, micro_batch_size, micro_batches, first_rank)
+        if not strategy.megatron_sp or strategy.tp <= 1:
+            return lt
+        rng = self._rng("o", layer.seq_len, strategy, micro_batch_size)
+        hidden = int(rng.integers(0, 5000)) * TICK_S
+        pair = OverlapPair("F", "all_gather", lt.tp_comm_s, hidden, 2 * hidden)
+        return replace(lt, tp_overlap=(pair,))
 
 
 def tiny_cluster(gpus: int = 4) -> ClusterSpec:

@@ -46,7 +46,7 @@ def test_each_targets_plans_export_without_refusal(results):
 
 def test_restricted_best_is_at_most_the_exact_unrestricted_optimum(results, cost_model):
     exact = get("galvatron").plan(MODEL, CLUSTER, BUDGET, cost_model,
-                                  {"space": SearchSpace.preset("full"), "mode": "exact"})
+                                  {"space": SearchSpace.preset("full"), "mode": "exact", "tp_comm_overlap": "search"})
     assert exact.feasible
     for target, r in results.items():
         assert r.throughput_samples_per_s <= exact.throughput_samples_per_s * (1 + 1e-9), target
@@ -59,9 +59,9 @@ def test_the_dp_targets_search_the_budget_less_one_reserve(cost_model, monkeypat
     from planners.galvatron import GalvatronPlanner
     seen, search = [], GalvatronPlanner._search
 
-    def spy(self, model, cluster, budget, cm, options):
+    def spy(self, model, cluster, budget, cm, options, *deadline):
         seen.append(budget.memory_gib)
-        return search(self, model, cluster, budget, cm, options)
+        return search(self, model, cluster, budget, cm, options, *deadline)
 
     monkeypatch.setattr(GalvatronPlanner, "_search", spy)
     budget = Budget(memory_gib=80, global_batch=16)
