@@ -93,10 +93,14 @@ class LayerTime:
         """What of ``tp_comm_s`` the paired GEMMs cover under TP communication overlap."""
         return sum(p.hidden_s for p in self.tp_overlap)
 
+    def overlapped_micro_batch_s(self, tp_comm_overlap: bool) -> float:
+        """``micro_batch_s``, less ``tp_hidden_s`` under TP communication overlap."""
+        return self.micro_batch_s - self.tp_hidden_s if tp_comm_overlap else self.micro_batch_s
+
     def micro_batch_s_of(self, plan: Plan) -> float:
         """``micro_batch_s`` in ``plan``: less ``tp_hidden_s`` under its tp_comm_overlap, plus the
         causal imbalance under its cp_load_balance none."""
-        return (self.micro_batch_s - (self.tp_hidden_s if plan.tp_comm_overlap else 0.0)
+        return (self.overlapped_micro_batch_s(plan.tp_comm_overlap)
                 + (self.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE else 0.0))
 
     @property

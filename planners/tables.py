@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from cost_models import CostModel, LayerTime, in_flight
+from cost_models import CostModel, in_flight
 from cost_models.memo import hash_once
 from planners.deadline import check
 from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
@@ -128,8 +128,8 @@ class ComboTables:
     """The cost model's runtime overhead (already taken off budget_bytes)."""
     overlap_stack: SoftwareStack | None = None
     """The stack whose TP communication overlap the layer times assume (SearchSpace.overlaps_tp_comm:
-    each layer's hidden TP time taken off, ``layer_seconds``), which the group's plans with a tp > 1
-    layer state with tp_comm_overlap on; None: no overlap."""
+    each layer's hidden TP time taken off, LayerTime.overlapped_micro_batch_s), which the group's
+    plans with a tp > 1 layer state with tp_comm_overlap on; None: no overlap."""
     shared: dict = field(default_factory=dict, compare=False, repr=False)
     """Answers that do not depend on the budget (memory-blind bounds), computed once per search
     (one budget) and seen by every GroupDP over these tables (``replace`` keeps the same dict).
@@ -378,7 +378,8 @@ def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy]
 
 def _stage_times(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
                  mbs: np.ndarray, local: int, overlap: bool, deadline: float | None) -> tuple[np.ndarray, np.ndarray]:
-    """[type, strategy] per-micro-batch time (``layer_seconds``) and tail, asked at ``local``."""
+    """[type, strategy] per-micro-batch time (LayerTime.overlapped_micro_batch_s: as plan_cost
+    charges it under the space's TP communication ``overlap``) and tail, asked at ``local``."""
     cache = memo(cm)
     time_s, tail_s = np.full((len(types), len(strategies)), np.inf), np.full((len(types), len(strategies)), np.inf)
     for ti, layer in enumerate(types):
@@ -388,14 +389,8 @@ def _stage_times(cm: CostModel, combo: Combo, types: list, strategies: list[Laye
             if lt is None:
                 check(deadline)
                 lt = cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
-            time_s[ti, si], tail_s[ti, si] = layer_seconds(lt, overlap), lt.tail_s
+            time_s[ti, si], tail_s[ti, si] = lt.overlapped_micro_batch_s(overlap), lt.tail_s
     return time_s, tail_s
-
-
-def layer_seconds(lt: LayerTime, overlap: bool) -> float:
-    """What a layer adds to its stage's time per micro-batch, as plan_cost charges it
-    (LayerTime.micro_batch_s_of): with TP communication ``overlap``, less what its GEMMs hide."""
-    return lt.micro_batch_s - lt.tp_hidden_s if overlap else lt.micro_batch_s
 
 
 def _stage_relayouts(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy],
