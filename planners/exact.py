@@ -19,7 +19,7 @@ from planners import count_formulation
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.deadline import passed
 from planners.formulation import Formulation, build
-from planners.galvatron import GalvatronPlanner, resolve_space, union
+from planners.galvatron import GalvatronPlanner, resolve_space, search_each, union
 from planners.outer import OuterState, finish, lower_bound_s, run_outer
 from planners.segments import GroupDP, GroupSolution
 from specs import ClusterSpec, ModelSpec, SpecError
@@ -209,14 +209,9 @@ class ExactPlanner(Planner):
                     ) -> PlanResult:
         """One search per (label, space) of SearchSpace.one_choice_spaces, each with the time the
         ones before left, the best kept (planners.galvatron.union)."""
-        results, skipped = [], []
-        for label, space in spaces:
-            left_s = deadline - time.monotonic()
-            if results and left_s <= 0:
-                skipped.append(label)
-                continue
-            sub = {**options, "space": space, "time_limit_s": max(left_s, 1e-3)}
-            results.append(self._search(model, cluster, budget, cost_model, sub))
+        results, skipped = search_each(spaces, deadline, lambda space: self._search(
+            model, cluster, budget, cost_model,
+            {**options, "space": space, "time_limit_s": max(deadline - time.monotonic(), 1e-3)}))
         return union(self.name, results, top_k, skipped, time_limit(options.get("time_limit_s",
                                                                                  self.defaults["time_limit_s"])))
 

@@ -187,14 +187,23 @@ class GalvatronPlanner(Planner):
         search that has no time left is not started)."""
         limit = opts["time_limit_s"]
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
-        results, skipped = [], []
-        for label, space in spaces:
-            if results and passed(deadline):
-                skipped.append(label)
-                continue
-            sub = {**given, "space": space, "precision_per": "layer", "tp_comm_overlap": None}
-            results.append(self._search(model, cluster, budget, cost_model, sub, deadline))
+        results, skipped = search_each(spaces, deadline, lambda space: self._search(
+            model, cluster, budget, cost_model,
+            {**given, "space": space, "precision_per": "layer", "tp_comm_overlap": None}, deadline))
         return union(self.name, results, int(opts["top_k"]), skipped, limit)
+
+
+def search_each(spaces: list[tuple[str, SearchSpace]], deadline: float | None,
+                search: Callable[[SearchSpace], PlanResult]) -> tuple[list[PlanResult], list[str]]:
+    """``search`` over each (label, space) in turn, and the labels of those not started because
+    ``deadline`` (time.monotonic) had passed (the first always runs): what ``union`` takes."""
+    results, skipped = [], []
+    for label, space in spaces:
+        if results and passed(deadline):
+            skipped.append(label)
+            continue
+        results.append(search(space))
+    return results, skipped
 
 
 def union(name: str, results: list[PlanResult], top_k: int, skipped: list[str], limit_s: float | None
