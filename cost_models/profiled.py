@@ -25,7 +25,7 @@ from specs.profile_format import Profile, ProfileError, load_profile
 from cost_models.registry import register
 from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel,
                    SpecError, load_model)
-from specs.capabilities import BF16_ONLY, NO_TP_OVERLAP, Capabilities
+from specs.capabilities import ALL_TO_ALL_ONLY, BF16_ONLY, NO_TP_OVERLAP, Capabilities
 from specs.schedules import OpKind, schedule_entry
 
 TP_ALLREDUCES_PER_PASS = 2
@@ -139,9 +139,10 @@ class ProfiledModel(CostModel):
 
     name = "profiled"
     rank_symmetric = True
-    capabilities = Capabilities(precision=BF16_ONLY, tp_comm_overlap=NO_TP_OVERLAP)
-    """Every axis but FP8 and TP communication overlap: the profiles measure BF16 kernels and whole
-    layers, not the GEMMs a TP collective would run beside (docs/profile_format.md)."""
+    capabilities = Capabilities(precision=BF16_ONLY, tp_comm_overlap=NO_TP_OVERLAP, ep_dispatcher=ALL_TO_ALL_ONLY)
+    """Every axis but FP8, TP communication overlap and DeepEP: the profiles measure BF16 kernels and whole
+    layers, not the GEMMs a TP collective would run beside (docs/profile_format.md), and its expert
+    all-to-alls come from its own all-to-all table, which holds no DeepEP kernel."""
     lazy_gradients = True  # the executor's .grad (first_backward_overlap is the same fact)
     sync_bucket_bytes = 0.0  # the executor reduces each layer's gradients on their own (executor/parallel/data.py)
     # not linear_in_flight: with every micro-batch in flight the gradients take the place of

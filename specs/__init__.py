@@ -1,5 +1,6 @@
 """The shared vocabulary: ModelSpec (what), ClusterSpec (on what), Plan (how), and the zoo."""
-from specs.axes import DENSE_AXES, EXPERT_AXES, GRAD_SYNC_AXES, SPLIT_AXES, CPComm, CPLoadBalance, Degrees
+from specs.axes import (DENSE_AXES, EXPERT_AXES, GRAD_SYNC_AXES, SPLIT_AXES, CPComm, CPLoadBalance, Degrees,
+                        EPDispatcher)
 from specs.cluster import ClusterSpec, GPUSpec, GroupLink, InterNodeLink, IntraNodeLink
 from specs.errors import SpecError
 from specs.galvatron_io import load_galvatron_plan, plan_from_galvatron, plan_to_galvatron, save_galvatron_plan
@@ -17,7 +18,7 @@ ModelSpec.from_hf_config = staticmethod(from_hf_config)  # type: ignore[attr-def
 
 __all__ = [
     "ClusterSpec", "GPUSpec", "GroupLink", "InterNodeLink", "IntraNodeLink", "DENSE_AXES", "EXPERT_AXES",
-    "GRAD_SYNC_AXES", "SPLIT_AXES", "CPComm", "CPLoadBalance", "Degrees", "RankGrid", "RankGroups", "layer_grid", "stage_grid",
+    "GRAD_SYNC_AXES", "SPLIT_AXES", "CPComm", "CPLoadBalance", "Degrees", "EPDispatcher", "RankGrid", "RankGroups", "layer_grid", "stage_grid",
     "SpecError", "load_galvatron_plan", "plan_from_galvatron", "plan_to_galvatron",
     "save_galvatron_plan", "from_hf_config", "model_from_dict", "EmbeddingSpec", "HeadSpec",
     "LayerSpec", "ModelSpec", "DP_TYPES", "PLAN_VERSION", "SCHEDULES", "DPType", "LayerStrategy", "Plan", "Recompute",

@@ -78,6 +78,17 @@ class CPLoadBalance(StrEnum):
     the rank with the most unmasked work."""
 
 
+class EPDispatcher(StrEnum):
+    """How a plan's MoE layers send tokens to their experts over ep ranks and back (one choice per plan)."""
+
+    ALL_TO_ALL = "all_to_all"
+    """A pairwise all-to-all of the routed copies (Megatron-Core's ``alltoall`` dispatcher, torch's
+    all_to_all_single): a token goes once per expert it is routed to."""
+    DEEPEP = "deepep"
+    """DeepSeek's DeepEP normal kernels: a token goes once per destination scale-up domain over the
+    network (RDMA), then once per destination GPU inside that domain over NVLink; combine is the reverse."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Degrees:
     """The parallel degrees of one layer on its stage, by axis name. Built by

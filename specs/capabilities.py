@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Callable
 
 from specs.errors import SpecError
-from specs.axes import CPComm, CPLoadBalance
+from specs.axes import CPComm, CPLoadBalance, EPDispatcher
 from specs.plan import DPType, LayerStrategy, Plan, Recompute, Schedule, SequenceParallel
 from specs.precision import Precision
 from specs.stack import SoftwareStack
@@ -20,6 +20,8 @@ ON = "on"
 """``tp_comm_overlap`` on."""
 NO_TP_OVERLAP = frozenset({OFF})
 """The ``tp_comm_overlap`` of a consumer that does not run TP communication overlap."""
+ALL_TO_ALL_ONLY = frozenset({EPDispatcher.ALL_TO_ALL})
+"""The ``ep_dispatcher`` of a consumer that runs (or prices) the plain all-to-all only, not DeepEP."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +53,8 @@ class Capabilities:
     """The software stack a plan states (SoftwareStack values; a plan that states none passes)."""
     tp_comm_overlap: frozenset[str] | None = None
     """TP communication overlap (Plan.tp_comm_overlap): ``on`` or ``off``."""
+    ep_dispatcher: frozenset[str] | None = None
+    """How a plan with an ep > 1 layer dispatches tokens to experts (Plan.ep_dispatcher, EPDispatcher values)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -94,6 +98,7 @@ PLAN_AXES: dict[str, Callable[[Plan], object]] = {
     "cp_load_balance": lambda plan: plan.cp_load_balance if any(s.cp > 1 for s in plan.layers) else None,
     "stack": lambda plan: plan.stack,
     "tp_comm_overlap": lambda plan: ON if plan.tp_comm_overlap else OFF,
+    "ep_dispatcher": lambda plan: plan.ep_dispatcher if any(s.ep > 1 for s in plan.layers) else None,
 }
 """How each whole-plan axis reads its value."""
 
@@ -107,7 +112,7 @@ def refusal(who: str, where: str, axis: str, value: object, capabilities: Capabi
 
 
 _ENUM_ORDER = [str(v) for enum in (DPType, SequenceParallel, Recompute, Schedule, CPComm, CPLoadBalance, Precision,
-                                          SoftwareStack)
+                                          SoftwareStack, EPDispatcher)
                for v in enum]
 
 

@@ -92,9 +92,20 @@ def _qwen3_moe(c: Config) -> MoESpec:
 def _deepseek_moe(c: Config) -> MoESpec:
     e = c.int("n_routed_experts", default=256)
     shared = c.count("n_shared_experts", 1)
+    groups, per_token = _deepseek_groups(c)
     return MoESpec(num_experts=e, top_k=_top_k(c, "n_routed_experts", e, 8),
                    expert_ffn_hidden_size=c.int("moe_intermediate_size", default=2048),
-                   num_shared_experts=shared)
+                   num_shared_experts=shared, expert_groups=groups, groups_per_token=per_token)
+
+
+def _deepseek_groups(c: Config) -> tuple[int, int | None]:
+    """(n_group, topk_group) of DeepSeek's group-limited routing; (1, None) where the config has no
+    groups or its ``topk_method`` is ``greedy`` (DeepSeek-V2-Lite: n_group 1, groups unused)."""
+    groups = c.count("n_group", 1) or 1
+    if groups == 1 or c.raw.get("topk_method") == "greedy":
+        return 1, None
+    per_token = c.count("topk_group", groups) or groups
+    return groups, per_token if per_token < groups else None
 
 
 def _deepseek_mla(c: Config) -> MLASpec:

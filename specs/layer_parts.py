@@ -7,8 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specs.errors import SpecError, positive_int, positive_number, require
+from specs.errors import SpecError, one_of, positive_int, positive_number, require
 from specs.limits import check_int_fields
+
+LEARNED = "learned"
+"""MoESpec.routing: the model's own router, taken as routing each token uniformly over the experts it may
+choose (the groups' limit, when set, first): what a router trained to balance gives on average."""
+FAKE_BALANCED = "fake_balanced"
+"""MoESpec.routing: NeMo AutoModel's FakeBalancedGate (``fake_balanced_gate: true`` in its benchmark recipes):
+token t of a rank's micro-batch goes to experts (k t + j) mod E, j < k: k consecutive experts, every expert
+the same load."""
+ROUTINGS = (LEARNED, FAKE_BALANCED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +42,15 @@ class MoESpec:
     """Tokens an expert takes, as a multiple of an even share (tokens * k / E); overflow is
     dropped and free slots are padded, so experts compute capacity_factor * tokens * k token
     passes. 0 = dropless (exactly tokens * k)."""
+    expert_groups: int = 1
+    """The routed experts in this many equal groups of consecutive experts (DeepSeek's ``n_group``)."""
+    groups_per_token: int | None = None
+    """Group-limited routing: a token's k experts lie in at most this many of the ``expert_groups``
+    (DeepSeek-V3's ``topk_group`` 4 of ``n_group`` 8; its groups align with nodes, so at most 4 nodes);
+    None: any k experts."""
+    routing: str = LEARNED
+    """Which experts a token goes to: ``learned`` (ROUTINGS; uniform over the allowed experts on
+    average) or ``fake_balanced`` (a benchmark's fixed gate); what the expert dispatch sends where."""
 
     def __post_init__(self) -> None:
         for name in ("num_experts", "top_k", "expert_ffn_hidden_size"):
@@ -45,6 +63,28 @@ class MoESpec:
                 raise SpecError(f"moe.{name}", f"must be an integer >= 0, got {value!r}")
         positive_number(self.capacity_factor, "moe.capacity_factor", allow_zero=True)
         check_int_fields(self, "moe.")
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        """expert_groups divides the experts; groups_per_token within it and holding k experts; a known routing."""
+        positive_int(self.expert_groups, "moe.expert_groups")
+        require(self.num_experts % self.expert_groups == 0, "moe.expert_groups",
+                f"{self.expert_groups} does not divide num_experts({self.num_experts})")
+        one_of(self.routing, ROUTINGS, "moe.routing")
+        if self.groups_per_token is None:
+            return
+        positive_int(self.groups_per_token, "moe.groups_per_token")
+        require(self.groups_per_token <= self.expert_groups, "moe.groups_per_token",
+                f"{self.groups_per_token} > expert_groups({self.expert_groups})")
+        allowed = self.groups_per_token * self.num_experts // self.expert_groups
+        require(allowed >= self.top_k, "moe.groups_per_token",
+                f"{self.groups_per_token} groups of {self.num_experts // self.expert_groups} experts hold "
+                f"{allowed} < top_k({self.top_k})")
+
+    @property
+    def group_limited(self) -> bool:
+        """A token's experts are confined to fewer groups than there are."""
+        return self.groups_per_token is not None and self.groups_per_token < self.expert_groups
 
     @property
     def shared_ffn_hidden_size(self) -> int:

@@ -62,6 +62,10 @@ COUNT_LIMITS: dict[str, tuple[int, str]] = {
     "n_shared_experts": (MAX_EXPERTS, "one expert per rank at most MAX_GPUS"),
     "top_k": (MAX_EXPERTS, "at most the experts"),
     "num_experts_per_tok": (MAX_EXPERTS, "at most the experts"),
+    "expert_groups": (MAX_EXPERTS, "at most the experts"),
+    "n_group": (MAX_EXPERTS, "at most the experts"),
+    "groups_per_token": (MAX_EXPERTS, "at most the experts"),
+    "topk_group": (MAX_EXPERTS, "at most the experts"),
 }
 """The one table of limits on integer fields (of model files, Hugging Face configs and the
 layer dataclasses), by field name; every other width, length or count is at most MAX_WIDTH."""

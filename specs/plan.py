@@ -8,7 +8,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, SequenceParallel
+from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, EPDispatcher, SequenceParallel
 from specs.errors import SpecError, check_fields, load_json_with, member, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.hashing import cached_hash, without_cached_hash
@@ -221,6 +221,10 @@ class Plan:
     GEMMs that consume or produce their tensors (specs.stack.overlaps_tp_comm: Transformer Engine's
     userbuffers under megatron-te, torchtitan's async TP under compile). Needs a tp > 1 layer,
     Megatron-SP on every tp > 1 layer and a stated stack that runs it."""
+    ep_dispatcher: EPDispatcher = EPDispatcher.ALL_TO_ALL
+    """How the MoE layers' tokens reach their experts (EPDispatcher): ``all_to_all`` (every routed copy
+    sent on its own) or ``deepep`` (DeepEP: once per destination scale-up domain over the network, then
+    over NVLink inside it). ``deepep`` needs a layer with ep > 1 and a cluster whose nodes are NVLink."""
     model: str = ""
     """Zoo name or config path of the model this plan is for (informative)."""
     cluster: str = ""
@@ -253,6 +257,7 @@ class Plan:
         if self.stack is not None:
             object.__setattr__(self, "stack", software_stack(self.stack))
         self._check_tp_comm_overlap()
+        self._check_ep_dispatcher()
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
@@ -282,6 +287,13 @@ class Plan:
             if not s.megatron_sp:
                 raise SpecError("tp_comm_overlap", f"true needs sp megatron on every tp > 1 layer: layer {i} "
                                 f"has tp {s.tp}, sp {s.sp}")
+
+    def _check_ep_dispatcher(self) -> None:
+        """ep_dispatcher: an EPDispatcher; deepep only where a layer splits its experts over ep > 1 ranks."""
+        object.__setattr__(self, "ep_dispatcher", member(self.ep_dispatcher, EPDispatcher, "ep_dispatcher"))
+        if self.ep_dispatcher == EPDispatcher.DEEPEP and not any(s.ep > 1 for s in self.layers):
+            raise SpecError("ep_dispatcher", f"deepep needs a layer with ep > 1 (ep {max(s.ep for s in self.layers)} "
+                            "on every layer): with no expert split there is nothing to dispatch")
 
     def _checked_chunk_layers(self) -> tuple[int, ...]:
         """``chunk_layers`` validated against the stages, stored empty when it is the default split."""
@@ -388,6 +400,8 @@ class Plan:
             head += f" cp-order {self.cp_load_balance}"
         if self.tp_comm_overlap:
             head += " tp-overlap"
+        if self.ep_dispatcher != EPDispatcher.ALL_TO_ALL:
+            head += f" {self.ep_dispatcher}"
         vocab = [f"tp{self.vocab_tp}"] if self.vocab_tp > 1 else []
         vocab += {"megatron": ["sp"], "ulysses": ["uly"]}.get(self.vocab_sp, []) + (["zero3"] if self.vocab_zero3 else [])
         parts = [head + (f" vocab {'/'.join(vocab)}" if vocab else "")]
@@ -432,6 +446,9 @@ class Plan:
             _check_layer(i, s, spec, self.global_batch, self.micro_batches)
             passed.add(key)
         self._check_vocab(model, per_stage)
+        if self.ep_dispatcher == EPDispatcher.DEEPEP and cluster.intra_node.kind not in ("nvswitch", "nvlink"):
+            raise SpecError("ep_dispatcher", f"deepep needs NVLink between a node's GPUs (DeepEP's intranode "
+                            f"kernels): cluster {cluster.name}'s intra-node link is {cluster.intra_node.kind}")
         refused = gpu_refusal(self.precision, cluster.gpu) if self.precision.is_fp8 else None
         if refused:
             first = next(i for i, s in enumerate(self.layers) if s.precision == self.precision)
@@ -503,6 +520,10 @@ class Plan:
                 del d[key]
         if not self.tp_comm_overlap:  # written only when on: older files and hashes stay as they were
             del d["tp_comm_overlap"]
+        if self.ep_dispatcher == EPDispatcher.ALL_TO_ALL:  # written only when not the default, likewise
+            del d["ep_dispatcher"]
+        else:
+            d["ep_dispatcher"] = str(self.ep_dispatcher)
         return d
 
     @classmethod

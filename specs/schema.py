@@ -186,6 +186,8 @@ class PlanFile(BaseModel):
     stack: Literal[_STACK_NAMES] | None = None  # type: ignore[valid-type]
     tp_comm_overlap: bool = False
     """Plan.tp_comm_overlap; files without it do not overlap."""
+    ep_dispatcher: Literal["all_to_all", "deepep"] = "all_to_all"
+    """Plan.ep_dispatcher; files without it dispatch by all-to-all."""
     virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
     chunk_layers: list[Layers] = []
     model: str = ""
