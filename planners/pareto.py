@@ -98,8 +98,10 @@ def prune_fast(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarr
 GRID_ABOVE = 2_000
 """Points beyond which prune_fast first drops those a grid of cells finds dominated (on
 DeepSeek-V3's count frontiers, a few thousand points, under a third are left)."""
-GRID_BUCKETS = 64
-"""Memory buckets of that grid (per level)."""
+GRID_BUCKETS = 256
+"""Memory buckets of that grid (per level). Finer buckets leave fewer points to sort: on count
+frontiers of llama3-70b on 1024 H100 (~49,000 sums) 64 buckets left ~13,200, 256 ~11,200, and
+prune_fast took 6.5 ms against 8.6; on DeepSeek-V3's 2.6 against 4.0 ms (512 buckets: no faster)."""
 
 
 def _grid_survivors(level: np.ndarray, mem: np.ndarray, cost: np.ndarray) -> np.ndarray:
