@@ -3,6 +3,9 @@ Transformer activation bytes (Korthikanti et al. 2022), per docs/cost_models.md 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
+
 from cost_models import context, experts, fp8
 from cost_models.base import MemoryBreakdown
 from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy, Recompute, SequenceParallel
@@ -190,13 +193,7 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
     With an expert split the routed experts' states are / (ep * etp), ZeRO-sharded over expert dp.
     FP8 layers add their FP8 weight copies and keep FP8 inputs of their linear layers (fp8.py).
     ``weight_bytes``: the working dtype's bytes per weight (model_state_bytes)."""
-    states, temporary = MemoryBreakdown(), 0.0
-    for part in experts.sync_parts(layer, strategy, 0, (), params):
-        kept_copies, gathered_copies = fp8.weight_copy_bytes(part.params, part.dp_type, part.size, strategy.precision)
-        states = states + model_state_bytes(part.params, part.dp_type, part.size, weight_bytes) + \
-            MemoryBreakdown(parameters_bytes=kept_copies)
-        transient = gradient_sync_transient_bytes(part.params, part.dp_type, part.size, weight_bytes)
-        temporary += gathered_copies or transient  # FP8 ZeRO-3 gathers FP8 copies, not BF16 weights
+    states, temporary = layer_state_bytes(layer, strategy, params, weight_bytes)
     kept = activation_bytes(layer, strategy, micro_batch_size, imbalance) if kept_bytes is None else kept_bytes
     if strategy.checkpoint:
         temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size, imbalance)
@@ -209,6 +206,23 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
                            temporary_bytes=temporary)
 
 
+@lru_cache(maxsize=65536)
+def layer_state_bytes(layer: LayerSpec, strategy: LayerStrategy, params: float | None = None,
+                      weight_bytes: int = WEIGHT_BYTES_PER_PARAM) -> tuple[MemoryBreakdown, float]:
+    """(states, their temporaries) of layer_memory: the local shard's weights, gradients and
+    optimizer state per sync part, FP8 weight copies, and what a gradient sync or a ZeRO-3
+    gather holds while it runs; independent of the micro-batch, so worked out once per layer
+    and strategy (planners ask the same pair at every micro-batch size)."""
+    states, temporary = MemoryBreakdown(), 0.0
+    for part in experts.sync_parts(layer, strategy, 0, (), params):
+        kept_copies, gathered_copies = fp8.weight_copy_bytes(part.params, part.dp_type, part.size, strategy.precision)
+        states = states + model_state_bytes(part.params, part.dp_type, part.size, weight_bytes) + \
+            MemoryBreakdown(parameters_bytes=kept_copies)
+        transient = gradient_sync_transient_bytes(part.params, part.dp_type, part.size, weight_bytes)
+        temporary += gathered_copies or transient  # FP8 ZeRO-3 gathers FP8 copies, not BF16 weights
+    return states, temporary
+
+
+@lru_cache(maxsize=65536)
 def _without_checkpoint(strategy: LayerStrategy) -> LayerStrategy:
-    from dataclasses import replace
     return replace(strategy, recompute="none")
