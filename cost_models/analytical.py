@@ -102,6 +102,7 @@ class ComputeTime:
     pass_comm_s: float
     ep_comm_s: float
     cp: context.CPTime
+    ep_deepep_s: float = 0.0
     tp_overlap: tuple[tp_overlap.OverlapPair, ...] = ()
 
 
@@ -255,7 +256,7 @@ class AnalyticalModel(CostModel):
                          cp_core_fwd_s=cp.core_fwd_s, cp_core_bwd_s=cp.core_bwd_s,
                          dp_comm_s=traffic.total_s(micro_batches), exposed_dp_comm_s=tail,
                          exposed_micro_batch_dp_s=per_mb, ep_comm_s=c.ep_comm_s,
-                         update_s=update_s, tp_overlap=c.tp_overlap)
+                         ep_deepep_s=c.ep_deepep_s, update_s=update_s, tp_overlap=c.tp_overlap)
 
     def _compute_compute(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int,
                          tp_groups: RankGroups) -> "ComputeTime":
@@ -274,8 +275,10 @@ class AnalyticalModel(CostModel):
         weight_grad_s = own_backward_s * wgrad[0] / bwd[0] if bwd[0] > 0 else 0.0
         ep_comm_s = experts.dispatch_time_s(self.all_to_all_time, layer, strategy, mbs, first_rank,
                                             self.expert_imbalance)
+        ep_deepep_s = experts.deepep_time_s(self.all_to_all_time, self.cluster, layer, strategy, mbs, first_rank,
+                                            self.expert_imbalance)
         return ComputeTime(forward_s=forward_s, backward_s=backward_s, weight_grad_s=weight_grad_s,
-                           tp_comm_s=tp_comm_s, pass_comm_s=pass_comm_s, ep_comm_s=ep_comm_s,
+                           tp_comm_s=tp_comm_s, pass_comm_s=pass_comm_s, ep_comm_s=ep_comm_s, ep_deepep_s=ep_deepep_s,
                            cp=self.cp_time(layer, strategy, mbs, first_rank),
                            tp_overlap=self._tp_overlap(layer, strategy, mbs, tp_groups, gemms))
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar, Sequence
 
-from specs import ClusterSpec, CPLoadBalance, LayerSpec, LayerStrategy, ModelSpec, Plan, stage_grid
+from specs import ClusterSpec, CPLoadBalance, EPDispatcher, LayerSpec, LayerStrategy, ModelSpec, Plan, stage_grid
 from cost_models.reserve import DEFAULT_RESERVE, AllocatorReserve
 from cost_models.tp_overlap import OverlapPair
 from specs.capabilities import EVERYTHING, Capabilities, check_supported
@@ -66,6 +66,9 @@ class LayerTime:
     ep_comm_s: float = 0.0
     """Expert-parallel all-to-alls (dispatch and combine) of one micro-batch, forward and
     backward, on the critical path (cost_models/experts.py)."""
+    ep_deepep_s: float = 0.0
+    """The same dispatches and combines by DeepEP (cost_models/ep_dispatch.py): what stands for
+    ``ep_comm_s`` in a plan whose ep_dispatcher is deepep; 0 where the model prices none."""
     cp_comm_s: float = 0.0
     """Context-parallel K/V traffic of one micro-batch not hidden behind the attention core
     (cost_models/context.py)."""
@@ -93,14 +96,17 @@ class LayerTime:
         """What of ``tp_comm_s`` the paired GEMMs cover under TP communication overlap."""
         return sum(p.hidden_s for p in self.tp_overlap)
 
-    def overlapped_micro_batch_s(self, tp_comm_overlap: bool) -> float:
-        """``micro_batch_s``, less ``tp_hidden_s`` under TP communication overlap."""
-        return self.micro_batch_s - self.tp_hidden_s if tp_comm_overlap else self.micro_batch_s
+    def overlapped_micro_batch_s(self, tp_comm_overlap: bool,
+                                 ep_dispatcher: EPDispatcher = EPDispatcher.ALL_TO_ALL) -> float:
+        """``micro_batch_s``, less ``tp_hidden_s`` under TP communication overlap, with the expert
+        dispatch of ``ep_dispatcher`` (``ep_deepep_s`` for ``ep_comm_s`` under deepep)."""
+        out = self.micro_batch_s - self.tp_hidden_s if tp_comm_overlap else self.micro_batch_s
+        return out + self.ep_deepep_s - self.ep_comm_s if ep_dispatcher == EPDispatcher.DEEPEP else out
 
     def micro_batch_s_of(self, plan: Plan) -> float:
-        """``micro_batch_s`` in ``plan``: less ``tp_hidden_s`` under its tp_comm_overlap, plus the
-        causal imbalance under its cp_load_balance none."""
-        return (self.overlapped_micro_batch_s(plan.tp_comm_overlap)
+        """``micro_batch_s`` in ``plan``: less ``tp_hidden_s`` under its tp_comm_overlap, its
+        ep_dispatcher's expert dispatch, plus the causal imbalance under its cp_load_balance none."""
+        return (self.overlapped_micro_batch_s(plan.tp_comm_overlap, plan.ep_dispatcher)
                 + (self.cp_unbalanced_s if plan.cp_load_balance == CPLoadBalance.NONE else 0.0))
 
     @property

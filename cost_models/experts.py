@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from cost_models import collectives as coll
+from cost_models import ep_dispatch
 from cost_models.ops import ExpertSplit
 from specs import ClusterSpec, DPType, LayerSpec, LayerStrategy, SequenceParallel, SpecError, layer_grid
 
@@ -203,6 +204,26 @@ def dispatch_time_s(all_to_all: Callable[[float, Sequence[Sequence[int]]], float
     nbytes = all_to_all_bytes(layer, strategy, mbs, override)
     groups = layer_grid(first_rank, strategy.degrees).groups("ep")
     return passes(strategy) * ALL_TO_ALLS_PER_PASS * all_to_all(nbytes, groups)
+
+
+def deepep_leg(all_to_all: Callable[[float, Sequence[Sequence[int]]], float], cluster: ClusterSpec,
+               layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int,
+               override: float | None = None) -> ep_dispatch.DeepEPLeg:
+    """The binding leg of one DeepEP dispatch (or combine) of the rank's tokens (dispatch_tokens, times
+    the busiest rank's imbalance as all_to_all_bytes takes it): ep_dispatch.deepep_leg."""
+    tokens = dispatch_tokens(layer, strategy, mbs) * busiest_passes_per_token(layer, strategy, override) / layer.moe.top_k
+    return ep_dispatch.deepep_leg(all_to_all, cluster, layer, strategy, tokens, first_rank)
+
+
+def deepep_time_s(all_to_all: Callable[[float, Sequence[Sequence[int]]], float], cluster: ClusterSpec,
+                  layer: LayerSpec, strategy: LayerStrategy, mbs: int, first_rank: int,
+                  override: float | None = None) -> float:
+    """DeepEP's dispatches and combines of one micro-batch (Plan.ep_dispatcher deepep), on the critical
+    path as dispatch_time_s's are: the binding leg of each."""
+    if not applies(layer, strategy) or strategy.ep == 1:
+        return 0.0
+    leg = deepep_leg(all_to_all, cluster, layer, strategy, mbs, first_rank, override)
+    return passes(strategy) * ALL_TO_ALLS_PER_PASS * leg.time_s
 
 
 # -- states ------------------------------------------------------------------------------------
