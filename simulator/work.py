@@ -15,7 +15,8 @@ from cost_models.memory import WEIGHT_BYTES_PER_PARAM
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import sync_groups, ulysses_message_bytes
 from cost_models.tp_overlap import OverlapPair
-from specs import ClusterSpec, CPLoadBalance, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid, stage_grid
+from specs import (ClusterSpec, CPLoadBalance, DPType, EPDispatcher, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid,
+                   stage_grid)
 from specs.precision import Precision
 from specs.schedules import schedule_entry
 
@@ -253,7 +254,7 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
         transition = cm.transition_time(layer, s, plan.layers[i + 1], mbs, first_rank)
     parts = _sync_parts(f"L{i}", layer, s, first_rank, dp_groups, unsharded)
     gathered = sum(p.gathered_bytes for p in parts)
-    ep_groups, ep_calls = _expert_calls(cm, layer, s, mbs, first_rank)
+    ep_groups, ep_calls = _expert_calls(cm, layer, s, mbs, first_rank, plan.ep_dispatcher)
     cp = None
     if s.cp > 1:
         scale = context.imbalance(layer, s.cp) if plan.cp_load_balance == CPLoadBalance.NONE else 1.0
@@ -292,10 +293,17 @@ def _sync_parts(name: str, layer: LayerSpec, s: LayerStrategy, first_rank: int, 
     return tuple(out)
 
 
-def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, first_rank: int):
-    """(ep groups, forward all-to-alls) of a MoE layer whose experts are split over ep > 1 ranks."""
+def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, first_rank: int,
+                  dispatcher: EPDispatcher = EPDispatcher.ALL_TO_ALL):
+    """(ep groups, forward all-to-alls) of a MoE layer whose experts are split over ep > 1 ranks;
+    under DeepEP the leg the cost model finds binding (experts.deepep_leg: the rail groups' network
+    all-to-all or the NVLink one inside each domain), the other running beneath it on other links."""
     if not experts.applies(layer, s) or s.ep == 1:
         return (), ()
+    if dispatcher == EPDispatcher.DEEPEP:
+        leg = experts.deepep_leg(lambda n, g: cm.collective_time("all_to_all", n, g), cm.cluster, layer, s, mbs,
+                                 first_rank, cm.expert_imbalance)
+        return leg.groups, (("all_to_all", leg.nbytes * cm.wire_scale, experts.ALL_TO_ALLS_PER_PASS),)
     nbytes = experts.all_to_all_bytes(layer, s, mbs, cm.expert_imbalance) * cm.wire_scale
     groups = layer_grid(first_rank, s.degrees).groups("ep")
     return groups, (("all_to_all", nbytes, experts.ALL_TO_ALLS_PER_PASS),)
