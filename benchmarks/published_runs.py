@@ -16,8 +16,9 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specs import (ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, SequenceParallel,
-                   load_cluster, load_model, uniform_plan)
+from specs import (ClusterSpec, DPType, EPDispatcher, LayerStrategy, ModelSpec, Plan, Recompute, Schedule,
+                   SequenceParallel, load_cluster, load_model, uniform_plan)
+from specs.layer_parts import LEARNED, ROUTINGS
 from specs.datasets import Dataset, data_path
 from specs.errors import SpecError, one_line_errors
 from specs.stack import STACKS, SoftwareStack
@@ -62,6 +63,11 @@ class PublishedRun:
     tp_comm_overlap: bool = False
     """The TP collectives overlap their GEMMs as the source's configuration states (Transformer
     Engine userbuffers, torchtitan's async TP; Plan.tp_comm_overlap, with Megatron-SP, which both need)."""
+    ep_dispatcher: str = EPDispatcher.ALL_TO_ALL
+    """How the source's MoE layers dispatch tokens to experts (Plan.ep_dispatcher; empty: all_to_all)."""
+    routing: str = LEARNED
+    """Which experts the source's router sends a token to (MoESpec.routing; empty: the model's own,
+    learned): a benchmark gate such as AutoModel's fake balanced one is the run's routing, not the model's."""
 
     @property
     def gpu(self) -> str:
@@ -85,6 +91,8 @@ OPTIONAL_INT_FIELDS = {"ep": 1}
 """Integer columns a row may leave empty, with the value an empty one means."""
 BOOLS = {"true": True, "false": False}
 """The ``tp_comm_overlap`` column's values."""
+CHOICE_FIELDS = {"ep_dispatcher": tuple(str(d) for d in EPDispatcher), "routing": ROUTINGS}
+"""Columns of named choices a row may leave empty (the first choice)."""
 
 
 def load_runs() -> list[PublishedRun]:
@@ -98,6 +106,7 @@ def load_runs() -> list[PublishedRun]:
                 if row["tp_comm_overlap"] not in BOOLS:
                     raise ValueError(f"tp_comm_overlap {row['tp_comm_overlap']!r} is not true or false")
                 typed["tp_comm_overlap"] = BOOLS[row["tp_comm_overlap"]]
+                typed |= {k: _choice(row, k, choices) for k, choices in CHOICE_FIELDS.items()}
                 mem = float(row["memory_gib"]) if row["memory_gib"] else None
                 out.append(PublishedRun(**{k: row[k] for k in ("id", "cluster", "model", "framework", "software",
                                                                "precision", "dp_type", "recompute",
@@ -106,6 +115,14 @@ def load_runs() -> list[PublishedRun]:
             except (KeyError, ValueError) as err:
                 raise SpecError(f"published_runs[{row.get('id', '?')}]", str(err)) from None
     return out
+
+
+def _choice(row: dict, key: str, choices: tuple[str, ...]) -> str:
+    """The row's ``key``, one of ``choices`` (empty: the first)."""
+    value = row.get(key) or choices[0]
+    if value not in choices:
+        raise ValueError(f"{key} {value!r} is not one of {', '.join(choices)}")
+    return value
 
 
 def flops_per_token(model: ModelSpec, seq_len: int) -> float:
@@ -142,11 +159,20 @@ def stack_for(run: PublishedRun) -> SoftwareStack:
     return SoftwareStack(run.software) if run.software in STACKS else SoftwareStack.MEGATRON_TE
 
 
+def model_for(run: PublishedRun) -> ModelSpec:
+    """The row's zoo model at its sequence length and attention kernel, its MoE layers routing as the run did."""
+    model = load_model(run.model).with_seq_len(run.seq_len).with_attention(run.attention)
+    if run.routing == LEARNED:
+        return model
+    return replace(model, layers=tuple(replace(spec, moe=replace(spec.moe, routing=run.routing)) if spec.moe else spec
+                                       for spec in model.layers))
+
+
 def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     """Uniform layers as the row states them, every layer in the row's precision (none of the
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
     shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
-    row's ep; the row's software stack, and its TP communication overlap with Megatron-SP."""
+    row's ep and its expert dispatcher; the row's software stack, and its TP communication overlap with Megatron-SP."""
     every_2nd = run.recompute == "full-every-2nd"
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, global_batch=run.global_batch,
                         micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
@@ -162,7 +188,8 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
                        for s, spec in zip(layers, model.layers))
     schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else plan.schedule
     return replace(plan, layers=layers, schedule=schedule, virtual_stages=run.virtual_stages, vocab_tp=run.tp,
-                   vocab_zero3=run.dp_type == "zero3", stack=stack_for(run), tp_comm_overlap=run.tp_comm_overlap)
+                   vocab_zero3=run.dp_type == "zero3", stack=stack_for(run), tp_comm_overlap=run.tp_comm_overlap,
+                   ep_dispatcher=run.ep_dispatcher)
 
 
 def _expert_parallel(strategy: LayerStrategy, ep: int) -> LayerStrategy:
@@ -196,7 +223,7 @@ def predict(run: PublishedRun, sim_max_gpus: int = 0) -> Prediction:
     reason = cannot_state(run)
     if reason:
         return Prediction(run, reason=reason)
-    model = load_model(run.model).with_seq_len(run.seq_len).with_attention(run.attention)
+    model = model_for(run)
     cluster = cluster_for(run)
     cm = AnalyticalModel(cluster, stack=stack_for(run))
     try:

@@ -68,7 +68,7 @@ def test_tp_comm_overlap_is_planned_where_the_source_states_it():
 
 
 def test_a_malformed_overlap_value_is_one_line_naming_the_row(tmp_path, monkeypatch):
-    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,flash,", ",none,yes,flash,", 1)
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,,,flash,", ",none,yes,,,flash,", 1)
     bad = tmp_path / "published_runs.csv"
     bad.write_text(text)
     monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
@@ -121,6 +121,36 @@ def test_moe_rows_split_the_experts_over_ep():
     wide = pr.plan_for(_run("automodel-h100-dsv3-1024"), model)  # dp 256: 4 expert replicas, sharded
     assert {(s.expert_dp, s.expert_dp_kind) for s in wide.layers if s.ep > 1} == {(4, "zero3")}
     assert _run("tt-a100-8b-sac-layer").ep == 1
+
+
+def test_the_deepseek_rows_dispatch_by_deepep_and_route_as_their_gate():
+    """AutoModel's DeepSeek-V3 rows: TE + DeepEP, and the recipe's fake balanced gate (8 consecutive experts a
+    token) as their routing; every other row keeps the all-to-all and the model's own router."""
+    stated = {r.id: (r.ep_dispatcher, r.routing) for r in pr.load_runs()}
+    assert {k for k, v in stated.items() if v != ("all_to_all", "learned")} == {
+        "automodel-h100-dsv3-256", "automodel-h100-dsv3-1024"}
+    run = _run("automodel-h100-dsv3-256")
+    assert (run.ep_dispatcher, run.routing) == ("deepep", "fake_balanced")
+    model = pr.model_for(run)
+    assert {s.moe.routing for s in model.layers if s.moe} == {"fake_balanced"}
+    assert pr.plan_for(run, model).ep_dispatcher == "deepep"
+    plain = pr.predict(replace(run, ep_dispatcher="all_to_all", routing="learned"))
+    assert pr.predict(run).predicted_s < plain.predicted_s  # one copy a node, not one an expert
+
+
+@pytest.mark.parametrize("column, bad", [("ep_dispatcher", "nccl"), ("routing", "random")])
+def test_a_malformed_choice_is_one_line_naming_the_row(tmp_path, monkeypatch, column, bad):
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text(encoding="utf-8").splitlines()
+    rows = list(csv.DictReader(text))
+    rows[0][column] = bad
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=text[0].split(","))
+        writer.writeheader()
+        writer.writerows(rows)
+    monkeypatch.setattr(pr, "data_path", lambda _: path)
+    with pytest.raises(SpecError, match=rf"published_runs\[{rows[0]['id']}\]: {column} '{bad}' is not one of"):
+        pr.load_runs()
 
 
 def test_an_empty_ep_reads_as_one(tmp_path, monkeypatch):
