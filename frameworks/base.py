@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
-from specs.axes import Degrees
+from specs.axes import Degrees, EPDispatcher
 from specs.stack import SoftwareStack
 from specs.files import atomic_write_text
 
@@ -88,6 +88,12 @@ def refuse_tp_overlap(plan: Plan, target: str) -> None:
     """A target whose files have no TP communication overlap refuses a plan with it in one line."""
     if plan.tp_comm_overlap:
         raise SpecError("tp_comm_overlap", f"true: {target} files have no TP communication overlap")
+
+
+def refuse_deepep(plan: Plan, target: str, why: str = "") -> None:
+    """A target whose files cannot select DeepEP refuses a plan dispatching by it in one line."""
+    if plan.ep_dispatcher != EPDispatcher.ALL_TO_ALL:
+        raise SpecError("ep_dispatcher", f"{plan.ep_dispatcher}: {why or f'{target} files have no DeepEP dispatcher'}")
 
 
 # -- reading the frameworks' numbers -------------------------------------------------------------
@@ -168,6 +174,8 @@ class Uniform:
     """Per layer, when a framework carries a per-layer recompute pattern (else empty)."""
     tp_comm_overlap: bool = False
     """TP communication overlap (Plan.tp_comm_overlap)."""
+    ep_dispatcher: EPDispatcher = EPDispatcher.ALL_TO_ALL
+    """The MoE layers' expert dispatch (Plan.ep_dispatcher)."""
     stack: SoftwareStack | None = None
     """The software stack the files state (Plan.stack; None: not stated)."""
 
@@ -206,7 +214,7 @@ def uniform_view(plan: Plan, model: ModelSpec, target: str, per_layer: tuple[str
                    micro_batches=plan.micro_batches, schedule=schedule, virtual_stages=v,
                    vocab_tp=plan.vocab_tp, vocab_sp=plan.vocab_sp, vocab_zero3=plan.vocab_zero3,
                    recompute_layers=tuple(s.recompute for s in plan.layers) if "recompute" in per_layer else (),
-                   tp_comm_overlap=plan.tp_comm_overlap, stack=plan.stack)
+                   tp_comm_overlap=plan.tp_comm_overlap, ep_dispatcher=plan.ep_dispatcher, stack=plan.stack)
 
 
 def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Plan:
@@ -227,7 +235,7 @@ def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Pla
     plan = Plan(pp=u.pp, stage_layers=stages, layers=tuple(layers), global_batch=u.global_batch,
                 micro_batches=u.micro_batches, vocab_tp=u.vocab_tp, vocab_sp=u.vocab_sp,
                 vocab_zero3=u.vocab_zero3, model=model.name, cluster=cluster.name, chunk_layers=u.chunk_layers,
-                stack=u.stack, tp_comm_overlap=u.tp_comm_overlap, **schedule_fields(u.schedule, u.virtual_stages))
+                stack=u.stack, tp_comm_overlap=u.tp_comm_overlap, ep_dispatcher=u.ep_dispatcher, **schedule_fields(u.schedule, u.virtual_stages))
     plan.validate(model, cluster)
     return plan
 

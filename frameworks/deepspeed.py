@@ -6,7 +6,7 @@ import json
 from typing import Any, Mapping
 
 from frameworks.base import (ExportResult, Framework, Uniform, count_of, plan_from_uniform, refuse_fp8,
-                             refuse_tp_overlap, register, require_even, uniform_view, vocab_sharded)
+                             refuse_deepep, refuse_tp_overlap, register, require_even, uniform_view, vocab_sharded)
 from frameworks.megatron import args_text, parse_args_text
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
 from specs.reader import parse_json_text
@@ -88,6 +88,7 @@ class DeepSpeed(Framework):
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
         refuse_fp8(plan)
         refuse_tp_overlap(plan, "DeepSpeed")
+        refuse_deepep(plan, "DeepSpeed")
         u = _check(plan, model)
         return ExportResult(target=self.name, files={CONFIG_FILE: json.dumps(ds_config(u), indent=2) + "\n",
                                                      ARGS_FILE: args_text(launcher_args(u, model))},

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from frameworks.base import ExportResult, Framework, refuse_fp8, refuse_tp_overlap, register, with_model
+from frameworks.base import ExportResult, Framework, refuse_deepep, refuse_fp8, refuse_tp_overlap, register, with_model
 from specs import ClusterSpec, ModelSpec, Plan, SpecError, plan_from_galvatron, plan_to_galvatron
 from specs.reader import parse_json_text
 
@@ -21,6 +21,7 @@ class Galvatron(Framework):
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
         refuse_fp8(plan)
         refuse_tp_overlap(plan, "Galvatron")
+        refuse_deepep(plan, "Galvatron")
         text = json.dumps(plan_to_galvatron(plan), indent=4) + "\n"
         return ExportResult(target=self.name, files={PLAN_FILE: text},
                             assumptions=("Galvatron's runtime and its model of the same architecture; its own "

@@ -8,7 +8,8 @@ from typing import Any, Mapping
 from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, refuse_fp8,
                              register, schedule_of,
                              uniform_view)
-from specs import ClusterSpec, CPComm, CPLoadBalance, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
+from specs import (ClusterSpec, CPComm, CPLoadBalance, DPType, EPDispatcher, ModelSpec, Plan, Recompute, Schedule,
+                   SequenceParallel, SpecError)
 from specs.stack import SoftwareStack
 
 ARGS_FILE = "megatron_args.txt"
@@ -120,6 +121,8 @@ def parallel_settings(plan: Plan, model: ModelSpec) -> dict[str, Any]:
     if any(spec.moe is not None for spec in model.layers):
         out["expert_model_parallel_size"] = u.ep
         out["expert_tensor_parallel_size"] = u.expert_tp or u.tp
+        if u.ep > 1:
+            out.update(DISPATCHERS[u.ep_dispatcher])
     out.update(_recompute_args(plan))
     if u.tp_comm_overlap:  # Transformer Engine's userbuffers
         out["tp_comm_overlap"] = True
@@ -160,6 +163,25 @@ def args_text(settings: Mapping[str, Any]) -> str:
             continue
         lines.append(_flag(k) if v is True else f"{_flag(k)} {v}")
     return " \\\n".join(lines) + "\n"
+
+
+DISPATCHERS = {EPDispatcher.ALL_TO_ALL: {"moe_token_dispatcher_type": "alltoall"},
+               EPDispatcher.DEEPEP: {"moe_token_dispatcher_type": "flex", "moe_enable_deepep": True}}
+"""Megatron-Core's settings for each Plan.ep_dispatcher (TransformerConfig: DeepEP needs the flex
+dispatcher; Megatron-Core 0.16 reads moe_enable_deepep as moe_flex_dispatcher_backend deepep, its
+default backend). Written for ep > 1 only: Megatron's own default dispatcher is allgather."""
+
+
+def _ep_dispatcher(s: Mapping[str, Any]) -> EPDispatcher:
+    """The dispatcher of Megatron settings: flex with the DeepEP backend (moe_enable_deepep, or
+    moe_flex_dispatcher_backend deepep, its default) is deepep; any other type the all-to-all."""
+    if s.get("moe_token_dispatcher_type") != "flex":
+        return EPDispatcher.ALL_TO_ALL
+    backend = s.get("moe_flex_dispatcher_backend") or "deepep"
+    if backend != "deepep":
+        raise SpecError("--moe-flex-dispatcher-backend", f"{backend}: hybridpar's plan dispatches by all-to-all "
+                        "or DeepEP (ep_dispatcher)")
+    return EPDispatcher.DEEPEP
 
 
 BRIDGE_SECTIONS = {"micro_batch_size": "train", "global_batch_size": "train",
@@ -302,7 +324,7 @@ def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
                 megatron_sp=sp, ep=ep, expert_tp=0 if etp == tp else etp, stage_layers=stages,
                 global_batch=gbs, micro_batches=gbs // (mbs * dp), schedule="1f1b", virtual_stages=v,
                 vocab_tp=tp, vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
-                recompute_layers=per_layer, tp_comm_overlap=overlap,
+                recompute_layers=per_layer, tp_comm_overlap=overlap, ep_dispatcher=_ep_dispatcher(s),
                 stack=SoftwareStack.MEGATRON_TE if overlap else None)  # the overlap is Transformer Engine's
     return plan_from_uniform(u, model, cluster)
 

@@ -9,7 +9,8 @@ import tomllib
 from dataclasses import replace
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, refuse_fp8,
+from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, refuse_deepep,
+                             refuse_fp8,
                              register, require_even,
                              uniform_view, vocab_sharded)
 from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
@@ -67,6 +68,8 @@ CANNOT_CARRY = (
 
 
 def _check(plan: Plan, model: ModelSpec) -> Uniform:
+    refuse_deepep(plan, "torchtitan", "torchtitan selects DeepEP in the model's registration (its MoE config's "
+                  "moe_comm_backend), not in the job config written here")
     u = uniform_view(plan, model, "torchtitan")
     s = plan.layers[0]
     if u.ulysses > 1 or plan.vocab_sp == SequenceParallel.ULYSSES:
