@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planners.pareto import prune_fast
+from planners.pareto import _hull_prices, prune_fast
 from planners.partition import Windows
 from planners.tables import ComboTables
 
@@ -138,13 +138,15 @@ def _classes(dtype: str, row_bytes: bytes, windows: Windows) -> tuple:
 
 
 def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vocab_memory_bytes: float,
-                 vocab_temp_bytes: float, max_layers: int = MAX_COUNT_LAYERS, among: np.ndarray | None = None
-                 ) -> np.ndarray:
+                 vocab_temp_bytes: float, max_layers: int = MAX_COUNT_LAYERS, among: np.ndarray | None = None,
+                 cutoff_s: float = np.inf) -> np.ndarray:
     """[class] the least T + lam D of a class's layers on its stage whose memory fits,
     relayouts left out, for the classes of identical middle layers and at most ``max_layers``
     layers (among ``among`` [class] when given; inf elsewhere: no bound given, or no plan fits).
     Frontiers are kept per (rows, count) in ``t.shared``, so every class, stage, vocab choice and
-    budget of the group with the same rows shares them."""
+    budget of the group with the same rows shares them. With a finite ``cutoff_s`` (what a class's
+    bound need not exceed: one below rules nothing out) each class's chain of copies drops the
+    sums that cannot complete below it (ChainCut) and its bound is min(its least, the cut's)."""
     cap = t.budget_bytes - vocab_memory_bytes
     memo: dict = t.shared.setdefault(("count frontiers", t.budget_bytes, levels.tobytes()), {})
     # keyed by the levels too: a frontier's points index them, and tables sharing ``shared``
@@ -153,8 +155,14 @@ def count_bounds(t: ComboTables, classes: SegmentClasses, levels: np.ndarray, vo
     for c, body in enumerate(classes.body):
         if body is None or classes.b[c] - classes.a[c] > max_layers or (among is not None and not among[c]):
             continue
-        inner = _frontier(memo, classes.inner_rows, *body, levels, t.budget_bytes)
         last = _row_of(memo, classes.last_rows[int(classes.row_id[classes.b[c] - 1])], levels)
+        if np.isfinite(cutoff_s) and body[1] >= 0:
+            head = _row_of(memo, classes.inner_rows[body[0]], levels) if body[0] >= 0 else None
+            inner, held = _cut_chain(memo, classes.inner_rows[body[1]], body[2], head, last, levels, t.budget_bytes,
+                                     cap - vocab_temp_bytes, cutoff_s)
+            out[c] = min(inner.least_fitting(last, levels, cap, vocab_temp_bytes), held)
+            continue
+        inner = _frontier(memo, classes.inner_rows, *body, levels, t.budget_bytes)
         out[c] = inner.least_fitting(last, levels, cap, vocab_temp_bytes)
     return out
 
@@ -203,3 +211,71 @@ def _row_of(memo: dict, row: tuple, levels: np.ndarray) -> CountFrontier:
     if key not in memo:
         memo[key] = row_frontier(*(np.frombuffer(x) for x in row), levels)
     return memo[key]
+
+
+@dataclass(frozen=True)
+class ChainCut:
+    """What a chain of ``count`` copies of one row may drop: a sum of c copies whose least
+    completion reaches ``cutoff_s``. Its completion (the count - c copies still to add, the head
+    and the last row) costs, for every price mu >= 0 s/byte, at least
+    (count - c) phi_row(mu) + ends_s(mu) - mu (room - its memory), phi(mu) = min (cost + mu memory)
+    over a row's points (weak duality: the LP bound of the completion in ``room_bytes``); the
+    sum's cost plus the largest of these over ``prices`` is its floor. Every sum dropped has a
+    floor >= cutoff_s, so a bound taken over the kept sums is min(their least, cutoff_s)."""
+
+    prices: np.ndarray
+    """mu values tried: 0 and the row's hull prices (where the cheapest point changes)."""
+    row_s: np.ndarray
+    """[price] phi of the copied row."""
+    ends_s: np.ndarray
+    """[price] phi of the head (if any) plus phi of the last row."""
+    room_bytes: float
+    """Memory the whole segment may hold (the cap less the least temporary)."""
+    cutoff_s: float
+
+    def covers(self, other: "ChainCut") -> bool:
+        """Whether a chain cut by this drops only sums ``other`` drops too: its floors are no
+        larger (ends no dearer, room no smaller) and its cutoff no smaller, on the same prices."""
+        return (self.cutoff_s >= other.cutoff_s and self.room_bytes >= other.room_bytes
+                and np.array_equal(self.prices, other.prices) and bool(np.all(self.ends_s <= other.ends_s)))
+
+    def keep(self, sums: CountFrontier, left: int) -> CountFrontier:
+        """The sums of ``sums`` (``left`` copies still to add) whose floor is below the cutoff."""
+        rest = left * self.row_s + self.ends_s - self.prices * self.room_bytes
+        floor = sums.cost_s + np.max(rest[None, :] + self.prices[None, :] * sums.memory_bytes[:, None], axis=1)
+        kept = np.flatnonzero(floor < self.cutoff_s)
+        return CountFrontier(sums.level[kept], sums.memory_bytes[kept], sums.cost_s[kept])
+
+
+def _least_priced(row: CountFrontier, prices: np.ndarray) -> np.ndarray:
+    """[price] phi of ``row``: min over its points of cost + mu memory."""
+    return np.min(row.cost_s[None, :] + prices[:, None] * row.memory_bytes[None, :], axis=1)
+
+
+def _cut_chain(memo: dict, plain: tuple, count: int, head: CountFrontier | None, last: CountFrontier,
+               levels: np.ndarray, cap: float, room_bytes: float, cutoff_s: float) -> tuple[CountFrontier, float]:
+    """The frontier of ``count`` copies of the row ``plain`` (bytes, as _frontier's rows), each
+    step cut by a ChainCut (which keeps every sum that may complete below ``cutoff_s`` in
+    ``room_bytes`` with ``head`` and ``last``), then ``head`` (if any) added; and the cutoff of the
+    cut it was built under. The copies are kept in ``memo`` (one chain per row and count) for
+    every later query their cut covers: within a search the incumbent only falls, and
+    GroupDP.any_vocab_floor's merged choice, asked first, has the cheapest ends and the most room
+    of the group's vocab choices, so its chain serves each of them (each adds its own head)."""
+    row = _row_of(memo, plain, levels)
+    prices = np.unique(np.concatenate(([0.0], _hull_prices(row.memory_bytes, row.cost_s))))
+    ends = _least_priced(last, prices) + (_least_priced(head, prices) if head is not None else 0.0)
+    cut = ChainCut(prices, _least_priced(row, prices), ends, room_bytes, cutoff_s)
+    key = ("cut chain", plain, count, cap)
+    held = memo.get(key)
+    if held is None or not held[0].covers(cut):
+        sums = CountFrontier.empty()
+        for c in range(1, count + 1):
+            sums = cut.keep(sums.plus(row, cap), count - c)
+        held = memo[key] = (cut, sums, {})
+    held_cut, copies, headed = held
+    if head is None:
+        return copies, held_cut.cutoff_s
+    head_key = (head.level.tobytes(), head.memory_bytes.tobytes(), head.cost_s.tobytes())
+    if head_key not in headed:
+        headed[head_key] = copies.plus(head, cap)
+    return headed[head_key], held_cut.cutoff_s

@@ -30,8 +30,8 @@ MAX_LEVELS = 12
 the next one tried, with the cap of the lower: still a bound, a little looser)."""
 
 
-def memory_floor(t: ComboTables, v, windows: tuple[Windows, ...], recv: list, counts: bool = False
-                 ) -> float:
+def memory_floor(t: ComboTables, v, windows: tuple[Windows, ...], recv: list, counts: bool = False,
+                 incumbent_s: float = np.inf) -> float:
     """A lower bound on the objective of the group ``t`` under vocab choice ``v`` over the
     partitions of ``windows`` (every stage's allowed (start, stop)): the least over partitions
     of sum_k (T_k + D_k / pp) + (m - 1) max_k T_k with every term bounded per segment as above
@@ -43,12 +43,20 @@ def memory_floor(t: ComboTables, v, windows: tuple[Windows, ...], recv: list, co
     (pp = 1) its one segment at any length: the chain of identical middle layers is built once
     per group and every vocab choice only adds its first and last rows, and on a long stage
     packed to the budget the LP bound's fractional layer still leaves a few tenths of a percent
-    (llama3-70b on 1024 H100: 12.922 against the optimum 12.956 s, the count bound 12.956)."""
+    (llama3-70b on 1024 H100: 12.922 against the optimum 12.956 s, the count bound 12.956).
+    ``incumbent_s``: an objective a bound need not exceed (one at or above it rules the group out
+    all the same); with one stage its count chain then drops the sums that cannot complete below
+    it (counts.ChainCut), and the bound is at most that cut's level."""
     pp, n, m = t.combo.pp, len(t.layer_type), t.combo.micro_batches
     lam = 1.0 / pp if pp > 1 else 1.0 / m  # pp = 1: m (T + D/m) = m T + D
     sums, maxes = [], []
     for k in range(pp):
         a, b = windows[k].starts, windows[k].stops
+        if pp == 1:  # the objective is m (the stage's T + lam D): its segment need not exceed incumbent / m
+            vc = t.vocab[v][0]
+            cutoff = incumbent_s / m - vc.time_s - lam * vc.tail_s
+            sums.append(_options(a, b, segment_bounds(t, v, k, lam, windows[k], counts, cutoff)))
+            continue
         sums.append(_options(a, b, _shared_segment_bounds(t, v, k, lam, windows[k], counts)))
         maxes.append(_options(a, b, _shared_segment_bounds(t, v, k, 0.0, windows[k], counts)) if pp > 1 else None)
     if pp == 1:
@@ -85,13 +93,13 @@ def _shared_segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windo
     return out
 
 
-def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, counts: bool = False
-                   ) -> np.ndarray:
+def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, counts: bool = False,
+                   cutoff_s: float = np.inf) -> np.ndarray:
     """[window] a lower bound on T_k + lam D_k of the segment's layers on stage k over plans
     whose stage k fits (inf where none can; the gradient received from stage k+1 is the
     partition's): the LP bound, computed once per class of segments holding the same rows
     (counts.segment_classes: one per length for identical layers), and with ``counts`` the
-    integer one of counts.count_bounds where larger."""
+    integer one of counts.count_bounds where larger (``cutoff_s``: its cut, with one stage)."""
     st, vc = t.stages[k], t.vocab[v][k]
     rows, inverse = _distinct_rows(t, v, k)
     cost, mem, temp = _layer_arrays(t, v, k, lam, rows)  # [row, strategy]: each distinct row once
@@ -119,7 +127,8 @@ def segment_bounds(t: ComboTables, v, k: int, lam: float, windows: Windows, coun
     if counts:  # only where memory lifts the LP bound: elsewhere the counts rarely add anything
         binds = np.isfinite(out) & (out > free)
         longest = len(t.layer_type) if t.combo.pp == 1 else MAX_COUNT_LAYERS  # one stage: one chain a group
-        counted = count_bounds(t, classes, layer_temp_levels(t), vc.memory_bytes, vc.temp_bytes, longest, among=binds)
+        counted = count_bounds(t, classes, layer_temp_levels(t), vc.memory_bytes, vc.temp_bytes, longest, among=binds,
+                               cutoff_s=cutoff_s if t.combo.pp == 1 else np.inf)
         out = np.where(np.isfinite(counted) & np.isfinite(out), np.maximum(out, counted), out)
     return out[classes.of_window] + vc.time_s + lam * vc.tail_s
 

@@ -407,7 +407,7 @@ class GroupDP:
         if relaxed is None:
             relaxed = self._memory_floor(v, counts=False)
             if relaxed < incumbent_s:
-                relaxed = max(relaxed, self._memory_floor(v, counts=True))
+                relaxed = max(relaxed, self._memory_floor(v, counts=True, incumbent_s=incumbent_s))
         reach = incumbent_s if relaxed >= incumbent_s else min(incumbent_s, self.blind_plan_s(v))
         if relaxed < reach:
             relaxed = max(relaxed, self.relaxed_objective(v))
@@ -429,12 +429,15 @@ class GroupDP:
         the memory-blind and tail-cap bounds: cheaper, to order the vocab choices by."""
         return self._memory_floor(v, counts=self.t.combo.pp > 1)
 
-    def _memory_floor(self, v, counts: bool) -> float:
-        """memory_floor over every partition, kept per budget in ComboTables.shared."""
+    def _memory_floor(self, v, counts: bool, incumbent_s: float = np.inf) -> float:
+        """memory_floor over every partition, kept per budget in ComboTables.shared (one computed
+        under an incumbent, at most that incumbent where the bound reaches it, still bounds the
+        group, and decides as well against any smaller incumbent: within a search they only fall)."""
         key = self._memory_floor_key(v, counts)
         if key not in self.t.shared:
             recv = [None] + [self._recv(k) for k in range(1, len(self.windows))]
-            self.t.shared[key] = memory_floor(self.t, v, self.bound_windows, recv, counts=counts)
+            self.t.shared[key] = memory_floor(self.t, v, self.bound_windows, recv, counts=counts,
+                                              incumbent_s=incumbent_s)
         return self.t.shared[key]
 
     def _memory_floor_key(self, v, counts: bool) -> tuple:

@@ -198,3 +198,47 @@ def test_a_one_stage_group_takes_the_count_bound_over_all_its_layers():
                         solved += 1
                     lifted += np.isfinite(counted) and counted > lp * (1 + 1e-9)
     assert solved and lifted
+
+
+def test_a_one_stage_count_bound_cut_by_an_incumbent_decides_as_the_whole_chain():
+    """pp 1 with an incumbent: the chain drops the sums that cannot complete below it
+    (counts.ChainCut). The bound it gives, B_cut, still bounds the group's exact optimum, is no
+    weaker than the whole chain's B below the incumbent (min(B, incumbent) <= B_cut), and equals B
+    where the group has a plan and B is below the incumbent. One chain, cut for the merged vocab
+    choice first (as GroupDP.any_vocab_floor asks), serves the group's vocab choices after it."""
+    from dataclasses import replace
+
+    from planners.segments import ANY_VOCAB, _least_vocab
+    layers = MAX_COUNT_LAYERS + 2
+    equal = capped = 0
+    for seed in range(4):
+        model, cluster = tiny_model(layers, identical=True), tiny_cluster()
+        for budget_kib in (9000, 14000):
+            for t in grouped_tables(model, RandomCostModel(cluster, seed), budget_kib * KIB, PIPE_SPACE, (8,)):
+                if t.combo.pp != 1:
+                    continue
+                dp = GroupDP(t, exact=True, even=False)
+                whole = {v: memory_floor(replace(t, shared={}), v, dp.bound_windows, [None], counts=True)
+                         for v in t.vocab}
+                best = {v: dp.solve(v, bound=False) for v in t.vocab}
+                finite = [b for b in whole.values() if np.isfinite(b)]
+                if not finite:
+                    continue
+                merged = replace(t, vocab={ANY_VOCAB: [_least_vocab([c[0] for c in t.vocab.values()])]}, shared={})
+                for incumbent in (min(finite) * 1.001, float(np.median(finite)), max(finite) * 0.999):
+                    first = replace(merged, shared={})
+                    memory_floor(first, ANY_VOCAB, dp.bound_windows, [None], counts=True, incumbent_s=incumbent)
+                    for v, b in whole.items():
+                        reused = memory_floor(replace(t, shared=first.shared), v, dp.bound_windows, [None],
+                                              counts=True, incumbent_s=incumbent)
+                        alone = memory_floor(replace(t, shared={}), v, dp.bound_windows, [None], counts=True,
+                                             incumbent_s=incumbent)
+                        for cut in (reused, alone):
+                            assert cut >= min(b, incumbent) * (1 - 1e-12)
+                            if best[v] is not None:
+                                assert cut <= best[v].objective_s * (1 + 1e-12)
+                                if b < incumbent:
+                                    assert cut == pytest.approx(b, rel=1e-12)
+                                    equal += 1
+                            capped += cut > b * (1 + 1e-9)
+    assert equal and capped
