@@ -252,8 +252,12 @@ class VocabLoss(nn.Module):
         seq = targets.shape[1]
         if self.split.sp == SequenceParallel.ULYSSES:
             targets = targets.chunk(self.split.tp, dim=1)[dist.get_rank(self.group)]
-        group = self.group if self.split.sharded else None
-        ce = _VocabParallelCrossEntropy.apply(logits, targets, self.first, self.split.vocab, group)
+        if self.split.sharded:
+            ce = _VocabParallelCrossEntropy.apply(logits, targets, self.first, self.split.vocab, self.group)
+        else:  # every column on this rank: torch's fused cross-entropy (the unfused one above made four
+            # more passes over the logits, twice the time of the loss; docs/executor.md), padding cut off
+            ce = F.cross_entropy(logits[..., :self.split.vocab].float().flatten(0, 1), targets.flatten(),
+                                 reduction="none").view(targets.shape)
         return ce.sum(dim=1) / seq
 
 
