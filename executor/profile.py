@@ -23,7 +23,7 @@ from torch import nn
 from executor.collectives_bench import collective_entries, collective_fields
 from executor.devices import resolve_device
 from executor.launch import LaunchError, launch
-from executor.model import Block, Embedding, Head
+from executor.model import Block, Embedding, Head, per_sample_loss
 from executor.parallel.layout import GroupCache
 from executor.run import scaled_model
 from executor.train import collected_first
@@ -285,22 +285,27 @@ class _Vocab(nn.Module):
         self.last_width = model.layers[-1].downsample_to or model.layers[-1].hidden_size
         self.bridge = model.embedding.hidden_size != self.last_width
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Each sample's loss, as the executor's loss takes it (executor.model.per_sample_loss:
+        the cross-entropy's log-softmax over the logits and its backward are the head's largest
+        passes after the projection)."""
+        inputs, targets = batch
         x = self.embed(inputs)
         if self.bridge:  # a Swin model narrows and widens in between: keep shapes consistent
             x = x[..., :1].expand(*x.shape[:-1], self.last_width)
-        return self.head(x)
+        return per_sample_loss(self.head(x), targets)
 
 
 def time_vocab(model: ModelSpec, batch_sizes: list[int], timings: Timings, dtype: torch.dtype) -> int:
-    """Times embedding + head for each batch size; returns their parameter bytes."""
+    """Times embedding + head + loss for each batch size; returns their parameter bytes."""
     from executor.model import synthetic_batch
     device = timings.device
     vocab = _Vocab(model).to(device=device, dtype=dtype)
     for b in batch_sizes:
-        inputs, _ = synthetic_batch(model, b, 0)
+        inputs, targets = synthetic_batch(model, b, 0)
         inputs = inputs.to(device) if inputs.dtype == torch.long else inputs.to(device=device, dtype=dtype)
-        time_module(vocab, lambda inputs=inputs: inputs, timings, f"vocab/{b}")
+        batch = (inputs, targets.to(device) if targets.dtype == torch.long else targets.to(device=device, dtype=dtype))
+        time_module(vocab, lambda batch=batch: batch, timings, f"vocab/{b}")
     return sum(p.numel() * p.element_size() for p in vocab.parameters())
 
 

@@ -174,3 +174,27 @@ def test_the_profiler_times_a_tp_moe_block_with_its_experts_split():
     for key, shapes in launch(_tp2_moe_block_shapes, 2, timeout_s=120):
         assert key == "layer0/tp2"
         assert shapes == [(e, h, f // 2), (e, h, f // 2), (e, f // 2, h)]
+
+
+def test_the_profiler_times_the_vocabulary_with_the_loss_the_executor_runs():
+    """Embedding, head and the cross-entropy: the loss's log-softmax and its backward are passes
+    over every logit that each training step runs (uncharged before: the head's output was
+    summed), in the timed forward and in the timed backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from executor.profile import Timings, time_vocab
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    timings = Timings("cpu", repeats=1, warmup=0)
+    time_vocab(specs.load_model("tiny-gpt"), [2], timings, torch.float32)
+    for key, wanted in (("vocab/2/fwd", "_log_softmax.default"), ("vocab/2/bwd", "_log_softmax_backward_data.default")):
+        with Ops() as ops:
+            timings.entries[key]()
+        assert wanted in ops.names, (key, sorted(ops.names))
