@@ -336,6 +336,7 @@ def _child(fn: Callable, setup: _Setup, listener: socket.socket | None, conn: An
     threading.Thread(target=_heartbeat, args=(channel, stop), daemon=True, name="heartbeat").start()
     if setup.backend == "gloo":
         _pin_to_core(setup.rank, setup.world_size)
+        keep_freed_memory()
     import torch
     import torch.distributed as dist
     torch.set_num_threads(setup.threads)
@@ -378,6 +379,30 @@ def _pin_to_core(rank: int, world: int) -> None:
     cores = sorted(os.sched_getaffinity(0))
     if 1 < world <= len(cores):
         os.sched_setaffinity(0, {cores[rank]})
+
+
+MALLOC_OPTIONS = {-4: 0, -1: 2**31 - 1}
+"""glibc mallopt: M_MMAP_MAX 0 (no block of its own mapping, which free() unmaps) and
+M_TRIM_THRESHOLD 2 GiB (the heap's free top kept, not returned to the kernel)."""
+
+
+def keep_freed_memory() -> None:
+    """Freed memory stays with the process for its next tensors, as a GPU's caching allocator
+    keeps it. glibc otherwise unmaps (or trims) large freed blocks, and the kernel zero-fills
+    every page of the next one at first touch (2.2 us a 4 KiB page here, seven times writing
+    it); whether a block is its own mapping follows glibc's dynamic threshold, set by the
+    largest block freed so far, so the same operation ran at once or twice its time depending
+    on what the process had allocated before: the executor's vocab-parallel cross-entropy
+    23.9 or 11.5 ms, a MoE plan's Adam steps 41k faults a step (docs/executor.md). The profile's
+    ranks and the plans' ranks both get it (on CPU), so each times what the other runs. A libc
+    without mallopt is left as it is."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    for option, value in MALLOC_OPTIONS.items():
+        mallopt(option, value)
 
 
 def _leave_together(store: Any, rank: int, world: int, timeout_s: float) -> None:
