@@ -19,13 +19,20 @@ import numpy as np
 from cost_models import CostModel
 from planners.base import Budget, Planner, PlanResult, pop_options, time_limit
 from planners.deadline import DeadlinePassed, passed
+from planners.memory_floor import layers_floor
 from planners.outer import OuterState, finish, lower_bound_s, run_outer, vocab_min_memory_bytes
+from planners.partition import stage_windows
 from planners.registry import register
 from planners.segments import GAP_RTOL, GroupDP, GroupSolution
 from planners.space import SearchSpace
 from planners.tables import ComboTables
 from specs import ClusterSpec, ModelSpec, SpecError
 from specs.units import MIB
+
+LAYERS_FLOOR_MAX_PP = 8
+"""Groups of at most this many stages are asked the layers-only memory floor (layers_floor) before
+their tables are completed: its cost grows with the stages (llama3-70b on 1024 H100: 1-50 ms a
+group at pp <= 8, 30-130 ms at pp 16-64), and completing a group's tables costs ~50 ms there."""
 
 DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0,
@@ -163,10 +170,15 @@ class GalvatronPlanner(Planner):
             state.pruned += dp.skipped
             return found
 
+        def floor_of_layers(tables, incumbent_s):  # where it costs less than completing the group's tables
+            if tables.combo.pp > LAYERS_FLOOR_MAX_PP:
+                return 0.0
+            return layers_floor(tables, stage_windows(len(tables.layer_type), tables.combo.pp, even), incumbent_s)
+
         meta = {"model": model.name, "cluster": cluster.name}
         state, tables = run_outer(self.name, model, cost_model, budget.memory_bytes, space,
                                   budget.global_batches(), solve, int(opts["top_k"]), meta, state, deadline,
-                                  refine=refine)
+                                  refine=refine, layers_floor=floor_of_layers if sound else None)
         start = time.perf_counter()  # the proofs are group DPs: their time counts as such
         prove(pending, state, lambda t: GroupDP(t, exact=True, even=even, deadline=deadline),
               int(opts["prove_candidates"]), tolerance,

@@ -18,12 +18,14 @@ over prices of the middle layers' sum lies, and 0.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from planners.counts import MAX_COUNT_LAYERS, count_bounds, segment_classes
 from planners.pareto import _hull_prices
 from planners.partition import StageOptions, Windows, partition_floor
-from planners.tables import ComboTables, layer_temp_levels
+from planners.tables import ComboTables, VocabCost, layer_temp_levels
 
 MAX_LEVELS = 12
 """Temporary levels tried per stage (the largest kept; each level l stands for every level up to
@@ -64,6 +66,22 @@ def memory_floor(t: ComboTables, v, windows: tuple[Windows, ...], recv: list, co
         return float(m * np.min(o.T[(o.a == 0) & (o.b == n)], initial=np.inf))
     least_recv = [None] + [r.min(axis=1, keepdims=True) for r in recv[1:]]
     return partition_floor(sums, maxes, least_recv, n, 1, t.combo.formula)
+
+
+LAYERS_ONLY = "layers only"
+"""The vocab choice of layers_floor's tables: no embedding or head."""
+
+
+def layers_floor(t: ComboTables, windows: tuple[Windows, ...], incumbent_s: float = np.inf) -> float:
+    """memory_floor (the LP bound) of layer tables alone (build_layer_tables: no relayouts, sends
+    or vocabulary), with the embedding and head at nothing, the sends at 0 and relayouts dropped:
+    each is >= 0 under every vocab choice and strategy, so this bounds the group's objective under
+    each of its vocab choices before any of them is built."""
+    zero = np.zeros_like(t.stages[0].time_s)
+    bare = replace(t, stages=[replace(st, send_next_s=zero) for st in t.stages], shared={},
+                   vocab={LAYERS_ONLY: [VocabCost(0.0, 0.0, 0.0, 0.0)] * t.combo.pp})
+    recv = [None] + [np.zeros((len(t.layer_type) + 1, 1))] * (t.combo.pp - 1)
+    return memory_floor(bare, LAYERS_ONLY, windows, recv, incumbent_s=incumbent_s)
 
 
 def _options(a: np.ndarray, b: np.ndarray, bound: np.ndarray) -> StageOptions:

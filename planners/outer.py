@@ -209,7 +209,8 @@ def _least_delta(vc) -> float:
 def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
               batches: tuple[int, ...], solve: Callable[[ComboTables, float], list[GroupSolution]],
               top_k: int, meta: dict, state: OuterState | None = None, deadline: float | None = None,
-              seed: bool = True, refine: Callable[[ComboTables, float], float] | None = None
+              seed: bool = True, refine: Callable[[ComboTables, float], float] | None = None,
+              layers_floor: Callable[[ComboTables, float], float] | None = None
               ) -> tuple[OuterState, list[ComboTables]]:
     """Build every group's layer tables; seed with the interleaved plans and then the uniform
     recipes (``seed``; else the interleaved plans come last); complete the tables (relayouts,
@@ -220,7 +221,9 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     first, whose plan then rules the others out). Past ``deadline`` (time.monotonic) every step
     stops where it is (tables, seeds, groups): the groups with full tables keep their lower
     bound, those with layer tables alone their layers-only bound, those with none no bound;
-    ``state.doing`` names the step. Returns the full tables built."""
+    ``state.doing`` names the step. ``layers_floor(layer tables, incumbent_s)``: a lower bound on
+    a group's objective from its layer tables alone, asked before its tables are completed where
+    the memory-blind layers-only bound cannot rule it out (0: none). Returns the full tables built."""
     state = state or OuterState()
     space = space.for_gpu(cost_model.cluster.gpu)  # no table for a precision the GPU cannot run
     prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
@@ -234,7 +237,8 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     if seed:
         _all_interleaved(layers, model, cost_model, budget_bytes, space, top_k, meta, state, deadline)
     start = time.perf_counter()
-    tables = _complete_groups(layers, groups, model, cost_model, budget_bytes, space, top_k, state, deadline, prune)
+    tables = _complete_groups(layers, groups, model, cost_model, budget_bytes, space, top_k, state, deadline, prune,
+                              layers_floor)
     state.tables_s += time.perf_counter() - start
     bounds = [lower_bound_s(t) for t in tables]
     if seed:
@@ -269,16 +273,20 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
 
 def _complete_groups(layers: list[ComboTables], groups: list[list[Combo]], model: ModelSpec, cost_model: CostModel,
                      budget_bytes: float, space: SearchSpace, top_k: int, state: OuterState, deadline: float | None,
-                     prune: bool) -> list[ComboTables]:
+                     prune: bool, layers_floor: Callable[[ComboTables, float], float] | None = None
+                     ) -> list[ComboTables]:
     """The full tables (build_tables) of the groups of layer tables ``layers`` whose layers-only
-    bound may still beat the top_k-th plan kept (with ``prune``), in order; the others are pruned,
-    every vocab choice (their relayouts, sends and vocabulary are never built). Past ``deadline``
-    a group not completed keeps its layers-only bound."""
+    bound, and then ``layers_floor`` (if given), may still beat the top_k-th plan kept (with
+    ``prune``), in order; the others are pruned, every vocab choice (their relayouts, sends and
+    vocabulary are never built). Past ``deadline`` a group not completed keeps its layers-only
+    bound."""
     out = []
     for t, cs in zip(layers, groups):
         floor_s = layers_lower_bound_s(t)
         threshold = state.throughputs(top_k)[1]
-        if prune and threshold > 0 and t.combo.global_batch / floor_s <= threshold:
+        gb = t.combo.global_batch
+        if prune and threshold > 0 and (gb / floor_s <= threshold or (
+                layers_floor is not None and gb / max(floor_s, layers_floor(t, gb / threshold)) <= threshold)):
             state.candidates += len(cs)
             state.pruned += len(cs)
             continue

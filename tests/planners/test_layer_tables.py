@@ -10,9 +10,11 @@ from dataclasses import replace
 import cost_models
 import planners
 from planners import Budget, SearchSpace
-from planners.galvatron import resolve_space
+from planners.galvatron import LAYERS_FLOOR_MAX_PP, resolve_space
+from planners.memory_floor import layers_floor
 from planners.outer import (OuterState, _complete_groups, build_layer_groups, combo_groups, grouped_tables,
                             layers_lower_bound_s)
+from planners.partition import stage_windows
 from planners.tables import build_layer_tables, build_tables, is_built
 from specs import load_cluster, load_model
 
@@ -51,9 +53,12 @@ def test_groups_whose_layers_cannot_win_are_never_completed():
     top_k = planners.get("galvatron").defaults["top_k"]
     kth = sorted(p.throughput_samples_per_s for p in res.top_k)[-top_k]
     for cs, done in zip(groups, built):
-        if not done:  # its layers alone cannot beat the top_k-th plan
+        if not done:  # its layers alone cannot beat the top_k-th plan (memory-blind, or under the budget)
             t = build_layer_tables(MODEL, cm, cs[0], space, usable)
-            assert t.combo.global_batch / layers_lower_bound_s(t) <= kth * (1 + 1e-12)
+            floor = layers_lower_bound_s(t)
+            if t.combo.pp <= LAYERS_FLOOR_MAX_PP:
+                floor = max(floor, layers_floor(t, stage_windows(len(t.layer_type), t.combo.pp, False)))
+            assert t.combo.global_batch / floor <= kth * (1 + 1e-12)
     # the same plan as a search whose every group's tables are complete (cached beforehand)
     warm = cost_models.get("analytical", CLUSTER)
     grouped_tables(MODEL, warm, usable, space, BUDGET.global_batches())

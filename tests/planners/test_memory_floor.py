@@ -106,3 +106,37 @@ def test_priced_min_over_all_levels_is_each_levels_own_minimum(seed):
         ok = (temp <= level) & np.isfinite(cost)
         want = np.where(ok[None], cost[None] + prices[:, None, None] * mem[None], np.inf).min(axis=2)
         assert np.array_equal(got[li], want)
+
+
+
+def _layers_floors(seed: int):
+    """(group tables, its layers_floor, its memory-blind layers-only bound) of each group."""
+    from planners.memory_floor import layers_floor
+    from planners.outer import layers_lower_bound_s
+    from planners.partition import stage_windows
+    from planners.tables import build_layer_tables
+    model, _, cm, budget = _case(seed)
+    for t in grouped_tables(model, cm, budget.memory_bytes, PIPE_SPACE, (8,)):
+        layers = build_layer_tables(model, cm, t.combo, PIPE_SPACE, budget.memory_bytes)
+        yield t, layers_floor(layers, stage_windows(len(t.layer_type), t.combo.pp, False)), \
+            layers_lower_bound_s(layers)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_layers_only_floor_is_below_every_vocab_choices_optimum(seed):
+    """layers_floor, from a group's layer tables alone (no embedding, head, relayouts or sends),
+    bounds the exact optimum of each of its vocab choices."""
+    checked = 0
+    for t, floor, _ in _layers_floors(seed):
+        for v in t.vocab:
+            best = GroupDP(t, exact=True, even=False).solve(v)
+            if best is not None:
+                assert floor <= best.objective_s * (1 + 1e-12), (t.combo, v, floor, best.objective_s)
+                checked += 1
+    assert checked
+
+
+def test_the_layers_only_floor_can_beat_the_memory_blind_layers_only_bound():
+    """Somewhere memory binds, and layers_floor says so where the memory-blind layers-only bound
+    cannot: a group it rules out before its tables are completed."""
+    assert any(floor > blind * (1 + 1e-9) for seed in range(6) for _, floor, blind in _layers_floors(seed))
