@@ -68,7 +68,7 @@ def resolve_space(space: Any, cost_model: CostModel | None = None, overlap: str 
         raise SpecError("space", f"must be a SearchSpace or a preset name, got {space!r}")
     if overlap is not None:
         space = space.with_tp_overlap(str(overlap))
-    return space if cost_model is None else space.within(cost_model.capabilities).for_gpu(cost_model.cluster.gpu)
+    return space if cost_model is None else space.within(cost_model.capabilities).for_cluster(cost_model.cluster)
 
 
 @register

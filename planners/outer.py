@@ -110,7 +110,7 @@ class OuterState:
 def grouped_tables(model: ModelSpec, cost_model: CostModel, budget_bytes: float, space: SearchSpace,
                    batches: tuple[int, ...]) -> list[ComboTables]:
     """One ComboTables per (global batch, pp, micro-batches), with all its vocab tps."""
-    space = space.for_gpu(cost_model.cluster.gpu)
+    space = space.for_cluster(cost_model.cluster)
     return [build_tables(model, cost_model, cs[0], [c.vocab for c in cs], space, budget_bytes)
             for cs in combo_groups(model, cost_model, space, batches)]
 
@@ -225,7 +225,7 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     a group's objective from its layer tables alone, asked before its tables are completed where
     the memory-blind layers-only bound cannot rule it out (0: none). Returns the full tables built."""
     state = state or OuterState()
-    space = space.for_gpu(cost_model.cluster.gpu)  # no table for a precision the GPU cannot run
+    space = space.for_cluster(cost_model.cluster)  # no table for a precision the GPU cannot run
     prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
     groups = combo_groups(model, cost_model, space, batches)
     start = time.perf_counter()

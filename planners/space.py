@@ -12,7 +12,9 @@ from typing import Iterator, NamedTuple
 from cost_models.memo import HashOnce, hash_once
 from specs import (DP_TYPES, SCHEDULES, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Recompute,
                    Schedule, SequenceParallel, SpecError)
+from specs.axes import EPDispatcher
 from specs.capabilities import OFF, ON, Capabilities
+from specs.cluster import NVLINK_KINDS
 from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import PRECISIONS, Precision, default_recipe, fp8_recipe, gpu_refusal, runnable_on
 from specs.schedules import PipelineFormula, schedule_entry
@@ -136,6 +138,14 @@ class SearchSpace:
     (--option galvatron.tp_comm_overlap=search); ``moe`` is on (its Megatron-Core recipes run
     Megatron-SP whenever tp > 1). ``within`` drops on for a cost model that cannot score it or
     whose stack does not run it (off is every consumer's)."""
+    ep_dispatcher: tuple[str, ...] = (EPDispatcher.ALL_TO_ALL,)
+    """Expert dispatchers (Plan.ep_dispatcher), each a search of its own as a plan makes the choice
+    once; the tables charge each MoE layer's dispatch under it and the plans with an ep > 1 layer
+    state it. Every preset but ``moe`` is all_to_all; ``moe`` is deepep (DeepSeek-V3-class MoE
+    training dispatches with DeepEP: Megatron-Core's flex dispatcher, NeMo AutoModel's TE + DeepEP),
+    which never prices a dispatch above the all-to-all's on NVLink nodes. ``within`` keeps the
+    dispatchers a consumer scores, ``for_cluster`` deepep only on NVLink nodes (all_to_all where
+    none is left)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches", "cp_min_tokens"):
@@ -179,6 +189,10 @@ class SearchSpace:
                 or len(set(self.tp_comm_overlap)) < len(self.tp_comm_overlap):
             raise SpecError("tp_comm_overlap", f"must be distinct booleans (off False, on True), got "
                             f"{self.tp_comm_overlap!r}")
+        if not self.ep_dispatcher or any(d not in tuple(EPDispatcher) for d in self.ep_dispatcher) \
+                or len(set(self.ep_dispatcher)) < len(self.ep_dispatcher):
+            raise SpecError("ep_dispatcher", f"must be distinct members of {', '.join(EPDispatcher)}, got "
+                            f"{self.ep_dispatcher!r}")
         if not self.expert_tp or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in self.expert_tp):
             raise SpecError("expert_tp", f"must be integers >= 0 (0 = the layer's tp), got {self.expert_tp!r}")
 
@@ -211,7 +225,8 @@ class SearchSpace:
         moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=tuple(Recompute),
                       sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON), tp_consecutive=(True,),
                       virtual_stages=(1, 2, 4), vocab_sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON),
-                      expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20, tp_comm_overlap=(True,))
+                      expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20, tp_comm_overlap=(True,),
+                      ep_dispatcher=(EPDispatcher.DEEPEP,))
         presets = {
             "full": full, "moe": moe, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
             "dp+tp": replace(classic, pp_degrees=(1,), dp_types=(DPType.DDP,)),
@@ -265,6 +280,9 @@ class SearchSpace:
             changes["precisions"] = kept
         if True in self.tp_comm_overlap and not runs_tp_overlap(capabilities):
             changes["tp_comm_overlap"] = (False,)  # off is every consumer's
+        dispatchers = tuple(d for d in self.ep_dispatcher if capabilities.supports("ep_dispatcher", d))
+        if dispatchers != self.ep_dispatcher:
+            changes["ep_dispatcher"] = dispatchers or (EPDispatcher.ALL_TO_ALL,)  # every consumer's
         return replace(self, **changes) if changes else self
 
     @property
@@ -272,6 +290,12 @@ class SearchSpace:
         """Whether this space's plans run TP communication overlap: ``tp_comm_overlap`` is (True,)
         (a space with both values is searched once per value, each search's space holding one)."""
         return self.tp_comm_overlap == (True,)
+
+    @property
+    def dispatcher(self) -> str:
+        """The expert dispatcher this space's plans use (a space with several is searched once per
+        dispatcher, each search's space holding one)."""
+        return self.ep_dispatcher[0]
 
     def with_tp_overlap(self, value: str) -> "SearchSpace":
         """The space with TP communication overlap ``off``, ``on`` or ``search`` (both)."""
@@ -288,8 +312,11 @@ class SearchSpace:
         out = []
         for p in precisions:
             for overlap in self.tp_comm_overlap:
-                label = ", ".join(p) + (", tp overlap on" if overlap else "")
-                out.append((label, replace(self, precisions=p, tp_comm_overlap=(overlap,))))
+                for dispatcher in self.ep_dispatcher:
+                    label = ", ".join(p) + (", tp overlap on" if overlap else "") + (
+                        f", {dispatcher}" if dispatcher != EPDispatcher.ALL_TO_ALL else "")
+                    out.append((label, replace(self, precisions=p, tp_comm_overlap=(overlap,),
+                                               ep_dispatcher=(dispatcher,))))
         return out
 
     def for_gpu(self, gpu) -> "SearchSpace":
@@ -297,6 +324,15 @@ class SearchSpace:
         MXFP8 without gpu.mxfp8); bf16 when none is left."""
         kept = runnable_on(self.precisions, gpu) or (Precision.BF16,)
         return self if kept == self.precisions else replace(self, precisions=kept)
+
+    def for_cluster(self, cluster: ClusterSpec) -> "SearchSpace":
+        """``for_gpu`` of the cluster's GPU, and deepep only where its nodes are NVLink
+        (Plan.validate's rule)."""
+        space = self.for_gpu(cluster.gpu)
+        if EPDispatcher.DEEPEP in space.ep_dispatcher and cluster.intra_node.kind not in NVLINK_KINDS:
+            kept = tuple(d for d in space.ep_dispatcher if d != EPDispatcher.DEEPEP)
+            space = replace(space, ep_dispatcher=kept or (EPDispatcher.ALL_TO_ALL,))
+        return space
 
     def with_precision(self, value: str, gpu) -> "SearchSpace":
         """The space with its precisions set by ``value``: ``search`` (bf16 or the GPU's FP8

@@ -16,6 +16,7 @@ from cost_models.memo import hash_once
 from planners.deadline import check
 from planners.space import Combo, SearchSpace, VocabChoice, layer_allows
 from specs import DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, even_stage_layers
+from specs.axes import EPDispatcher
 from specs.stack import SoftwareStack
 
 _CACHES: "weakref.WeakKeyDictionary[CostModel, dict]" = weakref.WeakKeyDictionary()
@@ -130,6 +131,9 @@ class ComboTables:
     """The stack whose TP communication overlap the layer times assume (SearchSpace.overlaps_tp_comm:
     each layer's hidden TP time taken off, LayerTime.overlapped_micro_batch_s), which the group's
     plans with a tp > 1 layer state with tp_comm_overlap on; None: no overlap."""
+    ep_dispatcher: str = EPDispatcher.ALL_TO_ALL
+    """The expert dispatcher the layer times assume (SearchSpace.dispatcher), which the group's
+    plans with an ep > 1 layer state."""
     shared: dict = field(default_factory=dict, compare=False, repr=False)
     """Answers that do not depend on the budget (memory-blind bounds), computed once per search
     (one budget) and seen by every GroupDP over these tables (``replace`` keeps the same dict).
@@ -143,10 +147,12 @@ class ComboTables:
         c = self.combo
         layers = tuple(self.strategies[i] for i in choice)
         overlap = self.overlap_stack is not None and any(s.tp > 1 for s in layers)
+        dispatched = self.ep_dispatcher != EPDispatcher.ALL_TO_ALL and any(s.ep > 1 for s in layers)
         return Plan(pp=c.pp, stage_layers=tuple(stage_layers), layers=layers,
                     global_batch=c.global_batch, micro_batches=c.micro_batches, schedule=c.schedule,
                     vocab_tp=vocab.tp, vocab_zero3=vocab.zero3, vocab_sp=vocab.sp,
-                    **({"tp_comm_overlap": True, "stack": self.overlap_stack} if overlap else {}), **meta)
+                    **({"tp_comm_overlap": True, "stack": self.overlap_stack} if overlap else {}),
+                    **({"ep_dispatcher": self.ep_dispatcher} if dispatched else {}), **meta)
 
 
 def temp_levels(t: ComboTables) -> np.ndarray:
@@ -230,7 +236,8 @@ def _layer_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, space: 
     layer_type = np.array([index[l] for l in model.layers])
     allowed = np.array([[layer_allows(t, s, combo.global_batch, combo.micro_batches) for s in strategies]
                         for t in types])
-    shared = {"mbs": _micro_batch_sizes(combo, strategies), "overlap": space.overlaps_tp_comm}
+    shared = {"mbs": _micro_batch_sizes(combo, strategies), "overlap": space.overlaps_tp_comm,
+              "dispatcher": space.dispatcher}
     stages = []
     for k in range(combo.pp):
         check(deadline)
@@ -239,7 +246,8 @@ def _layer_tables(model: ModelSpec, cost_model: CostModel, combo: Combo, space: 
                        allowed=allowed, stages=stages, vocab={}, budget_bytes=np.inf,
                        dp_values=sorted({s.dp for s in strategies}),
                        overhead_bytes=cost_model.runtime_overhead_bytes,
-                       overlap_stack=cost_model.stack if space.overlaps_tp_comm else None)
+                       overlap_stack=cost_model.stack if space.overlaps_tp_comm else None,
+                       ep_dispatcher=space.dispatcher)
 
 
 def _complete(model: ModelSpec, cost_model: CostModel, t: ComboTables, vocab_tps: list[VocabChoice],
@@ -328,7 +336,8 @@ def _stage(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrat
     held = in_flight(combo.schedule, combo.pp, k, combo.micro_batches)
     mbs = shared["mbs"]
     if ("local", local) not in shared:
-        shared["local", local] = _stage_times(cm, combo, types, strategies, allowed, mbs, local, shared["overlap"],
+        shared["local", local] = _stage_times(cm, combo, types, strategies, allowed, mbs, local,
+                                              (shared["overlap"], shared["dispatcher"]),
                                               deadline)
     if ("memory", held) not in shared:
         shared["memory", held] = _stage_memory(cm, combo, types, strategies, allowed, mbs, held, shared)
@@ -377,9 +386,11 @@ def _by_message(cm: CostModel, layer: LayerSpec, strategies: list[LayerStrategy]
 
 
 def _stage_times(cm: CostModel, combo: Combo, types: list, strategies: list[LayerStrategy], allowed: np.ndarray,
-                 mbs: np.ndarray, local: int, overlap: bool, deadline: float | None) -> tuple[np.ndarray, np.ndarray]:
+                 mbs: np.ndarray, local: int, choices: tuple[bool, str], deadline: float | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """[type, strategy] per-micro-batch time (LayerTime.overlapped_micro_batch_s: as plan_cost
-    charges it under the space's TP communication ``overlap``) and tail, asked at ``local``."""
+    charges it under the space's ``choices``, its TP communication overlap and expert dispatcher)
+    and tail, asked at ``local``."""
     cache = memo(cm)
     time_s, tail_s = np.full((len(types), len(strategies)), np.inf), np.full((len(types), len(strategies)), np.inf)
     for ti, layer in enumerate(types):
@@ -389,7 +400,7 @@ def _stage_times(cm: CostModel, combo: Combo, types: list, strategies: list[Laye
             if lt is None:
                 check(deadline)
                 lt = cache[key] = cm.layer_time(layer, strategies[si], int(mbs[si]), combo.micro_batches, local)
-            time_s[ti, si], tail_s[ti, si] = lt.overlapped_micro_batch_s(overlap), lt.tail_s
+            time_s[ti, si], tail_s[ti, si] = lt.overlapped_micro_batch_s(*choices), lt.tail_s
     return time_s, tail_s
 
 

@@ -23,6 +23,9 @@ from specs.schema import ClusterFile, check
 INTRA_KINDS = ("nvswitch", "nvlink", "pcie", "shm")
 """nvswitch/nvlink: every GPU has its own port; pcie: GPUs under a switch share its uplink to
 the CPU; shm: CPU processes on one host (the executor's tests)."""
+NVLINK_KINDS = ("nvswitch", "nvlink")
+"""The intra-node kinds that give every GPU its own NVLink port: what a scale-up domain beyond a
+node and DeepEP's intranode kernels need."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +167,7 @@ class ClusterSpec:
             at_most(domain, MAX_SCALE_UP_DOMAIN_GPUS, "scale_up_domain_gpus", "NVLink 5's largest domain")
             require(domain % self.gpus_per_node == 0, "scale_up_domain_gpus",
                     f"{domain} is not a multiple of gpus_per_node({self.gpus_per_node})")
-            require(domain == self.gpus_per_node or self.intra_node.kind in ("nvswitch", "nvlink"),
+            require(domain == self.gpus_per_node or self.intra_node.kind in NVLINK_KINDS,
                     "scale_up_domain_gpus", f"a domain of {domain} GPUs beyond one node needs an "
                     f"nvswitch or nvlink intra_node link, not {self.intra_node.kind!r}")
 

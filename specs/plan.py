@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, EPDispatcher, SequenceParallel
+from specs.cluster import NVLINK_KINDS
 from specs.errors import SpecError, check_fields, load_json_with, member, one_of, positive_int
 from specs.files import atomic_write_text
 from specs.hashing import cached_hash, without_cached_hash
@@ -446,7 +447,7 @@ class Plan:
             _check_layer(i, s, spec, self.global_batch, self.micro_batches)
             passed.add(key)
         self._check_vocab(model, per_stage)
-        if self.ep_dispatcher == EPDispatcher.DEEPEP and cluster.intra_node.kind not in ("nvswitch", "nvlink"):
+        if self.ep_dispatcher == EPDispatcher.DEEPEP and cluster.intra_node.kind not in NVLINK_KINDS:
             raise SpecError("ep_dispatcher", f"deepep needs NVLink between a node's GPUs (DeepEP's intranode "
                             f"kernels): cluster {cluster.name}'s intra-node link is {cluster.intra_node.kind}")
         refused = gpu_refusal(self.precision, cluster.gpu) if self.precision.is_fp8 else None
