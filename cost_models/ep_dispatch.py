@@ -14,7 +14,7 @@ import math
 from functools import lru_cache
 from typing import Callable, NamedTuple, Sequence
 
-from specs import ClusterSpec, LayerSpec, LayerStrategy, MoESpec, layer_grid
+from specs import ClusterSpec, Degrees, LayerSpec, LayerStrategy, MoESpec, layer_grid
 from specs.layer_parts import FAKE_BALANCED
 
 BYTES_PER_ACTIVATION = 2
@@ -101,13 +101,23 @@ def deepep_leg(all_to_all: Callable[[float, Sequence[Sequence[int]]], float], cl
     groups) with tokens x E[domains] x h x 2 bytes, and the NVLink leg inside each domain with tokens x
     E[GPUs] x h x 2 bytes; in the symmetric case (p-1)/p of each leaves, the copies to remote domains
     and to GPUs that did not receive the token themselves."""
+    n_domains, rails, n_gpus, domains = _leg_geometry(cluster, layer.moe, strategy.degrees, first_rank)
+    per_copy = tokens * layer.hidden_size * BYTES_PER_ACTIVATION
+    legs = [(per_copy * n_domains, rails), (per_copy * n_gpus, domains)]
+    return max((DeepEPLeg(n, g, all_to_all(n, g)) for n, g in legs), key=lambda leg: leg.time_s)
+
+
+@lru_cache(maxsize=4096)
+def _leg_geometry(cluster: ClusterSpec, moe: MoESpec, degrees: Degrees, first_rank: int
+                  ) -> tuple[float, tuple[tuple[int, ...], ...], float, tuple[tuple[int, ...], ...]]:
+    """(E[domains], rail groups, E[GPUs], domain groups) of the ep groups of a layer split by
+    ``degrees`` from ``first_rank``: what deepep_leg's two legs send and over which groups, the same
+    for every micro-batch size (a planner asks it for each), so worked out once."""
     rails, domains, n_domains, n_gpus = [], [], 0.0, 0.0
-    for group in layer_grid(first_rank, strategy.degrees).groups("ep"):
-        split = domain_split(cluster, group, layer.moe.num_experts)
-        d, g = expected_destinations(layer.moe, split)
+    for group in layer_grid(first_rank, degrees).groups("ep"):
+        split = domain_split(cluster, group, moe.num_experts)
+        d, g = expected_destinations(moe, split)
         n_domains, n_gpus = max(n_domains, d), max(n_gpus, g)
         domains += split.parts
         rails += [tuple(p[j] for p in split.parts if j < len(p)) for j in range(max(map(len, split.parts)))]
-    per_copy = tokens * layer.hidden_size * BYTES_PER_ACTIVATION
-    legs = [(per_copy * n_domains, tuple(rails)), (per_copy * n_gpus, tuple(domains))]
-    return max((DeepEPLeg(n, g, all_to_all(n, g)) for n, g in legs), key=lambda leg: leg.time_s)
+    return n_domains, tuple(rails), n_gpus, tuple(domains)
