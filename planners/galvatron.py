@@ -36,7 +36,8 @@ group at pp <= 8, 30-130 ms at pp 16-64), and completing a group's tables costs 
 
 DEFAULTS = {"space": "full", "mode": "fast", "memory_granularity_mib": 0.0, "partition": "search",
             "top_k": 3, "stage_imbalance": 2.0, "max_temp_levels": None, "time_limit_s": None, "gap_tolerance": 0.0,
-            "prove_candidates": 2_000_000, "precision_per": "plan", "tp_comm_overlap": None}
+            "prove_candidates": 2_000_000, "precision_per": "plan", "tp_comm_overlap": None,
+            "ep_dispatcher": None}
 """stage_imbalance: in fast mode a stage holds at most ceil(imbalance * layers / pp) layers
 (None: any); exact mode ignores it. max_temp_levels: round temporaries up to this many
 distinct sizes (None: exact; fewer levels make the Pareto pruning cheaper). time_limit_s: bounds
@@ -55,19 +56,24 @@ searches each of the space's precisions for every layer and keeps the best plan 
 Transformer Engine run one recipe for the whole model; the DP's strategies stay as many as in BF16);
 ``layer`` lets each layer choose (twice the strategies: exact, much slower on large models).
 tp_comm_overlap: ``off``, ``on`` or ``search`` (one search each way, the best kept) sets the space's
-SearchSpace.tp_comm_overlap; None keeps the space's (off in every preset)."""
+SearchSpace.tp_comm_overlap; None keeps the space's (off in every preset but moe). ep_dispatcher:
+``all_to_all``, ``deepep`` or ``search`` sets SearchSpace.ep_dispatcher; None keeps the space's
+(all_to_all in every preset)."""
 
 
-def resolve_space(space: Any, cost_model: CostModel | None = None, overlap: str | None = None) -> SearchSpace:
+def resolve_space(space: Any, cost_model: CostModel | None = None, overlap: str | None = None,
+                  dispatcher: str | None = None) -> SearchSpace:
     """The SearchSpace (or preset name) ``space`` with TP communication ``overlap`` (off, on,
-    search; None: the space's), less what ``cost_model`` cannot score and the precisions its
-    cluster's GPU cannot run."""
+    search; None: the space's) and expert ``dispatcher`` (all_to_all, deepep, search; None: the
+    space's), less what ``cost_model`` cannot score and what its cluster cannot run."""
     if isinstance(space, str):
         space = SearchSpace.preset(space)
     if not isinstance(space, SearchSpace):
         raise SpecError("space", f"must be a SearchSpace or a preset name, got {space!r}")
     if overlap is not None:
         space = space.with_tp_overlap(str(overlap))
+    if dispatcher is not None:
+        space = space.with_ep_dispatcher(str(dispatcher))
     return space if cost_model is None else space.within(cost_model.capabilities).for_cluster(cost_model.cluster)
 
 
@@ -86,7 +92,7 @@ class GalvatronPlanner(Planner):
         has already started the clock (precision_per=plan)."""
         given = dict(options)
         opts = pop_options(options, self.defaults, self.name)
-        space = resolve_space(opts["space"], cost_model, opts["tp_comm_overlap"])
+        space = resolve_space(opts["space"], cost_model, opts["tp_comm_overlap"], opts["ep_dispatcher"])
         if opts["precision_per"] not in ("plan", "layer"):
             raise SpecError("precision_per", f"must be plan or layer, got {opts['precision_per']!r}")
         spaces = space.one_choice_spaces(opts["precision_per"] == "plan")
@@ -201,7 +207,8 @@ class GalvatronPlanner(Planner):
         deadline = None if limit is None else time.monotonic() + time_limit(limit)
         results, skipped = search_each(spaces, deadline, lambda space: self._search(
             model, cluster, budget, cost_model,
-            {**given, "space": space, "precision_per": "layer", "tp_comm_overlap": None}, deadline))
+            {**given, "space": space, "precision_per": "layer", "tp_comm_overlap": None, "ep_dispatcher": None},
+            deadline))
         return union(self.name, results, int(opts["top_k"]), skipped, limit)
 
 

@@ -141,11 +141,11 @@ class SearchSpace:
     ep_dispatcher: tuple[str, ...] = (EPDispatcher.ALL_TO_ALL,)
     """Expert dispatchers (Plan.ep_dispatcher), each a search of its own as a plan makes the choice
     once; the tables charge each MoE layer's dispatch under it and the plans with an ep > 1 layer
-    state it. Every preset but ``moe`` is all_to_all; ``moe`` is deepep (DeepSeek-V3-class MoE
-    training dispatches with DeepEP: Megatron-Core's flex dispatcher, NeMo AutoModel's TE + DeepEP),
-    which never prices a dispatch above the all-to-all's on NVLink nodes. ``within`` keeps the
-    dispatchers a consumer scores, ``for_cluster`` deepep only on NVLink nodes (all_to_all where
-    none is left)."""
+    state it. Every preset is all_to_all; deepep is searched when asked (``with_ep_dispatcher``,
+    --option galvatron.ep_dispatcher=deepep|search): with DeepEP's cheaper dispatch many more
+    groups come close to the best, and DeepSeek-V3's search on 2048 H100 takes ~45 s against ~5 s
+    and stops with a gap (docs/search.md). ``within`` keeps the dispatchers a consumer scores,
+    ``for_cluster`` deepep only on NVLink nodes (all_to_all where none is left)."""
 
     def __post_init__(self) -> None:
         for name in ("max_tp", "max_pp", "max_micro_batches", "cp_min_tokens"):
@@ -225,8 +225,7 @@ class SearchSpace:
         moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=tuple(Recompute),
                       sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON), tp_consecutive=(True,),
                       virtual_stages=(1, 2, 4), vocab_sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON),
-                      expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20, tp_comm_overlap=(True,),
-                      ep_dispatcher=(EPDispatcher.DEEPEP,))
+                      expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20, tp_comm_overlap=(True,))
         presets = {
             "full": full, "moe": moe, "galvatron": paper, "galvatron2": galvatron2, "classic": classic,
             "dp+tp": replace(classic, pp_degrees=(1,), dp_types=(DPType.DDP,)),
@@ -303,6 +302,14 @@ class SearchSpace:
         if value not in values:
             raise SpecError("tp_comm_overlap", f"{value!r}: choose from {', '.join(values)}")
         return replace(self, tp_comm_overlap=values[value])
+
+    def with_ep_dispatcher(self, value: str) -> "SearchSpace":
+        """The space with expert dispatcher ``all_to_all``, ``deepep`` or ``search`` (both)."""
+        values = {EPDispatcher.ALL_TO_ALL: (EPDispatcher.ALL_TO_ALL,), EPDispatcher.DEEPEP: (EPDispatcher.DEEPEP,),
+                  "search": (EPDispatcher.ALL_TO_ALL, EPDispatcher.DEEPEP)}
+        if value not in values:
+            raise SpecError("ep_dispatcher", f"{value!r}: choose from {', '.join(values)}")
+        return replace(self, ep_dispatcher=values[value])
 
     def one_choice_spaces(self, per_precision: bool) -> list[tuple[str, "SearchSpace"]]:
         """The spaces searched one after another for the choices a plan makes once, with a label

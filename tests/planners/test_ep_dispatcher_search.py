@@ -1,5 +1,5 @@
-"""The expert dispatcher as a choice of the search: the space's axis (deepep in the moe preset,
-all_to_all elsewhere, dropped where the cost model cannot score it or the nodes are not NVLink),
+"""The expert dispatcher as a choice of the search: the space's axis (all_to_all in every preset,
+deepep or both when asked, dropped where the cost model cannot score it or the nodes are not NVLink),
 the tables' layer times with the dispatcher's expert traffic, the plans stating it, and their
 objective equal to plan_cost."""
 from __future__ import annotations
@@ -20,17 +20,18 @@ from specs.axes import EPDispatcher
 MODEL, CLUSTER = load_model("mixtral-8x7b"), load_cluster("dgx-h100:2")
 BUDGET = Budget(memory_gib=80, global_batch=32)
 SPACE = replace(SearchSpace.preset("moe"), pp_degrees=(1, 2), micro_batches=(4, 8), virtual_stages=(1,),
-                recompute=("full",), dp_types=("zero1",))
+                recompute=("full",), dp_types=("zero1",)).with_ep_dispatcher("deepep")
 """Mixtral on 16 H100 (two nodes): its experts split over ep up to 16, across the nodes."""
 PRESETS = ("full", "galvatron", "galvatron2", "classic", "dp+tp", "dp+pp", "3d", "dp", "zero3")
 
 
-def test_the_moe_preset_dispatches_with_deepep_and_the_others_with_the_all_to_all():
-    assert SearchSpace.preset("moe").ep_dispatcher == (EPDispatcher.DEEPEP,)
-    assert all(SearchSpace.preset(p).ep_dispatcher == (EPDispatcher.ALL_TO_ALL,) for p in PRESETS)
-    both = replace(SPACE, ep_dispatcher=(EPDispatcher.ALL_TO_ALL, EPDispatcher.DEEPEP))
+def test_every_preset_dispatches_with_the_all_to_all_and_deepep_is_asked_for():
+    assert all(SearchSpace.preset(p).ep_dispatcher == (EPDispatcher.ALL_TO_ALL,) for p in PRESETS + ("moe",))
+    both = SPACE.with_ep_dispatcher("search")
     assert [s.ep_dispatcher for _, s in both.one_choice_spaces(True)] == [(EPDispatcher.ALL_TO_ALL,),
                                                                          (EPDispatcher.DEEPEP,)]
+    with pytest.raises(SpecError, match="ep_dispatcher"):
+        SPACE.with_ep_dispatcher("nccl")
     with pytest.raises(SpecError, match="ep_dispatcher"):
         replace(SPACE, ep_dispatcher=("nccl",))
     with pytest.raises(SpecError, match="ep_dispatcher"):
@@ -69,7 +70,8 @@ def test_the_tables_charge_the_dispatchers_expert_traffic():
 
 def test_the_search_states_deepep_and_its_objective_is_plan_cost():
     cm = cost_models.get("analytical", CLUSTER)
-    res = planners.get("galvatron").plan(MODEL, CLUSTER, BUDGET, cm, {"space": SPACE})
+    space = replace(SPACE, ep_dispatcher=(EPDispatcher.ALL_TO_ALL,))
+    res = planners.get("galvatron").plan(MODEL, CLUSTER, BUDGET, cm, {"space": space, "ep_dispatcher": "deepep"})
     assert res.feasible and res.stats.solver_status == "optimal"
     for ranked in res.top_k:
         plan = ranked.plan
