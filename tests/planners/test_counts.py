@@ -175,28 +175,32 @@ def test_plus_equals_pruning_every_sum(seed):
     assert np.array_equal(got.cost_s, cost[keep])
 
 
+def _one_stage_groups():
+    """(tables, exact GroupDP) of every pp 1 group of identical layers past MAX_COUNT_LAYERS, over
+    four random cost models and two budgets."""
+    for seed in range(4):
+        model, cluster = tiny_model(MAX_COUNT_LAYERS + 2, identical=True), tiny_cluster()
+        for budget_kib in (9000, 14000):
+            for t in grouped_tables(model, RandomCostModel(cluster, seed), budget_kib * KIB, PIPE_SPACE, (8,)):
+                if t.combo.pp == 1:
+                    yield t, GroupDP(t, exact=True, even=False)
+
+
 def test_a_one_stage_group_takes_the_count_bound_over_all_its_layers():
     """pp 1: the count bound covers the whole stage, past MAX_COUNT_LAYERS (the identical layers'
     chain is built once a group): it lies between the LP bound and the group's exact optimum, and
     lifts the LP bound somewhere."""
-    layers = MAX_COUNT_LAYERS + 2
     lifted = solved = 0
-    for seed in range(4):
-        model, cluster = tiny_model(layers, identical=True), tiny_cluster()
-        for budget_kib in (9000, 14000):
-            for t in grouped_tables(model, RandomCostModel(cluster, seed), budget_kib * KIB, PIPE_SPACE, (8,)):
-                if t.combo.pp != 1:
-                    continue
-                dp = GroupDP(t, exact=True, even=False)
-                for v in t.vocab:
-                    lp = memory_floor(t, v, dp.bound_windows, [None])
-                    counted = memory_floor(t, v, dp.bound_windows, [None], counts=True)
-                    sol = dp.solve(v, bound=False)
-                    assert counted >= lp * (1 - 1e-12)
-                    if sol is not None:
-                        assert counted <= sol.objective_s * (1 + 1e-12)
-                        solved += 1
-                    lifted += np.isfinite(counted) and counted > lp * (1 + 1e-9)
+    for t, dp in _one_stage_groups():
+        for v in t.vocab:
+            lp = memory_floor(t, v, dp.bound_windows, [None])
+            counted = memory_floor(t, v, dp.bound_windows, [None], counts=True)
+            sol = dp.solve(v, bound=False)
+            assert counted >= lp * (1 - 1e-12)
+            if sol is not None:
+                assert counted <= sol.objective_s * (1 + 1e-12)
+                solved += 1
+            lifted += np.isfinite(counted) and counted > lp * (1 + 1e-9)
     assert solved and lifted
 
 
@@ -209,36 +213,28 @@ def test_a_one_stage_count_bound_cut_by_an_incumbent_decides_as_the_whole_chain(
     from dataclasses import replace
 
     from planners.segments import ANY_VOCAB, _least_vocab
-    layers = MAX_COUNT_LAYERS + 2
     equal = capped = 0
-    for seed in range(4):
-        model, cluster = tiny_model(layers, identical=True), tiny_cluster()
-        for budget_kib in (9000, 14000):
-            for t in grouped_tables(model, RandomCostModel(cluster, seed), budget_kib * KIB, PIPE_SPACE, (8,)):
-                if t.combo.pp != 1:
-                    continue
-                dp = GroupDP(t, exact=True, even=False)
-                whole = {v: memory_floor(replace(t, shared={}), v, dp.bound_windows, [None], counts=True)
-                         for v in t.vocab}
-                best = {v: dp.solve(v, bound=False) for v in t.vocab}
-                finite = [b for b in whole.values() if np.isfinite(b)]
-                if not finite:
-                    continue
-                merged = replace(t, vocab={ANY_VOCAB: [_least_vocab([c[0] for c in t.vocab.values()])]}, shared={})
-                for incumbent in (min(finite) * 1.001, float(np.median(finite)), max(finite) * 0.999):
-                    first = replace(merged, shared={})
-                    memory_floor(first, ANY_VOCAB, dp.bound_windows, [None], counts=True, incumbent_s=incumbent)
-                    for v, b in whole.items():
-                        reused = memory_floor(replace(t, shared=first.shared), v, dp.bound_windows, [None],
-                                              counts=True, incumbent_s=incumbent)
-                        alone = memory_floor(replace(t, shared={}), v, dp.bound_windows, [None], counts=True,
-                                             incumbent_s=incumbent)
-                        for cut in (reused, alone):
-                            assert cut >= min(b, incumbent) * (1 - 1e-12)
-                            if best[v] is not None:
-                                assert cut <= best[v].objective_s * (1 + 1e-12)
-                                if b < incumbent:
-                                    assert cut == pytest.approx(b, rel=1e-12)
-                                    equal += 1
-                            capped += cut > b * (1 + 1e-9)
+    for t, dp in _one_stage_groups():
+        whole = {v: memory_floor(replace(t, shared={}), v, dp.bound_windows, [None], counts=True) for v in t.vocab}
+        best = {v: dp.solve(v, bound=False) for v in t.vocab}
+        finite = [b for b in whole.values() if np.isfinite(b)]
+        if not finite:
+            continue
+        merged = replace(t, vocab={ANY_VOCAB: [_least_vocab([c[0] for c in t.vocab.values()])]}, shared={})
+        for incumbent in (min(finite) * 1.001, float(np.median(finite)), max(finite) * 0.999):
+            first = replace(merged, shared={})
+            memory_floor(first, ANY_VOCAB, dp.bound_windows, [None], counts=True, incumbent_s=incumbent)
+            for v, b in whole.items():
+                reused = memory_floor(replace(t, shared=first.shared), v, dp.bound_windows, [None], counts=True,
+                                      incumbent_s=incumbent)
+                alone = memory_floor(replace(t, shared={}), v, dp.bound_windows, [None], counts=True,
+                                     incumbent_s=incumbent)
+                for cut in (reused, alone):
+                    assert cut >= min(b, incumbent) * (1 - 1e-12)
+                    if best[v] is not None:
+                        assert cut <= best[v].objective_s * (1 + 1e-12)
+                        if b < incumbent:
+                            assert cut == pytest.approx(b, rel=1e-12)
+                            equal += 1
+                    capped += cut > b * (1 + 1e-9)
     assert equal and capped

@@ -5,7 +5,6 @@ passes while completing leaves each group not completed with its layers-only bou
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import cost_models
 import planners

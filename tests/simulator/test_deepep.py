@@ -8,9 +8,8 @@ import pytest
 
 import cost_models
 from simulator import simulate
-from specs import model_from_dict, uniform_plan
 from tests.simulator.handmade import HandCostModel, timeline
-from tests.simulator.test_experts import two_by_two
+from tests.simulator.test_experts import one_moe_layer_ep4
 
 IDEAL = dict(bus_efficiency=1.0, network_efficiency=1.0, collective_base_latency_s=0.0)
 
@@ -33,12 +32,8 @@ def test_deepep_plays_its_network_leg_on_the_rails():
     # of them; each rank sends 32 x 5/3 x 128 B over the rails (0, 2) and (1, 3), half of it to its peer,
     # and node 0's NIC carries both halves: 32 x 5/3 x 128 B at 8192 B/s = 5/6 s. The NVLink leg (2 GPUs
     # a token, 8192 B a rank, half of it over a 81920 B/s port: 0.05 s) runs beneath it.
-    model = model_from_dict(dict(model_type="mixtral", vocab_size=96, hidden_size=64, intermediate_size=160,
-                                 num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                 seq_length=32, num_local_experts=4), name="moe-1")
-    cluster = two_by_two(nic_bytes_per_s=8192.0, port_bytes_per_s=81920.0)
-    base = uniform_plan(1, dp=4, global_batch=4)
-    plan = replace(base, layers=(replace(base.layers[0], ep=4),), ep_dispatcher="deepep")
+    model, cluster, plain = one_moe_layer_ep4()
+    plan = replace(plain, ep_dispatcher="deepep")
     result = simulate(model, cluster, plan, HandWithLinks(cluster), keep_spans=True)
     a2a = 32 * 5 / 3 * 128 / 8192
     assert a2a == pytest.approx(5 / 6)

@@ -72,15 +72,20 @@ def test_dispatch_and_dp_all_reduce_sharing_a_nic_slow_each_other():
     assert _play(fast, a2a, ar) == {"a2a": 0.2, "ar": 0.3}
 
 
-def test_moe_layer_dispatch_and_combine_on_the_tp_stream():
-    # one Mixtral-style layer, 4 experts, top-2, hidden 64, 32 tokens; dp 4 ep 4, one sample per rank:
-    # each all-to-all sends 32 x 2 x 64 x 2 = 8192 bytes per rank; through an 8192 B/s NIC, 1 s each.
+def one_moe_layer_ep4():
+    """(model, cluster, plan): one Mixtral-style layer, 4 experts, top-2, hidden 64, 32 tokens; dp 4
+    ep 4 on 2 nodes x 2 GPUs (8192 B/s NICs, 81920 B/s ports), one sample per rank."""
     model = model_from_dict(dict(model_type="mixtral", vocab_size=96, hidden_size=64, intermediate_size=160,
                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                                  seq_length=32, num_local_experts=4), name="moe-1")
-    cluster = two_by_two(nic_bytes_per_s=8192.0, port_bytes_per_s=81920.0)
     base = uniform_plan(1, dp=4, global_batch=4)
-    plan = replace(base, layers=(replace(base.layers[0], ep=4),))
+    return (model, two_by_two(nic_bytes_per_s=8192.0, port_bytes_per_s=81920.0),
+            replace(base, layers=(replace(base.layers[0], ep=4),)))
+
+
+def test_moe_layer_dispatch_and_combine_on_the_tp_stream():
+    # each all-to-all sends 32 x 2 x 64 x 2 = 8192 bytes per rank; through an 8192 B/s NIC, 1 s each.
+    model, cluster, plan = one_moe_layer_ep4()
     assert experts.all_to_all_bytes(model.layers[0], plan.layers[0], 1) == 8192
     result = simulate(model, cluster, plan, HandCostModel(cluster), keep_spans=True)
     # forward 1 s, dispatch + combine 2 s; backward 2 s, their transposes 2 s
