@@ -142,7 +142,7 @@ class ExactPlanner(Planner):
         self.check_options(opts)
         space, even = resolve_space(opts["space"], cost_model), opts["partition"] == "even"
         spaces = space.one_choice_spaces(per_precision=False)
-        if len(spaces) > 1:  # TP overlap off and on: a search each, the limit shared
+        if len(spaces) > 1:  # TP overlap off and on, each dispatcher: a search each, the limit shared
             return self._per_choice(model, cluster, budget, cost_model, options, spaces, deadline, int(opts["top_k"]))
         log, state = SolveLog(), OuterState(limit_s=limit_s)
         if opts["warm_start"]:
