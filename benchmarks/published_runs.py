@@ -63,6 +63,10 @@ class PublishedRun:
     tp_comm_overlap: bool = False
     """The TP collectives overlap their GEMMs as the source's configuration states (Transformer
     Engine userbuffers, torchtitan's async TP; Plan.tp_comm_overlap, with Megatron-SP, which both need)."""
+    sequence_parallel: bool = False
+    """The layers run Megatron-SP (norms and residuals on s / tp tokens between an all-gather and a
+    reduce-scatter) as the source's code or recipe states: torchtitan's TP plan always does,
+    Megatron-Bridge's recipes set it; required by tp_comm_overlap."""
     ep_dispatcher: str = EPDispatcher.ALL_TO_ALL
     """How the source's MoE layers dispatch tokens to experts (Plan.ep_dispatcher; empty: all_to_all)."""
     routing: str = LEARNED
@@ -90,7 +94,8 @@ INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "
 OPTIONAL_INT_FIELDS = {"ep": 1}
 """Integer columns a row may leave empty, with the value an empty one means."""
 BOOLS = {"true": True, "false": False}
-"""The ``tp_comm_overlap`` column's values."""
+BOOL_FIELDS = ("tp_comm_overlap", "sequence_parallel")
+"""Columns of ``BOOLS`` values."""
 CHOICE_FIELDS = {"ep_dispatcher": tuple(str(d) for d in EPDispatcher), "routing": ROUTINGS}
 """Columns of named choices a row may leave empty (the first choice)."""
 
@@ -103,9 +108,10 @@ def load_runs() -> list[PublishedRun]:
             try:
                 typed = {k: int(row[k]) for k in INT_FIELDS}
                 typed |= {k: int(row.get(k) or default) for k, default in OPTIONAL_INT_FIELDS.items()}
-                if row["tp_comm_overlap"] not in BOOLS:
-                    raise ValueError(f"tp_comm_overlap {row['tp_comm_overlap']!r} is not true or false")
-                typed["tp_comm_overlap"] = BOOLS[row["tp_comm_overlap"]]
+                typed |= {k: _bool(row, k) for k in BOOL_FIELDS}
+                if typed["tp_comm_overlap"] and not typed["sequence_parallel"]:
+                    raise ValueError("tp_comm_overlap true needs sequence_parallel true (the overlap splits "
+                                     "Megatron-SP's all-gathers and reduce-scatters)")
                 typed |= {k: _choice(row, k, choices) for k, choices in CHOICE_FIELDS.items()}
                 mem = float(row["memory_gib"]) if row["memory_gib"] else None
                 out.append(PublishedRun(**{k: row[k] for k in ("id", "cluster", "model", "framework", "software",
@@ -115,6 +121,13 @@ def load_runs() -> list[PublishedRun]:
             except (KeyError, ValueError) as err:
                 raise SpecError(f"published_runs[{row.get('id', '?')}]", str(err)) from None
     return out
+
+
+def _bool(row: dict, key: str) -> bool:
+    """The row's ``key``: true or false."""
+    if row[key] not in BOOLS:
+        raise ValueError(f"{key} {row[key]!r} is not true or false")
+    return BOOLS[row[key]]
 
 
 def _choice(row: dict, key: str, choices: tuple[str, ...]) -> str:
@@ -172,12 +185,12 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     """Uniform layers as the row states them, every layer in the row's precision (none of the
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
     shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
-    row's ep and its expert dispatcher; the row's software stack, and its TP communication overlap with Megatron-SP."""
+    row's ep and its expert dispatcher; the row's software stack, Megatron-SP and TP communication overlap."""
     every_2nd = run.recompute == "full-every-2nd"
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, global_batch=run.global_batch,
                         micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
                         recompute=Recompute.NONE if every_2nd else run.recompute,
-                        sp=SequenceParallel.MEGATRON if run.tp_comm_overlap else SequenceParallel.NONE)
+                        sp=SequenceParallel.MEGATRON if run.sequence_parallel else SequenceParallel.NONE)
     layers = plan.layers
     if every_2nd:  # torchtitan's "selective layer" AC: every other block fully recomputed
         layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)

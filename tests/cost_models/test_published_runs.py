@@ -68,11 +68,34 @@ def test_tp_comm_overlap_is_planned_where_the_source_states_it():
 
 
 def test_a_malformed_overlap_value_is_one_line_naming_the_row(tmp_path, monkeypatch):
-    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,,,flash,", ",none,yes,,,flash,", 1)
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,true,,,flash,", ",none,yes,true,,,flash,", 1)
     bad = tmp_path / "published_runs.csv"
     bad.write_text(text)
     monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
     with pytest.raises(SpecError, match=r"published_runs\[mb-25.11-h100-llama3-70b-fp8\]: tp_comm_overlap 'yes'"):
+        pr.load_runs()
+
+
+def test_megatron_sp_is_planned_where_the_source_runs_it():
+    """torchtitan's TP plan always shards norms and residuals over tp (SequenceParallel), and
+    Megatron-Bridge's recipes set sequence_parallel: without it the 405B 2D rows' activations would
+    not fit the 96 GiB they ran on."""
+    assert {r.id for r in pr.load_runs() if r.sequence_parallel} == {
+        r.id for r in pr.load_runs() if r.tp > 1 and r.framework in ("torchtitan", "megatron-bridge")}
+    run = _run("tt-h100-405b-2d")
+    assert run.sequence_parallel and not run.tp_comm_overlap
+    assert {s.sp for s in pr.plan_for(run, load_model(run.model)).layers} == {"megatron"}
+    gpu_gib = pr.cluster_for(run).gpu.memory_gib
+    assert pr.predict(run).predicted_gib < gpu_gib < pr.predict(replace(run, sequence_parallel=False)).predicted_gib
+
+
+def test_overlap_without_sequence_parallel_is_one_line_naming_the_row(tmp_path, monkeypatch):
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,true,,,flash,", ",none,true,false,,,flash,", 1)
+    bad = tmp_path / "published_runs.csv"
+    bad.write_text(text)
+    monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
+    with pytest.raises(SpecError, match=r"published_runs\[mb-25.11-h100-llama3-70b-fp8\]: tp_comm_overlap true needs "
+                                        r"sequence_parallel true"):
         pr.load_runs()
 
 
