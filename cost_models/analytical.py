@@ -113,6 +113,12 @@ def _compute_strategy(strategy: LayerStrategy) -> LayerStrategy:
     return replace(strategy, dp_type=DPType.DDP) if strategy.dp_type != DPType.DDP else strategy
 
 
+def _sp_split(strategy: LayerStrategy) -> int:
+    """Ranks a Megatron-SP all-gather collects its tokens from: tp under Megatron-SP, 1 otherwise
+    (an FP8 layer casts the gathered inputs on that shard, fp8.forward_ops)."""
+    return strategy.tp if strategy.megatron_sp else 1
+
+
 @lru_cache(maxsize=65536)
 def _sync_strategy(strategy: LayerStrategy) -> LayerStrategy:
     """``strategy`` without recomputation: what _compute_sync reads (the strategies of one layout
@@ -221,14 +227,15 @@ class AnalyticalModel(CostModel):
         return max(gpu_s, count * self.constants.host_time_per_kernel_s - hidden_host_s)
 
     def _compute_pass_kernels(self, layer: LayerSpec, tp: int, mbs: int, split, cp: int = 1,
-                              precision: Precision = Precision.BF16) -> tuple[tuple, ...]:
+                              precision: Precision = Precision.BF16, sp: int = 1) -> tuple[tuple, ...]:
         """(GPU seconds, kernel count) of the layer's forward, of its backward and of the weight-
         gradient GEMMs within that backward (W of a split backward) on one of tp GPUs (s / cp
         tokens), and the GEMMs beside its TP collectives (tp_overlap.site_gemm_s): what every
-        strategy of the same split, micro-batch size, expert split and precision shares (FP8:
-        cost_models/fp8.py)."""
+        strategy of the same split, micro-batch size, expert split, precision and Megatron-SP split
+        ``sp`` shares (FP8: cost_models/fp8.py; the norms and residual adds stay on all the rank's
+        tokens, docs/cost_models.md, "FP8")."""
         bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
-        fwd, bwd = fp8.forward_ops(bf16, precision), fp8.backward_ops(backward_ops(bf16), precision)
+        fwd, bwd = fp8.forward_ops(bf16, precision, sp), fp8.backward_ops(backward_ops(bf16), precision)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
                 (sum(map(self.op_time, wgrad)), len(wgrad)), tp_overlap.site_gemm_s(self.op_time, fwd, bwd))
@@ -267,7 +274,7 @@ class AnalyticalModel(CostModel):
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
         fwd, bwd, wgrad, gemms = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs,
                                                     experts.compute_split(layer, strategy, self.expert_imbalance),
-                                                    strategy.cp, strategy.precision)
+                                                    strategy.cp, strategy.precision, _sp_split(strategy))
         forward_s = self._launch_bound(fwd, pass_comm_s)
         own_backward_s = self._launch_bound(bwd, pass_comm_s)
         backward_s = own_backward_s + self.recompute_time(layer, strategy, mbs, pass_comm_s)
@@ -290,7 +297,10 @@ class AnalyticalModel(CostModel):
             return ()
         nbytes = seq.tp_message_bytes(layer, mbs) / strategy.cp
         comm_s = {kind: self.collective_time(kind, nbytes, tp_groups) for kind in ("all_gather", "reduce_scatter")}
-        return tp_overlap.overlap_pairs(gemms, comm_s, strategy.tp, strategy.recompute == Recompute.FULL)
+        forward_comm_s = comm_s | {"all_gather": self.collective_time(
+            "all_gather", seq.forward_gather_bytes(nbytes, strategy), tp_groups)}
+        return tp_overlap.overlap_pairs(gemms, comm_s, strategy.tp, strategy.recompute == Recompute.FULL,
+                                        forward_comm_s)
 
     def _compute_sync(self, layer: LayerSpec, strategy: LayerStrategy, first_rank: int
                       ) -> tuple[RankGroups, DPTraffic, float, bool]:
@@ -329,7 +339,7 @@ class AnalyticalModel(CostModel):
         if strategy.recompute == Recompute.FULL:  # the forward again, experts split as in it
             split = experts.compute_split(layer, strategy, self.expert_imbalance)
             fwd = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs, split, strategy.cp,
-                                     strategy.precision)[0]
+                                     strategy.precision, _sp_split(strategy))[0]
             return self._launch_bound(fwd, pass_comm_s)
         ops = seq.recompute_ops(layer, strategy, mbs)
         return self.ops_time(ops) if ops else 0.0

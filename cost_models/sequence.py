@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable, Sequence
 
+from cost_models import fp8
 from cost_models.ops import ExpertSplit, Op, forward_ops
 from specs import LayerSpec, LayerStrategy, RankGroups, Recompute, layer_grid
 
@@ -73,7 +74,8 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
                  tp_groups: Sequence[Sequence[int]], allreduces_per_pass: int) -> float:
     """TP-group traffic of one micro-batch, forward and backward (and a full recompute):
     Megatron TP all-reduces; Megatron-SP replaces each by a reduce-scatter and an all-gather
-    (same bytes on the ring, twice the latency steps); Ulysses all-to-alls instead. Under cp
+    (same bytes on the ring, twice the latency steps; forward_gather_bytes for FP8 layers);
+    Ulysses all-to-alls instead. Under cp
     each rank holds s / cp tokens, so each message is 1 / cp of the block's."""
     if strategy.tp * strategy.ulysses <= 1:
         return 0.0
@@ -83,10 +85,20 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
         return passes * (collective("all_to_all", qkv, tp_groups) + collective("all_to_all", out, tp_groups))
     nbytes = tp_message_bytes(layer, mbs) / strategy.cp
     if strategy.megatron_sp:
-        one = collective("reduce_scatter", nbytes, tp_groups) + collective("all_gather", nbytes, tp_groups)
-    else:
-        one = collective("all_reduce", nbytes, tp_groups)
-    return passes * allreduces_per_pass * one
+        gathers = (passes - 1) * collective("all_gather", forward_gather_bytes(nbytes, strategy), tp_groups) + \
+            collective("all_gather", nbytes, tp_groups)
+        return allreduces_per_pass * (passes * collective("reduce_scatter", nbytes, tp_groups) + gathers)
+    return passes * allreduces_per_pass * collective("all_reduce", nbytes, tp_groups)
+
+
+def forward_gather_bytes(nbytes: float, strategy: LayerStrategy) -> float:
+    """Bytes of a forward Megatron-SP all-gather of ``nbytes`` BF16 activations: an FP8 layer casts
+    the sequence shard before gathering it for its column-parallel GEMMs (torchao's
+    Float8ColwiseParallel, Transformer Engine's quantized all-gather). The reduce-scatters and the
+    backward's all-gathers of gradients stay BF16."""
+    if not strategy.precision.is_fp8:
+        return nbytes
+    return nbytes * fp8.element_bytes(strategy.precision) / BYTES_PER_ACTIVATION
 
 
 TP_COLLECTIVE_AXES = ("tp", "ulysses")

@@ -46,6 +46,9 @@ class OverlapPair:
     """Its GEMM's (n - 1) / n: the chunks that run while a shard moves."""
     gemm_s: float
     """The whole GEMM (part of the layer's forward_s or backward_s)."""
+    forward_pass: bool
+    """A forward pass's collective (a full recompute's in phase B too): it moves the forward's
+    bytes, an FP8 layer's all-gather its FP8 copy (sequence.forward_gather_bytes)."""
 
     @property
     def hidden_s(self) -> float:
@@ -65,14 +68,15 @@ def site_gemm_s(op_time: Callable[[Op], float], fwd: Sequence[Op], bwd: Sequence
 
 
 def overlap_pairs(gemms: Sequence[tuple[float, float]], comm_s: dict[str, float], tp: int,
-                  recomputes_forward: bool) -> tuple[OverlapPair, ...]:
+                  recomputes_forward: bool, forward_comm_s: dict[str, float] | None = None) -> tuple[OverlapPair, ...]:
     """The micro-batch's pairs: each site's forward collective beside its GEMM, its backward one
     beside the dgrad, and the forward's again in backward under full recomputation. ``comm_s``:
-    one collective's time by kind."""
-    share = (tp - 1) / tp
-    forward = [(kind, g) for (kind, _, _), (g, _) in zip(SITES, gemms) if g > 0]
-    backward = [(kind, g) for (_, kind, _), (_, g) in zip(SITES, gemms) if g > 0]
+    one collective's time by kind; ``forward_comm_s``: the forward's where they differ (an FP8
+    layer's all-gathers, sequence.forward_gather_bytes)."""
+    share, fwd_comm = (tp - 1) / tp, forward_comm_s or comm_s
+    forward = [(kind, g, True) for (kind, _, _), (g, _) in zip(SITES, gemms) if g > 0]
+    backward = [(kind, g, False) for (_, kind, _), (_, g) in zip(SITES, gemms) if g > 0]
     if recomputes_forward:
         backward = forward + backward
-    return tuple(OverlapPair(phase, kind, comm_s[kind], g * share, g)
-                 for phase, pairs in (("F", forward), ("B", backward)) for kind, g in pairs)
+    return tuple(OverlapPair(phase, kind, (fwd_comm if fwd else comm_s)[kind], g * share, g, fwd)
+                 for phase, pairs in (("F", forward), ("B", backward)) for kind, g, fwd in pairs)

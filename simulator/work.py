@@ -13,7 +13,7 @@ from cost_models import CostModel, LayerTime, MemoryBreakdown
 from cost_models import context, experts, fp8
 from cost_models.memory import WEIGHT_BYTES_PER_PARAM
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
-from cost_models.sequence import sync_groups, ulysses_message_bytes
+from cost_models.sequence import forward_gather_bytes, sync_groups, ulysses_message_bytes
 from cost_models.tp_overlap import OverlapPair
 from specs import (ClusterSpec, CPLoadBalance, DPType, EPDispatcher, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid,
                    stage_grid)
@@ -56,7 +56,10 @@ class LayerWork:
     tp_calls: tuple[tuple[str, float, int], ...]
     """TP-group collectives of one forward pass as (kind, bytes on the wire, count): Megatron TP two
     all-reduces of the activation, Megatron-SP a reduce-scatter and an all-gather each instead,
-    Ulysses the QKV and output all-to-alls (as many in backward, again in a full recompute)."""
+    Ulysses the QKV and output all-to-alls (again in a full recompute)."""
+    tp_backward_calls: tuple[tuple[str, float, int], ...]
+    """The backward pass's, as many: tp_calls' but for an FP8 layer's Megatron-SP all-gathers, which
+    carry BF16 gradients there (sequence.forward_gather_bytes)."""
     states: MemoryBreakdown
     """Parameters, gradients, optimizer states held all iteration."""
     activation_bytes: float
@@ -265,7 +268,8 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
         index=i, forward_s=lt.forward_s, backward_s=lt.backward_s, weight_grad_s=lt.weight_grad_s, update_s=lt.update_s,
         strategy=s, cp=cp,
         tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
-        tp_calls=tuple((kind, nbytes * cm.wire_scale, count) for kind, nbytes, count in tp_calls(layer, s, mbs)),
+        tp_calls=_calls_on_wire(cm, tp_calls(layer, s, mbs)),
+        tp_backward_calls=_calls_on_wire(cm, tp_calls(layer, s, mbs, backward=True)),
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
                                optimizer_bytes=one.optimizer_bytes),
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
@@ -309,8 +313,8 @@ def _expert_calls(cm: CostModel, layer: LayerSpec, s: LayerStrategy, mbs: int, f
     return groups, (("all_to_all", nbytes, experts.ALL_TO_ALLS_PER_PASS),)
 
 
-def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int) -> tuple[tuple[str, float, int], ...]:
-    """The forward pass's TP-group collectives (see LayerWork.tp_calls)."""
+def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int, backward: bool = False) -> tuple[tuple[str, float, int], ...]:
+    """The forward pass's TP-group collectives, or the backward's (see LayerWork.tp_calls)."""
     if s.tp * s.ulysses <= 1:
         return ()
     if s.ulysses > 1:
@@ -318,8 +322,13 @@ def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int) -> tuple[tuple[str, f
         return (("all_to_all", qkv, 1), ("all_to_all", out, 1))
     n, count = tp_allreduce_bytes(layer, mbs) / s.cp, tp_allreduces_per_forward(layer)  # s / cp tokens a rank
     if s.megatron_sp:
-        return (("reduce_scatter", n, count), ("all_gather", n, count))
+        return (("reduce_scatter", n, count), ("all_gather", n if backward else forward_gather_bytes(n, s), count))
     return (("all_reduce", n, count),)
+
+
+def _calls_on_wire(cm: CostModel, calls: tuple[tuple[str, float, int], ...]) -> tuple[tuple[str, float, int], ...]:
+    """``calls`` with their bytes as the cost model's wire carries them (cm.wire_scale)."""
+    return tuple((kind, nbytes * cm.wire_scale, count) for kind, nbytes, count in calls)
 
 
 def tp_allreduce_bytes(layer: LayerSpec, micro_batch_size: int) -> float:

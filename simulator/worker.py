@@ -125,23 +125,31 @@ class Worker:
         return not self._holds_head and chunk.index == self.work.chunks[0].index
 
     def _tp_calls(self, phase: str, mb: int, lw: LayerWork, rounds: int):
-        """The layer's TP-group collectives, ``rounds`` passes' worth, on the critical path (but
-        those played beside their GEMMs under TP communication overlap: _overlapped)."""
-        for kind, nbytes, count in lw.tp_calls:
-            left = count * rounds - sum(1 for p in lw.tp_overlap if p.phase == phase and p.kind == kind)
-            if left > 0:
-                yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} {TP_TAGS[kind]} x{left}", kind,
-                                                nbytes, lw.tp_groups, left)
+        """The layer's TP-group collectives, ``rounds`` passes' worth (phase B: the backward's and
+        a recomputed forward's), on the critical path (but those played beside their GEMMs under
+        TP communication overlap: _overlapped); calls of one kind and size go as one."""
+        passes = ((True, lw.tp_calls, 1),) if phase == "F" else ((False, lw.tp_backward_calls, 1),
+                                                                  (True, lw.tp_calls, rounds - 1))
+        left: dict[tuple[str, float], int] = {}
+        for forward, calls, times in passes:
+            for kind, nbytes, count in calls:
+                paired = sum(1 for p in lw.tp_overlap if (p.phase, p.kind, p.forward_pass) == (phase, kind, forward))
+                left[kind, nbytes] = left.get((kind, nbytes), 0) + max(0, count * times - paired)
+        for (kind, nbytes), count in left.items():
+            if count > 0:
+                yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} {TP_TAGS[kind]} x{count}", kind,
+                                                nbytes, lw.tp_groups, count)
 
     def _overlapped(self, phase: str, mb: int, lw: LayerWork):
         """TP communication overlap: each paired collective of ``phase`` beside its GEMM, whose
         chunk on the rank's own shard runs first, alone, and the other chunks beside the transfer
         (cost_models/tp_overlap.py); the layer's other compute ran before, less these GEMMs."""
-        nbytes = {kind: n for kind, n, _ in lw.tp_calls}
+        nbytes = {(forward, kind): n for forward, calls in ((True, lw.tp_calls), (False, lw.tp_backward_calls))
+                  for kind, n, _ in calls}
         for i, pair in enumerate(p for p in lw.tp_overlap if p.phase == phase):
             name = f"{phase}{mb} {lw.name} {TP_TAGS[pair.kind]} {i}"
             yield from self.gpu.compute.run(f"{name} gemm own", pair.gemm_s - pair.beside_s)
-            done = self._collective(Channel.TP, name, pair.kind, nbytes[pair.kind], lw.tp_groups)
+            done = self._collective(Channel.TP, name, pair.kind, nbytes[pair.forward_pass, pair.kind], lw.tp_groups)
             yield from self.gpu.compute.run(f"{name} gemm beside", pair.beside_s)
             yield done
 

@@ -77,6 +77,35 @@ def test_attention_and_tp_collectives_stay_bf16(h100, llama):
     assert fp8_time.tp_comm_s == bf16.tp_comm_s and fp8_time.forward_s < bf16.forward_s
 
 
+def test_under_megatron_sp_a_gathered_input_is_cast_once_on_the_shard():
+    # q, k, v read the all-gathered norm output: one amax and cast (named for the group) of its
+    # m k / sp elements, before the gather; the row-parallel fc2 casts its own input as without SP
+    ops = [gemm("q", M, N, K), gemm("k", M, N / 4, K), gemm("v", M, N / 4, K), gemm("fc2", M, K, N)]
+    split = fp8.forward_ops(ops, Precision.FP8_CURRENT, sp=4)
+    inputs = [o for o in split if "_input_" in o.name]
+    assert [o.name for o in inputs] == ["qkv_input_amax", "qkv_input_cast", "fc2_input_amax", "fc2_input_cast"]
+    assert [o.nbytes for o in inputs] == [2 * M * K / 4, 4 * M * K / 4, 2 * M * N, 4 * M * N]
+    assert [o.name for o in split if o.fp8] == ["q", "k", "v", "fc2"]
+    whole = fp8.forward_ops(ops, Precision.FP8_CURRENT)  # no SP: each GEMM casts its input
+    assert [o.name for o in whole if o.name.endswith("_input_cast")] == [f"{n}_input_cast" for n in ("q", "k", "v", "fc2")]
+
+
+def test_under_megatron_sp_fp8_gathers_its_inputs_in_fp8(h100, llama):
+    # per pass and TP site, a reduce-scatter and an all-gather of n = s h bytes of BF16; an FP8
+    # layer's forward (and recomputed forward) all-gathers the FP8 copy (n / 2); gradients stay BF16
+    from cost_models.sequence import tp_message_bytes
+    layer, groups = llama.layers[0], [(0, 1)]
+    n = tp_message_bytes(layer, 1)
+    rs, ag, ag8 = (h100.collective_time(kind, b, groups)
+                   for kind, b in (("reduce_scatter", n), ("all_gather", n), ("all_gather", n / 2)))
+    s = LayerStrategy(tp=2, dp=4, sp="megatron")
+    assert h100.layer_time(layer, s, 1, 4).tp_comm_s == pytest.approx(2 * (2 * rs + 2 * ag))
+    fp8_s = replace(s, precision="fp8-current")
+    assert h100.layer_time(layer, fp8_s, 1, 4).tp_comm_s == pytest.approx(2 * (2 * rs + ag8 + ag))
+    full = replace(fp8_s, recompute="full")
+    assert h100.layer_time(layer, full, 1, 4).tp_comm_s == pytest.approx(2 * (3 * rs + 2 * ag8 + ag))
+
+
 def test_fp8_keeps_linear_inputs_in_fp8_for_backward(llama):
     # llama3-8b: h = q = 4096, f = 14336. Saved per token: replicated 1 B x (QKV input h + FC1
     # input h) = 8192; split 1 B x (projection input q + FC2 input f) = 18432. At tp 2, no SP,

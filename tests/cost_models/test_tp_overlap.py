@@ -18,10 +18,11 @@ def test_a_pair_hides_what_all_but_one_chunk_of_its_gemm_covers():
     # tp 4: three of the four GEMM chunks run beside the transfer
     pairs = overlap_pairs([(4.0, 8.0), (0.0, 0.0), (2.0, 2.0), (1.0, 1.0)], {"all_gather": 2.0, "reduce_scatter": 1.0},
                           tp=4, recomputes_forward=False)
-    assert pairs == (OverlapPair("F", "all_gather", 2.0, 3.0, 4.0), OverlapPair("F", "all_gather", 2.0, 1.5, 2.0),
-                     OverlapPair("F", "reduce_scatter", 1.0, 0.75, 1.0),
-                     OverlapPair("B", "reduce_scatter", 1.0, 6.0, 8.0), OverlapPair("B", "reduce_scatter", 1.0, 1.5, 2.0),
-                     OverlapPair("B", "all_gather", 2.0, 0.75, 1.0))
+    assert pairs == (OverlapPair("F", "all_gather", 2.0, 3.0, 4.0, True), OverlapPair("F", "all_gather", 2.0, 1.5, 2.0, True),
+                     OverlapPair("F", "reduce_scatter", 1.0, 0.75, 1.0, True),
+                     OverlapPair("B", "reduce_scatter", 1.0, 6.0, 8.0, False),
+                     OverlapPair("B", "reduce_scatter", 1.0, 1.5, 2.0, False),
+                     OverlapPair("B", "all_gather", 2.0, 0.75, 1.0, False))
     # exposed: max(0, C - G (n - 1) / n): 0, 0.5, 0.25 in forward
     assert [p.comm_s - p.hidden_s for p in pairs[:3]] == [0.0, 0.5, 0.25]
     # a full recompute plays the forward's pairs again in backward
@@ -45,6 +46,9 @@ def test_the_pairs_are_the_layers_gemms_and_collectives_worked_out_by_hand(setup
     lt = cm.layer_time(layer, s, 1, plan.micro_batches)
     comm = {k: cm.collective_time(k, tp_message_bytes(layer, 1), [tuple(range(8))])
             for k in ("all_gather", "reduce_scatter")}
+    # the forward's all-gathers move the FP8 copy of the block's input: 1 B an element of 2
+    fwd_comm = comm | {"all_gather": cm.collective_time("all_gather", tp_message_bytes(layer, 1) / 2,
+                                                        [tuple(range(8))])}
     bf16 = forward_ops(layer, 8, 1)
     fwd = {op.name: cm.op_time(op) for op in fp8.forward_ops(bf16, s.precision)}
     bwd = {op.name: cm.op_time(op) for op in fp8.backward_ops(backward_ops(bf16), s.precision)}
@@ -55,9 +59,10 @@ def test_the_pairs_are_the_layers_gemms_and_collectives_worked_out_by_hand(setup
                 ("B", "reduce_scatter", bwd["qkv_dgrad"]), ("B", "all_gather", bwd["proj_dgrad"]),
                 ("B", "reduce_scatter", bwd["fc1_dgrad"]), ("B", "all_gather", bwd["fc2_dgrad"])]
     assert [(p.phase, p.kind) for p in lt.tp_overlap] == [e[:2] for e in expected]
-    for pair, (_, kind, gemm_s) in zip(lt.tp_overlap, expected):
-        assert (pair.comm_s, pair.gemm_s, pair.beside_s) == pytest.approx((comm[kind], gemm_s, gemm_s * 7 / 8))
-    assert lt.tp_hidden_s == pytest.approx(sum(min(comm[k], g * 7 / 8) for _, k, g in expected))
+    times = [(fwd_comm if phase == "F" else comm)[kind] for phase, kind, _ in expected]
+    for pair, (_, _, gemm_s), comm_s in zip(lt.tp_overlap, expected, times):
+        assert (pair.comm_s, pair.gemm_s, pair.beside_s) == pytest.approx((comm_s, gemm_s, gemm_s * 7 / 8))
+    assert lt.tp_hidden_s == pytest.approx(sum(min(c, g * 7 / 8) for (_, _, g), c in zip(expected, times)))
     assert 0 < lt.tp_hidden_s < lt.tp_comm_s
 
 

@@ -120,7 +120,7 @@ class OverlapCostModel(RandomCostModel):
             return lt
         rng = self._rng("o", layer.seq_len, strategy, micro_batch_size)
         hidden = int(rng.integers(0, 5000)) * TICK_S
-        pair = OverlapPair("F", "all_gather", lt.tp_comm_s, hidden, 2 * hidden)
+        pair = OverlapPair("F", "all_gather", lt.tp_comm_s, hidden, 2 * hidden, True)
         return replace(lt, tp_overlap=(pair,))
 
 

@@ -465,8 +465,8 @@ def test_tp_overlap_plays_each_collective_beside_its_gemm_chunks():
     # the all-gather and the backward's reduce-scatter hide whole, the forward's reduce-scatter
     # shows 0.3 s. The other collectives (one of each kind forward, three backward) stay on the path.
     cluster = hand_cluster(2, bytes_per_s=1024.0)
-    pairs = (OverlapPair("F", "all_gather", 0.5, 0.5, 1.0), OverlapPair("F", "reduce_scatter", 0.5, 0.2, 0.4),
-             OverlapPair("B", "reduce_scatter", 0.5, 0.5, 1.0))
+    pairs = (OverlapPair("F", "all_gather", 0.5, 0.5, 1.0, True), OverlapPair("F", "reduce_scatter", 0.5, 0.2, 0.4, True),
+             OverlapPair("B", "reduce_scatter", 0.5, 0.5, 1.0, False))
     cm = HandCostModel(cluster)
     cm.t = LayerTime(forward_s=4.0, backward_s=8.0, tp_comm_s=8 * 0.5, tp_overlap=pairs)
     plan = uniform_plan(1, tp=2, sp="megatron", global_batch=1, stack="megatron-te", tp_comm_overlap=True)
@@ -486,3 +486,25 @@ def test_tp_overlap_plays_each_collective_beside_its_gemm_chunks():
     # without the choice, the same layer plays every collective after its compute
     plain = simulate(model, cluster, replace(plan, tp_comm_overlap=False), cm, keep_spans=True)
     assert plain.iteration_time_s == pytest.approx(16.0)
+
+
+
+def test_an_fp8_layer_gathers_its_sp_inputs_in_fp8_forward_only():
+    # The layer above in FP8 without the overlap: each forward all-gather moves the FP8 copy, one
+    # ring step of 256 B of the 512 B input at 1024 B/s (0.25 s); the reduce-scatters and the
+    # backward's all-gathers of BF16 gradients 0.5 s; a full recompute's forward gathers FP8 again
+    cluster = hand_cluster(2, bytes_per_s=1024.0)
+    cluster = replace(cluster, gpu=replace(cluster.gpu, peak_fp8_tflops=200.0))
+    cm = HandCostModel(cluster)
+    cm.t = LayerTime(forward_s=4.0, backward_s=8.0)
+    model = tiny_model(1, hidden=64, seq=8, heads=2)
+    plan = uniform_plan(1, tp=2, sp="megatron", global_batch=1, precision="fp8-current")
+    result = simulate(model, cluster, plan, cm, keep_spans=True)
+    assert timeline(result, 0, "tp") == [
+        ("F0 L0 sp rs x2", 4.0, 5.0), ("F0 L0 sp ag x2", 5.0, 5.5),
+        ("B0 L0 sp rs x2", 13.5, 14.5), ("B0 L0 sp ag x2", 14.5, 15.5)]
+    full = simulate(model, cluster, replace(plan, layers=tuple(replace(s, recompute="full") for s in plan.layers)),
+                    cm, keep_spans=True)
+    assert [name for name, _, _ in timeline(full, 0, "tp")][2:] == [
+        "B0 L0 sp rs x4", "B0 L0 sp ag x2", "B0 L0 sp ag x2"]
+    assert [round(b - a, 6) for _, a, b in timeline(full, 0, "tp")][2:] == [2.0, 1.0, 0.5]
