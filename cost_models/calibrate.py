@@ -44,8 +44,8 @@ predictions 15% too fast."""
 FP8_PARAMS: dict[str, tuple[float, float]] = {"fp8_gemm_efficiency_max": (0.3, 1.0)}
 """Fitted on the H100 FP8 iteration times. The NeMo table cannot identify the rest: fitted
 beside it with F_half, the per-micro-batch overhead runs to its lower bound and the
-leave-one-out error grows (10.5% -> 11.6%); memory efficiency trades against the FP8 ceiling
-(0.40 with 0.995); BF16's gemm_efficiency_max is seen only through attention in FP8 runs."""
+leave-one-out error grows (9.4% -> 10.6%); memory efficiency trades against the FP8 ceiling
+(0.35 with 0.997); BF16's gemm_efficiency_max is seen only through attention in FP8 runs."""
 BOUNDS = {**COMPUTE_PARAMS, **FP8_PARAMS}
 LAUNCH_BOUND_STARTS = ()
 """Extra starting points of the compute fit: a framework whose small layers are launch-bound."""
