@@ -235,7 +235,8 @@ class AnalyticalModel(CostModel):
         ``sp`` shares (FP8: cost_models/fp8.py; the norms and residual adds stay on all the rank's
         tokens, docs/cost_models.md, "FP8")."""
         bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
-        fwd, bwd = fp8.forward_ops(bf16, precision, sp), fp8.backward_ops(backward_ops(bf16), precision)
+        fwd = fp8.forward_ops(bf16, precision, sp, stacks.shares_input_casts(self.stack))
+        bwd = fp8.backward_ops(backward_ops(bf16), precision)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
                 (sum(map(self.op_time, wgrad)), len(wgrad)), tp_overlap.site_gemm_s(self.op_time, fwd, bwd))

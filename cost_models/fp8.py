@@ -56,30 +56,32 @@ def _per_linear(ops: list[Op], p: Precision, fp8: Callable[[Op, float, float, fl
     return out
 
 
-GATHERED_INPUTS = (("qkv", "q", "k", "v"), ("fc1", "w1", "w3"))
-"""The column-parallel GEMMs that share one input, the output of a Megatron-SP all-gather (the
-fused list's names and their eager/compile split, cost_models/stacks.py). Under SP an FP8 layer
-casts that input once, on the rank's sequence shard, and gathers the FP8 copy: torchao's
+SHARED_INPUTS = (("qkv", "q", "k", "v"), ("fc1", "w1", "w3"))
+"""The column-parallel GEMMs that read one input, the block's normed activation (the fused
+list's names and their eager/compile split, cost_models/stacks.py). Under Megatron-SP an FP8
+layer casts that input once, on the rank's sequence shard, and gathers the FP8 copy: torchao's
 PrepareFloat8ModuleInput and Float8ColwiseParallel, Transformer Engine's quantized all-gather
-(which fuses the cast into the norm; charged here as its own kernels)."""
+(which fuses the cast into the norm; charged here as its own kernels). Without SP, torch.compile
+merges the separate GEMMs' identical casts of it into one (stacks.shares_input_casts)."""
 
 
-def forward_ops(ops: list[Op], p: Precision, sp: int = 1) -> list[Op]:
+def forward_ops(ops: list[Op], p: Precision, sp: int = 1, shared_inputs: bool = False) -> list[Op]:
     """A layer's BF16 forward kernels under ``p``: each linear GEMM (m tokens, k x n weight) gets
     the casts of its input (m k) and of its weight (k n) and runs in FP8 (reads m k + k n FP8
     elements, writes m n BF16). The weight is cast every micro-batch (torchao; Transformer
     Engine casts it once per iteration, which this over-charges). Under Megatron-SP over ``sp``
-    ranks each GATHERED_INPUTS group casts its input once, m k / sp elements."""
+    ranks, or with ``shared_inputs``, each SHARED_INPUTS group casts its input once, m k / sp
+    elements."""
     cast_groups: set[int] = set()
 
     def input_casts(op: Op, elements: float) -> list[Op]:
-        group = _gathered_input(op.name) if sp > 1 else None
+        group = _shared_input(op.name) if sp > 1 or shared_inputs else None
         if group is None:
             return _casts(f"{op.name}_input", elements, p)
         if group in cast_groups:
             return []
         cast_groups.add(group)
-        return _casts(f"{GATHERED_INPUTS[group][0]}_input", elements / sp, p)
+        return _casts(f"{SHARED_INPUTS[group][0]}_input", elements / sp, p)
 
     def fp8(op: Op, m: float, n: float, k: float) -> list[Op]:
         return [*input_casts(op, m * k), *_casts(f"{op.name}_weight", k * n, p),
@@ -87,9 +89,9 @@ def forward_ops(ops: list[Op], p: Precision, sp: int = 1) -> list[Op]:
     return _per_linear(ops, p, fp8)
 
 
-def _gathered_input(name: str) -> int | None:
-    """The GATHERED_INPUTS group of the GEMM named ``name``, None where it is in none."""
-    return next((i for i, names in enumerate(GATHERED_INPUTS) if name in names), None)
+def _shared_input(name: str) -> int | None:
+    """The SHARED_INPUTS group of the GEMM named ``name``, None where it is in none."""
+    return next((i for i, names in enumerate(SHARED_INPUTS) if name in names), None)
 
 
 def backward_ops(ops: list[Op], p: Precision) -> list[Op]:

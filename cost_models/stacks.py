@@ -37,6 +37,14 @@ FUSED_NORM_BYTES = 2 * ELEMENT_BYTES
 """The fused norm reads and writes each bf16 element once."""
 
 
+def shares_input_casts(stack: SoftwareStack) -> bool:
+    """Whether one FP8 cast of an input serves every GEMM that reads it (fp8.SHARED_INPUTS):
+    torch.compile's graph common-subexpression pass (AOTAutograd's ``fx_graph_cse``, on by
+    default) merges the identical casts torchao's separate Q/K/V and gate/up linears each ask for;
+    eager runs each; Megatron-TE's fused QKV and FC1 GEMMs have one input cast already."""
+    return stack == SoftwareStack.COMPILE
+
+
 def forward_ops(ops: list[Op], layer: LayerSpec, stack: SoftwareStack) -> list[Op]:
     """``ops`` (ops.forward_ops: the Megatron-TE list) as ``stack`` runs the block."""
     if stack == SoftwareStack.MEGATRON_TE:

@@ -90,6 +90,23 @@ def test_under_megatron_sp_a_gathered_input_is_cast_once_on_the_shard():
     assert [o.name for o in whole if o.name.endswith("_input_cast")] == [f"{n}_input_cast" for n in ("q", "k", "v", "fc2")]
 
 
+def test_compile_casts_a_shared_input_once_and_eager_per_gemm(llama):
+    # without SP, torch.compile merges the separate Q/K/V (and gate/up) linears' identical casts of
+    # their one input; eager runs each; Megatron-TE's fused QKV and FC1 have one each already
+    from cost_models import stacks
+    from cost_models.ops import forward_ops
+    from specs.stack import SoftwareStack
+    layer = llama.layers[0]
+
+    def input_casts(stack):
+        bf16 = stacks.forward_ops(forward_ops(layer, 1, 1), layer, stack)
+        ops = fp8.forward_ops(bf16, Precision.FP8_CURRENT, shared_inputs=stacks.shares_input_casts(stack))
+        return [o.name for o in ops if o.name.endswith("_input_cast")]
+    assert input_casts(SoftwareStack.EAGER) == [f"{n}_input_cast" for n in ("q", "k", "v", "proj", "w1", "w3", "fc2")]
+    assert input_casts(SoftwareStack.COMPILE) == [f"{n}_input_cast" for n in ("qkv", "proj", "fc1", "fc2")]
+    assert input_casts(SoftwareStack.MEGATRON_TE) == [f"{n}_input_cast" for n in ("qkv", "proj", "fc1", "fc2")]
+
+
 def test_under_megatron_sp_fp8_gathers_its_inputs_in_fp8(h100, llama):
     # per pass and TP site, a reduce-scatter and an all-gather of n = s h bytes of BF16; an FP8
     # layer's forward (and recomputed forward) all-gathers the FP8 copy (n / 2); gradients stay BF16
