@@ -75,8 +75,8 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
     """TP-group traffic of one micro-batch, forward and backward (and a full recompute):
     Megatron TP all-reduces; Megatron-SP replaces each by a reduce-scatter and an all-gather
     (same bytes on the ring, twice the latency steps; forward_gather_bytes for FP8 layers);
-    Ulysses all-to-alls instead. Under cp
-    each rank holds s / cp tokens, so each message is 1 / cp of the block's."""
+    Ulysses all-to-alls instead. Under cp each rank holds s / cp tokens, so each message is
+    1 / cp of the block's."""
     if strategy.tp * strategy.ulysses <= 1:
         return 0.0
     passes = forward_passes(strategy)
