@@ -14,8 +14,9 @@ from typing import Any, ClassVar, Mapping
 
 from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
 from specs.axes import Degrees, EPDispatcher
-from specs.stack import SoftwareStack
 from specs.files import atomic_write_text
+from specs.precision import Precision
+from specs.stack import SoftwareStack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,12 +77,12 @@ class Framework(ABC):
         self.export(plan, model, cluster)
 
 
-def refuse_fp8(plan: Plan) -> None:
-    """The exports write BF16 runs: a plan with FP8 layers is refused in one line, never written
-    as BF16."""
+def refuse_fp8(plan: Plan, target: str) -> None:
+    """A target whose files run BF16 only refuses a plan with FP8 layers in one line, never
+    writing it as BF16."""
     for i, s in enumerate(plan.layers):
         if s.precision.is_fp8:
-            raise SpecError(f"layer {i}", f"precision {s.precision}: FP8 is not written to framework files yet")
+            raise SpecError(f"layer {i}", f"precision {s.precision}: FP8 is not written to {target} files")
 
 
 def refuse_tp_overlap(plan: Plan, target: str) -> None:
@@ -172,6 +173,8 @@ class Uniform:
     vocab_zero3: bool = False
     recompute_layers: tuple[Recompute, ...] = ()
     """Per layer, when a framework carries a per-layer recompute pattern (else empty)."""
+    precision_layers: tuple[Precision, ...] = ()
+    """Per layer, when a framework's files set a numeric precision (else empty: BF16)."""
     tp_comm_overlap: bool = False
     """TP communication overlap (Plan.tp_comm_overlap)."""
     ep_dispatcher: EPDispatcher = EPDispatcher.ALL_TO_ALL
@@ -230,6 +233,8 @@ def plan_from_uniform(u: Uniform, model: ModelSpec, cluster: ClusterSpec) -> Pla
         extra = {} if u.ulysses > 1 else {"sp": sp}
         if spec.moe is not None:
             extra.update(ep=u.ep, expert_tp=u.expert_tp, expert_dp_type=u.expert_dp_type)
+        if u.precision_layers:
+            extra["precision"] = u.precision_layers[i]
         layers.append(make_strategy(**base, recompute=recompute, **extra))
     stages = u.stage_layers or tuple(model.num_layers // u.pp for _ in range(u.pp))
     plan = Plan(pp=u.pp, stage_layers=stages, layers=tuple(layers), global_batch=u.global_batch,

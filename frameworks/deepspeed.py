@@ -86,7 +86,7 @@ class DeepSpeed(Framework):
     file_names = (CONFIG_FILE, ARGS_FILE)
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
-        refuse_fp8(plan)
+        refuse_fp8(plan, "DeepSpeed")
         refuse_tp_overlap(plan, "DeepSpeed")
         refuse_deepep(plan, "DeepSpeed")
         u = _check(plan, model)

@@ -19,7 +19,7 @@ class Galvatron(Framework):
     file_names = (PLAN_FILE,)
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
-        refuse_fp8(plan)
+        refuse_fp8(plan, "Galvatron")
         refuse_tp_overlap(plan, "Galvatron")
         refuse_deepep(plan, "Galvatron")
         text = json.dumps(plan_to_galvatron(plan), indent=4) + "\n"

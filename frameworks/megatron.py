@@ -5,11 +5,12 @@ from __future__ import annotations
 import shlex
 from typing import Any, Mapping
 
-from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform, refuse_fp8,
+from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, count_of, plan_from_uniform,
                              register, schedule_of,
                              uniform_view)
 from specs import (ClusterSpec, CPComm, CPLoadBalance, DPType, EPDispatcher, ModelSpec, Plan, Recompute, Schedule,
                    SequenceParallel, SpecError)
+from specs.precision import Precision
 from specs.stack import SoftwareStack
 
 ARGS_FILE = "megatron_args.txt"
@@ -22,6 +23,9 @@ ASSUMES = (
     "optimizer: Adam in bf16 mixed precision (fp32 master weights and states), as the cost model charges",
     "model: the architecture flags written from the model config (RoPE for decoder-only models)",
     "layout: Megatron's default rank order tp-cp-ep-dp-pp (tp on neighbouring GPUs)",
+    "FP8 (a plan with FP8 layers): the recipe and the BF16 end layers only; parameters gathered in BF16 "
+    "(no --fp8-param-gather, as the cost model charges ZeRO-1's gather), amax history and margin at "
+    "Megatron's defaults",
 )
 CANNOT_CARRY = (
     "the cost model's overlap and kernel-efficiency assumptions (Megatron's --overlap-grad-reduce, "
@@ -124,9 +128,67 @@ def parallel_settings(plan: Plan, model: ModelSpec) -> dict[str, Any]:
         if u.ep > 1:
             out.update(DISPATCHERS[u.ep_dispatcher])
     out.update(_recompute_args(plan))
+    out.update(_fp8_args(plan))
     if u.tp_comm_overlap:  # Transformer Engine's userbuffers
         out["tp_comm_overlap"] = True
     return out
+
+
+FP8_RECIPES = {Precision.FP8_DELAYED: ("hybrid", "delayed"), Precision.FP8_CURRENT: ("hybrid", "tensorwise"),
+               Precision.MXFP8: ("e4m3", "mxfp8")}
+"""Each FP8 precision as Megatron-Core's (fp8 format, fp8_recipe), as Megatron-Bridge's presets set
+them (bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed):
+E4M3 forward and E5M2 gradients (hybrid) for per-tensor scaling, E4M3 throughout for MXFP8."""
+FP8_LAYER_FIELDS = ("first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
+
+
+def _fp8_args(plan: Plan) -> dict[str, Any]:
+    """The FP8 recipe of the plan's FP8 layers (Plan.validate allows one), and the BF16 layers
+    before and after them (Megatron keeps BF16 only at the ends: --first-last-layers-bf16)."""
+    fp8 = [i for i, s in enumerate(plan.layers) if s.precision.is_fp8]
+    if not fp8:
+        return {}
+    for i in range(fp8[0], fp8[-1]):
+        if not plan.layers[i].precision.is_fp8:
+            raise SpecError(f"layer {i}", "precision bf16 between FP8 layers: Megatron keeps only its first "
+                            "and last layers in BF16 (--first-last-layers-bf16)")
+    precision = plan.layers[fp8[0]].precision
+    fmt, recipe = FP8_RECIPES[precision]
+    out: dict[str, Any] = {"fp8": fmt, "fp8_recipe": recipe}
+    start, end = fp8[0], len(plan.layers) - 1 - fp8[-1]
+    if not start and not end:
+        return out
+    if precision == Precision.FP8_DELAYED:  # TransformerConfig's own check
+        raise SpecError(f"layer {fp8[0] - 1 if start else fp8[-1] + 1}", "precision bf16 beside fp8-delayed layers: "
+                        "Megatron-Core keeps no BF16 end layers under delayed scaling")
+    per_stage = len(plan.layers) // plan.pp
+    if max(start, end) > per_stage:
+        raise SpecError("layers", f"{start} BF16 layers first and {end} last: Megatron-Core keeps at most "
+                        f"{per_stage} (the layers of one of its {plan.pp} stages) at each end")
+    return out | dict(zip(FP8_LAYER_FIELDS, (True, start, end)))
+
+
+def _precisions(s: Mapping[str, Any], num_layers: int) -> tuple[Precision, ...]:
+    """Each layer's precision under Megatron settings (fp8 format and recipe, BF16 end layers);
+    empty where they set no FP8."""
+    fmt = s.get("fp8")
+    if fmt in (None, False, "None", "none"):
+        return ()
+    recipes = {recipe: p for p, (_, recipe) in FP8_RECIPES.items()}
+    recipe = s.get("fp8_recipe", "delayed")  # Megatron-Core's default recipe
+    if recipe not in recipes:
+        raise SpecError("--fp8-recipe", f"{recipe}: hybridpar's plan runs FP8 as "
+                        f"{', '.join(recipes)} ({', '.join(recipes.values())})")
+    if fmt not in ("hybrid", "e4m3"):
+        raise SpecError("--fp8-format", f"{fmt}: Megatron's FP8 formats are hybrid and e4m3")
+    start = end = 0
+    if s.get("first_last_layers_bf16", False) in (True, "true", "True"):
+        start = _int(s, "num_layers_at_start_in_bf16", 1, minimum=0)
+        end = _int(s, "num_layers_at_end_in_bf16", 1, minimum=0)
+    if start + end >= num_layers:
+        raise SpecError("--num-layers-at-start-in-bf16", f"{start} + {end} BF16 end layers leave none of "
+                        f"{num_layers} in FP8")
+    return (Precision.BF16,) * start + (recipes[recipe],) * (num_layers - start - end) + (Precision.BF16,) * end
 
 
 def _model_args(model: ModelSpec) -> dict[str, Any]:
@@ -185,8 +247,13 @@ def _ep_dispatcher(s: Mapping[str, Any]) -> EPDispatcher:
 
 
 BRIDGE_SECTIONS = {"micro_batch_size": "train", "global_batch_size": "train",
-                   "use_distributed_optimizer": ("optimizer", "ddp"), "tp_comm_overlap": "comm_overlap"}
-"""Where Megatron-Bridge's ConfigContainer keeps the settings that are not TransformerConfig's."""
+                   "use_distributed_optimizer": ("optimizer", "ddp"), "tp_comm_overlap": "comm_overlap",
+                   **{k: "mixed_precision" for k in ("fp8", "fp8_recipe", *FP8_LAYER_FIELDS)}}
+"""Where Megatron-Bridge's ConfigContainer keeps the settings that are not TransformerConfig's
+(the FP8 recipe: its MixedPrecisionConfig, which sets the model's fields)."""
+ARG_NAMES = {"fp8": "fp8_format"}
+"""Megatron-LM's argument names that differ from the TransformerConfig field they set."""
+FIELD_NAMES = {arg: field for field, arg in ARG_NAMES.items()}
 BRIDGE_RENAMES = {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
                   "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage"}
 
@@ -225,16 +292,16 @@ class Megatron(Framework):
     command_line_file = ARGS_FILE
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
-        refuse_fp8(plan)
         settings = parallel_settings(plan, model)
-        args = {**_model_args(model), **settings, "bf16": True, "make_vocab_size_divisible_by": 128,
-                "tokenizer_type": "NullTokenizer", "vocab_size": model.embedding.vocab_size, "mock_data": True}
+        args = {**_model_args(model), **{ARG_NAMES.get(k, k): v for k, v in settings.items()}, "bf16": True,
+                "make_vocab_size_divisible_by": 128, "tokenizer_type": "NullTokenizer",
+                "vocab_size": model.embedding.vocab_size, "mock_data": True}
         return ExportResult(target=self.name, files={ARGS_FILE: args_text(args), BRIDGE_FILE: bridge_yaml(settings, model)},
                             assumptions=ASSUMES, cannot_carry=CANNOT_CARRY)
 
     def import_(self, files: Mapping[str, str], model: ModelSpec, cluster: ClusterSpec) -> Plan:
         if ARGS_FILE in files:
-            settings = parse_args_text(files[ARGS_FILE])
+            settings = {FIELD_NAMES.get(k, k): v for k, v in parse_args_text(files[ARGS_FILE]).items()}
         elif BRIDGE_FILE in files:
             settings = parse_bridge_yaml(files[BRIDGE_FILE])
         else:
@@ -324,7 +391,8 @@ def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
                 megatron_sp=sp, ep=ep, expert_tp=0 if etp == tp else etp, stage_layers=stages,
                 global_batch=gbs, micro_batches=gbs // (mbs * dp), schedule="1f1b", virtual_stages=v,
                 vocab_tp=tp, vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
-                recompute_layers=per_layer, tp_comm_overlap=overlap, ep_dispatcher=_ep_dispatcher(s),
+                recompute_layers=per_layer, precision_layers=_precisions(s, model.num_layers),
+                tp_comm_overlap=overlap, ep_dispatcher=_ep_dispatcher(s),
                 stack=SoftwareStack.MEGATRON_TE if overlap else None)  # the overlap is Transformer Engine's
     return plan_from_uniform(u, model, cluster)
 

@@ -181,7 +181,7 @@ class Torchtitan(Framework):
     file_names = (TOML_FILE, ARGS_FILE)
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> ExportResult:
-        refuse_fp8(plan)
+        refuse_fp8(plan, "torchtitan")
         sections = settings(plan, model)
         return ExportResult(target=self.name, files={TOML_FILE: toml_text(sections, model, plan.summary()),
                                                      ARGS_FILE: args_text(sections, model)},

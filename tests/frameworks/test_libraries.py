@@ -49,6 +49,27 @@ def test_torchtitan_config_manager_reads_the_export(index):
     parallel_dims.ParallelDims.from_config(par, world_size=64)  # its degree checks: product == world
 
 
+def test_megatron_core_transformer_config_accepts_an_fp8_export():
+    """The FP8 recipe and BF16 end layers as Megatron-LM passes them on (--fp8-format is the fp8
+    field), through TransformerConfig's own checks."""
+    from dataclasses import replace
+    from specs import load_cluster, load_model, uniform_plan
+    tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    model = load_model("llama3-8b")
+    plan = uniform_plan(32, tp=2, dp=4, global_batch=32, micro_batches=4, sp="megatron", precision="fp8-current",
+                        model=model.name)
+    plan = replace(plan, vocab_tp=2, vocab_sp="megatron",
+                   layers=tuple(replace(s, precision="bf16") if i in (0, 31) else s for i, s in enumerate(plan.layers)))
+    args = parse_args_text(frameworks.get("megatron").export(plan, model, load_cluster("dgx-h100")).files["megatron_args.txt"])
+    fields = {f.name for f in dataclasses.fields(tc.TransformerConfig)}
+    kw = {("fp8" if k == "fp8_format" else k): v for k, v in args.items()}
+    kw = {k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in kw.items() if k in fields}
+    kw.pop("normalization", None)
+    config = tc.TransformerConfig(**kw, pipeline_dtype=__import__("torch").bfloat16)
+    assert (config.fp8, config.fp8_recipe) == ("hybrid", "tensorwise")
+    assert config.first_last_layers_bf16 and (config.num_layers_at_start_in_bf16, config.num_layers_at_end_in_bf16) == (1, 1)
+
+
 @pytest.mark.parametrize("index", [0, 1, 2, 3, -1])
 def test_megatron_core_transformer_config_accepts_the_export(index):
     tc = pytest.importorskip("megatron.core.transformer.transformer_config")
