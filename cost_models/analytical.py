@@ -298,8 +298,9 @@ class AnalyticalModel(CostModel):
             return ()
         nbytes = seq.tp_message_bytes(layer, mbs) / strategy.cp
         comm_s = {kind: self.collective_time(kind, nbytes, tp_groups) for kind in ("all_gather", "reduce_scatter")}
-        forward_comm_s = comm_s | {"all_gather": self.collective_time(
-            "all_gather", seq.forward_gather_bytes(nbytes, strategy), tp_groups)}
+        forward_bytes = seq.forward_gather_bytes(nbytes, strategy)
+        forward_comm_s = comm_s if forward_bytes == nbytes else \
+            comm_s | {"all_gather": self.collective_time("all_gather", forward_bytes, tp_groups)}
         return tp_overlap.overlap_pairs(gemms, comm_s, strategy.tp, strategy.recompute == Recompute.FULL,
                                         forward_comm_s)
 

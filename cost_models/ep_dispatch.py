@@ -14,11 +14,9 @@ import math
 from functools import lru_cache
 from typing import Callable, NamedTuple, Sequence
 
+from cost_models.base import BYTES_PER_ACTIVATION  # BF16 dispatch; DeepEP's FP8 dispatch is not modelled
 from specs import ClusterSpec, Degrees, LayerSpec, LayerStrategy, MoESpec, layer_grid
 from specs.layer_parts import FAKE_BALANCED
-
-BYTES_PER_ACTIVATION = 2
-"""16-bit activations, as experts.BYTES_PER_ACTIVATION (BF16 dispatch; DeepEP's FP8 dispatch is not modelled)."""
 
 
 @lru_cache(maxsize=4096)

@@ -85,9 +85,10 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
         return passes * (collective("all_to_all", qkv, tp_groups) + collective("all_to_all", out, tp_groups))
     nbytes = tp_message_bytes(layer, mbs) / strategy.cp
     if strategy.megatron_sp:
-        gathers = (passes - 1) * collective("all_gather", forward_gather_bytes(nbytes, strategy), tp_groups) + \
-            collective("all_gather", nbytes, tp_groups)
-        return allreduces_per_pass * (passes * collective("reduce_scatter", nbytes, tp_groups) + gathers)
+        gather, forward_bytes = collective("all_gather", nbytes, tp_groups), forward_gather_bytes(nbytes, strategy)
+        forward_gather = gather if forward_bytes == nbytes else collective("all_gather", forward_bytes, tp_groups)
+        return allreduces_per_pass * (passes * collective("reduce_scatter", nbytes, tp_groups)
+                                      + (passes - 1) * forward_gather + gather)
     return passes * allreduces_per_pass * collective("all_reduce", nbytes, tp_groups)
 
 
