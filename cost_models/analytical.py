@@ -16,7 +16,7 @@ import numpy as np
 
 from cost_models import collectives as coll
 from cost_models import context
-from cost_models import experts, fp8, stacks, tp_overlap
+from cost_models import experts, fp8, op_selective, stacks, tp_overlap
 from cost_models import memory as mem
 from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
@@ -25,10 +25,10 @@ from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops, is_weight_gradient
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost, vocab_relayout_s
-from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, RankGroups, Recompute,
-                   SequenceParallel, SpecError)
+from specs import (SEARCHED_RECOMPUTE, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, RankGroups,
+                   Recompute, SequenceParallel, SpecError)
 from specs.precision import Precision
-from specs.stack import SoftwareStack, software_stack
+from specs.stack import SELECTIVE_OP_STACKS, SoftwareStack, software_stack
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
@@ -143,7 +143,8 @@ class AnalyticalModel(CostModel):
         constants last."""
         super().__init__(cluster)
         self.stack = software_stack(stack)
-        self.capabilities = replace(type(self).capabilities, stack=frozenset({self.stack}))
+        recompute = None if self.stack in SELECTIVE_OP_STACKS else frozenset(SEARCHED_RECOMPUTE)
+        self.capabilities = replace(type(self).capabilities, stack=frozenset({self.stack}), recompute=recompute)
         source = cluster.calibration if calibration is None else calibration
         self._calibration_source = source if constants is None else dict(constants.to_dict())
         """What the constants came from, for calibration_status (a file, a dict, '' = defaults)."""
@@ -152,6 +153,7 @@ class AnalyticalModel(CostModel):
         self.constants = constants.with_values(overrides) if overrides else constants
         self._layer_time = Memo(self._compute_layer_time)
         self._pass_kernels = Memo(self._compute_pass_kernels)
+        self._op_selective_kernels = Memo(self._compute_op_selective_kernels)
         self._layer_memory = Memo(self._compute_layer_memory)
         self._transition = Memo(self._compute_transition)
         self._cp_core = Memo(self._compute_cp_core)
@@ -235,11 +237,23 @@ class AnalyticalModel(CostModel):
         ``sp`` shares (FP8: cost_models/fp8.py; the norms and residual adds stay on all the rank's
         tokens, docs/cost_models.md, "FP8")."""
         bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
-        fwd = fp8.forward_ops(bf16, precision, sp, stacks.shares_input_casts(self.stack))
+        fwd = self._run_forward_ops(bf16, precision, sp)
         bwd = fp8.backward_ops(backward_ops(bf16), precision)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
                 (sum(map(self.op_time, wgrad)), len(wgrad)), tp_overlap.site_gemm_s(self.op_time, fwd, bwd))
+
+    def _run_forward_ops(self, bf16: list[Op], precision: Precision, sp: int) -> list[Op]:
+        """The stack's forward kernels ``bf16`` as ``precision`` runs them (cost_models/fp8.py)."""
+        return fp8.forward_ops(bf16, precision, sp, stacks.shares_input_casts(self.stack))
+
+    def _compute_op_selective_kernels(self, layer: LayerSpec, tp: int, mbs: int, split, cp: int,
+                                      precision: Precision, sp: int) -> tuple[float, int]:
+        """(GPU seconds, kernel count) of what selective-op re-runs of the forward
+        (op_selective.recomputed_ops), per _pass_kernels' key."""
+        bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
+        ops = op_selective.recomputed_ops(self._run_forward_ops(bf16, precision, sp))
+        return sum(map(self.op_time, ops)), len(ops)
 
     def _memory_bound_s(self, nbytes: float) -> float:
         c = self.constants
@@ -337,11 +351,14 @@ class AnalyticalModel(CostModel):
     def recompute_time(self, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                        pass_comm_s: float = 0.0) -> float:
         """Forward kernels re-run in backward: all of them (full, with its TP collectives hiding
-        host launches as in the forward) or the attention core (selective: no collective inside)."""
-        if strategy.recompute == Recompute.FULL:  # the forward again, experts split as in it
+        host launches as in the forward), all but the kept GEMMs and the fused attention
+        (selective-op, op_selective.recomputed_ops of the stack's kernels, FP8 casts included) or
+        the attention core (selective: no collective inside)."""
+        if strategy.recompute.reruns_forward_collectives:  # experts split as in the forward
             split = experts.compute_split(layer, strategy, self.expert_imbalance)
-            fwd = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs, split, strategy.cp,
-                                     strategy.precision, _sp_split(strategy))[0]
+            args = (layer, strategy.degrees.split // strategy.cp, mbs, split, strategy.cp, strategy.precision,
+                    _sp_split(strategy))
+            fwd = self._pass_kernels(*args)[0] if strategy.checkpoint else self._op_selective_kernels(*args)
             return self._launch_bound(fwd, pass_comm_s)
         ops = seq.recompute_ops(layer, strategy, mbs)
         return self.ops_time(ops) if ops else 0.0

@@ -99,8 +99,9 @@ def cp_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStrategy,
 
 def reruns_core(layer: LayerSpec, strategy: LayerStrategy) -> bool:
     """Whether backward runs the attention core's forward again (and with it the ring): full
-    recomputation, or selective on an unfused core (a fused flash kernel is not re-run)."""
-    return strategy.recompute == Recompute.FULL or (strategy.recompute == Recompute.SELECTIVE
+    recomputation, or selective and selective-op on an unfused core (a fused flash kernel is
+    not re-run; under selective-op its ring's exchanges are taken as kept with it)."""
+    return strategy.recompute == Recompute.FULL or (strategy.recompute != Recompute.NONE
                                                     and layer.attention != "flash")
 
 

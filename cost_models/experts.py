@@ -192,8 +192,9 @@ def _pairwise_shape(cluster: ClusterSpec, groups: tuple[tuple[int, ...], ...]) -
 
 
 def passes(strategy: LayerStrategy) -> int:
-    """Passes whose all-to-alls run per micro-batch: forward, backward, and a full recompute."""
-    return 3 if strategy.checkpoint else 2
+    """Passes whose all-to-alls run per micro-batch: forward, backward, and a recompute that
+    re-runs the forward's collectives (full, selective-op)."""
+    return 3 if strategy.recompute.reruns_forward_collectives else 2
 
 
 def dispatch_time_s(all_to_all: Callable[[float, Sequence[Sequence[int]]], float], layer: LayerSpec,

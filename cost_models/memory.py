@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from cost_models import context, experts, fp8
+from cost_models import context, experts, fp8, op_selective
+from cost_models.ops import FLASH_LSE_BYTES
 from cost_models.base import MemoryBreakdown
 from specs import DP_TYPES, DPType, LayerSpec, LayerStrategy, Recompute, SequenceParallel
 from specs.errors import one_of
@@ -21,8 +22,6 @@ ACTIVATION_BYTES = 2
 """Activations are 16-bit."""
 MASK_BYTES = 1
 """Dropout masks are stored as one byte per element (Korthikanti et al.)."""
-FLASH_LSE_BYTES = 4
-"""Flash attention saves one fp32 log-sum-exp per query row and head for its backward."""
 
 
 def optimizer_shard(dp_type: str, dp: int) -> int:
@@ -121,14 +120,16 @@ def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size
     2022, Table 2). GPT at tp t: s b h (10 + 24/t + 5 a s / (h t)); with sequence parallelism
     (Megatron-SP, or Ulysses of degree t) all of it / t: s b h (34 + 5 a s / h) / t; selective
     recomputation drops the attention core (5 a s / h): s b h 34 / t; full: the layer input
-    only (2 s b h, / t when the sequence is split). Context parallelism splits the tokens: all of
-    it / cp."""
+    only (2 s b h, / t when the sequence is split); torchtitan's per-op selective:
+    op_selective.activation_bytes. Context parallelism splits the tokens: all of it / cp."""
     cp, b = strategy.cp, micro_batch_size
     tp = strategy.degrees.split // cp
     tokens = b * layer.seq_len / cp
     seq_split = strategy.sp != SequenceParallel.NONE
     if strategy.recompute == Recompute.FULL:
         return ACTIVATION_BYTES * tokens * layer.hidden_size / (tp if seq_split else 1)
+    if strategy.recompute == Recompute.SELECTIVE_OP:
+        return op_selective.activation_bytes(layer, strategy, b)
     norms = 2 * ACTIVATION_BYTES * layer.hidden_size  # inputs of the two norms
     att_rep, att_split, core = _attention_bytes_per_token(layer, layer.attention_span)
     mlp_rep, mlp_split = _mlp_bytes_per_token(layer)
@@ -189,15 +190,17 @@ def layer_memory(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size: in
                  recomputed_bytes: float | None = None, imbalance: float | None = None,
                  weight_bytes: int = WEIGHT_BYTES_PER_PARAM) -> MemoryBreakdown:
     """States of the layer's local shard, ``in_flight`` stashed micro-batches, and temporaries:
-    ZeRO-3's gathered weights, and under checkpointing the recomputed layer's full activations.
+    ZeRO-3's gathered weights, and under checkpointing the recomputed layer's activations (all of
+    them under full, those it did not keep under selective-op).
     With an expert split the routed experts' states are / (ep * etp), ZeRO-sharded over expert dp.
     FP8 layers add their FP8 weight copies and keep FP8 inputs of their linear layers (fp8.py).
     ``weight_bytes``: the working dtype's bytes per weight (model_state_bytes)."""
     states, temporary = layer_state_bytes(layer, strategy, params, weight_bytes)
     kept = activation_bytes(layer, strategy, micro_batch_size, imbalance) if kept_bytes is None else kept_bytes
-    if strategy.checkpoint:
-        temporary += (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size, imbalance)
-                      if recomputed_bytes is None else recomputed_bytes)
+    if strategy.checkpoint or strategy.recompute == Recompute.SELECTIVE_OP:
+        rebuilt = (activation_bytes(layer, _without_checkpoint(strategy), micro_batch_size, imbalance)
+                   if recomputed_bytes is None else recomputed_bytes)
+        temporary += rebuilt - (kept if strategy.recompute == Recompute.SELECTIVE_OP else 0.0)
     elif strategy.recompute == Recompute.SELECTIVE:
         temporary += attention_core_bytes(layer, strategy, micro_batch_size)
     temporary += context.cp_buffer_bytes(layer, strategy, micro_batch_size)

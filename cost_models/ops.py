@@ -16,6 +16,8 @@ ELEMENT_BYTES = 2
 """fp16/bf16 tensors."""
 MASK_BYTES = 1
 """A dropout mask element (PyTorch stores bool masks as one byte)."""
+FLASH_LSE_BYTES = 4
+"""Flash attention keeps one fp32 log-sum-exp per query row and head for its backward."""
 LOSS_FORWARD_KERNELS = (("loss_to_fp32", 2 + 4), ("loss_max", 4), ("loss_subtract_max", 4 + 4),
                         ("loss_exp", 4 + 4), ("loss_sum", 4), ("loss_normalise", 4 + 4))
 """Megatron's vocab-parallel cross-entropy forward over the fp16 logits, one kernel per pass
@@ -74,7 +76,7 @@ def flash_attention(name: str, batch_heads: float, s: float, span: float, d: flo
     it differs from the query/key width ``d`` (MLA)."""
     dv = d if dv is None else dv
     flops = 2.0 * batch_heads * s * span * (d + dv)
-    nbytes = ELEMENT_BYTES * batch_heads * ((d + dv) * (s + span)) + 4 * batch_heads * s
+    nbytes = ELEMENT_BYTES * batch_heads * ((d + dv) * (s + span)) + FLASH_LSE_BYTES * batch_heads * s
     return Op(name, flops, nbytes, backward_flops_factor=FLASH_BACKWARD_FLOPS_FACTOR)
 
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from cost_models import collectives as coll
 from cost_models import context
-from cost_models import experts
+from cost_models import experts, stacks
 from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
@@ -27,6 +27,7 @@ from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Pla
                    SpecError, load_model)
 from specs.capabilities import ALL_TO_ALL_ONLY, BF16_ONLY, NO_TP_OVERLAP, Capabilities
 from specs.schedules import OpKind, schedule_entry
+from specs.stack import SoftwareStack
 
 TP_ALLREDUCES_PER_PASS = 2
 """Megatron TP: two activation all-reduces per layer in forward and two in backward."""
@@ -98,14 +99,17 @@ def head_held(plan: Plan, stage: int) -> float:
 
 
 def recompute_share(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> float:
-    """Share of the measured forward re-run in backward: 1 (full), the attention core's share
-    of the forward's FLOPs and bytes by the kernel formulas (selective), 0 (none)."""
+    """Share of the measured forward re-run in backward: 1 (full), the share of the forward's
+    FLOPs and bytes by the kernel formulas of the attention core (selective) or of what
+    selective-op re-runs (seq.recompute_ops, both on the PyTorch block's kernels), 0 (none)."""
     if strategy.recompute == "none":
         return 0.0
     if strategy.checkpoint:
         return 1.0
     ops = seq.rank_ops(layer, strategy, mbs)
-    core = seq.attention_core_ops(ops)
+    if strategy.recompute == Recompute.SELECTIVE_OP:
+        ops = stacks.forward_ops(ops, layer, SoftwareStack.EAGER)
+    core = seq.recompute_ops(layer, strategy, mbs)
     weight = lambda xs: sum(op.flops + op.nbytes for op in xs)  # noqa: E731
     return weight(core) / weight(ops)
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable, Sequence
 
-from cost_models import fp8
+from cost_models import fp8, op_selective, stacks
 from cost_models.ops import ExpertSplit, Op, forward_ops
 from specs import LayerSpec, LayerStrategy, RankGroups, Recompute, layer_grid
+from specs.stack import SoftwareStack
 
 BYTES_PER_ACTIVATION = 2
 ATTENTION_CORE_OPS = ("scores", "softmax", "attn_dropout", "context")
@@ -35,7 +36,8 @@ def rank_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int, experts: Exper
 
 
 def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> tuple[Op, ...]:
-    """Kernels re-run in backward: the whole forward (full), the attention core (selective)."""
+    """Kernels re-run in backward: the whole forward (full), the attention core (selective), all
+    but the kept GEMMs and the fused attention (selective-op, on the PyTorch block's kernels)."""
     if strategy.recompute == Recompute.NONE:
         return ()
     d = strategy.degrees
@@ -46,13 +48,21 @@ def recompute_ops(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -> tuple[
 def _recompute_ops(layer: LayerSpec, heads_split: int, cp: int, mbs: int, recompute: Recompute) -> tuple[Op, ...]:
     """recompute_ops per (layer, split, micro-batch): the tables ask for them thousands of times."""
     ops = forward_ops(layer, heads_split, mbs, cp=cp)
+    if recompute == Recompute.SELECTIVE_OP:
+        return tuple(op_selective.recomputed_ops(stacks.forward_ops(ops, layer, SoftwareStack.EAGER)))
     return tuple(ops if recompute == Recompute.FULL else attention_core_ops(ops))
 
 
 def forward_passes(strategy: LayerStrategy) -> int:
-    """Passes whose TP/SP collectives run: forward, backward, and a recomputed forward (full
-    only: the attention core has no collective inside it)."""
-    return 3 if strategy.recompute == Recompute.FULL else 2
+    """Passes whose TP/SP collectives run: forward, backward, and a recomputed forward (full and
+    selective-op: the attention core alone has no collective inside it)."""
+    return 3 if strategy.recompute.reruns_forward_collectives else 2
+
+
+def reduce_scatter_passes(strategy: LayerStrategy) -> int:
+    """Passes whose Megatron-SP reduce-scatters run: forward_passes, less the recomputed forward
+    under selective-op (torchtitan keeps the reduce-scatters' results)."""
+    return forward_passes(strategy) - (1 if strategy.recompute == Recompute.SELECTIVE_OP else 0)
 
 
 def tp_message_bytes(layer: LayerSpec, mbs: int) -> float:
@@ -72,7 +82,8 @@ def ulysses_message_bytes(layer: LayerSpec, strategy: LayerStrategy, mbs: int) -
 
 def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStrategy, mbs: int,
                  tp_groups: Sequence[Sequence[int]], allreduces_per_pass: int) -> float:
-    """TP-group traffic of one micro-batch, forward and backward (and a full recompute):
+    """TP-group traffic of one micro-batch, forward and backward (and a recompute that re-runs it,
+    forward_passes; selective-op keeps the reduce-scatters' results):
     Megatron TP all-reduces; Megatron-SP replaces each by a reduce-scatter and an all-gather
     (same bytes on the ring, twice the latency steps; forward_gather_bytes for FP8 layers);
     Ulysses all-to-alls instead. Under cp each rank holds s / cp tokens, so each message is
@@ -87,7 +98,7 @@ def tp_comm_time(collective: CollectiveFn, layer: LayerSpec, strategy: LayerStra
     if strategy.megatron_sp:
         gather, forward_bytes = collective("all_gather", nbytes, tp_groups), forward_gather_bytes(nbytes, strategy)
         forward_gather = gather if forward_bytes == nbytes else collective("all_gather", forward_bytes, tp_groups)
-        return allreduces_per_pass * (passes * collective("reduce_scatter", nbytes, tp_groups)
+        return allreduces_per_pass * (reduce_scatter_passes(strategy) * collective("reduce_scatter", nbytes, tp_groups)
                                       + (passes - 1) * forward_gather + gather)
     return passes * allreduces_per_pass * collective("all_reduce", nbytes, tp_groups)
 

@@ -15,8 +15,8 @@ from cost_models.memory import WEIGHT_BYTES_PER_PARAM
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
 from cost_models.sequence import forward_gather_bytes, sync_groups, ulysses_message_bytes
 from cost_models.tp_overlap import OverlapPair
-from specs import (ClusterSpec, CPLoadBalance, DPType, EPDispatcher, LayerSpec, LayerStrategy, ModelSpec, Plan, layer_grid,
-                   stage_grid)
+from specs import (ClusterSpec, CPLoadBalance, DPType, EPDispatcher, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute,
+                   layer_grid, stage_grid)
 from specs.precision import Precision
 from specs.schedules import schedule_entry
 
@@ -56,10 +56,12 @@ class LayerWork:
     tp_calls: tuple[tuple[str, float, int], ...]
     """TP-group collectives of one forward pass as (kind, bytes on the wire, count): Megatron TP two
     all-reduces of the activation, Megatron-SP a reduce-scatter and an all-gather each instead,
-    Ulysses the QKV and output all-to-alls (again in a full recompute)."""
+    Ulysses the QKV and output all-to-alls."""
     tp_backward_calls: tuple[tuple[str, float, int], ...]
     """The backward pass's, as many: tp_calls' but for an FP8 layer's Megatron-SP all-gathers, which
     carry BF16 gradients there (sequence.forward_gather_bytes)."""
+    tp_recompute_calls: tuple[tuple[str, float, int], ...]
+    """A recomputed forward's, run in backward (tp_recompute_calls)."""
     states: MemoryBreakdown
     """Parameters, gradients, optimizer states held all iteration."""
     activation_bytes: float
@@ -69,7 +71,7 @@ class LayerWork:
     ``weight_wait_bytes``; 0 otherwise)."""
     recompute_bytes: float
     """Activations rebuilt during the backward of a recomputed layer (temporary): all of them
-    under full recomputation, the attention core under selective."""
+    under full recomputation, what it did not keep under selective and selective-op."""
     gathered_bytes: float
     """ZeRO-3: the layer's full (TP-local) parameters while they are gathered (all parts)."""
     temporary_bytes: float
@@ -82,7 +84,7 @@ class LayerWork:
     ep_groups: tuple[tuple[int, ...], ...] = ()
     ep_calls: tuple[tuple[str, float, int], ...] = ()
     """Expert all-to-alls of one forward pass (dispatch and combine; bytes on the wire) over ``ep_groups``; as many
-    in backward, again in a full recompute."""
+    in backward, again in a recompute that re-runs the forward's collectives (full, selective-op)."""
     cp: "CPWork | None" = None
     """Context parallelism's attention, played block by block (None without cp)."""
     tp_overlap: tuple[OverlapPair, ...] = ()
@@ -246,7 +248,7 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
     unsharded = cm.layer_memory(layer, replace(s, dp_type=DPType.DDP, expert_dp_type=None,
                                                precision=Precision.BF16), mbs, 1)
     # the recomputed forward rebuilds what the layer did not keep while its backward runs
-    # (everything under full recomputation, the attention core under selective)
+    # (everything under full recomputation, what it did not keep under the selective ones)
     full_act = 0.0
     if s.recompute != "none":
         full_act = cm.layer_memory(layer, replace(s, recompute="none"), mbs, 1).activations_bytes
@@ -270,6 +272,7 @@ def _layer_work(model: ModelSpec, plan: Plan, cm: CostModel, i: int, first_rank:
         tp_groups=_tuples(tp_groups), dp_groups=_tuples(dp_groups),
         tp_calls=_calls_on_wire(cm, tp_calls(layer, s, mbs)),
         tp_backward_calls=_calls_on_wire(cm, tp_calls(layer, s, mbs, backward=True)),
+        tp_recompute_calls=_calls_on_wire(cm, tp_recompute_calls(layer, s, mbs)),
         states=MemoryBreakdown(parameters_bytes=one.parameters_bytes, gradients_bytes=one.gradients_bytes,
                                optimizer_bytes=one.optimizer_bytes),
         activation_bytes=one.activations_bytes, recompute_bytes=full_act,
@@ -324,6 +327,18 @@ def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int, backward: bool = Fals
     if s.megatron_sp:
         return (("reduce_scatter", n, count), ("all_gather", n if backward else forward_gather_bytes(n, s), count))
     return (("all_reduce", n, count),)
+
+
+def tp_recompute_calls(layer: LayerSpec, s: LayerStrategy, mbs: int) -> tuple[tuple[str, float, int], ...]:
+    """A recomputed forward's TP-group collectives: the forward's (full), the forward's but the
+    reduce-scatters, whose results torchtitan keeps (selective-op), none (selective: the attention
+    core has no collective inside)."""
+    if not s.recompute.reruns_forward_collectives:
+        return ()
+    calls = tp_calls(layer, s, mbs)
+    if s.recompute == Recompute.SELECTIVE_OP:
+        return tuple(call for call in calls if call[0] != "reduce_scatter")
+    return calls
 
 
 def _calls_on_wire(cm: CostModel, calls: tuple[tuple[str, float, int], ...]) -> tuple[tuple[str, float, int], ...]:

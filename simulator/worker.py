@@ -124,17 +124,17 @@ class Worker:
         the stage's first chunk; on the stage with the head it all runs with the model's last chunk."""
         return not self._holds_head and chunk.index == self.work.chunks[0].index
 
-    def _tp_calls(self, phase: str, mb: int, lw: LayerWork, rounds: int):
-        """The layer's TP-group collectives, ``rounds`` passes' worth (phase B: the backward's and
-        a recomputed forward's), on the critical path (but those played beside their GEMMs under
-        TP communication overlap: _overlapped); calls of one kind and size go as one."""
-        passes = ((True, lw.tp_calls, 1),) if phase == "F" else ((False, lw.tp_backward_calls, 1),
-                                                                  (True, lw.tp_calls, rounds - 1))
+    def _tp_calls(self, phase: str, mb: int, lw: LayerWork):
+        """The layer's TP-group collectives of ``phase`` (B: the backward's and a recomputed
+        forward's), on the critical path (but those played beside their GEMMs under TP
+        communication overlap: _overlapped); calls of one kind and size go as one."""
+        passes = ((True, lw.tp_calls),) if phase == "F" else ((False, lw.tp_backward_calls),
+                                                              (True, lw.tp_recompute_calls))
         left: dict[tuple[str, float], int] = {}
-        for forward, calls, times in passes:
+        for forward, calls in passes:
             for kind, nbytes, count in calls:
                 paired = sum(1 for p in lw.tp_overlap if (p.phase, p.kind, p.forward_pass) == (phase, kind, forward))
-                left[kind, nbytes] = left.get((kind, nbytes), 0) + max(0, count * times - paired)
+                left[kind, nbytes] = left.get((kind, nbytes), 0) + max(0, count - paired)
         for (kind, nbytes), count in left.items():
             if count > 0:
                 yield from self._collective_now(Channel.TP, f"{phase}{mb} {lw.name} {TP_TAGS[kind]} x{count}", kind,
@@ -177,7 +177,7 @@ class Worker:
             yield from self._layer_forward(mb, lw)
             yield from self._overlapped("F", mb, lw)
             self.gpu.memory.alloc(f"act {lw.name} mb{mb}", lw.activation_bytes)
-            yield from self._tp_calls("F", mb, lw, 1)
+            yield from self._tp_calls("F", mb, lw)
             yield from self._ep_calls("F", mb, lw, 1)
             self._release_gathered(lw, mb, "F")
             if lw.transition_s > 0:
@@ -207,9 +207,9 @@ class Worker:
             mem.alloc(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             yield from self._layer_backward(mb, lw)
             yield from self._overlapped("B", mb, lw)
-            # backward's collectives, plus the recomputed forward's under full recomputation
-            yield from self._tp_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
-            yield from self._ep_calls("B", mb, lw, 2 if lw.strategy.checkpoint else 1)
+            # backward's collectives, plus the recomputed forward's (LayerWork.tp_recompute_calls)
+            yield from self._tp_calls("B", mb, lw)
+            yield from self._ep_calls("B", mb, lw, 2 if lw.strategy.recompute.reruns_forward_collectives else 1)
             mem.free(f"buffers {lw.name} mb{mb}", lw.temporary_bytes)
             mem.free(f"recompute {lw.name} mb{mb}", lw.recompute_bytes)
             mem.alloc(f"kept for W {lw.name} mb{mb}", lw.kept_for_w_bytes)

@@ -119,8 +119,8 @@ def plan_to_galvatron(plan: Plan) -> dict[str, Any]:
     for i, s in enumerate(plan.layers):
         if s.megatron_sp:
             raise SpecError(f"layer {i}", "sp megatron has no field in Galvatron files")
-        if s.recompute == Recompute.SELECTIVE:
-            raise SpecError(f"layer {i}", "recompute selective has no field in Galvatron files")
+        if s.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):
+            raise SpecError(f"layer {i}", f"recompute {s.recompute} has no field in Galvatron files")
         galvatron_comm = _cp_comm(s.cp, s.ulysses)
         if s.cp_comm != galvatron_comm:
             raise SpecError(f"layer {i}", f"cp_comm {s.cp_comm} (cp {s.cp}, ulysses {s.ulysses}) has no field in "

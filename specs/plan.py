@@ -15,7 +15,7 @@ from specs.files import atomic_write_text
 from specs.hashing import cached_hash, without_cached_hash
 from specs.precision import Precision, fp8_recipe, gpu_refusal
 from specs.precision import precision as to_precision
-from specs.stack import TP_OVERLAP_STACKS, SoftwareStack, overlaps_tp_comm, software_stack
+from specs.stack import SELECTIVE_OP_STACKS, TP_OVERLAP_STACKS, SoftwareStack, overlaps_tp_comm, software_stack
 from specs.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MICRO_BATCHES, at_most
 from specs.chunks import chunk_layout
 from specs.schedules import SCHEDULES, Schedule, schedule_entry, upgrade_schedule
@@ -43,6 +43,21 @@ class Recompute(StrEnum):
     Megatron's --recompute-granularity selective does; keep every matmul output."""
     FULL = "full"
     """Keep the layer's input only; recompute its whole forward in backward."""
+    SELECTIVE_OP = "selective-op"
+    """torchtitan's per-op selective checkpointing (``activation_checkpoint.mode = "selective"``,
+    ``selective_ac_option = "op"``): keep the layer's input, the output of every other matmul in
+    forward order (the 1st, 3rd, ...), the fused attention's outputs and the TP reduce-scatters'
+    results; recompute the rest, collectives included (cost_models/op_selective.py)."""
+
+    @property
+    def reruns_forward_collectives(self) -> bool:
+        """Whether backward runs the layer's forward TP, Ulysses and expert collectives again."""
+        return self in (Recompute.FULL, Recompute.SELECTIVE_OP)
+
+
+SEARCHED_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+"""The recomputation choices a planner space searches by default: SELECTIVE_OP is a stated
+choice (what torchtitan runs), its saved set follows one framework's op order."""
 
 
 DP_TYPES = tuple(DPType)
@@ -162,6 +177,8 @@ class LayerStrategy:
             parts.append("ckpt")
         elif self.recompute == Recompute.SELECTIVE:
             parts.append("sel")
+        elif self.recompute == Recompute.SELECTIVE_OP:
+            parts.append("sel-op")
         if self.sp != SequenceParallel.NONE:
             parts.append("sp" if self.megatron_sp else f"uly{self.ulysses}")
         if self.cp > 1:
@@ -259,6 +276,7 @@ class Plan:
             object.__setattr__(self, "stack", software_stack(self.stack))
         self._check_tp_comm_overlap()
         self._check_ep_dispatcher()
+        self._check_selective_op_stack()
         if not isinstance(self.stage_layers, (list, tuple)):
             raise SpecError("stage_layers", f"must be a list of layer counts, got {self.stage_layers!r}")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
@@ -270,6 +288,15 @@ class Plan:
         if sum(self.stage_layers) != len(self.layers):
             raise SpecError("stage_layers", f"sum {sum(self.stage_layers)} != {len(self.layers)} layers")
         object.__setattr__(self, "chunk_layers", self._checked_chunk_layers())
+
+    def _check_selective_op_stack(self) -> None:
+        """A selective-op layer needs a stack that runs it, or none stated."""
+        if self.stack is None or self.stack in SELECTIVE_OP_STACKS:
+            return
+        for i, s in enumerate(self.layers):
+            if s.recompute == Recompute.SELECTIVE_OP:
+                raise SpecError(f"layers[{i}].recompute", f"selective-op is torchtitan's per-op policy, which stack "
+                                f"{self.stack} does not run; state one of {', '.join(SELECTIVE_OP_STACKS)}")
 
     def _check_tp_comm_overlap(self) -> None:
         """tp_comm_overlap: a boolean; when on, a tp > 1 layer, Megatron-SP on each and a stack that runs it."""

@@ -43,3 +43,8 @@ torch.compile). Eager PyTorch has none."""
 def overlaps_tp_comm(stack: SoftwareStack | None) -> bool:
     """Whether ``stack`` runs TP communication overlap (None: no stack stated, so none)."""
     return stack in TP_OVERLAP_STACKS
+
+
+SELECTIVE_OP_STACKS = (SoftwareStack.EAGER, SoftwareStack.COMPILE)
+"""The stacks that run per-op selective checkpointing (Recompute.SELECTIVE_OP): torchtitan's
+policy over the PyTorch block, eager or compiled. Megatron-Core has no such option."""

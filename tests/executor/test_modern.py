@@ -180,6 +180,8 @@ def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt
                       virtual_stages=2, global_batch=8, micro_batches=4),
      "layer 1: recompute full under dualpipev is not run: torch's checkpoint re-runs a block's forward once per "
      "backward call"),
+    ("tiny-llama", plan([4], [L(dp=4, recompute="selective-op")] * 4, micro_batches=1),
+     r"executor cannot run layer 0: recompute selective-op \(supported: none, selective, full\)"),
     ("vit-large-24", plan([24], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
      "vocab_tp: vocabulary parallelism needs a token embedding and an lm head, got patch embedding and classifier"),
 ])

@@ -134,3 +134,19 @@ def test_tp_overlap_matches_the_cost_model_within_one_percent(tp, pp, m, recompu
     assert formula.iteration_time_s < without  # the overlap is played, not left out on both sides
     full = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=False, full=True)
     assert full.iteration_time_s == pytest.approx(sim.iteration_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp, precision, overlap", [(2, "bf16", False), (4, "fp8-current", True)])
+def test_selective_op_matches_the_cost_model_within_one_percent(tp, precision, overlap):
+    # torchtitan's per-op policy under torch.compile: the recomputed forward's kernels in B, its
+    # all-gathers re-run and its reduce-scatters kept, in the simulator as in the formula
+    cluster = load_cluster("dgx-h100")
+    cm = cost_models.get("analytical", cluster, dp_overlap_fraction=0.0, stack="compile")
+    model = load_model("llama3-70b").scaled(num_layers=4)
+    plan = uniform_plan(model.num_layers, tp=tp, dp=8 // tp, global_batch=16, micro_batches=4, sp="megatron",
+                        recompute="selective-op", precision=precision, dp_type="zero1", stack="compile",
+                        tp_comm_overlap=overlap)
+    sim = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=True)
+    formula = cm.plan_cost(model, plan)
+    assert sim.iteration_time_s == pytest.approx(formula.iteration_time_s, rel=0.01), plan.summary()
+    assert sim.peak_memory_gib * 2**30 <= formula.peak_memory_bytes * 1.001, plan.summary()

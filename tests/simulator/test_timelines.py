@@ -508,3 +508,18 @@ def test_an_fp8_layer_gathers_its_sp_inputs_in_fp8_forward_only():
     assert [name for name, _, _ in timeline(full, 0, "tp")][2:] == [
         "B0 L0 sp rs x4", "B0 L0 sp ag x2", "B0 L0 sp ag x2"]
     assert [round(b - a, 6) for _, a, b in timeline(full, 0, "tp")][2:] == [2.0, 1.0, 0.5]
+
+
+def test_a_selective_op_layer_regathers_its_sp_inputs_but_keeps_the_reduce_scatters():
+    # The layer above in BF16, each call 0.5 s. torchtitan's per-op policy keeps the
+    # reduce-scatters' results, so the recomputed forward re-runs only the all-gathers: backward
+    # plays rs x2 and ag x4 (its own two and the recomputed forward's two: one kind and size)
+    cluster = hand_cluster(2, bytes_per_s=1024.0)
+    cm = HandCostModel(cluster)
+    cm.t = LayerTime(forward_s=4.0, backward_s=8.0)
+    model = tiny_model(1, hidden=64, seq=8, heads=2)
+    plan = uniform_plan(1, tp=2, sp="megatron", global_batch=1, recompute="selective-op")
+    result = simulate(model, cluster, plan, cm, keep_spans=True)
+    assert timeline(result, 0, "tp") == [
+        ("F0 L0 sp rs x2", 4.0, 5.0), ("F0 L0 sp ag x2", 5.0, 6.0),
+        ("B0 L0 sp rs x2", 14.0, 15.0), ("B0 L0 sp ag x4", 15.0, 17.0)]

@@ -38,7 +38,7 @@ def test_contradicting_old_and_new_recompute_is_refused():
 
 
 def test_bad_enum_values_name_the_field():
-    with pytest.raises(SpecError, match="recompute: must be one of none, selective, full; got 'some'"):
+    with pytest.raises(SpecError, match="recompute: must be one of none, selective, full, selective-op; got 'some'"):
         LayerStrategy(recompute="some")
     with pytest.raises(SpecError, match="sp: must be one of none, megatron, ulysses; got 'ring'"):
         LayerStrategy(sp="ring")
