@@ -36,8 +36,8 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
     if u.pp > 1 and u.dp_type in (DPType.ZERO2, DPType.ZERO3) and s.degrees.grad_sync > 1:
         raise SpecError("layer 0", f"dp_type {u.dp_type} with pp {u.pp}: DeepSpeed's pipeline engine runs "
                         "ZeRO stage 0 or 1 only")
-    if u.recompute == Recompute.SELECTIVE:
-        raise SpecError("layer 0", "recompute selective: DeepSpeed checkpoints whole layers (full) or none")
+    if u.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):
+        raise SpecError("layer 0", f"recompute {u.recompute}: DeepSpeed checkpoints whole layers (full) or none")
     if u.ep > 1 or u.expert_tp:
         raise SpecError("layer 0", f"ep {u.ep}: expert parallelism is not written to DeepSpeed configs")
     if s.tp > 1 and s.dp > 1 and not s.tp_consecutive:

@@ -80,6 +80,10 @@ def _recompute_args(plan: Plan) -> dict[str, Any]:
     """Megatron's recompute arguments for the per-layer recompute of ``plan``: one kind for every
     layer, or full on the first N layers of every stage and none after (--recompute-method block)."""
     kinds = {s.recompute for s in plan.layers}
+    if Recompute.SELECTIVE_OP in kinds:
+        layer = next(i for i, s in enumerate(plan.layers) if s.recompute == Recompute.SELECTIVE_OP)
+        raise SpecError(f"layer {layer}", "recompute selective-op: torchtitan's per-op policy; Megatron recomputes "
+                        "the attention core (selective) or whole layers (full)")
     if kinds == {Recompute.NONE}:
         return {}
     if kinds == {Recompute.SELECTIVE}:

@@ -45,7 +45,11 @@ SCHEDULES: dict[Schedule, str] = {s: n for s, e in REGISTRY.items() if (n := tor
 FROM_TORCHTITAN = {n.lower(): s for s, n in SCHEDULES.items()}
 """The way back, by lower-case name (torch matches schedule names case-insensitively)."""
 RESHARD = {DPType.ZERO3: "always", DPType.ZERO2: "never"}
-AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full"}
+AC_MODES = {Recompute.NONE: "none", Recompute.FULL: "full", Recompute.SELECTIVE_OP: "selective"}
+"""hybridpar recompute -> torchtitan's activation_checkpoint mode (its "selective" is the per-op
+policy: selective_ac_option "op" in the TOML configs, the only selective AC from 0.3.0 on)."""
+OP_OPTION = "op"
+"""The TOML configs' selective_ac_option of the per-op policy (a number: every N-th layer in full)."""
 MODULES = {"llama3-8b": ("llama3", "llama3_8b", "8B"), "llama3-70b": ("llama3", "llama3_70b", "70B")}
 """Zoo model -> (torchtitan --module, --config, TOML model flavor)."""
 
@@ -58,8 +62,8 @@ ASSUMES = (
     "(first/last_stage_less_layers 0, or 1 where the plan's end chunks are one layer short)",
 )
 CANNOT_CARRY = (
-    "selective recompute: torchtitan's selective AC is a per-op save policy, not Megatron's attention-core "
-    "recompute that the cost model charges; plans with it are refused",
+    "selective recompute (Megatron's attention core): torchtitan's selective AC is its per-op save policy, "
+    "which plans state as selective-op; plans with Megatron's selective are refused",
     "HSDP (replicate x shard): hybridpar's plan has one data-parallel flavour over the whole dp group",
     "the cost model's overlap and efficiency assumptions (float8 changes the time); torch.compile is enabled "
     "exactly when the plan's stack is compile, whose kernels its times assume, and async TP when the plan's "
@@ -78,8 +82,8 @@ def _check(plan: Plan, model: ModelSpec) -> Uniform:
         raise SpecError("layer 0", "dp_type zero1: torchtitan runs DDP (replicate) or FSDP2 (zero3, zero2 with "
                         "reshard_after_forward never), not ZeRO-1")
     if u.recompute not in AC_MODES:
-        raise SpecError("layer 0", f"recompute {u.recompute}: torchtitan's selective AC is not the attention-core "
-                        "recompute the plan means")
+        raise SpecError("layer 0", f"recompute {u.recompute}: torchtitan's selective AC is its per-op policy "
+                        "(selective-op), not Megatron's attention-core recompute")
     if s.tp > 1 and s.dp > 1 and not s.tp_consecutive:
         raise SpecError("layer 0", "tp_consecutive false: torchtitan's mesh puts tp innermost")
     if u.ep > 1 and (u.expert_tp or u.tp) != 1:
@@ -134,7 +138,10 @@ def settings(plan: Plan, model: ModelSpec) -> dict[str, dict[str, Any]]:
         training.update(local_batch_size=per_replica, disable_cuda_graphs=True)
     else:  # the micro-batches are gradient-accumulation steps
         training["local_batch_size"] = u.micro_batch_size
-    sections = {"parallelism": par, "training": training, "activation_checkpoint": {"mode": AC_MODES[u.recompute]}}
+    ac: dict[str, Any] = {"mode": AC_MODES[u.recompute]}
+    if u.recompute == Recompute.SELECTIVE_OP:
+        ac["selective_ac_option"] = OP_OPTION
+    sections = {"parallelism": par, "training": training, "activation_checkpoint": ac}
     if plan.stack == SoftwareStack.COMPILE:  # the kernels the plan's times assume
         sections["compile"] = {"enable": True}
     if u.tp_comm_overlap:  # async TP: Inductor's micro-pipelined collective matmuls (_check: under compile)
@@ -290,10 +297,7 @@ def plan_from_sections(sections: Mapping[str, Any], model: ModelSpec, cluster: C
             raise SpecError("parallelism.pipeline_parallel_microbatch_size", f"{mbs} does not divide local batch {local}")
         micro = steps * (local // mbs)
         schedule, v, stages, chunks = _pipeline(par, model, pp)
-    mode = _table(sections, "activation_checkpoint").get("mode", "none")
-    recompute = {m: r for r, m in AC_MODES.items()}.get(mode) if isinstance(mode, str) else None
-    if recompute is None:
-        raise SpecError("activation_checkpoint.mode", f"{mode!r}: hybridpar reads none or full")
+    recompute = _recompute(_table(sections, "activation_checkpoint"))
     sp = par.get("enable_sequence_parallel", True) and tp > 1
     overlap = _async_tp(sections, par)
     u = Uniform(tp=tp, dp=dp, pp=pp, dp_type=dp_type, recompute=recompute, megatron_sp=sp,
@@ -320,6 +324,20 @@ def _async_tp(sections: Mapping[str, Any], par: Mapping[str, Any]) -> bool:
         raise SpecError(f"{key}.enable_async_tensor_parallel", "true needs compile.enable true "
                         "(torchtitan's async TP runs under torch.compile)")
     return True
+
+
+def _recompute(ac: Mapping[str, Any]) -> Recompute:
+    """The [activation_checkpoint] table as a recompute: none, full, or selective with the per-op
+    option (or none given, as from 0.3.0 on); selective every N-th layer is not one kind per layer."""
+    mode = ac.get("mode", "none")
+    recompute = {m: r for r, m in AC_MODES.items()}.get(mode) if isinstance(mode, str) else None
+    if recompute is None:
+        raise SpecError("activation_checkpoint.mode", f"{mode!r}: hybridpar reads none, full or selective")
+    option = ac.get("selective_ac_option", OP_OPTION)
+    if recompute == Recompute.SELECTIVE_OP and option != OP_OPTION:
+        raise SpecError("activation_checkpoint.selective_ac_option", f"{option!r}: every N-th layer recomputed in "
+                        f"full is not one recompute for every layer; hybridpar reads {OP_OPTION!r}")
+    return recompute
 
 
 def _pipeline(par: Mapping[str, Any], model: ModelSpec,

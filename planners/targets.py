@@ -51,10 +51,12 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
         # DDP or the distributed optimizer; every recompute; Megatron-SP; interleaving; ep with etp
         "megatron": replace(base, dp_types=(DPType.DDP, DPType.ZERO1), sp=(NONE, MEGATRON_SP),
                             vocab_sp=(NONE, MEGATRON_SP), **common),
-        # DDP or FSDP2 (zero3; zero2 = reshard_after_forward never); full AC or none; TP with or
+        # DDP or FSDP2 (zero3; zero2 = reshard_after_forward never); full AC, per-op selective AC
+        # (where the cost model's stack runs it: within() drops it otherwise) or none; TP with or
         # without sequence parallelism; interleaving; ep with whole experts
         "torchtitan": replace(base, dp_types=(DPType.DDP, DPType.ZERO2, DPType.ZERO3), sp=(NONE, MEGATRON_SP),
-                              recompute=(Recompute.NONE, Recompute.FULL), vocab_sp=(NONE, MEGATRON_SP), **common, **no_cp),
+                              recompute=(Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE_OP),
+                              vocab_sp=(NONE, MEGATRON_SP), **common, **no_cp),
         # ZeRO 0-3 (0-1 under its pipeline engine, checked on export); full checkpointing or none;
         # Megatron-SP and Ulysses; no interleaving, no expert parallelism
         "deepspeed": replace(base, sp=tuple(SequenceParallel), recompute=(Recompute.NONE, Recompute.FULL),
@@ -164,6 +166,7 @@ class TargetPlanner(Planner):
 def _best_uniform(name: str, target: str, model: ModelSpec, cluster: ClusterSpec, budget: Budget, cost_model: CostModel,
                   space: SearchSpace, top_k: int) -> PlanResult:
     scored, smallest, tried = [], None, 0
+    space = space.within(cost_model.capabilities)  # e.g. selective-op only where the model's stack runs it
     overlap = True in space.tp_comm_overlap and runs_tp_overlap(cost_model.capabilities)
     for batch in budget.global_batches():
         for plan in uniform_plans(target, model, cluster, batch, space, cost_model.stack if overlap else None):

@@ -45,6 +45,8 @@ def expressible(target: str) -> list[Plan]:
             plan(m, c, tp=4, dp=4, pp=4, global_batch=64, micro_batches=8, sp="megatron", dp_type="zero2",
                  virtual_stages=2),
             plan(m, c, tp=8, dp=4, pp=2, global_batch=32, micro_batches=4, schedule="gpipe", recompute="full"),
+            plan(m, c, tp=2, dp=32, global_batch=64, micro_batches=1, sp="megatron", recompute="selective-op",
+                 dp_type="zero3", vocab_zero3=True),
             plan(m, c, tp=8, dp=8, global_batch=64, micro_batches=2, sp="megatron", recompute="full",
                  dp_type="zero3", vocab_zero3=True, stack="compile", tp_comm_overlap=True),
         ],

@@ -20,7 +20,7 @@ def _export(target, p):
     return frameworks.get(target).export(p, model, cluster).files
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, -1])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, -1])
 def test_torchtitan_config_manager_reads_the_export(index):
     pytest.importorskip("triton")  # torchtitan's model registry imports it
     manager = pytest.importorskip("torchtitan.config.manager")
@@ -36,7 +36,8 @@ def test_torchtitan_config_manager_reads_the_export(index):
     assert training.global_batch_size == p.global_batch and training.seq_len == 8192
     assert training.mixed_precision_param == "bfloat16"
     ac = type(config.activation_checkpoint).__qualname__ if config.activation_checkpoint is not None else "None"
-    assert ac.startswith({Recompute.FULL: "FullAC", Recompute.NONE: "NoAC"}[s.recompute]) or (
+    assert ac.startswith({Recompute.FULL: "FullAC", Recompute.NONE: "NoAC", Recompute.SELECTIVE_OP: "SelectiveAC"}
+                         [s.recompute]) or (
         s.recompute == Recompute.NONE and ac == "None"), ac
     if p.pp > 1:
         expected = "Interleaved1F1B" if p.virtual_stages > 1 else {"1f1b": "1F1B", "gpipe": "GPipe"}[p.schedule]

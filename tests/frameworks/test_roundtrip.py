@@ -66,6 +66,26 @@ def test_what_each_framework_cannot_run_is_refused():
     _one_line("megatron", gpipe, "schedule", "gpipe")
     sel = replace(z1, layers=tuple(replace(s, recompute=Recompute.SELECTIVE) for s in z1.layers))
     _one_line("deepspeed", sel, "layer 0", "selective")
+    _one_line("torchtitan", replace(sel, layers=tuple(replace(s, dp_type="zero3") for s in sel.layers)),
+              "layer 0", "selective", "selective-op")
+    sel_op = replace(z1, layers=tuple(replace(s, recompute=Recompute.SELECTIVE_OP) for s in z1.layers))
+    _one_line("megatron", sel_op, "layer 0", "selective-op")
+    _one_line("deepspeed", sel_op, "layer 0", "selective-op")
+    _one_line("galvatron", replace(sel_op, layers=tuple(replace(s, dp_type="zero3") for s in sel_op.layers)),
+              "layer 0", "selective-op")
+
+
+def test_torchtitans_selective_ac_reads_as_the_per_op_policy_only():
+    model, cluster = llama()
+    fw = frameworks.get("torchtitan")
+    p = next(p for p in expressible("torchtitan") if p.layers[0].recompute == Recompute.SELECTIVE_OP)
+    toml = fw.export(p, model, cluster).files["torchtitan.toml"]
+    assert 'mode = "selective"' in toml and 'selective_ac_option = "op"' in toml
+    # from torchtitan 0.3.0 on "selective" has no option: the per-op policy
+    assert fw.import_({"torchtitan.toml": toml.replace('selective_ac_option = "op"\n', "")}, model, cluster) == p
+    with pytest.raises(SpecError, match=r"activation_checkpoint.selective_ac_option: '2': every N-th layer"):
+        fw.import_({"torchtitan.toml": toml.replace('selective_ac_option = "op"', 'selective_ac_option = "2"')},
+                   model, cluster)
 
 
 def test_megatron_block_recompute_round_trips():

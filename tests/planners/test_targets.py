@@ -99,3 +99,18 @@ def test_each_target_is_also_a_registered_planner(results, cost_model):
     for target in TARGETS[1:]:
         r = get(f"target_{target}").plan(MODEL, CLUSTER, BUDGET, cost_model)
         assert r.planner == f"target_{target}" and r.plan == results[target].plan, target
+
+
+def test_torchtitans_per_op_ac_is_searched_where_the_cost_model_runs_it():
+    # Llama 3 8B on 8 H100s at 60 GiB: dp 8 keeping every activation does not fit (60 GiB less the
+    # allocator reserve); under the eager stack dp 8 with torchtitan's per-op policy (41 GiB) beats
+    # every tp 2 plan that keeps them; a Megatron-TE model cannot price the policy, so it is not
+    # searched there
+    model, cluster = load_model("llama3-8b").with_seq_len(8192), load_cluster("dgx-h100:1")
+    budget = Budget(memory_gib=60, global_batch=16)
+    eager = plan_for_target("torchtitan", model, cluster, budget, cost_models.get("analytical", cluster, stack="eager"))
+    assert {s.recompute for s in eager.plan.layers} == {Recompute.SELECTIVE_OP}
+    fused = plan_for_target("torchtitan", model, cluster, budget, cost_models.get("analytical", cluster))
+    assert Recompute.SELECTIVE_OP not in {s.recompute for s in fused.plan.layers}
+    assert all(Recompute.SELECTIVE_OP not in {s.recompute for s in r.plan.layers} for r in fused.top_k)
+    frameworks.get("torchtitan").export(eager.plan, model, cluster)
