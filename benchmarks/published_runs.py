@@ -4,7 +4,8 @@ training runs it never saw: H100, H200 and A100; torchtitan, Megatron-Bridge, Ll
 ``python -m benchmarks.published_runs`` predicts every row of data/published_runs (never
 fitted; each cluster's own calibration status is printed) and reports, by GPU, precision and
 framework and for all BF16 and all FP8 runs, MAPE, worst error and Kendall's tau, and the runs
-the model cannot state and why.
+the model cannot state and why; the FP8/BF16 speedup of each pair of runs that differ only in
+precision, among these rows and in torchtitan's pairs of data/h100_fp8_calibration (not fitted).
 ``--sim`` also plays the runs of at most ``--sim-max-gpus`` GPUs in the simulator.
 """
 from __future__ import annotations
@@ -120,6 +121,34 @@ def load_runs() -> list[PublishedRun]:
                                         **typed, measured_value=float(row["measured_value"]), memory_gib=mem))
             except (KeyError, ValueError) as err:
                 raise SpecError(f"published_runs[{row.get('id', '?')}]", str(err)) from None
+    return out
+
+
+ASYNC_TP_SUFFIX = "+asynctp"
+"""A pairs-file software with torchtitan's async TP (compile + Plan.tp_comm_overlap)."""
+
+
+def load_pair_runs() -> list[tuple[str, PublishedRun]]:
+    """torchtitan's BF16/FP8 pairs on the 500 W H100s (data/h100_fp8_calibration, not fitted: that
+    folder's fit reads NeMo's table only) as (pair, run): torchtitan's TP plan with Megatron-SP, its
+    async TP where the software says so; a malformed row is one SpecError naming its pair."""
+    out = []
+    with open(data_path(Dataset.H100_FP8_CALIBRATION) / "torchtitan_h100_bf16_fp8_pairs.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                degrees = {k: int(row[k]) for k in ("gpus", "tp", "dp", "global_batch", "seq_len")}
+                software = row["software"].removesuffix(ASYNC_TP_SUFFIX)
+                run = PublishedRun(
+                    id=f"{row['pair']}-{row['precision']}", cluster="h100-500w", model=row["model"],
+                    framework="torchtitan", software=software, precision=row["precision"], pp=1, cp=1,
+                    dp_type=row["dp_type"], virtual_stages=1, micro_batch=int(row["local_batch"]),
+                    recompute=row["recompute"], attention="flash", measured_metric="tokens_per_s_per_gpu",
+                    measured_value=float(row["tokens_per_s_per_gpu"]), source=row["source"],
+                    memory_gib=float(row["memory_gib"]) if row["memory_gib"] else None,
+                    tp_comm_overlap=software != row["software"], sequence_parallel=degrees["tp"] > 1, **degrees)
+            except (KeyError, ValueError) as err:
+                raise SpecError(f"torchtitan_h100_bf16_fp8_pairs[{row.get('pair', '?')}]", str(err)) from None
+            out.append((row["pair"], run))
     return out
 
 
@@ -322,6 +351,24 @@ def speedup_rows(predictions: Sequence[Prediction]) -> list[list]:
     return rows
 
 
+def pair_rows(pairs: Sequence[tuple[str, Prediction]]) -> list[list]:
+    """FP8/BF16 speedup (tokens/s over tokens/s) of each non-BF16 run of a named pair against the
+    pair's BF16 run: measured, and predicted or why it cannot be stated."""
+    bf16 = {name: p for name, p in pairs if p.run.precision == "bf16"}
+    rows = []
+    for name, p in pairs:
+        base = bf16.get(name)
+        if p.run.precision == "bf16" or base is None:
+            continue
+        measured = p.run.measured_value / base.run.measured_value  # tokens/s of both
+        if p.reason or base.reason:
+            rows.append([name, p.run.precision, measured, f"cannot state: {p.reason or base.reason}", ""])
+            continue
+        predicted = base.predicted_s / p.predicted_s
+        rows.append([name, p.run.precision, measured, f"{predicted:.2f}", f"{(predicted / measured - 1) * 100:+.2f}"])
+    return rows
+
+
 def run_rows(predictions: Sequence[Prediction], with_sim: bool) -> list[list]:
     """One line per run: what ran, measured and predicted seconds and error, or why not stated."""
     rows = []
@@ -359,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         print(tabulate(pairs, headers=["FP8 run", "BF16 run", "measured FP8/BF16", "predicted", "error %"],
                        floatfmt=".2f"))
         print()
+    twins = [(name, predict(run)) for name, run in load_pair_runs()]
+    print("torchtitan's FP8/BF16 pairs on the 500 W H100s (data/h100_fp8_calibration, not fitted)\n")
+    print(tabulate(pair_rows(twins), headers=["pair", "FP8 recipe", "measured FP8/BF16", "predicted", "error %"],
+                   floatfmt=".2f"))
+    print()
     print(tabulate(run_rows(predictions, args.sim),
                    headers=["run", "GPUs", "tp pp dp cp ep", "precision", "constants", "measured s", "predicted s",
                             "error %"] + (["sim error %"] if args.sim else []) + ["GiB pred / meas"]))

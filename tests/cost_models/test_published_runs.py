@@ -1,6 +1,7 @@
 """The never-fitted validation set of published runs: rows, conversions, what cannot be stated,
 and that it shares no run with the calibration data."""
 import csv
+import math
 from dataclasses import replace
 
 import pytest
@@ -202,11 +203,20 @@ def test_plan_follows_the_row():
 
 
 def test_each_row_is_timed_with_its_softwares_kernels():
-    eager, nemo, dsv3 = _run("tt-h100-8b-fsdp8-eager"), _run("automodel-h100-llama3-70b"), _run("automodel-h100-dsv3-256")
+    eager, nemo, dsv3 = _run("tt-a100-70b-full"), _run("automodel-h100-llama3-70b"), _run("automodel-h100-dsv3-256")
     # AutoModel: its Llama 70B recipe compiles the Hugging Face model; fsdp2-te (DeepSeek V3): TE's fused kernels
     assert (pr.stack_for(eager), pr.stack_for(nemo), pr.stack_for(dsv3)) == ("eager", "compile", "megatron-te")
     as_eager = pr.predict(eager).predicted_s
     assert as_eager > pr.predict(replace(eager, software="megatron-te")).predicted_s
+
+
+def test_torchtitans_op_policy_rows_are_stated_as_such_and_megatron_cannot_run_them():
+    run = _run("tt-h100-8b-fsdp8-eager")
+    plan = pr.plan_for(run, load_model(run.model))
+    assert {s.recompute for s in plan.layers} == {Recompute.SELECTIVE_OP}
+    refused = pr.predict(replace(run, software="megatron-te"))
+    assert math.isnan(refused.predicted_s)
+    assert "selective-op" in refused.reason and "megatron-te" in refused.reason
 
 
 def test_validation_and_calibration_sets_share_no_run():
@@ -226,6 +236,22 @@ def test_validation_and_calibration_sets_share_no_run():
 def test_the_benchmark_prints_the_table(capsys):
     assert pr.main([]) == 0
     out = capsys.readouterr().out
-    assert "cannot state" not in out and "25        25" in out  # every run expressible
+    runs = out[out.index("\nrun "):]
+    assert "cannot state" not in runs and "25        25" in out  # every run expressible
+    assert out.count("cannot state: precision fp8-rowwise") == 4  # the pairs' rowwise runs
     assert "calibrated: a100 (vtrain)" in out and "uncalibrated on H100" in out  # h100-500w: no fit of its own
     assert "calibrated: h100 (nemo-24.07)" in out and "transferred: H100-fitted constants (nemo-24.07) on H200" in out
+
+
+def test_torchtitans_calibration_pairs_are_reported_twin_by_twin():
+    pairs = pr.load_pair_runs()
+    runs = {run.id: run for _, run in pairs}
+    async_tp, vanilla = runs["70b-tp8-async-bf16"], runs["70b-tp8-vanilla-bf16"]
+    assert async_tp.tp_comm_overlap and async_tp.software == "compile" and not vanilla.tp_comm_overlap
+    assert async_tp.sequence_parallel and not runs["8b-fsdp8-compile-bf16"].sequence_parallel
+    rows = {(r[0], r[1]): r for r in pr.pair_rows([(name, pr.predict(run)) for name, run in pairs])}
+    assert len(rows) == 10  # every FP8 run beside its own BF16 twin, vanilla and async apart
+    assert rows["70b-tp8-vanilla", "fp8-tensorwise"][2] == pytest.approx(809.8 / 597.3)
+    assert rows["70b-tp8-async", "fp8-tensorwise"][2] == pytest.approx(942.4 / 652.4)
+    assert rows["70b-tp8-async", "fp8-rowwise"][3] == "cannot state: precision fp8-rowwise not modelled yet"
+    assert 1.0 < float(rows["8b-fsdp8-compile", "fp8-tensorwise"][3]) < 2.0
