@@ -275,8 +275,8 @@ def predict(run: PublishedRun, sim_max_gpus: int = 0) -> Prediction:
         return Prediction(run, reason=f"the row's plan: {err}")
     sim = math.nan
     if sim_max_gpus and run.gpus <= sim_max_gpus:
-        from simulator.evaluate import SimulatorEvaluator
-        sim = SimulatorEvaluator().evaluate(model, cluster, plan).iteration_time_s
+        from simulator.engine import simulate
+        sim = simulate(model, cluster, plan, cm, record_memory=False).iteration_time_s
     return Prediction(run, measured_s=run.measured_iteration_s(model), predicted_s=cost.iteration_time_s,
                       predicted_gib=cost.peak_memory_bytes / 2**30, gpu_gib=cluster.gpu.memory_gib, sim_s=sim,
                       calibration=cm.calibration_status())

@@ -255,3 +255,10 @@ def test_torchtitans_calibration_pairs_are_reported_twin_by_twin():
     assert rows["70b-tp8-async", "fp8-tensorwise"][2] == pytest.approx(942.4 / 652.4)
     assert rows["70b-tp8-async", "fp8-rowwise"][3] == "cannot state: precision fp8-rowwise not modelled yet"
     assert 1.0 < float(rows["8b-fsdp8-compile", "fp8-tensorwise"][3]) < 2.0
+
+
+def test_the_simulator_plays_a_small_row_with_the_rows_own_cost_model():
+    # --sim: torchtitan's eager kernels and per-op checkpointing, as the analytical model prices them
+    p = pr.predict(_run("tt-h100-8b-fsdp8-eager"), sim_max_gpus=8)
+    assert p.sim_s == pytest.approx(p.predicted_s, rel=0.02)
+    assert math.isnan(pr.predict(_run("tt-h100-8b-fsdp128-eager"), sim_max_gpus=8).sim_s)  # beyond the limit
