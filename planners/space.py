@@ -70,7 +70,7 @@ class SearchSpace:
     dp_types: tuple[str, ...] = DP_TYPES
     """Data-parallel flavours a layer may use when its dp > 1."""
     recompute: tuple[str, ...] = (Recompute.NONE, Recompute.FULL)
-    """Activation recomputation choices per layer (none, selective, full)."""
+    """Activation recomputation choices per layer (Recompute values; the presets search SEARCHED_RECOMPUTE)."""
     sp: tuple[str, ...] = (SequenceParallel.NONE,)
     """Sequence-parallel choices per layer (megatron and ulysses only where tp > 1)."""
     virtual_stages: tuple[int, ...] = (1,)

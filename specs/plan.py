@@ -82,7 +82,7 @@ class LayerStrategy:
     tp_consecutive: bool = True
     """TP (or Ulysses) group on neighbouring ranks (True) or strided across the stage (False)."""
     recompute: Recompute = Recompute.NONE
-    """Activation recomputation in backward (none, selective, full)."""
+    """Activation recomputation in backward (Recompute: none, selective, full, selective-op)."""
     sp: SequenceParallel = SequenceParallel.NONE
     """Sequence parallelism: none, megatron (over the tp group), ulysses (over ``ulysses``)."""
     ulysses: int = 1
