@@ -135,16 +135,18 @@ def _row(i: int, op: Collective, axes: tuple[str, ...], size: int, elements: flo
 
 
 def tp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int) -> list[ChargedCollective]:
-    """Megatron tp: per pass (forward, backward, a full recompute's forward) one all-reduce per
-    sub-layer of the block's activation (its s / cp tokens); Megatron-SP a reduce-scatter and an
-    all-gather instead (sequence.tp_comm_time). None under Ulysses (its all-to-alls replace them)."""
+    """Megatron tp: per pass (forward, backward, a recomputed forward that re-runs them) one
+    all-reduce per sub-layer of the block's activation (its s / cp tokens); Megatron-SP a
+    reduce-scatter and an all-gather instead, the reduce-scatters not re-run under selective-op
+    (sequence.tp_comm_time). None under Ulysses (its all-to-alls replace them)."""
     if s.tp <= 1 or s.ulysses > 1:
         return []
-    per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
-    calls = seq.forward_passes(s) * per_pass * micro_batches
+    per_pass = (TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)) * micro_batches
     elements = seq.tp_message_bytes(layer, mbs) / BYTES_PER_ACTIVATION / s.cp
-    ops = (Collective.REDUCE_SCATTER, Collective.ALL_GATHER) if s.megatron_sp else (Collective.ALL_REDUCE,)
-    return [_row(i, op, ("tp",), s.tp, elements, calls) for op in ops]
+    if s.megatron_sp:
+        return [_row(i, Collective.REDUCE_SCATTER, ("tp",), s.tp, elements, seq.reduce_scatter_passes(s) * per_pass),
+                _row(i, Collective.ALL_GATHER, ("tp",), s.tp, elements, seq.forward_passes(s) * per_pass)]
+    return [_row(i, Collective.ALL_REDUCE, ("tp",), s.tp, elements, seq.forward_passes(s) * per_pass)]
 
 
 def ulysses_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs: int
@@ -361,7 +363,8 @@ class Difference(StrEnum):
     """torch's non-reentrant checkpoint stops the recomputed forward once backward has every
     tensor it saved: the block's trailing collectives (tp's last all-reduce or Megatron-SP's
     last reduce-scatter, and the block's output gather) do not run again; Megatron (charged)
-    re-runs the whole forward. One call fewer per micro-batch each."""
+    re-runs the whole forward. One call fewer per micro-batch each. The same cut applies to
+    selective-op's recomputed forward (its last all-reduce; it re-runs no reduce-scatter)."""
     EXPERTS_ROUTED_ROWS = "the experts all-reduce their routed rows over tp"
     """A MoE layer under tp: its experts' f and g all-reduce the rows routed to them (top_k
     copies of each token; under ep the rows received, which vary with the routing: compared as
@@ -418,7 +421,7 @@ def executed_mp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: 
         rows = [replace(row, calls=row.calls // 2, difference=Difference.EXPERTS_ROUTED_ROWS)
                 for row in tp_rows(i, layer, s, micro_batches, mbs)]
     else:
-        rows = [_early_stopped(row, micro_batches) if full and row.op != Collective.ALL_GATHER else row
+        rows = [_early_stopped(row, micro_batches) if _stops_early(row, s) else row
                 for row in tp_rows(i, layer, s, micro_batches, mbs)]
     rows += _repeated_kv(ulysses_rows(i, layer, s, micro_batches, mbs), layer)
     whole = layer.output_elements(mbs)
@@ -528,6 +531,15 @@ def executed_tied_rows(model: ModelSpec, plan: Plan, world_size: int) -> list[Ch
     charged = tied_embedding_rows(model, plan, world_size)
     same = charged and (charged[0].group_size, charged[0].elements) == (row.group_size, row.elements)
     return [row if same else replace(row, difference=Difference.TIED_ONE_GROUP)]
+
+
+def _stops_early(row: ChargedCollective, s: LayerStrategy) -> bool:
+    """Whether torch's early stop cuts the recomputed forward's last call of the tp ``row``: the
+    block's last all-reduce (full, selective-op) or reduce-scatter (full; selective-op keeps the
+    reduce-scatters' results, so none is re-run)."""
+    if not s.recompute.reruns_forward_collectives:
+        return False
+    return row.op == Collective.ALL_REDUCE or (s.recompute == Recompute.FULL and row.op == Collective.REDUCE_SCATTER)
 
 
 def _early_stopped(row: ChargedCollective, micro_batches: int) -> ChargedCollective:

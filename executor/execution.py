@@ -22,10 +22,12 @@ FULL_BACKWARD = "BW"
 
 RECOMPUTED_FORWARDS = {
     # (block forwards, attention forwards) per micro-batch: full recomputation re-runs the whole
-    # block in backward, selective only the attention sub-layer (its core), none nothing
+    # block in backward, selective-op too (its policy hands back what it kept), selective only the
+    # attention sub-layer (its core), none nothing
     Recompute.NONE: (1, 1),
     Recompute.SELECTIVE: (1, 2),
     Recompute.FULL: (2, 2),
+    Recompute.SELECTIVE_OP: (2, 2),  # the whole block again (its kept outputs handed back)
 }
 
 

@@ -4,20 +4,19 @@ from __future__ import annotations
 from executor.model import is_tied
 from executor.parallel.expert import EXPERT_DP_TYPES
 from executor.parallel.vocab import refuse_vocab
-from specs import SEARCHED_RECOMPUTE, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SpecError
+from specs import LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SpecError
 from specs.capabilities import ALL_TO_ALL_ONLY, BF16_ONLY, NO_TP_OVERLAP, Capabilities, check_supported
 from specs.schedules import REGISTRY, schedule_entry
 
 CAPABILITIES = Capabilities(schedule=frozenset(s for s, e in REGISTRY.items() if e.torch_class),
                             expert_dp_type=frozenset(EXPERT_DP_TYPES),
-                            precision=BF16_ONLY, tp_comm_overlap=NO_TP_OVERLAP, ep_dispatcher=ALL_TO_ALL_ONLY,
-                            recompute=frozenset(SEARCHED_RECOMPUTE))
+                            precision=BF16_ONLY, tp_comm_overlap=NO_TP_OVERLAP, ep_dispatcher=ALL_TO_ALL_ONLY)
 """The axes the executor runs in part: the registered schedules torch.distributed.pipelining has a class for,
 expert states held as flat buckets (no ZeRO-3 of the experts), BF16 linear layers (no FP8 recipe is wired
 to torchao or Transformer Engine yet) and no TP communication overlap (its DTensor TP runs each collective
-apart from its matmul); its experts' dispatch is a plain all-to-all (no DeepEP); recomputation none, selective
-(Megatron's) or full (not torchtitan's per-op policy, selective-op). Every other value runs (every cp_comm:
-ring, all-gather, Ulysses + ring)."""
+apart from its matmul); its experts' dispatch is a plain all-to-all (no DeepEP). Every other value runs (every
+cp_comm: ring, all-gather, Ulysses + ring), torchtitan's per-op checkpointing (selective-op) on dense layers
+without cp or Ulysses (refuse_unsupported)."""
 
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
@@ -32,6 +31,10 @@ def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
                             f"checkpoint re-runs a block's forward once per backward call, so the split "
                             f"backward's input- and weight-gradient passes would run it twice where the plan "
                             f"counts it once")
+        if s.recompute == Recompute.SELECTIVE_OP and (s.cp > 1 or s.ulysses > 1 or spec.moe is not None):
+            what = f"cp {s.cp}" if s.cp > 1 else f"ulysses {s.ulysses}" if s.ulysses > 1 else "a MoE layer"
+            raise SpecError(f"layer {i}", f"recompute selective-op on {what} is not run: the executor runs "
+                            f"torchtitan's per-op policy on dense layers over tp and dp only")
         if s.cp > 1:
             _refuse_cp(i, s, spec)
         if s.ulysses > 1 and spec.moe is not None:

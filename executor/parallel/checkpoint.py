@@ -1,6 +1,7 @@
-"""Activation checkpointing per layer: full (keep the block's input, recompute the rest in backward)
-or selective (torch.utils.checkpoint with a selective-checkpoint policy over each attention
-sub-layer: matmul outputs and collectives kept, the attention core recomputed). A selective
+"""Activation checkpointing per layer: full (keep the block's input, recompute the rest in backward),
+selective (torch.utils.checkpoint with a selective-checkpoint policy over each attention
+sub-layer: matmul outputs and collectives kept, the attention core recomputed) or selective-op
+(torchtitan's per-op policy over the whole block, cost_models/op_selective.py). A selective
 sub-layer's input hooks (tensor parallelism's layout change at its entry: Megatron-SP's
 all-gather) run before its checkpointed region, once, as Megatron gathers the input outside the
 recomputed core: inside it, recomputation replays the gather's DTensor dispatch in backward (the
@@ -22,6 +23,31 @@ SAVED_NAMESPACES = frozenset({"_c10d_functional"})
 backward. (In-place c10d collectives are re-run: a kept result of one would be lost.)"""
 
 
+SDPA_OPS = frozenset(getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"))
+"""The fused attention kernels whose outputs torchtitan's per-op policy keeps (the CPU one too)."""
+KEPT_REDUCE_SCATTER = torch.ops._c10d_functional.reduce_scatter_tensor.default
+"""The one collective whose result the per-op policy keeps (Megatron-SP's, after a row-parallel GEMM)."""
+
+
+def op_selective_contexts():
+    """torchtitan's per-op policy for one checkpointed call (a fresh matmul count per call): keep
+    the 1st, 3rd, ... matmul of the block in forward order (``mm``, and ``addmm`` where the model has
+    biases, which torchtitan's Llama has not), the fused attention's outputs and functional
+    reduce-scatters; recompute the rest, all-gathers and all-reduces included."""
+    counts = {False: 0, True: 0}  # forward, recompute
+
+    def policy(ctx, op, *_args, **_kwargs) -> CheckpointPolicy:
+        if op in SAVED_OPS:
+            counts[ctx.is_recompute] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[ctx.is_recompute] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        if op in SDPA_OPS or op == KEPT_REDUCE_SCATTER:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+
+
 def selective_policy(_ctx, op, *_args, **_kwargs) -> CheckpointPolicy:
     """Korthikanti et al.'s selective recomputation: keep every matmul output, recompute the rest
     of the attention sub-layer (QK^T, softmax, attention over V and the reshapes around them)."""
@@ -32,19 +58,19 @@ def selective_policy(_ctx, op, *_args, **_kwargs) -> CheckpointPolicy:
 
 class Checkpointed(nn.Module):
     """``inner`` with its activations recomputed in backward (non-reentrant checkpoint); with a
-    ``policy`` only what the policy does not save is recomputed."""
+    ``context_fn`` (a selective-checkpoint policy's contexts) only what it does not save is
+    recomputed; ``hoist_hooks``: ``inner``'s input hooks run once, before the checkpoint."""
 
-    def __init__(self, inner: nn.Module, policy=None) -> None:
+    def __init__(self, inner: nn.Module, context_fn=None, hoist_hooks: bool = False) -> None:
         super().__init__()
-        self.inner, self.policy = inner, policy
-        if policy is not None:
+        self.inner, self.context_fn = inner, context_fn
+        if hoist_hooks:
             _hoist_pre_hooks(inner, self)
 
     def forward(self, *args, **kwargs) -> torch.Tensor:
-        if self.policy is None:
+        if self.context_fn is None:
             return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
-        context_fn = partial(create_selective_checkpoint_contexts, self.policy)
-        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=self.context_fn, **kwargs)
 
 
 def _hoist_pre_hooks(inner: nn.Module, outer: nn.Module) -> None:
@@ -59,12 +85,17 @@ def _hoist_pre_hooks(inner: nn.Module, outer: nn.Module) -> None:
 
 
 def apply_ac(block: nn.Module, recompute: str) -> nn.Module:
-    """full: checkpoint the whole block; selective: each attention sub-layer under the selective
-    policy (its core recomputed, its projections kept); none: as is."""
+    """full: checkpoint the whole block; selective-op: the whole block under torchtitan's per-op
+    policy (its hooks inside, as torchtitan's checkpoint wrapper has them); selective: each
+    attention sub-layer under the selective policy (its core recomputed, its projections kept);
+    none: as is."""
     if recompute == "full":
         return Checkpointed(block)
+    if recompute == "selective-op":
+        return Checkpointed(block, op_selective_contexts)
     if recompute == "selective":
+        contexts = partial(create_selective_checkpoint_contexts, selective_policy)
         for name in ("attn", "cross"):
             if getattr(block, name, None) is not None:
-                setattr(block, name, Checkpointed(getattr(block, name), selective_policy))
+                setattr(block, name, Checkpointed(getattr(block, name), contexts, hoist_hooks=True))
     return block

@@ -129,6 +129,18 @@ def backward_ops(model, recompute):
     return counter.counts
 
 
+def test_the_per_op_policy_reruns_every_other_matmul_and_not_the_attention_kernel():
+    # torchtitan's selective-op on a Llama block (no biases: q, k, v, o, gate, up, down are mm):
+    # backward re-runs k, o and up (the 2nd, 4th, 6th), keeps q, v, gate, down and the SDPA output
+    model = specs.load_model("tiny-llama")
+    none, per_op, full = (backward_ops(model, r) for r in ("none", "selective-op", "full"))
+    core = "_scaled_dot_product_flash_attention_for_cpu"
+    assert per_op[core] == 0 and full[core] == 1
+    # (full re-runs six: torch's early stop ends its recompute at down's input, the last tensor kept)
+    assert per_op["mm"] == none["mm"] + 3 and full["mm"] == none["mm"] + 6
+    assert per_op["silu"] == full["silu"] == 1 and none["silu"] == 0  # the SwiGLU product is recomputed
+
+
 @pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama"])
 def test_selective_recomputation_reruns_the_attention_core_and_no_matmul(name):
     model = specs.load_model(name)
@@ -180,8 +192,9 @@ def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt
                       virtual_stages=2, global_batch=8, micro_batches=4),
      "layer 1: recompute full under dualpipev is not run: torch's checkpoint re-runs a block's forward once per "
      "backward call"),
-    ("tiny-llama", plan([4], [L(dp=4, recompute="selective-op")] * 4, micro_batches=1),
-     r"executor cannot run layer 0: recompute selective-op \(supported: none, selective, full\)"),
+    ("tiny-llama", plan([4], [L(dp=2, cp=2, recompute="selective-op")] * 4, micro_batches=1),
+     "layer 0: recompute selective-op on cp 2 is not run: the executor runs torchtitan's per-op policy on dense "
+     "layers over tp and dp only"),
     ("vit-large-24", plan([24], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
      "vocab_tp: vocabulary parallelism needs a token embedding and an lm head, got patch embedding and classifier"),
 ])

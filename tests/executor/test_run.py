@@ -27,6 +27,7 @@ ALONE_2 = {
     "tp": dict(tp=2),
     "checkpoint": dict(dp=2, recompute="full"),
     "selective": dict(dp=2, recompute="selective"),
+    "selective-op": dict(dp=2, dp_type="zero3", recompute="selective-op"),
     "pp-1f1b": dict(pp=2, micro_batches=2),
     "pp-gpipe": dict(pp=2, micro_batches=4, schedule="gpipe"),
 }

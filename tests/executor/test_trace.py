@@ -30,6 +30,10 @@ PLANS = {
     "tp2_sp": ("tiny-gpt", dict(global_batch=4, micro_batches=2, tp=2, sp="megatron")),
     "tp2_sp_selective": ("tiny-gpt", dict(global_batch=4, micro_batches=2, tp=2, sp="megatron",
                                           recompute="selective")),
+    # torchtitan's per-op policy: the all-gathers and the first all-reduce re-run, no reduce-scatter
+    "tp2_selective_op": ("tiny-llama", dict(global_batch=4, micro_batches=2, tp=2, recompute="selective-op")),
+    "tp2_sp_selective_op": ("tiny-llama", dict(global_batch=4, micro_batches=2, tp=2, sp="megatron",
+                                               recompute="selective-op")),
     "ulysses2": ("tiny-gpt", dict(global_batch=2, ulysses=2, sp="ulysses")),
     "cp2_ring": ("tiny-gpt", dict(global_batch=2, cp=2)),
     "pp2": ("tiny-gpt", dict(global_batch=4, micro_batches=2, pp=2)),  # tied: the ends' sync too
@@ -164,6 +168,13 @@ def sp_gather_recomputed(rank, world_size, model, plan, cfg):
     return train.worker(rank, world_size, model, plan, cfg)
 
 
+def reduce_scatter_recomputed(rank, world_size, model, plan, cfg):
+    """torchtitan's per-op policy without the reduce-scatters in its save list: the recomputed
+    forward re-runs the attention's (the MLP's is after the last tensor backward needs: early stop)."""
+    checkpoint.KEPT_REDUCE_SCATTER = None
+    return train.worker(rank, world_size, model, plan, cfg)
+
+
 def tied_sync_skipped(rank, world_size, model, plan, cfg):
     """The tied embedding's bucket keeps each end's own gradient (no all-reduce between the ends)."""
     broken_workers.skip_sync("tied embedding")
@@ -196,6 +207,11 @@ def tied_sync_skipped(rank, world_size, model, plan, cfg):
      # attention gathers
      "layer 1 (rank 0): all_gather ran x12 of 16384 elements over 2 ranks; the cost model charges x10 of 16384 "
      "elements over 2 ranks (as the executor runs it: sequence gathered where the split ends)"),
+    (reduce_scatter_recomputed, "tp2_sp_selective_op",
+     # 2 micro-batches of 2: 16384 elements; forward 2 and backward 2 per micro-batch (8), and the
+     # attention's again in each recomputed forward (2 more)
+     "layer 0 (rank 0): reduce_scatter ran x10 of 16384 elements over 2 ranks; the cost model charges x8 of 16384 "
+     "elements over 2 ranks"),
     (ulysses_without_all_to_all, "ulysses2",
      "layer 1 (rank 1): all_to_all ran none; the cost model charges x2 of 8192 elements over 2 ranks, x2 of 24576 "
      "elements over 2 ranks"),
