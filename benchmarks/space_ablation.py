@@ -18,7 +18,7 @@ from typing import Any
 import cost_models
 import planners
 from planners import Budget, SearchSpace
-from specs import SEARCHED_RECOMPUTE, SequenceParallel, load_cluster, load_model
+from specs import MEGATRON_RECOMPUTE, SequenceParallel, load_cluster, load_model
 from specs.errors import one_line_errors
 
 CASES = {
@@ -40,7 +40,7 @@ def spaces() -> dict[str, SearchSpace]:
         "+ zero1/2, full ckpt": classic,
         "+ megatron-sp": replace(classic, sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON)),
         "+ ulysses": replace(classic, sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES)),
-        "+ selective recompute": replace(classic, recompute=SEARCHED_RECOMPUTE),
+        "+ selective recompute": replace(classic, recompute=MEGATRON_RECOMPUTE),
         "+ interleaving v<=4": replace(classic, virtual_stages=full.virtual_stages),
         "+ vocabulary zero3/sp": replace(classic, vocab_zero3=full.vocab_zero3, vocab_sp=full.vocab_sp),
         "+ pp/micro-batch caps lifted": replace(classic, max_pp=full.max_pp, max_micro_batches=full.max_micro_batches),

@@ -25,7 +25,7 @@ from cost_models.memo import Memo
 from cost_models.ops import Op, backward_ops, forward_ops, is_weight_gradient
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost, vocab_relayout_s
-from specs import (SEARCHED_RECOMPUTE, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, RankGroups,
+from specs import (MEGATRON_RECOMPUTE, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, RankGroups,
                    Recompute, SequenceParallel, SpecError)
 from specs.precision import Precision
 from specs.stack import SELECTIVE_OP_STACKS, SoftwareStack, software_stack
@@ -143,7 +143,7 @@ class AnalyticalModel(CostModel):
         constants last."""
         super().__init__(cluster)
         self.stack = software_stack(stack)
-        recompute = None if self.stack in SELECTIVE_OP_STACKS else frozenset(SEARCHED_RECOMPUTE)
+        recompute = None if self.stack in SELECTIVE_OP_STACKS else frozenset(MEGATRON_RECOMPUTE)
         self.capabilities = replace(type(self).capabilities, stack=frozenset({self.stack}), recompute=recompute)
         source = cluster.calibration if calibration is None else calibration
         self._calibration_source = source if constants is None else dict(constants.to_dict())

@@ -16,7 +16,7 @@ import numpy as np
 from cost_models.base import CostModel, LayerTime, MemoryBreakdown, PlanCost
 from cost_models.registry import register
 from cost_models.reserve import DEFAULT_ABOVE_GIB, DEFAULT_FRACTION, DEFAULT_RESERVE
-from specs import (SEARCHED_RECOMPUTE, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule,
+from specs import (MEGATRON_RECOMPUTE, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Schedule,
                    SequenceParallel, SpecError)
 from specs.capabilities import ALL_TO_ALL_ONLY, BF16_ONLY, NO_TP_OVERLAP, OFF, Capabilities, check_supported
 from specs.datasets import Dataset, data_path
@@ -429,7 +429,7 @@ class GalvatronModel(CostModel):
         dp_type={DPType.ZERO2, DPType.ZERO3}, schedule={Schedule.ONE_F_ONE_B},
         expert_parallel={OFF}, vocab_sp={SequenceParallel.NONE, SequenceParallel.ULYSSES}, cp_comm=frozenset(),
         precision=BF16_ONLY, tp_comm_overlap=NO_TP_OVERLAP, ep_dispatcher=ALL_TO_ALL_ONLY,
-        recompute=SEARCHED_RECOMPUTE)
+        recompute=MEGATRON_RECOMPUTE)
     """What its plan files say: zero2/zero3 layers (DDP/ZeRO-1 with dp > 1 has no file), 1F1B
     (pipedream_flush) without interleaving, no expert parallelism (its engine has no such term),
     a vocabulary under tp or Ulysses (vsp), not Megatron-SP, no context parallelism (the

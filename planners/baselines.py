@@ -16,7 +16,7 @@ from planners.deadline import passed
 from planners.registry import register
 from planners.space import SearchSpace, powers_of_two, runs_tp_overlap, tp_splits, with_ep
 from planners.tables import memo
-from specs import ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Schedule, SpecError, uniform_plan
+from specs import MEGATRON_RECOMPUTE, ClusterSpec, DPType, LayerStrategy, ModelSpec, Plan, Schedule, SpecError, uniform_plan
 from specs.precision import Precision
 from specs.schedules import schedule_entry
 from specs.stack import SoftwareStack
@@ -188,8 +188,6 @@ class GPipe(GridPlanner):
 
 MEGATRON_VIRTUAL_STAGES = (1, 2, 4)
 """Interleaving degrees Megatron-LM's recipes use (--num-layers-per-virtual-pipeline-stage)."""
-MEGATRON_RECOMPUTE = ("none", "selective", "full")
-"""Recomputation users pick: none when it fits, selective (Korthikanti et al.), full."""
 
 
 def micro_batch_sizes(batch: int, dp: int) -> list[int]:

@@ -225,7 +225,8 @@ def run_outer(name: str, model: ModelSpec, cost_model: CostModel, budget_bytes: 
     a group's objective from its layer tables alone, asked before its tables are completed where
     the memory-blind layers-only bound cannot rule it out (0: none). Returns the full tables built."""
     state = state or OuterState()
-    space = space.for_cluster(cost_model.cluster)  # no table for a precision the GPU cannot run
+    # no table for what the cost model cannot price, nor for a precision the GPU cannot run
+    space = space.within(cost_model.capabilities).for_cluster(cost_model.cluster)
     prune = cost_model.objective_is_plan_cost  # else a bound on the planners' sum bounds nothing
     groups = combo_groups(model, cost_model, space, batches)
     start = time.perf_counter()

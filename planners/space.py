@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Iterator, NamedTuple
 
 from cost_models.memo import HashOnce, hash_once
-from specs import (DP_TYPES, SCHEDULES, SEARCHED_RECOMPUTE, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy,
+from specs import (DP_TYPES, SCHEDULES, MEGATRON_RECOMPUTE, ClusterSpec, CPComm, DPType, LayerSpec, LayerStrategy,
                    ModelSpec, Recompute, Schedule, SequenceParallel, SpecError)
 from specs.axes import EPDispatcher
 from specs.capabilities import OFF, ON, Capabilities
@@ -70,7 +70,7 @@ class SearchSpace:
     dp_types: tuple[str, ...] = DP_TYPES
     """Data-parallel flavours a layer may use when its dp > 1."""
     recompute: tuple[str, ...] = (Recompute.NONE, Recompute.FULL)
-    """Activation recomputation choices per layer (Recompute values; the presets search SEARCHED_RECOMPUTE)."""
+    """Activation recomputation choices per layer (Recompute values)."""
     sp: tuple[str, ...] = (SequenceParallel.NONE,)
     """Sequence-parallel choices per layer (megatron and ulysses only where tp > 1)."""
     virtual_stages: tuple[int, ...] = (1,)
@@ -206,15 +206,16 @@ class SearchSpace:
         with every dp type and full checkpointing: this project's default before issue 15), dp+tp,
         dp+pp, 3d (tp x pp x dp, plain DDP), the pure dimensions dp, zero3, and moe (Megatron-Core's
         MoE dimensions per layer: ZeRO-1/2, Megatron-SP, none/selective/full recompute, interleaving,
-        ep with expert tp = tp or 1). full and moe search SEARCHED_RECOMPUTE (selective-op only
-        where a space states it). Every preset but galvatron searches expert parallelism on MoE
+        ep with expert tp = tp or 1). full searches every recompute, torchtitan's per-op policy
+        (selective-op) only where the cost model prices it (within: an eager or compile stack); moe
+        Megatron's (MEGATRON_RECOMPUTE). Every preset but galvatron searches expert parallelism on MoE
         layers (``expert_parallel`` None). Only full searches precision (bf16 or FP8 with current
         scaling per layer, where the GPU has an FP8 peak); the others are bf16."""
         classic = cls()
         paper = cls(dp_types=(DPType.DDP, DPType.ZERO3), recompute=(Recompute.NONE,), expert_parallel=(1,))
         galvatron2 = replace(classic, sp=tuple(SequenceParallel), vocab_zero3=(False, True),
                              vocab_sp=(SequenceParallel.NONE, SequenceParallel.ULYSSES))
-        full = replace(galvatron2, recompute=SEARCHED_RECOMPUTE, vocab_sp=tuple(SequenceParallel),
+        full = replace(galvatron2, recompute=tuple(Recompute), vocab_sp=tuple(SequenceParallel),
                        virtual_stages=(1, 2, 4), max_pp=1 << 20, max_micro_batches=1 << 20,
                        micro_batch_degrees="divisors", expert_tp=(0, 1), cp=CP_DEGREES,
                        uniform_schedules=(Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE_V))
@@ -223,7 +224,7 @@ class SearchSpace:
         # 64 micro-batches, which kept megatron_moe's pp 32 DeepSeek-V3 plan out of reach); TP
         # communication overlap on, as its MoE recipes run tp > 1 (Megatron-SP whenever tp > 1,
         # Megatron-Core's MoELayer refuses to train tp > 1 without it)
-        moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=SEARCHED_RECOMPUTE,
+        moe = replace(classic, dp_types=(DPType.ZERO1, DPType.ZERO2), recompute=MEGATRON_RECOMPUTE,
                       sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON), tp_consecutive=(True,),
                       virtual_stages=(1, 2, 4), vocab_sp=(SequenceParallel.NONE, SequenceParallel.MEGATRON),
                       expert_tp=(0, 1), max_pp=1 << 20, max_micro_batches=1 << 20, tp_comm_overlap=(True,))

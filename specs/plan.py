@@ -55,9 +55,9 @@ class Recompute(StrEnum):
         return self in (Recompute.FULL, Recompute.SELECTIVE_OP)
 
 
-SEARCHED_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-"""The recomputation choices a planner space searches by default: SELECTIVE_OP is a stated
-choice (what torchtitan runs), its saved set follows one framework's op order."""
+MEGATRON_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+"""The recomputation Megatron-Core runs (--recompute-granularity: none, selective, full), and with
+it every consumer without torchtitan's per-op policy (SELECTIVE_OP follows PyTorch's op order)."""
 
 
 DP_TYPES = tuple(DPType)

@@ -126,3 +126,13 @@ def test_split_backward_schedules_are_searched_as_uniform_schedules():
     assert full.uniform_schedules == ("zb_h1", "zbv", "dualpipev")
     galvatron = cost_models.get("galvatron", load_cluster("dgx-a100-80g"))
     assert full.within(galvatron.capabilities).uniform_schedules == ()
+
+
+def test_the_full_preset_searches_the_per_op_policy_only_where_the_cost_model_prices_it():
+    import cost_models
+    from specs import MEGATRON_RECOMPUTE, Recompute
+    full, cluster = SearchSpace.preset("full"), load_cluster("dgx-h100:1")
+    assert full.recompute == tuple(Recompute)
+    assert full.within(cost_models.get("analytical", cluster).capabilities).recompute == MEGATRON_RECOMPUTE
+    assert full.within(cost_models.get("analytical", cluster, stack="compile").capabilities).recompute == tuple(Recompute)
+    assert SearchSpace.preset("moe").recompute == MEGATRON_RECOMPUTE
