@@ -489,37 +489,33 @@ def test_tp_overlap_plays_each_collective_beside_its_gemm_chunks():
 
 
 
-def test_an_fp8_layer_gathers_its_sp_inputs_in_fp8_forward_only():
-    # The layer above in FP8 without the overlap: each forward all-gather moves the FP8 copy, one
-    # ring step of 256 B of the 512 B input at 1024 B/s (0.25 s); the reduce-scatters and the
-    # backward's all-gathers of BF16 gradients 0.5 s; a full recompute's forward gathers FP8 again
+def _sp_layer_tp_spans(**plan_kwargs) -> list:
+    """The TP spans of one tp 2 Megatron-SP layer of 64 wide, 8 tokens, at 1024 B/s, its compute
+    4 s forward and 8 s backward (the layer above)."""
     cluster = hand_cluster(2, bytes_per_s=1024.0)
     cluster = replace(cluster, gpu=replace(cluster.gpu, peak_fp8_tflops=200.0))
     cm = HandCostModel(cluster)
     cm.t = LayerTime(forward_s=4.0, backward_s=8.0)
-    model = tiny_model(1, hidden=64, seq=8, heads=2)
-    plan = uniform_plan(1, tp=2, sp="megatron", global_batch=1, precision="fp8-current")
-    result = simulate(model, cluster, plan, cm, keep_spans=True)
-    assert timeline(result, 0, "tp") == [
+    plan = uniform_plan(1, tp=2, sp="megatron", global_batch=1, **plan_kwargs)
+    return timeline(simulate(tiny_model(1, hidden=64, seq=8, heads=2), cluster, plan, cm, keep_spans=True), 0, "tp")
+
+
+def test_an_fp8_layer_gathers_its_sp_inputs_in_fp8_forward_only():
+    # The layer above in FP8 without the overlap: each forward all-gather moves the FP8 copy, one
+    # ring step of 256 B of the 512 B input at 1024 B/s (0.25 s); the reduce-scatters and the
+    # backward's all-gathers of BF16 gradients 0.5 s; a full recompute's forward gathers FP8 again
+    assert _sp_layer_tp_spans(precision="fp8-current") == [
         ("F0 L0 sp rs x2", 4.0, 5.0), ("F0 L0 sp ag x2", 5.0, 5.5),
         ("B0 L0 sp rs x2", 13.5, 14.5), ("B0 L0 sp ag x2", 14.5, 15.5)]
-    full = simulate(model, cluster, replace(plan, layers=tuple(replace(s, recompute="full") for s in plan.layers)),
-                    cm, keep_spans=True)
-    assert [name for name, _, _ in timeline(full, 0, "tp")][2:] == [
-        "B0 L0 sp rs x4", "B0 L0 sp ag x2", "B0 L0 sp ag x2"]
-    assert [round(b - a, 6) for _, a, b in timeline(full, 0, "tp")][2:] == [2.0, 1.0, 0.5]
+    full = _sp_layer_tp_spans(precision="fp8-current", recompute="full")
+    assert [name for name, _, _ in full][2:] == ["B0 L0 sp rs x4", "B0 L0 sp ag x2", "B0 L0 sp ag x2"]
+    assert [round(b - a, 6) for _, a, b in full][2:] == [2.0, 1.0, 0.5]
 
 
 def test_a_selective_op_layer_regathers_its_sp_inputs_but_keeps_the_reduce_scatters():
     # The layer above in BF16, each call 0.5 s. torchtitan's per-op policy keeps the
     # reduce-scatters' results, so the recomputed forward re-runs only the all-gathers: backward
     # plays rs x2 and ag x4 (its own two and the recomputed forward's two: one kind and size)
-    cluster = hand_cluster(2, bytes_per_s=1024.0)
-    cm = HandCostModel(cluster)
-    cm.t = LayerTime(forward_s=4.0, backward_s=8.0)
-    model = tiny_model(1, hidden=64, seq=8, heads=2)
-    plan = uniform_plan(1, tp=2, sp="megatron", global_batch=1, recompute="selective-op")
-    result = simulate(model, cluster, plan, cm, keep_spans=True)
-    assert timeline(result, 0, "tp") == [
+    assert _sp_layer_tp_spans(recompute="selective-op") == [
         ("F0 L0 sp rs x2", 4.0, 5.0), ("F0 L0 sp ag x2", 5.0, 6.0),
         ("B0 L0 sp rs x2", 14.0, 15.0), ("B0 L0 sp ag x4", 15.0, 17.0)]
