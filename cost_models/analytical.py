@@ -22,7 +22,7 @@ from cost_models import sequence as seq
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, PipelineMessage
 from cost_models.constants import AnalyticalConstants, calibration_status, constants_for
 from cost_models.memo import Memo
-from cost_models.ops import Op, backward_ops, forward_ops, is_weight_gradient
+from cost_models.ops import Op, backward_ops, forward_ops, is_weight_gradient, tp_collectives_per_pass
 from cost_models.registry import register
 from cost_models.vocab import vocab_cost, vocab_relayout_s
 from specs import (MEGATRON_RECOMPUTE, ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, RankGroups,
@@ -30,9 +30,6 @@ from specs import (MEGATRON_RECOMPUTE, ClusterSpec, DPType, LayerSpec, LayerStra
 from specs.precision import Precision
 from specs.stack import SELECTIVE_OP_STACKS, SoftwareStack, software_stack
 
-TP_ALLREDUCES_PER_PASS = 2
-"""Megatron TP: one all-reduce after the attention block and one after the MLP, in forward
-(row-parallel outputs) and in backward (column-parallel input gradients)."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +281,7 @@ class AnalyticalModel(CostModel):
                          tp_groups: RankGroups) -> "ComputeTime":
         """The layer's kernels with its TP, Ulysses, cp and expert traffic on ``tp_groups``: what
         its time shares across dp types (the strategies of one layout and recompute)."""
-        per_pass = TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)
+        per_pass = tp_collectives_per_pass(layer)
         tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, per_pass)
         pass_comm_s = tp_comm_s / seq.forward_passes(strategy)  # one pass's TP traffic hides host launches
         fwd, bwd, wgrad, gemms = self._pass_kernels(layer, strategy.degrees.split // strategy.cp, mbs,

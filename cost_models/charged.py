@@ -21,8 +21,8 @@ from enum import StrEnum
 
 from cost_models import context, experts
 from cost_models import sequence as seq
-from cost_models.analytical import TP_ALLREDUCES_PER_PASS
 from cost_models.memory import GRAD_BYTES_PER_PARAM
+from cost_models.ops import tp_collectives_per_pass
 from cost_models.sequence import BYTES_PER_ACTIVATION
 from cost_models.vocab import LOSS_ALLREDUCES
 from specs import (CPComm, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel, split_ends,
@@ -141,7 +141,7 @@ def tp_rows(i: int, layer: LayerSpec, s: LayerStrategy, micro_batches: int, mbs:
     (sequence.tp_comm_time). None under Ulysses (its all-to-alls replace them)."""
     if s.tp <= 1 or s.ulysses > 1:
         return []
-    per_pass = (TP_ALLREDUCES_PER_PASS + (1 if layer.cross_attention_seq_len else 0)) * micro_batches
+    per_pass = tp_collectives_per_pass(layer) * micro_batches
     elements = seq.tp_message_bytes(layer, mbs) / BYTES_PER_ACTIVATION / s.cp
     if s.megatron_sp:
         return [_row(i, Collective.REDUCE_SCATTER, ("tp",), s.tp, elements, seq.reduce_scatter_passes(s) * per_pass),

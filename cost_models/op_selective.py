@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cost_models.ops import ELEMENT_BYTES, FLASH_LSE_BYTES, Op, forward_ops
+from cost_models.ops import ELEMENT_BYTES, FLASH_LSE_BYTES, Op, forward_ops, tp_collectives_per_pass
 from cost_models.stacks import forward_ops as stack_forward_ops
 from specs import LayerSpec, LayerStrategy, SequenceParallel
 from specs.stack import SoftwareStack
@@ -61,14 +61,8 @@ def activation_bytes(layer: LayerSpec, strategy: LayerStrategy, micro_batch_size
         kept += attentions * tokens * layer.q_width / heads_split
         kept += attentions * tokens * layer.num_heads / heads_split * FLASH_LSE_BYTES / ELEMENT_BYTES
     if strategy.megatron_sp and strategy.tp > 1:
-        kept += reduce_scatters(layer) * tokens * layer.hidden_size / strategy.tp
+        kept += tp_collectives_per_pass(layer) * tokens * layer.hidden_size / strategy.tp
     return ELEMENT_BYTES * kept
-
-
-def reduce_scatters(layer: LayerSpec) -> int:
-    """Megatron-SP reduce-scatters in a block's forward: after the attention projection (each
-    attention) and after the MLP."""
-    return 3 if layer.cross_attention_seq_len else 2
 
 
 def _grouped(op: Op) -> bool:

@@ -18,6 +18,12 @@ MASK_BYTES = 1
 """A dropout mask element (PyTorch stores bool masks as one byte)."""
 FLASH_LSE_BYTES = 4
 """Flash attention keeps one fp32 log-sum-exp per query row and head for its backward."""
+
+
+def tp_collectives_per_pass(layer: LayerSpec) -> int:
+    """Megatron TP all-reduces (Megatron-SP reduce-scatter and all-gather pairs) in one pass of a
+    block: after the self-attention and after the MLP, and after a cross-attention."""
+    return 3 if layer.cross_attention_seq_len else 2
 LOSS_FORWARD_KERNELS = (("loss_to_fp32", 2 + 4), ("loss_max", 4), ("loss_subtract_max", 4 + 4),
                         ("loss_exp", 4 + 4), ("loss_sum", 4), ("loss_normalise", 4 + 4))
 """Megatron's vocab-parallel cross-entropy forward over the fp16 logits, one kernel per pass

@@ -15,6 +15,7 @@ from cost_models import experts, stacks
 from cost_models import memory as mem
 from cost_models.analytical import relayout_time
 from cost_models.base import BYTES_PER_ACTIVATION, CostModel, LayerTime, MemoryBreakdown, in_flight
+from cost_models.ops import tp_collectives_per_pass
 from cost_models.vocab import (layout_for, vocab_dp_type, vocab_ends, vocab_relayout_s, vocab_relayouts_s,
                                vocab_tp_comm_s, weight_split)
 from cost_models.galvatron_profile import MIB, PROFILED_DTYPE_BYTES, linear_fit, read_galvatron_dir
@@ -29,8 +30,6 @@ from specs.capabilities import ALL_TO_ALL_ONLY, BF16_ONLY, NO_TP_OVERLAP, Capabi
 from specs.schedules import OpKind, schedule_entry
 from specs.stack import SoftwareStack
 
-TP_ALLREDUCES_PER_PASS = 2
-"""Megatron TP: two activation all-reduces per layer in forward and two in backward."""
 VOCAB_HEAD_SHARE = 0.9
 """Share of the measured embedding+head time that belongs to the head (logits GEMM and
 loss); the lookup on the first stage is small and memory-bound."""
@@ -223,7 +222,7 @@ class ProfiledModel(CostModel):
         if fits is not None:
             held = strategy if sp_fits else replace(strategy, sp=SequenceParallel.NONE)
             table_comm_s = seq.tp_comm_time(self.collective_time, layer, held, mbs, tp_groups,
-                                            TP_ALLREDUCES_PER_PASS) / seq.forward_passes(held)
+                                            tp_collectives_per_pass(layer)) / seq.forward_passes(held)
             (fa, fb), (ba, bb) = fits
             return (max(0.0, (fa * mbs + fb) * 1e-3 - table_comm_s),
                     max(0.0, (ba * mbs + bb) * 1e-3 - table_comm_s))
@@ -268,7 +267,8 @@ class ProfiledModel(CostModel):
         """Compute from the profile's tables (_compute_s; backward + a forward if recomputed),
         TP collectives and data-parallel traffic from its bandwidth tables."""
         tp_groups, dp_groups = seq.sync_groups(first_rank, strategy)
-        tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups, TP_ALLREDUCES_PER_PASS)
+        tp_comm_s = seq.tp_comm_time(self.collective_time, layer, strategy, mbs, tp_groups,
+                                     tp_collectives_per_pass(layer))
         scale = expert_compute_ratio(layer, strategy, mbs, self.expert_imbalance)
         forward_s, backward_s = (t * scale for t in self._compute_s(layer, strategy, mbs, tp_groups))
         weight_grad_s = WEIGHT_GRAD_SHARE * backward_s  # the profile times the backward whole

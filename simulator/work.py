@@ -13,6 +13,7 @@ from cost_models import CostModel, LayerTime, MemoryBreakdown
 from cost_models import context, experts, fp8
 from cost_models.memory import WEIGHT_BYTES_PER_PARAM
 from cost_models.base import BYTES_PER_ACTIVATION, PipelineMessage
+from cost_models.ops import tp_collectives_per_pass
 from cost_models.sequence import forward_gather_bytes, sync_groups, ulysses_message_bytes
 from cost_models.tp_overlap import OverlapPair
 from specs import (ClusterSpec, CPLoadBalance, DPType, EPDispatcher, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute,
@@ -323,7 +324,7 @@ def tp_calls(layer: LayerSpec, s: LayerStrategy, mbs: int, backward: bool = Fals
     if s.ulysses > 1:
         qkv, out = ulysses_message_bytes(layer, s, mbs)
         return (("all_to_all", qkv, 1), ("all_to_all", out, 1))
-    n, count = tp_allreduce_bytes(layer, mbs) / s.cp, tp_allreduces_per_forward(layer)  # s / cp tokens a rank
+    n, count = tp_allreduce_bytes(layer, mbs) / s.cp, tp_collectives_per_pass(layer)  # s / cp tokens a rank
     if s.megatron_sp:
         return (("reduce_scatter", n, count), ("all_gather", n if backward else forward_gather_bytes(n, s), count))
     return (("all_reduce", n, count),)
@@ -349,11 +350,6 @@ def _calls_on_wire(cm: CostModel, calls: tuple[tuple[str, float, int], ...]) -> 
 def tp_allreduce_bytes(layer: LayerSpec, micro_batch_size: int) -> float:
     """One Megatron TP all-reduce: the block's hidden activation for one micro-batch."""
     return float(micro_batch_size * layer.seq_len * layer.hidden_size * BYTES_PER_ACTIVATION)
-
-
-def tp_allreduces_per_forward(layer: LayerSpec) -> int:
-    """Self-attention output and MLP output; a cross-attention block adds one."""
-    return 3 if layer.cross_attention_seq_len else 2
 
 
 def _tuples(groups) -> tuple[tuple[int, ...], ...]:
