@@ -16,7 +16,8 @@ from planners.base import (Budget, Planner, PlanResult, RankedPlan, SearchStats,
 from planners.galvatron import GalvatronPlanner
 from planners.registry import register
 from planners.space import SearchSpace, runs_tp_overlap
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel, SpecError
+from specs import (MEGATRON_RECOMPUTE, ClusterSpec, DPType, ModelSpec, Plan, Recompute, Schedule, SequenceParallel,
+                   SpecError)
 from specs.precision import Precision
 from specs.schedules import schedule_entry
 from specs.stack import SoftwareStack
@@ -48,9 +49,10 @@ def target_space(name: str, base: SearchSpace | None = None) -> SearchSpace:
     no_cp = dict(cp=(1,))  # only the Megatron and Galvatron files carry context parallelism
     spaces = {
         "none": base,
-        # DDP or the distributed optimizer; every recompute; Megatron-SP; interleaving; ep with etp
+        # DDP or the distributed optimizer; none, selective or full recompute; Megatron-SP;
+        # interleaving; ep with etp
         "megatron": replace(base, dp_types=(DPType.DDP, DPType.ZERO1), sp=(NONE, MEGATRON_SP),
-                            vocab_sp=(NONE, MEGATRON_SP), **common),
+                            recompute=MEGATRON_RECOMPUTE, vocab_sp=(NONE, MEGATRON_SP), **common),
         # DDP or FSDP2 (zero3; zero2 = reshard_after_forward never); full AC, per-op selective AC
         # (where the cost model's stack runs it: within() drops it otherwise) or none; TP with or
         # without sequence parallelism; interleaving; ep with whole experts

@@ -114,3 +114,9 @@ def test_torchtitans_per_op_ac_is_searched_where_the_cost_model_runs_it():
     assert Recompute.SELECTIVE_OP not in {s.recompute for s in fused.plan.layers}
     assert all(Recompute.SELECTIVE_OP not in {s.recompute for s in r.plan.layers} for r in fused.top_k)
     frameworks.get("torchtitan").export(eager.plan, model, cluster)
+
+
+def test_megatron_and_deepspeed_targets_never_search_the_per_op_policy():
+    for target in ("megatron", "deepspeed", "galvatron"):
+        assert Recompute.SELECTIVE_OP not in target_space(target).recompute, target
+    assert Recompute.SELECTIVE_OP in target_space("torchtitan").recompute
