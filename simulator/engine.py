@@ -64,6 +64,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model: Cos
     if cost_model is None:
         import cost_models
         cost_model = cost_models.get("analytical", cluster)
+    check_supported(plan, model, cost_model.capabilities, f"{cost_model.name} cost model")  # it times every op
     stages = build_stages(model, cluster, plan, cost_model)
     if coalesce_steps is None:
         coalesce_steps = cluster.world_size > AUTO_COALESCE_GPUS

@@ -6,7 +6,7 @@ import pytest
 
 import cost_models
 from simulator import simulate
-from specs import load_cluster, load_model, uniform_plan
+from specs import SpecError, load_cluster, load_model, uniform_plan
 from specs.plan import LayerStrategy, Plan
 
 
@@ -150,3 +150,12 @@ def test_selective_op_matches_the_cost_model_within_one_percent(tp, precision, o
     formula = cm.plan_cost(model, plan)
     assert sim.iteration_time_s == pytest.approx(formula.iteration_time_s, rel=0.01), plan.summary()
     assert sim.peak_memory_gib * 2**30 <= formula.peak_memory_bytes * 1.001, plan.summary()
+
+
+def test_the_simulator_refuses_what_its_cost_model_cannot_price():
+    # the Megatron-TE model has no per-op checkpointing to time the plan's layers with
+    cluster = load_cluster("dgx-h100")
+    model = load_model("llama3-8b").scaled(num_layers=2)
+    plan = uniform_plan(2, dp=8, global_batch=8, recompute="selective-op")
+    with pytest.raises(SpecError, match=r"analytical cost model cannot run layer 0: recompute selective-op"):
+        simulate(model, cluster, plan)
