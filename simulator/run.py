@@ -16,6 +16,7 @@ from specs.errors import one_line_errors
 from specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_WIDTH
 from specs.plan import Plan, Recompute, Schedule, SequenceParallel
 from specs.schedules import upgrade_schedule
+from specs.stack import STACKS
 
 ZERO = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 LISTINGS = {"models": model_names, "clusters": cluster_lines, "cost-models": cost_models.available}
@@ -60,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="uniform plan: expert-parallel degree of the MoE layers (experts over ep of the dp ranks)")
     p.add_argument("--cost-model", default="analytical", choices=cost_models.available(),
                    help="where compute times and memory come from")
+    p.add_argument("--stack", choices=STACKS, default=None, help="for --cost-model analytical: the software whose "
+                   "kernels it times (default: the plan's stated stack, else megatron-te)")
     p.add_argument("--full", action="store_true", help="play every rank (no symmetry shortcut)")
     p.add_argument("--steps", action="store_true", help="play every ring step (default for <= 64 GPUs)")
     p.add_argument("--no-overlap", action="store_true", help="sync gradients after the whole backward")
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if plan is None:
         args.model, args.cluster = model_name, cluster_name
         plan = _uniform(args, model, cluster)
-    cm = cost_models.get(args.cost_model, cluster)
+    cm = cost_models.get(args.cost_model, cluster, **_stack_option(args, plan))
     coalesce = False if args.steps else None  # None: simulate() decides by world size
     result = simulate(model, cluster, plan, cm, full=args.full, trace_path=args.trace,
                       overlap_dp=not args.no_overlap, coalesce_steps=coalesce)
@@ -129,6 +132,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.trace:
             print(f"trace            {args.trace} (open in https://ui.perfetto.dev)")
     return record
+
+
+def _stack_option(args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
+    """The analytical model's software stack: --stack, else the plan's stated one ({}: its default)."""
+    stack = args.stack or plan.stack
+    if args.stack is not None and args.cost_model != "analytical":
+        raise SpecError("--stack", f"the software stack is the analytical model's (--cost-model {args.cost_model} "
+                        "times what its profile ran)")
+    return {"stack": stack} if stack is not None and args.cost_model == "analytical" else {}
 
 
 @one_line_errors()

@@ -89,6 +89,33 @@ class EPDispatcher(StrEnum):
     network (RDMA), then once per destination GPU inside that domain over NVLink; combine is the reverse."""
 
 
+class Recompute(StrEnum):
+    """Activation recomputation of a layer in backward."""
+
+    NONE = "none"
+    """Keep every activation for backward."""
+    SELECTIVE = "selective"
+    """Recompute only the attention core (QK^T, softmax, its dropout, attention over V), as
+    Megatron's --recompute-granularity selective does; keep every matmul output."""
+    FULL = "full"
+    """Keep the layer's input only; recompute its whole forward in backward."""
+    SELECTIVE_OP = "selective-op"
+    """torchtitan's per-op selective checkpointing (``activation_checkpoint.mode = "selective"``,
+    ``selective_ac_option = "op"``): keep the layer's input, the output of every other matmul in
+    forward order (the 1st, 3rd, ...), the fused attention's outputs and the TP reduce-scatters'
+    results; recompute the rest, collectives included (cost_models/op_selective.py)."""
+
+    @property
+    def reruns_forward_collectives(self) -> bool:
+        """Whether backward runs the layer's forward TP, Ulysses and expert collectives again."""
+        return self in (Recompute.FULL, Recompute.SELECTIVE_OP)
+
+
+MEGATRON_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+"""The recomputation Megatron-Core runs (--recompute-granularity: none, selective, full), and with
+it every consumer without torchtitan's per-op policy (SELECTIVE_OP follows PyTorch's op order)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Degrees:
     """The parallel degrees of one layer on its stage, by axis name. Built by

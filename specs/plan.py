@@ -8,7 +8,8 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specs.axes import CPComm, CPLoadBalance, DPType, Degrees, EPDispatcher, SequenceParallel
+from specs.axes import (MEGATRON_RECOMPUTE, CPComm, CPLoadBalance, DPType, Degrees, EPDispatcher, Recompute,
+                        SequenceParallel)
 from specs.cluster import NVLINK_KINDS
 from specs.errors import SpecError, check_fields, load_json_with, member, one_of, positive_int
 from specs.files import atomic_write_text
@@ -31,34 +32,6 @@ degree as ``tp`` and are upgraded on load (a file without a version key is versi
 
 VOCAB_PAD_MULTIPLE = 128
 """Megatron pads the vocabulary to a multiple of 128 * tp (--make-vocab-size-divisible-by)."""
-
-
-class Recompute(StrEnum):
-    """Activation recomputation of a layer in backward."""
-
-    NONE = "none"
-    """Keep every activation for backward."""
-    SELECTIVE = "selective"
-    """Recompute only the attention core (QK^T, softmax, its dropout, attention over V), as
-    Megatron's --recompute-granularity selective does; keep every matmul output."""
-    FULL = "full"
-    """Keep the layer's input only; recompute its whole forward in backward."""
-    SELECTIVE_OP = "selective-op"
-    """torchtitan's per-op selective checkpointing (``activation_checkpoint.mode = "selective"``,
-    ``selective_ac_option = "op"``): keep the layer's input, the output of every other matmul in
-    forward order (the 1st, 3rd, ...), the fused attention's outputs and the TP reduce-scatters'
-    results; recompute the rest, collectives included (cost_models/op_selective.py)."""
-
-    @property
-    def reruns_forward_collectives(self) -> bool:
-        """Whether backward runs the layer's forward TP, Ulysses and expert collectives again."""
-        return self in (Recompute.FULL, Recompute.SELECTIVE_OP)
-
-
-MEGATRON_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-"""The recomputation Megatron-Core runs (--recompute-granularity: none, selective, full), and with
-it every consumer without torchtitan's per-op policy (SELECTIVE_OP follows PyTorch's op order)."""
-
 
 DP_TYPES = tuple(DPType)
 

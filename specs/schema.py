@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from specs.axes import Recompute
 from specs.errors import SpecError
 from specs.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MICRO_BATCHES,
                           MAX_NODES, MAX_SCALE_UP_DOMAIN_GPUS, MAX_WIDTH)
@@ -18,6 +19,8 @@ _SCHEDULE_NAMES = tuple(s.value for s in SCHEDULES)
 """The registered pipeline schedules (specs.schedules)."""
 _STACK_NAMES = tuple(s.value for s in STACKS)
 """The software stacks (specs.stack)."""
+_RECOMPUTE_NAMES = tuple(r.value for r in Recompute)
+"""The recomputations (specs.axes.Recompute)."""
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 _OPEN = ConfigDict(strict=True, extra="allow", frozen=True)
@@ -155,7 +158,7 @@ class StrategyFile(BaseModel):
     dp: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     dp_type: Literal["ddp", "zero1", "zero2", "zero3"] = "ddp"
     tp_consecutive: bool = True
-    recompute: Literal["none", "selective", "full"] | None = None
+    recompute: Literal[_RECOMPUTE_NAMES] | None = None  # type: ignore[valid-type]
     checkpoint: bool | None = None
     """Before issue 15 (still read): true = recompute full."""
     sp: bool | Literal["none", "megatron", "ulysses"] = "none"
