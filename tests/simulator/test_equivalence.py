@@ -61,6 +61,16 @@ PLANS = [(1, 1, 2, True, "ddp", "1f1b"), (2, 2, 4, False, "ddp", "1f1b"), (4, 2,
          (1, 8, 16, True, "ddp", "1f1b")]
 
 
+def assert_the_formulas_time_and_memory(model, cluster, plan, cm):
+    """The simulator (gradient sync after backward) within 1% of plan_cost's iteration time, and
+    its peak memory at most the formula's: same states and stashes, the formula also adds every
+    temporary at once."""
+    sim = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=False)
+    formula = cm.plan_cost(model, plan)
+    assert sim.iteration_time_s == pytest.approx(formula.iteration_time_s, rel=0.01), plan.summary()
+    assert sim.peak_memory_gib * 2**30 <= formula.peak_memory_bytes * 1.001, plan.summary()
+
+
 @pytest.mark.parametrize("name", ["gpt-1.7b", "bert-large", "llama2-7b", "t5-large-48", "vit-large-24"])
 def test_no_overlap_no_contention_matches_the_cost_model_within_one_percent(name):
     # dp_overlap_fraction = 0: the formula puts all gradient sync after backward, as the
@@ -71,11 +81,7 @@ def test_no_overlap_no_contention_matches_the_cost_model_within_one_percent(name
     for tp, pp, m, ckpt, dp_type, schedule in PLANS:
         plan = uniform_plan(model.num_layers, tp=tp, dp=8 // (tp * pp), pp=pp, global_batch=64, micro_batches=m,
                             recompute="full" if ckpt else "none", dp_type=dp_type, schedule=schedule)
-        sim = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=False)
-        formula = cm.plan_cost(model, plan)
-        assert sim.iteration_time_s == pytest.approx(formula.iteration_time_s, rel=0.01), plan.summary()
-        # memory: same states and stashes; the formula also adds every temporary at once
-        assert sim.peak_memory_gib * 2**30 <= formula.peak_memory_bytes * 1.001, plan.summary()
+        assert_the_formulas_time_and_memory(model, cluster, plan, cm)
 
 
 def test_overlapping_gradient_sync_with_backward_saves_time():
@@ -146,10 +152,7 @@ def test_selective_op_matches_the_cost_model_within_one_percent(tp, precision, o
     plan = uniform_plan(model.num_layers, tp=tp, dp=8 // tp, global_batch=16, micro_batches=4, sp="megatron",
                         recompute="selective-op", precision=precision, dp_type="zero1", stack="compile",
                         tp_comm_overlap=overlap)
-    sim = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=True)
-    formula = cm.plan_cost(model, plan)
-    assert sim.iteration_time_s == pytest.approx(formula.iteration_time_s, rel=0.01), plan.summary()
-    assert sim.peak_memory_gib * 2**30 <= formula.peak_memory_bytes * 1.001, plan.summary()
+    assert_the_formulas_time_and_memory(model, cluster, plan, cm)
 
 
 def test_the_simulator_refuses_what_its_cost_model_cannot_price():
