@@ -233,12 +233,16 @@ class AnalyticalModel(CostModel):
         strategy of the same split, micro-batch size, expert split, precision and Megatron-SP split
         ``sp`` shares (FP8: cost_models/fp8.py; the norms and residual adds stay on all the rank's
         tokens, docs/cost_models.md, "FP8")."""
-        bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
+        bf16 = self._stack_forward_ops(layer, tp, mbs, split, cp)
         fwd = self._run_forward_ops(bf16, precision, sp)
         bwd = fp8.backward_ops(backward_ops(bf16), precision)
         wgrad = [op for op in bwd if is_weight_gradient(op)]
         return ((sum(map(self.op_time, fwd)), len(fwd)), (sum(map(self.op_time, bwd)), len(bwd)),
                 (sum(map(self.op_time, wgrad)), len(wgrad)), tp_overlap.site_gemm_s(self.op_time, fwd, bwd))
+
+    def _stack_forward_ops(self, layer: LayerSpec, tp: int, mbs: int, split, cp: int) -> list[Op]:
+        """The layer's BF16 forward kernels as this model's stack runs them (cost_models/stacks.py)."""
+        return stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
 
     def _run_forward_ops(self, bf16: list[Op], precision: Precision, sp: int) -> list[Op]:
         """The stack's forward kernels ``bf16`` as ``precision`` runs them (cost_models/fp8.py)."""
@@ -248,7 +252,7 @@ class AnalyticalModel(CostModel):
                                       precision: Precision, sp: int) -> tuple[float, int]:
         """(GPU seconds, kernel count) of what selective-op re-runs of the forward
         (op_selective.recomputed_ops), per _pass_kernels' key."""
-        bf16 = stacks.forward_ops(forward_ops(layer, tp, mbs, split, cp), layer, self.stack)
+        bf16 = self._stack_forward_ops(layer, tp, mbs, split, cp)
         ops = op_selective.recomputed_ops(self._run_forward_ops(bf16, precision, sp))
         return sum(map(self.op_time, ops)), len(ops)
 
