@@ -32,7 +32,7 @@ from cost_models.tp_overlap import OverlapPair
 from specs.capabilities import EVERYTHING, Capabilities, check_supported
 from specs.stack import SoftwareStack
 from specs.schedule_play import StageWork, played_s
-from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry
+from specs.schedules import DEFAULT_WEIGHT_SHARE, schedule_entry, weighted_in_flight
 from specs.units import GIB  # noqa: F401  (re-exported as cost_models.GIB)
 
 PLAN_COST_CACHE = 1 << 14
@@ -174,6 +174,19 @@ def in_flight(schedule: str, pp: int, stage: int, micro_batches: int, virtual_st
     """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole
     stage's activations (interleaving holds chunk-micro-batches: 1/v of a stage each)."""
     return schedule_entry(schedule).in_flight(pp, stage, micro_batches, virtual_stages)
+
+
+def stage_in_flight(plan: Plan, stage: int) -> float:
+    """``in_flight`` of ``stage`` under ``plan``, its chunks weighted by their layers where they
+    differ (Megatron's lighter end chunks, the embedding's and the loss's chunks of no layer):
+    each chunk-micro-batch holds its chunk's share of the stage's activations, as the simulator
+    holds them chunk by chunk. A split backward keeps counting chunk-micro-batches (its
+    held_points do)."""
+    counts = [plan.layers_per_chunk()[j] for j in plan.stage_chunks(stage)]
+    if len(set(counts)) == 1 or schedule_entry(plan.schedule).splits_backward:
+        return in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
+    shares = tuple(n / sum(counts) for n in counts)
+    return weighted_in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages, shares)
 
 
 def pipeline_time(stage_time_s: Sequence[float], stage_tail_s: Sequence[float], micro_batches: int,
@@ -358,7 +371,7 @@ class CostModel(ABC):
     def _stage_cost(self, model: ModelSpec, plan: Plan, stage: int, layer_ids: list[int],
                     world: int) -> tuple[float, float, MemoryBreakdown]:
         first_rank = plan.stage_first_rank(stage, world)
-        held = in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
+        held = stage_in_flight(plan, stage)
         vocab_time, memory = self.vocab_cost(model, plan, stage, world)
         time_s, tail_s = vocab_time.micro_batch_s, vocab_time.tail_s
         chunk_starts = plan.chunk_starts()
@@ -435,17 +448,12 @@ class CostModel(ABC):
         """Activations sent forward and gradients sent back at every chunk boundary of the
         stage (one each way per stage without interleaving, v each way with it)."""
         per_stage = world // plan.pp
-        chunks = plan.chunk_ranges()
         forward, backward = schedule_entry(plan.schedule).chunk_sends(stage, plan.pp, plan.virtual_stages)
+        sends = [(plan.boundary_layer(j), j + 1) for j in forward] + [(plan.boundary_layer(j - 1), j - 1) for j in backward]
         total = 0.0
-        for j in forward:
-            last = chunks[j][-1]
-            total += self.pipeline_send_time(model.layers[last], plan.layers[last], plan.micro_batch_size(last),
-                                             stage * per_stage, plan.chunk_stage(j + 1) * per_stage, per_stage)
-        for j in backward:
-            prev = chunks[j][0] - 1
-            total += self.pipeline_send_time(model.layers[prev], plan.layers[prev], plan.micro_batch_size(prev),
-                                             stage * per_stage, plan.chunk_stage(j - 1) * per_stage, per_stage)
+        for i, peer in sends:
+            total += self.pipeline_send_time(model.layers[i], plan.layers[i], plan.micro_batch_size(i),
+                                             stage * per_stage, plan.chunk_stage(peer) * per_stage, per_stage)
         return total
 
     # -- pipeline messages ------------------------------------------------------------------

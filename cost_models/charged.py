@@ -262,7 +262,7 @@ def relayouts(model: ModelSpec, plan: Plan, world_size: int, *, chunk_starts: bo
     consecutive layers of a chunk (``chunk_starts``: into each later chunk's first layer too),
     and where embedding and head run in the vocabulary's layout (Plan.vocab_in_own_layout) from
     the embedding and into the head."""
-    starts = {r[0] for r in plan.chunk_ranges()} - ({0} if chunk_starts else set(range(len(plan.layers))))
+    starts = plan.chunk_starts() - ({0} if chunk_starts else set(range(len(plan.layers))))
     out = [(i, model.layers[i - 1], plan.layers[i - 1], plan.layers[i], plan.micro_batch_size(i - 1),
             plan.micro_batch_size(i)) for i in range(1, len(plan.layers)) if i not in starts]
     per_stage = world_size // plan.pp

@@ -27,7 +27,7 @@ from cost_models.registry import register
 from specs import (ClusterSpec, DPType, LayerSpec, LayerStrategy, ModelSpec, Plan, Recompute, SequenceParallel,
                    SpecError, load_model)
 from specs.capabilities import ALL_TO_ALL_ONLY, BF16_ONLY, NO_TP_OVERLAP, Capabilities
-from specs.schedules import OpKind, schedule_entry
+from specs.schedules import chunk_holdings
 from specs.stack import SoftwareStack
 
 VOCAB_HEAD_SHARE = 0.9
@@ -83,13 +83,9 @@ def head_held(plan: Plan, stage: int) -> float:
     v = plan.virtual_stages
     if v <= 1:
         return in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, v)
-    entry = schedule_entry(plan.schedule)
-    releases = OpKind.WEIGHT if entry.splits_backward else OpKind.BACKWARD
-    held, total, peak, at_peak = [0] * v, 0, 0, 0
-    for op in entry.ops(stage, plan.pp, plan.micro_batches, v):
-        step = 1 if op.kind == OpKind.FORWARD else -1 if op.kind == releases else 0
-        held[op.chunk] += step
-        total += step
+    peak, at_peak = 0, 0
+    for held in chunk_holdings(plan.schedule, plan.pp, stage, plan.micro_batches, v):
+        total = sum(held)
         if total > peak:
             peak, at_peak = total, held[v - 1]
         elif total == peak:

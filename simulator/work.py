@@ -172,7 +172,7 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
         layer_ids = list(layer_ids)
         first = plan.stage_first_rank(stage, world)
         ranks = tuple(range(first, first + per_stage))
-        ends = {r[-1] for r in chunk_ranges}
+        ends = {r[-1] for r in chunk_ranges if r}
         layers = tuple(_layer_work(model, plan, cost_model, i, first, i in ends) for i in layer_ids)
         vocab_time, vocab_mem = cost_model.vocab_cost(model, plan, stage, world)
         vocab_dp = per_stage // plan.vocab_tp
@@ -192,14 +192,15 @@ def build_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan, cost_model:
 def _chunks(model: ModelSpec, plan: Plan, cm: CostModel, chunk_ranges: list, stage: int, layer_ids: list[int]) -> tuple:
     """The stage's chunks (global indices, as the schedule places them) with their boundary messages."""
     last_chunk = len(chunk_ranges) - 1
-    message = lambda i: _on_wire(cm.pipeline_message(model.layers[i], plan.layers[i], plan.micro_batch_size(i)),  # noqa: E731
-                                 cm.wire_scale)
+
+    def message(j: int) -> PipelineMessage:  # what crosses from chunk j to chunk j + 1
+        i = plan.boundary_layer(j)
+        return _on_wire(cm.pipeline_message(model.layers[i], plan.layers[i], plan.micro_batch_size(i)), cm.wire_scale)
     out = []
     for j in plan.stage_chunks(stage):
-        ids = list(chunk_ranges[j])
-        out.append(ChunkWork(index=j, positions=tuple(layer_ids.index(i) for i in ids),
-                             output_message=message(ids[-1]) if j < last_chunk else None,
-                             input_message=message(ids[0] - 1) if j > 0 else None))
+        out.append(ChunkWork(index=j, positions=tuple(layer_ids.index(i) for i in chunk_ranges[j]),
+                             output_message=message(j) if j < last_chunk else None,
+                             input_message=message(j - 1) if j > 0 else None))
     return tuple(out)
 
 

@@ -12,8 +12,15 @@ def chunk_layout(num_layers: int, pp: int, virtual_stages: int, schedule: str = 
     (--account-for-embedding/loss-in-pipeline-split), so the first and last chunks take one
     layer fewer, the remainder going to the chunks after the first: 126 layers on 32 chunks
     are 3 + 4 x 30 + 3 (too few layers for that: the plain split, remainder after the first).
-    SpecError when a chunk would be left without a layer."""
+    Two layers fewer than chunks: one layer a chunk, the first holding only the embedding and
+    the last only the loss (0 + 1 x 126 + 0 on 128 chunks, Llama 3 405B's layout; not under a
+    split backward, whose first chunk runs its whole backward at W). SpecError when a chunk
+    would be left without a layer otherwise."""
     chunks = pp * virtual_stages
+    entry = schedule_entry(schedule)
+    if num_layers == chunks - 2 and virtual_stages > 1 and not entry.splits_backward:
+        counts = [0] + [1] * num_layers + [0]
+        return _stage_sums(counts, pp, virtual_stages, entry), tuple(counts)
     if num_layers < chunks:
         raise SpecError("virtual_stages", f"{num_layers} layers leave a chunk empty on pp({pp}) * "
                         f"virtual_stages({virtual_stages}) = {chunks} chunks")
@@ -24,6 +31,9 @@ def chunk_layout(num_layers: int, pp: int, virtual_stages: int, schedule: str = 
         counts[-1] -= ends
         if min(counts) >= 1:
             break
-    entry = schedule_entry(schedule)
-    stages = tuple(sum(counts[j] for j in entry.stage_chunks(k, pp, virtual_stages)) for k in range(pp))
-    return stages, tuple(counts)
+    return _stage_sums(counts, pp, virtual_stages, entry), tuple(counts)
+
+
+def _stage_sums(counts: list[int], pp: int, virtual_stages: int, entry) -> tuple[int, ...]:
+    """Each stage's layers: the sum of the chunks the schedule places on it."""
+    return tuple(sum(counts[j] for j in entry.stage_chunks(k, pp, virtual_stages)) for k in range(pp))

@@ -201,7 +201,9 @@ class Plan:
     chunk_layers: tuple[int, ...] = ()
     """Layers of each of the pp * virtual_stages model chunks, in model order (Megatron's
     uneven first/last chunks, e.g. 3 + 4 x 30 + 3 for 126 layers on 32 chunks); each stage's
-    chunks sum to its ``stage_layers``. Empty: each stage's layers split evenly over its chunks,
+    chunks sum to its ``stage_layers``. The first and last chunk may hold no layer (only the
+    embedding, only the output layer and loss: Llama 3's 126 layers on 128 chunks) under a
+    schedule without a split backward. Empty: each stage's layers split evenly over its chunks,
     the earlier chunks taking one more (a list equal to that is stored empty)."""
     stack: SoftwareStack | None = None
     """The software stack its times assume (specs.stack): megatron-te, eager or compile; None:
@@ -301,13 +303,18 @@ class Plan:
         if not isinstance(self.chunk_layers, (list, tuple)):
             raise SpecError("chunk_layers", f"must be a list of layer counts, got {self.chunk_layers!r}")
         given, v = tuple(self.chunk_layers), self.virtual_stages
-        default = self._even_chunk_layers()
-        if not given or given == default:
+        if not given:
+            self._even_chunk_layers()  # refuses a stage of fewer layers than chunks
+            return ()
+        if min(self.stage_layers) >= v and given == self._even_chunk_layers():
             return ()
         if len(given) != self.pp * v:
             raise SpecError("chunk_layers", f"{len(given)} chunks listed for pp({self.pp}) * "
                             f"virtual_stages({v}) = {self.pp * v}")
+        ends = (0, len(given) - 1)
         for j, n in enumerate(given):
+            if n == 0 and j in ends and not schedule_entry(self.schedule).splits_backward:
+                continue  # the embedding's or the loss's own chunk
             positive_int(n, f"chunk_layers[{j}]")
         for k, n in enumerate(self.stage_layers):
             chunks = self.stage_chunks(k)
@@ -380,8 +387,14 @@ class Plan:
         return [[i for j in self.stage_chunks(k) for i in chunks[j]] for k in range(self.pp)]
 
     def chunk_starts(self) -> set[int]:
-        """First layer of every chunk (a pipeline message arrives there, no re-layout)."""
-        return {r[0] for r in self.chunk_ranges()}
+        """First layer of every chunk that holds one (a pipeline message arrives there, no re-layout)."""
+        return {r.start for r in self.chunk_ranges() if r}
+
+    def boundary_layer(self, chunk: int) -> int:
+        """The layer whose output crosses from ``chunk`` to the next one (and whose gradient
+        comes back): the chunk's last layer; the embedding's own chunk sends what layer 0 takes
+        in, of layer 0's shape."""
+        return max(self.chunk_ranges()[chunk].stop - 1, 0)
 
     def stage_first_rank(self, stage: int, world_size: int) -> int:
         return stage * (world_size // self.pp)

@@ -468,6 +468,28 @@ REGISTRY: dict[Schedule, PipelineSchedule] = {s.name: s for s in (
 """Every schedule, by name."""
 
 
+def chunk_holdings(name: str, pp: int, stage: int, micro_batches: int, virtual_stages: int):
+    """After each op of the stage's program, how many micro-batches each of its chunks (by
+    position) holds activations of: forwarded and not yet through their backward (their W under
+    a split backward)."""
+    entry = schedule_entry(name)
+    releases = OpKind.WEIGHT if entry.splits_backward else OpKind.BACKWARD
+    held = [0] * virtual_stages
+    for op in entry.ops(stage, pp, micro_batches, virtual_stages):
+        held[op.chunk] += 1 if op.kind == OpKind.FORWARD else -1 if op.kind == releases else 0
+        yield tuple(held)
+
+
+@lru_cache(maxsize=4096)
+def weighted_in_flight(name: str, pp: int, stage: int, micro_batches: int, virtual_stages: int,
+                       shares: tuple[float, ...]) -> float:
+    """The stage's peak activations in units of the whole stage when its chunks hold unequal
+    ``shares`` of them (by position, summing to 1): each chunk-micro-batch held counts its
+    chunk's share. Equal shares give ``in_flight``."""
+    return max(sum(n * share for n, share in zip(held, shares))
+               for held in chunk_holdings(name, pp, stage, micro_batches, virtual_stages))
+
+
 @lru_cache(maxsize=4096)
 def _held_points(name: Schedule, pp: int, stage: int, micro_batches: int,
                  virtual_stages: int) -> tuple[tuple[int, int], ...]:

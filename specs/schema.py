@@ -26,6 +26,8 @@ _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 _OPEN = ConfigDict(strict=True, extra="allow", frozen=True)
 Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
 Layers = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+ChunkLayers = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+"""A model chunk's layers: the first and last chunk may hold none (Plan.chunk_layers)."""
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -192,7 +194,7 @@ class PlanFile(BaseModel):
     ep_dispatcher: Literal["all_to_all", "deepep"] = "all_to_all"
     """Plan.ep_dispatcher; files without it dispatch by all-to-all."""
     virtual_stages: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
-    chunk_layers: list[Layers] = []
+    chunk_layers: list[ChunkLayers] = []
     model: str = ""
     cluster: str = ""
     model_spec: dict[str, Any] | None = None

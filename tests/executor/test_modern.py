@@ -195,6 +195,9 @@ def test_selective_recomputation_does_not_rerun_the_ulysses_all_to_alls(tiny_gpt
     ("tiny-llama", plan([4], [L(dp=2, cp=2, recompute="selective-op")] * 4, micro_batches=1),
      "layer 0: recompute selective-op on cp 2 is not run: the executor runs torchtitan's per-op policy on dense "
      "layers over tp and dp only"),
+    ("tiny-gpt", plan([2, 2], [L(dp=2)] * 4, schedule="interleaved_1f1b", virtual_stages=3, global_batch=8,
+                      micro_batches=4, chunk_layers=(0, 1, 1, 1, 1, 0)),
+     "chunk_layers\\[0\\]: a chunk of no layer \\(only the embedding or the loss\\) is not run"),
     ("vit-large-24", plan([24], [L(dp=4)] * 24, micro_batches=1, vocab_tp=2),
      "vocab_tp: vocabulary parallelism needs a token embedding and an lm head, got patch embedding and classifier"),
 ])

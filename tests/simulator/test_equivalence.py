@@ -155,6 +155,23 @@ def test_selective_op_matches_the_cost_model_within_one_percent(tp, precision, o
     assert_the_formulas_time_and_memory(model, cluster, plan, cm)
 
 
+def test_a_layerless_end_chunk_matches_the_cost_model_within_one_percent():
+    # Llama 3's layout in small: 6 layers on pp 2 x v 4 = 8 chunks, chunk 0 only the embedding
+    # and chunk 7 only the loss; their messages have a layer's shape and cross every boundary
+    cluster = load_cluster("dgx-a100-80g")
+    cm = _analytical(cluster, dp_overlap_fraction=0.0)
+    model = load_model("gpt-1.7b").scaled(num_layers=6)
+    plan = uniform_plan(6, tp=2, dp=2, pp=2, global_batch=64, micro_batches=32, schedule="interleaved_1f1b",
+                        virtual_stages=4)
+    assert plan.layers_per_chunk() == (0, 1, 1, 1, 1, 1, 1, 0)
+    assert_the_formulas_time_and_memory(model, cluster, plan, cm)
+    # stage by stage too: the last stage's 3 layers sit in 3 of its 4 chunks, so its warm-up (7
+    # chunk-micro-batches, 6 of them holding a layer) holds more than 7/4 of its activations
+    sim = simulate(model, cluster, plan, cm, overlap_dp=False, record_memory=False)
+    per_stage = [sim.peak_memory_bytes[k * 4] for k in range(plan.pp)]
+    assert all(s <= f * 1.001 for s, f in zip(per_stage, cm.plan_cost(model, plan).stage_peak_bytes)), per_stage
+
+
 def test_the_simulator_refuses_what_its_cost_model_cannot_price():
     # the Megatron-TE model has no per-op checkpointing to time the plan's layers with
     cluster = load_cluster("dgx-h100")

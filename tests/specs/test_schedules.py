@@ -3,7 +3,8 @@ the micro-batch rules' messages, and the upgrade of plan files that spelled inte
 import pytest
 
 from specs import Plan, SpecError, chunk_layout, uniform_plan
-from specs.schedules import REGISTRY, SCHEDULES, Op, OpKind, Schedule, schedule_entry, upgrade_schedule
+from specs.schedules import (REGISTRY, SCHEDULES, Op, OpKind, Schedule, schedule_entry, upgrade_schedule,
+                             weighted_in_flight)
 
 F, B, W = OpKind.FORWARD, OpKind.BACKWARD, OpKind.WEIGHT
 
@@ -184,6 +185,54 @@ def test_interleaving_takes_any_layer_count():
     # layers that divide keep equal chunks (and the plan file keeps no chunk_layers)
     even = uniform_plan(96, pp=8, global_batch=32, micro_batches=8, schedule="interleaved_1f1b", virtual_stages=2)
     assert even.chunk_layers == () and even.layers_per_chunk() == (6,) * 16 and "chunk_layers" not in even.to_dict()
+
+
+def test_llama3_layout_gives_the_embedding_and_the_loss_chunks_of_their_own():
+    """126 layers on pp 16 x v 8 = 128 chunks (Llama 3 405B): one layer a chunk, chunk 0 only the
+    embedding and chunk 127 only the loss. Stage 0 runs chunks 0, 16, ..., 112 (7 layers), stage
+    15 chunks 15, ..., 127 (7), the others 8; the first layer's input comes by p2p from chunk 0."""
+    plan = uniform_plan(126, pp=16, global_batch=32, micro_batches=16, schedule="interleaved_1f1b",
+                        virtual_stages=8)
+    assert plan.chunk_layers == (0,) + (1,) * 126 + (0,)
+    assert plan.stage_layers == (7,) + (8,) * 14 + (7,)
+    assert list(plan.stage_ranges()[0]) == [15, 31, 47, 63, 79, 95, 111]  # chunk 16j holds layer 16j - 1
+    assert plan.chunk_starts() == set(range(126))
+    assert (plan.boundary_layer(0), plan.boundary_layer(1), plan.boundary_layer(126)) == (0, 0, 125)
+    assert Plan.from_dict(plan.to_dict()) == plan
+    # a split backward runs its first chunk's whole backward at W: no layerless chunk there
+    with pytest.raises(SpecError, match=r"^virtual_stages: 126 layers leave a chunk empty on pp\(16\) \* "
+                                        r"virtual_stages\(8\) = 128 chunks$"):
+        chunk_layout(126, 16, 8, "dualpipev")
+
+
+def test_equal_chunk_shares_play_to_the_closed_form_in_flight():
+    """weighted_in_flight plays the program chunk by chunk; with every chunk 1/v of the stage it
+    is each schedule's closed-form in_flight, on every stage."""
+    for name, entry in REGISTRY.items():
+        for pp, v, m in ((2, 1, 3), (4, 1, 8), (4, 2, 8), (3, 3, 6), (8, 2, 16), (4, 2, 4)):
+            if name in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZB_H1) and v > 1 or not entry.allows(pp, m, v):
+                continue
+            for k in range(pp):
+                assert weighted_in_flight(name, pp, k, m, v, (1 / v,) * v) == pytest.approx(
+                    entry.in_flight(pp, k, m, v)), (name, pp, v, m, k)
+
+
+def test_a_layerless_chunk_holds_nothing_at_the_peak():
+    """Stage 1 of pp 2 x v 4 with chunks of 1, 1, 1 and 0 layers: its warm-up F0.0 F1.0 F0.1 F1.1
+    F0.2 F1.2 F0.3 holds 6 layer-micro-batches of its 3 layers = 2 stages, and the steady state
+    F2.0 after B0.3 B1.3 holds 3 + 2 + 2 chunk-micro-batches = 7 / 3 stages (equal chunks: 7 / 4)."""
+    assert weighted_in_flight("interleaved_1f1b", 2, 1, 16, 4, (1 / 3, 1 / 3, 1 / 3, 0.0)) == pytest.approx(7 / 3)
+    assert schedule_entry("interleaved_1f1b").in_flight(2, 1, 16, 4) == 7 / 4
+
+
+def test_only_the_end_chunks_may_hold_no_layer():
+    base = uniform_plan(6, pp=2, global_batch=8, micro_batches=4, schedule="interleaved_1f1b", virtual_stages=4)
+    assert base.layers_per_chunk() == (0, 1, 1, 1, 1, 1, 1, 0)
+    with pytest.raises(SpecError, match=r"^chunk_layers\[1\]: must be a positive integer"):
+        Plan.from_dict({**base.to_dict(), "chunk_layers": [1, 0, 1, 1, 1, 1, 1, 0]})
+    zbv = uniform_plan(6, pp=2, global_batch=8, micro_batches=4, schedule="zbv", virtual_stages=2)
+    with pytest.raises(SpecError, match=r"^chunk_layers\[0\]: must be a positive integer"):
+        Plan.from_dict({**zbv.to_dict(), "chunk_layers": [0, 3, 3, 0]})
 
 
 def test_chunk_layers_default_split_and_messages():
