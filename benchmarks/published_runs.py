@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from specs import (ClusterSpec, DPType, EPDispatcher, LayerStrategy, ModelSpec, Plan, Recompute, Schedule,
-                   SequenceParallel, load_cluster, load_model, uniform_plan)
+from specs import (ClusterSpec, CPComm, DPType, EPDispatcher, LayerStrategy, ModelSpec, Plan, Recompute, Schedule,
+                   SequenceParallel, chunk_layout, load_cluster, load_model, uniform_plan)
 from specs.layer_parts import LEARNED, ROUTINGS
 from specs.datasets import Dataset, data_path
 from specs.errors import SpecError, one_line_errors
@@ -73,6 +73,9 @@ class PublishedRun:
     routing: str = LEARNED
     """Which experts the source's router sends a token to (MoESpec.routing; empty: the model's own,
     learned): a benchmark gate such as AutoModel's fake balanced one is the run's routing, not the model's."""
+    cp_comm: str = CPComm.P2P
+    """How the context-parallel layers exchange K and V (LayerStrategy.cp_comm; empty: p2p, the
+    ring Megatron-Core and torchtitan run by default): all_gather where the source says so."""
 
     @property
     def gpu(self) -> str:
@@ -97,7 +100,8 @@ OPTIONAL_INT_FIELDS = {"ep": 1}
 BOOLS = {"true": True, "false": False}
 BOOL_FIELDS = ("tp_comm_overlap", "sequence_parallel")
 """Columns of ``BOOLS`` values."""
-CHOICE_FIELDS = {"ep_dispatcher": tuple(str(d) for d in EPDispatcher), "routing": ROUTINGS}
+CHOICE_FIELDS = {"ep_dispatcher": tuple(str(d) for d in EPDispatcher), "routing": ROUTINGS,
+                 "cp_comm": tuple(str(c) for c in CPComm)}
 """Columns of named choices a row may leave empty (the first choice)."""
 
 
@@ -214,12 +218,18 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     """Uniform layers as the row states them, every layer in the row's precision (none of the
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
     shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
-    row's ep and its expert dispatcher; the row's software stack, Megatron-SP and TP communication overlap."""
+    row's ep and its expert dispatcher; the row's software stack, Megatron-SP and TP communication
+    overlap. A pipeline's stages and chunks as ``chunk_layout`` lays them out (Megatron's, with
+    the embedding and the loss counted as layers; torchtitan's generate_split_points gives the
+    same split for its rows)."""
     every_2nd = run.recompute == "full-every-2nd"
-    plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, global_batch=run.global_batch,
-                        micro_batches=run.global_batch // (run.dp * run.micro_batch), dp_type=run.dp_type,
-                        recompute=Recompute.NONE if every_2nd else run.recompute,
+    schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else Schedule.ONE_F_ONE_B
+    plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, cp_comm=run.cp_comm,
+                        global_batch=run.global_batch, micro_batches=run.global_batch // (run.dp * run.micro_batch),
+                        dp_type=run.dp_type, recompute=Recompute.NONE if every_2nd else run.recompute,
                         sp=SequenceParallel.MEGATRON if run.sequence_parallel else SequenceParallel.NONE)
+    stage_layers, chunk_layers = (chunk_layout(model.num_layers, run.pp, run.virtual_stages, schedule) if run.pp > 1
+                                  else (plan.stage_layers, ()))
     layers = plan.layers
     if every_2nd:  # torchtitan's "selective layer" AC: every other block fully recomputed
         layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)
@@ -228,8 +238,8 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     if run.ep > 1:  # the routed experts split over ep groups of the data-parallel ranks
         layers = tuple(_expert_parallel(s, run.ep) if spec.moe is not None else s
                        for s, spec in zip(layers, model.layers))
-    schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else plan.schedule
-    return replace(plan, layers=layers, schedule=schedule, virtual_stages=run.virtual_stages, vocab_tp=run.tp,
+    return replace(plan, layers=layers, schedule=schedule, virtual_stages=run.virtual_stages, stage_layers=stage_layers,
+                   chunk_layers=chunk_layers, vocab_tp=run.tp,
                    vocab_zero3=run.dp_type == "zero3", stack=stack_for(run), tp_comm_overlap=run.tp_comm_overlap,
                    ep_dispatcher=run.ep_dispatcher)
 

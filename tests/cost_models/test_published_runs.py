@@ -69,7 +69,7 @@ def test_tp_comm_overlap_is_planned_where_the_source_states_it():
 
 
 def test_a_malformed_overlap_value_is_one_line_naming_the_row(tmp_path, monkeypatch):
-    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,true,,,flash,", ",none,yes,true,,,flash,", 1)
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,true,,,,flash,", ",none,yes,true,,,,flash,", 1)
     bad = tmp_path / "published_runs.csv"
     bad.write_text(text)
     monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
@@ -78,11 +78,11 @@ def test_a_malformed_overlap_value_is_one_line_naming_the_row(tmp_path, monkeypa
 
 
 def test_megatron_sp_is_planned_where_the_source_runs_it():
-    """torchtitan's TP plan always shards norms and residuals over tp (SequenceParallel), and
-    Megatron-Bridge's recipes set sequence_parallel: without it the 405B 2D rows' activations would
-    not fit the 96 GiB they ran on."""
+    """torchtitan's TP plan always shards norms and residuals over tp (SequenceParallel),
+    Megatron-Bridge's recipes set sequence_parallel and the Llama 3 paper's TP cites Megatron-SP:
+    without it the 405B 2D rows' activations would not fit the 96 GiB they ran on."""
     assert {r.id for r in pr.load_runs() if r.sequence_parallel} == {
-        r.id for r in pr.load_runs() if r.tp > 1 and r.framework in ("torchtitan", "megatron-bridge")}
+        r.id for r in pr.load_runs() if r.tp > 1 and r.framework in ("torchtitan", "megatron-bridge", "meta-internal")}
     run = _run("tt-h100-405b-2d")
     assert run.sequence_parallel and not run.tp_comm_overlap
     assert {s.sp for s in pr.plan_for(run, load_model(run.model)).layers} == {"megatron"}
@@ -91,7 +91,7 @@ def test_megatron_sp_is_planned_where_the_source_runs_it():
 
 
 def test_overlap_without_sequence_parallel_is_one_line_naming_the_row(tmp_path, monkeypatch):
-    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,true,,,flash,", ",none,true,false,,,flash,", 1)
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",none,true,true,,,,flash,", ",none,true,false,,,,flash,", 1)
     bad = tmp_path / "published_runs.csv"
     bad.write_text(text)
     monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
@@ -262,3 +262,32 @@ def test_the_simulator_plays_a_small_row_with_the_rows_own_cost_model():
     p = pr.predict(_run("tt-h100-8b-fsdp8-eager"), sim_max_gpus=8)
     assert p.sim_s == pytest.approx(p.predicted_s, rel=0.02)
     assert math.isnan(pr.predict(_run("tt-h100-8b-fsdp128-eager"), sim_max_gpus=8).sim_s)  # beyond the limit
+
+
+def test_llama3_pretraining_is_planned_as_the_paper_states_it_and_fits_the_gpu():
+    """The Llama 3 paper (section 3.3.2): FSDP keeping parameters unsharded between forward and
+    backward (zero2), TP with Megatron-SP, an interleaved schedule of one layer a chunk with the
+    embedding and the loss in chunks of their own (126 + 2 = pp 16 x 8), all-gather CP. So stated,
+    each 8K row fits the 80 GiB H100 it ran on; read as DDP without SP nor interleaving, it took 230 GiB."""
+    for run_id in ("llama3-405b-8k", "llama3-405b-16k", "llama3-405b-16k-cp16"):
+        run = _run(run_id)
+        plan = pr.plan_for(run, pr.model_for(run))
+        assert plan.layers_per_chunk() == (0,) + (1,) * 126 + (0,) and plan.stage_layers == (7,) + (8,) * 14 + (7,)
+        assert {(s.dp_type, s.sp) for s in plan.layers} == {("zero2", "megatron")}
+        assert pr.predict(run).predicted_gib < pr.cluster_for(run).gpu.memory_gib
+    assert {s.cp_comm for s in pr.plan_for(_run("llama3-405b-16k-cp16"), load_model("llama3.1-405b")).layers} == {
+        "all_gather"}
+    old = replace(_run("llama3-405b-8k"), dp_type="ddp", sequence_parallel=False, virtual_stages=1)
+    assert pr.predict(old).predicted_gib > 200
+
+
+def test_pipelines_are_laid_out_as_megatron_and_torchtitan_split_them():
+    """126 layers on pp 8: the embedding and the loss count as layers, so the end stages hold 15
+    and the others 16 (torchtitan's generate_split_points: 15, 16 x 6, 15); on pp 8 x v 8 the end
+    chunks hold 1 and the others 2; DeepSeek V3's 61 layers on pp 4 x v 8 leave 1 for the first
+    chunk and the last two."""
+    layouts = {run_id: pr.plan_for(_run(run_id), pr.model_for(_run(run_id))).layers_per_chunk()
+               for run_id in ("tt-h100-405b-3d-1f1b-fp8", "mb-25.11-h100-llama3.1-405b-fp8", "automodel-h100-dsv3-256")}
+    assert layouts == {"tt-h100-405b-3d-1f1b-fp8": (15,) + (16,) * 6 + (15,),
+                       "mb-25.11-h100-llama3.1-405b-fp8": (1,) + (2,) * 62 + (1,),
+                       "automodel-h100-dsv3-256": (1,) + (2,) * 29 + (1, 1)}
