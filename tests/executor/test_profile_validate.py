@@ -60,6 +60,7 @@ def test_profile_file_round_trips_and_has_the_tables(tmp_path):
     assert json.loads(out.read_text())["hardware"]["world_size"] == 2
 
 
+@pytest.mark.slow  # the profile's tables, the profiled model and planner plans under --check each run by default
 def test_profile_plan_run_loop(tmp_path):
     """Profile this machine, plan with the profiled cost model, run the plan with --check."""
     planners = pytest.importorskip("planners", reason="planners package not importable yet")

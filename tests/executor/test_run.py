@@ -80,6 +80,7 @@ def test_mixed_layers_inside_uneven_pipeline_stages_on_4_ranks(tiny_gpt):
     assert_matches_reference(plan, tiny_gpt, 4)
 
 
+@pytest.mark.slow  # 8 processes: the 4-rank mixed plans above and below run by default
 def test_3d_mixed_plan_on_8_ranks(tiny_gpt):
     """Galvatron-style: pp2, and inside each stage layers of different tp/dp/layout/ZeRO."""
     plan = mixed([1, 3], [L(tp=4), L(tp=2, dp=2, dp_type="zero2"), L(dp=4, recompute="full"),
