@@ -219,17 +219,14 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     sources keeps layers in BF16); the vocabulary split like the layers (Megatron and torchtitan
     shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
     row's ep and its expert dispatcher; the row's software stack, Megatron-SP and TP communication
-    overlap. A pipeline's stages and chunks as ``chunk_layout`` lays them out (Megatron's, with
-    the embedding and the loss counted as layers; torchtitan's generate_split_points gives the
-    same split for its rows)."""
+    overlap; a pipeline's stages and chunks as its framework lays them out (``pipeline_layout``)."""
     every_2nd = run.recompute == "full-every-2nd"
     schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else Schedule.ONE_F_ONE_B
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, cp_comm=run.cp_comm,
                         global_batch=run.global_batch, micro_batches=run.global_batch // (run.dp * run.micro_batch),
                         dp_type=run.dp_type, recompute=Recompute.NONE if every_2nd else run.recompute,
                         sp=SequenceParallel.MEGATRON if run.sequence_parallel else SequenceParallel.NONE)
-    stage_layers, chunk_layers = (chunk_layout(model.num_layers, run.pp, run.virtual_stages, schedule) if run.pp > 1
-                                  else (plan.stage_layers, ()))
+    stage_layers, chunk_layers = pipeline_layout(run, model.num_layers, schedule) if run.pp > 1 else (plan.stage_layers, ())
     layers = plan.layers
     if every_2nd:  # torchtitan's "selective layer" AC: every other block fully recomputed
         layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)
@@ -242,6 +239,20 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
                    chunk_layers=chunk_layers, vocab_tp=run.tp,
                    vocab_zero3=run.dp_type == "zero3", stack=stack_for(run), tp_comm_overlap=run.tp_comm_overlap,
                    ep_dispatcher=run.ep_dispatcher)
+
+
+def pipeline_layout(run: PublishedRun, num_layers: int, schedule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(stage_layers, chunk_layers) as the row's framework splits its layers: NeMo AutoModel's
+    AutoPipeline gives the first num_layers % chunks chunks one layer more (its
+    generate_hf_model_fqn_per_model_part, read at 89e3a9f: 61 layers on 32 chunks are 2 x 29 +
+    1 x 3); the others ``chunk_layout``, Megatron's split with the embedding and the loss counted
+    as layers (torchtitan's generate_split_points at 9dec370 gives the same for its rows)."""
+    if run.framework != "nemo-automodel":
+        return chunk_layout(num_layers, run.pp, run.virtual_stages, schedule)
+    chunks = run.pp * run.virtual_stages
+    base, extra = divmod(num_layers, chunks)
+    counts = tuple(base + (1 if j < extra else 0) for j in range(chunks))
+    return tuple(sum(counts[k::run.pp]) for k in range(run.pp)), counts
 
 
 def _expert_parallel(strategy: LayerStrategy, ep: int) -> LayerStrategy:

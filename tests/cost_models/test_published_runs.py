@@ -284,10 +284,12 @@ def test_llama3_pretraining_is_planned_as_the_paper_states_it_and_fits_the_gpu()
 def test_pipelines_are_laid_out_as_megatron_and_torchtitan_split_them():
     """126 layers on pp 8: the embedding and the loss count as layers, so the end stages hold 15
     and the others 16 (torchtitan's generate_split_points: 15, 16 x 6, 15); on pp 8 x v 8 the end
-    chunks hold 1 and the others 2; DeepSeek V3's 61 layers on pp 4 x v 8 leave 1 for the first
-    chunk and the last two."""
+    chunks hold 1 and the others 2; AutoModel gives DeepSeek V3's 61 layers on pp 4 x v 8 two a
+    chunk but the last three (one each), so stage 0 holds 16 and the others 15."""
     layouts = {run_id: pr.plan_for(_run(run_id), pr.model_for(_run(run_id))).layers_per_chunk()
                for run_id in ("tt-h100-405b-3d-1f1b-fp8", "mb-25.11-h100-llama3.1-405b-fp8", "automodel-h100-dsv3-256")}
     assert layouts == {"tt-h100-405b-3d-1f1b-fp8": (15,) + (16,) * 6 + (15,),
                        "mb-25.11-h100-llama3.1-405b-fp8": (1,) + (2,) * 62 + (1,),
-                       "automodel-h100-dsv3-256": (1,) + (2,) * 29 + (1, 1)}
+                       "automodel-h100-dsv3-256": (2,) * 29 + (1, 1, 1)}
+    assert pr.plan_for(_run("automodel-h100-dsv3-256"), pr.model_for(_run("automodel-h100-dsv3-256"))).stage_layers == (
+        16, 15, 15, 15)
