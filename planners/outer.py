@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from cost_models import CostModel, in_flight, pipeline_time
+from cost_models import CostModel, pipeline_time, stage_in_flight
 from planners.base import (
     PlanResult,
     RankedPlan,
@@ -384,7 +384,7 @@ def _interleaved(t: ComboTables, schedule: str, v: int, model: ModelSpec, cost_m
             state.pruned += 1
             continue
         if fits is None:
-            fits = _scheduled_fits(t, uniform, schedule, v, stage_ids)
+            fits = _scheduled_fits(t, uniform, layout, stage_ids)
         if not fits[i]:
             state.pruned += 1
             continue
@@ -469,10 +469,12 @@ def _tables_fit(t: ComboTables, uniform: np.ndarray, stage_ids: tuple[tuple[int,
     return (mem + temp <= t.budget_bytes).all(axis=0)
 
 
-def _scheduled_fits(t: ComboTables, uniform: np.ndarray, schedule: str, v: int,
+def _scheduled_fits(t: ComboTables, uniform: np.ndarray, layout: Plan,
                     stage_ids: tuple[tuple[int, ...], ...]) -> np.ndarray:
     """Per uniform strategy, whether its layers can fit every stage holding the schedule's own
-    in-flight count of micro-batches (states + count x activations + the largest temporary, the
+    in-flight count of micro-batches, its chunks weighted by their layers as plan_cost weighs
+    them (``stage_in_flight`` of ``layout``, the group's chunk layout whatever the strategy;
+    states + count x activations + the largest temporary, the
     tables holding both parts where memory is linear in the count; what a split backward keeps
     for W, >= 0, left to plan_cost). A schedule may hold fewer than 1F1B on a stage (ZB-V with
     fewer than 2 pp micro-batches), so the 1F1B tables alone bound nothing. Where memory is not
@@ -480,8 +482,7 @@ def _scheduled_fits(t: ComboTables, uniform: np.ndarray, schedule: str, v: int,
     _, _, mem, temp = uniform_layer_sums(t, uniform, stage_ids)
     if t.stages[0].activation_bytes is None:
         return np.isfinite(mem + temp).all(axis=0)
-    c = t.combo
-    held = np.array([in_flight(schedule, c.pp, k, c.micro_batches, v) - st.in_flight for k, st in enumerate(t.stages)])
+    held = np.array([stage_in_flight(layout, k) - st.in_flight for k, st in enumerate(t.stages)])
     mem = mem + held[:, None] * uniform_activation_sums(t, uniform, stage_ids)
     return (mem + temp <= t.budget_bytes).all(axis=0)
 

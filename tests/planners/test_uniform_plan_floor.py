@@ -81,3 +81,28 @@ def test_the_1f1b_prefilter_holds_where_outer_uses_it():
                         fewer.append((schedule, pp, m))
                         assert not outer.holds_1f1b_count(schedule, pp, m), (schedule, pp, m, k, held, one_f)
     assert (Schedule.ZBV, 2, 2) in fewer
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fits_prefilter_keeps_every_plan_plan_cost_fits_on_uneven_chunks(seed):
+    """outer._scheduled_fits on interleaved layouts of uneven chunks (10 layers on pp 2 x v 2:
+    2 + 3 + 3 + 2; on pp 4 x v 2: 1 + 2 + 2 + 1 x 5): at a budget of each plan's own peak under
+    plan_cost, the prefilter lets the plan through. Its stages hold chunk-micro-batches weighted
+    by their layers, as plan_cost's do (cost_models.stage_in_flight)."""
+    from tests.planners.test_split_backward_memory import LinearRandomCostModel
+    _, cluster, _, budget = instance(seed)
+    cm = LinearRandomCostModel(cluster, seed)
+    model = tiny_model(10, identical=True)
+    checked = 0
+    for t in grouped_tables(model, cm, budget.memory_bytes * 100, SPACE, (16,)):
+        c, uniform = t.combo, np.flatnonzero(t.allowed.all(axis=0))
+        if c.pp == 1 or not len(uniform) or not schedule_entry("interleaved_1f1b").allows(c.pp, c.micro_batches, 2):
+            continue
+        plans = [uniform_schedule_plan(t, int(i), "interleaved_1f1b", 2, SPACE, {}) for i in uniform]
+        assert len(set(plans[0].layers_per_chunk())) > 1
+        ids = tuple(tuple(r) for r in plans[0].stage_ranges())
+        for pos, plan in enumerate(plans):
+            tight = replace(t, budget_bytes=cm.plan_cost(model, plan).peak_memory_bytes)
+            assert outer._scheduled_fits(tight, uniform, plans[0], ids)[pos], plan.summary()
+            checked += 1
+    assert checked > 20
