@@ -118,6 +118,8 @@ def load_runs() -> list[PublishedRun]:
                     raise ValueError("tp_comm_overlap true needs sequence_parallel true (the overlap splits "
                                      "Megatron-SP's all-gathers and reduce-scatters)")
                 typed |= {k: _choice(row, k, choices) for k, choices in CHOICE_FIELDS.items()}
+                if typed["cp"] == 1 and typed["cp_comm"] != CPComm.P2P:
+                    raise ValueError(f"cp_comm {typed['cp_comm']} needs cp > 1 (cp is 1: no K/V to exchange)")
                 mem = float(row["memory_gib"]) if row["memory_gib"] else None
                 out.append(PublishedRun(**{k: row[k] for k in ("id", "cluster", "model", "framework", "software",
                                                                "precision", "dp_type", "recompute",

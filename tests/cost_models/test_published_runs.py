@@ -293,3 +293,18 @@ def test_pipelines_are_laid_out_as_megatron_and_torchtitan_split_them():
                        "automodel-h100-dsv3-256": (2,) * 29 + (1, 1, 1)}
     assert pr.plan_for(_run("automodel-h100-dsv3-256"), pr.model_for(_run("automodel-h100-dsv3-256"))).stage_layers == (
         16, 15, 15, 15)
+
+
+def test_cp_comm_is_read_and_refused_without_cp(tmp_path, monkeypatch):
+    """torchtitan's CP rows all-gather K/V (its default rotate method at the rows' commit), as
+    AutoModel's does; a cp_comm on a row without cp is one line naming the row."""
+    assert {r.id for r in pr.load_runs() if r.cp_comm == "all_gather"} == {
+        "tt-h100-8b-cp2-fp8", "tt-h100-8b-cp4-fp8", "tt-h100-8b-cp8-fp8", "automodel-h100-llama3-70b",
+        "llama3-405b-16k-cp16"}
+    text = data_path(Dataset.PUBLISHED_RUNS).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("tt-h100-8b-cp1-fp8,"))
+    bad = tmp_path / "published_runs.csv"
+    bad.write_text(text.replace(row, row.replace(",false,false,,,,flash,", ",false,false,,,all_gather,flash,", 1)))
+    monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
+    with pytest.raises(SpecError, match=r"^published_runs\[tt-h100-8b-cp1-fp8\]: cp_comm all_gather needs cp > 1"):
+        pr.load_runs()
