@@ -137,7 +137,8 @@ def parallelize(model: ModelSpec, plan: Plan, rank: int, world_size: int, *, see
               for j in plan.stage_chunks(stage)}  # as the schedule places them (round-robin or a V)
     first, last = chunks[min(chunks)], chunks[max(chunks)]
     stage_module = first if len(chunks) == 1 else ChunkedStage(chunks)
-    first_layout, last_layout = Layout.of(plan.layers[ranges[min(chunks)][0]]), Layout.of(plan.layers[ranges[max(chunks)][-1]])
+    first_layout = Layout.of(plan.layers[_entry_layer(plan, min(chunks))])
+    last_layout = Layout.of(plan.layers[plan.boundary_layer(max(chunks))])
     if split is not None:  # embedding and head run in the vocabulary layout
         first_layout = split.layout if first.embed is not None else first_layout
         last_layout = split.layout if last.head is not None else last_layout
@@ -170,7 +171,7 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
         chunk.order.append(("embed", ""))
         if split is not None:
             chunk.embed = VocabEmbedding(chunk.embed, split, meshes[split.layout]["tp"])
-            _add_relayout(chunk, split.layout, Layout.of(plan.layers[ids[0]]), smesh, "in")
+            _add_relayout(chunk, split.layout, Layout.of(plan.layers[_entry_layer(plan, j)]), smesh, "in")
     for pos, i in enumerate(ids):
         layout = Layout.of(plan.layers[i])
         if pos > 0:
@@ -187,15 +188,22 @@ def _build_chunk(model: ModelSpec, plan: Plan, ranges: list[range], j: int, mesh
             block = apply_tp(block, meshes[layout]["tp"], sequence_parallel=strategy.megatron_sp, **sides)
         chunk.layers[str(i)] = apply_ac(block, strategy.recompute)
         chunk.order.append(("layers", str(i)))
+    exit_layout = Layout.of(plan.layers[plan.boundary_layer(j)])
     if j == len(ranges) - 1:
         chunk.head = build_head(model, seed)
         if split is not None:
             chunk.head = VocabHead(chunk.head, split, meshes[split.layout]["tp"])
-            _add_relayout(chunk, Layout.of(plan.layers[ids[-1]]), split.layout, smesh, "head")
+            _add_relayout(chunk, exit_layout, split.layout, smesh, "head")
         chunk.order.append(("head", ""))
     else:
-        _add_relayout(chunk, Layout.of(plan.layers[ids[-1]]), Layout.of(plan.layers[ids[-1] + 1]), smesh, "out")
+        _add_relayout(chunk, exit_layout, Layout.of(plan.layers[_entry_layer(plan, j + 1)]), smesh, "out")
     return chunk
+
+
+def _entry_layer(plan: Plan, j: int) -> int:
+    """The layer whose layout chunk ``j``'s input arrives in: its first; a chunk of no layer,
+    the layer after it (the embedding's chunk) or before it (the loss's)."""
+    return min(plan.chunk_ranges()[j].start, len(plan.layers) - 1)
 
 
 def _apply_sequence_split(block: nn.Module, s: LayerStrategy, groups: SplitMeshes, order: str, seq: int, *,
@@ -264,24 +272,22 @@ def _dp_parts(chunks: list[StageModule], plan: Plan, meshes: dict, smesh, split:
     its own, listed before) of every block (its gradient group: dp, or cp * ulysses * dp), the
     embedding (like the first layer's replicas) and the head (like the last's), in the order
     the chunks run them."""
-    parts = []
+    parts, first, last = [], plan.layers[0], plan.layers[-1]  # the embedding's and the head's neighbours
     for chunk in chunks:
         ids = [int(k) for k in chunk.layers]
         if chunk.embed is not None and split is not None:
-            parts += vocab_dp_parts("embedding", chunk.embed, split, meshes, smesh, plan.layers[ids[0]].dp_type)
+            parts += vocab_dp_parts("embedding", chunk.embed, split, meshes, smesh, first.dp_type)
         elif chunk.embed is not None:
-            s = plan.layers[ids[0]]
-            parts.append(("embedding", chunk.embed, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
+            parts.append(("embedding", chunk.embed, meshes[Layout.of(first)]["dp"], first.dp, first.dp_type, None))
         for i in ids:
             s = plan.layers[i]
             # the grad-sync group: the ranks holding the same weight shard
             mesh = meshes[SplitLayout.of(s)].sync if _splits_sequence(s) else meshes[Layout.of(s)]["dp"]
             parts.append((f"layer {i}", chunk.layers[str(i)], mesh, s.degrees.grad_sync, s.dp_type, None))
         if chunk.head is not None and split is not None:
-            parts += vocab_dp_parts("head", chunk.head, split, meshes, smesh, plan.layers[ids[-1]].dp_type)
+            parts += vocab_dp_parts("head", chunk.head, split, meshes, smesh, last.dp_type)
         elif chunk.head is not None:
-            s = plan.layers[ids[-1]]
-            parts.append(("head", chunk.head, meshes[Layout.of(s)]["dp"], s.dp, s.dp_type, None))
+            parts.append(("head", chunk.head, meshes[Layout.of(last)]["dp"], last.dp, last.dp_type, None))
     return parts
 
 

@@ -215,8 +215,9 @@ def collective_trace(pm: ParallelModel, plan: Plan) -> CollectiveTrace:
             trace.watch_embedding(chunk.embed)
         for key, wrapped in chunk.layers.items():
             trace.watch_block(int(key), _first(wrapped, Block))
-        # a relayout into layer i (the head: len(plan.layers)), named by its place in the chunk
-        into = {"in": ids[0], "head": len(plan.layers), "out": ids[-1] + 1}
+        # a relayout into layer i (the head: len(plan.layers)), named by its place in the chunk; a
+        # chunk of no layer relays nothing out (the embedding's hands on layer 0's layout)
+        into = {"in": 0, "head": len(plan.layers), **({"out": ids[-1] + 1} if ids else {})}
         for key, relayout in chunk.relayouts.items():
             trace.watch_module(relayout, f"relayout {into[key] if key in into else int(key)}")
         if chunk.head is not None:

@@ -21,13 +21,9 @@ without cp or Ulysses (refuse_unsupported)."""
 
 def refuse_unsupported(plan: Plan, model: ModelSpec) -> None:
     """SpecError naming the first field the executor cannot honour for ``model``: its
-    capabilities first, then a chunk of no layer, then recomputation under a split backward, then what depends on the
+    capabilities first, then recomputation under a split backward, then what depends on the
     model (cp or Ulysses beside experts, cp beside windows or Megatron-SP, the vocabulary)."""
     check_supported(plan, model, CAPABILITIES, "executor")
-    empty = [j for j, n in enumerate(plan.layers_per_chunk()) if n == 0]
-    if empty:
-        raise SpecError(f"chunk_layers[{empty[0]}]", "a chunk of no layer (only the embedding or the loss) is not "
-                        "run: the executor's chunks are built around their layers")
     split_backward = plan.pp > 1 and schedule_entry(plan.schedule).splits_backward  # pp 1: the accumulation loop
     for i, (s, spec) in enumerate(zip(plan.layers, model.layers)):
         if split_backward and s.recompute != Recompute.NONE:
