@@ -9,7 +9,7 @@ from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, co
                              register, schedule_of,
                              uniform_view)
 from specs import (ClusterSpec, CPComm, CPLoadBalance, DPType, EPDispatcher, ModelSpec, Plan, Recompute, Schedule,
-                   SequenceParallel, SpecError)
+                   SequenceParallel, SpecError, chunk_layout)
 from specs.precision import Precision
 from specs.stack import SoftwareStack
 
@@ -271,9 +271,10 @@ def bridge_yaml(settings: Mapping[str, Any], model: ModelSpec) -> str:
         for section in (where if isinstance(where, tuple) else (where,)):
             sections.setdefault(section, {})[BRIDGE_RENAMES.get(k, k)] = v
     v = settings.get("num_layers_per_virtual_pipeline_stage")
-    if v is not None:  # Bridge names the chunks per rank
+    if v is not None:  # Bridge names the chunks per rank; the embedding and the loss count as layers when accounted
         del sections["model"]["num_layers_per_virtual_pipeline_stage"]
-        sections["model"]["virtual_pipeline_model_parallel_size"] = model.num_layers // (
+        accounted = 2 if settings.get("account_for_embedding_in_pipeline_split") else 0
+        sections["model"]["virtual_pipeline_model_parallel_size"] = (model.num_layers + accounted) // (
             settings["pipeline_model_parallel_size"] * v)
     sections["model"]["bf16"] = True
     lines = ["# Megatron-Bridge recipe override (ConfigContainer sections), written by hybridpar"]
@@ -384,7 +385,7 @@ def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
     if gbs % (mbs * dp):
         raise SpecError("--global-batch-size", f"{gbs} is not a multiple of micro batch {mbs} * dp {dp}")
     v = _virtual_stages(s, model, pp)
-    stages = _stage_layers(s, model, pp)
+    stages, chunks = chunk_layout(model.num_layers, pp, v) if v > 1 and _accounted(s) else (_stage_layers(s, model, pp), ())
     recompute, per_layer = _recompute(s, stages)
     ep, etp = _int(s, "expert_model_parallel_size", 1), _int(s, "expert_tensor_parallel_size", tp)
     sp = s.get("sequence_parallel", False) in (True, "true", "True")
@@ -393,7 +394,7 @@ def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
     u = Uniform(tp=tp, cp=cp, cp_comm=cp_comm, dp=dp, pp=pp, dp_type=DPType.ZERO1 if zero1 else DPType.DDP,
                 recompute=recompute,
                 megatron_sp=sp, ep=ep, expert_tp=0 if etp == tp else etp, stage_layers=stages,
-                global_batch=gbs, micro_batches=gbs // (mbs * dp), schedule="1f1b", virtual_stages=v,
+                global_batch=gbs, micro_batches=gbs // (mbs * dp), schedule="1f1b", virtual_stages=v, chunk_layers=chunks,
                 vocab_tp=tp, vocab_sp=SequenceParallel.MEGATRON if sp else SequenceParallel.NONE,
                 recompute_layers=per_layer, precision_layers=_precisions(s, model.num_layers),
                 tp_comm_overlap=overlap, ep_dispatcher=_ep_dispatcher(s),
@@ -401,13 +402,20 @@ def plan_from_settings(s: Mapping[str, Any], model: ModelSpec, cluster: ClusterS
     return plan_from_uniform(u, model, cluster)
 
 
+def _accounted(s: Mapping[str, Any]) -> bool:
+    """--account-for-embedding/loss-in-pipeline-split: the embedding and the loss count as a layer each."""
+    return s.get("account_for_embedding_in_pipeline_split", False) in (True, "true", "True")
+
+
 def _virtual_stages(s: Mapping[str, Any], model: ModelSpec, pp: int) -> int:
     if s.get("num_layers_per_virtual_pipeline_stage") not in (None, False):
         per_chunk = _int(s, "num_layers_per_virtual_pipeline_stage")
-        if model.num_layers % (pp * per_chunk):
+        layers = model.num_layers + (2 if _accounted(s) else 0)
+        if layers % (pp * per_chunk):
+            counted = " (the embedding and the loss counted)" if _accounted(s) else ""
             raise SpecError("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} does not divide "
-                            f"{model.num_layers} layers over pp {pp}")
-        return model.num_layers // (pp * per_chunk)
+                            f"{layers} layers{counted} over pp {pp}")
+        return layers // (pp * per_chunk)
     if s.get("num_virtual_stages_per_pipeline_rank") not in (None, False):
         return _int(s, "num_virtual_stages_per_pipeline_rank")
     return 1

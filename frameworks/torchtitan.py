@@ -370,11 +370,12 @@ def _pipeline(par: Mapping[str, Any], model: ModelSpec,
 def torchtitan_split(num_layers: int, stages: int, first_less: int, last_less: int) -> tuple[int, ...]:
     """Layers per stage as torchtitan splits them: the embedding counts as ``first_less`` layers on
     the first stage and the head as ``last_less`` on the last, the sum spread evenly (the first
-    stages take one more)."""
+    stages take one more); the first and last stage may be left with the embedding or the head
+    alone, as torchtitan allows."""
     base, extra = divmod(num_layers + first_less + last_less, stages)
     out = [base + (1 if i < extra else 0) for i in range(stages)]
     out[0] -= first_less
     out[-1] -= last_less
-    if min(out) < 1 or sum(out) != num_layers:
+    if min(out[1:-1], default=1) < 1 or min(out[0], out[-1]) < 0 or sum(out) != num_layers:
         raise SpecError("parallelism.pipeline_parallel_degree", f"{stages} stages leave a stage without layers")
     return tuple(out)

@@ -12,7 +12,7 @@ import pytest
 import frameworks
 from frameworks.megatron import parse_args_text, parse_bridge_yaml
 from specs import DPType, Recompute
-from tests.frameworks.plans import expressible, llama
+from tests.frameworks.plans import expressible, llama, plan
 
 
 def _export(target, p):
@@ -145,3 +145,22 @@ def test_deepspeed_config_class_reads_the_export(index, monkeypatch):
     assert config.gradient_accumulation_steps == p.micro_batches
     assert config.zero_optimization_stage == {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}[s.dp_type]
     assert config.bfloat16_config.enabled and not config.float16_config.enabled
+
+
+def test_megatron_core_accepts_chunks_of_only_the_embedding_and_the_loss():
+    """Llama 3's layout on Llama 3 70B (pp 2 x 41 chunks of one layer, the embedding and the loss
+    accounted): the Bridge override's model section passes TransformerConfig's checks with 41
+    chunks a rank."""
+    from dataclasses import replace
+    tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    model, cluster = llama()
+    p = plan(model, cluster, tp=8, dp=4, pp=2, global_batch=64, micro_batches=2, sp="megatron", dp_type="zero1")
+    p = replace(p, schedule="interleaved_1f1b", virtual_stages=41, chunk_layers=(0,) + (1,) * 80 + (0,),
+                stage_layers=(40, 40))
+    files = frameworks.get("megatron").export(p, model, cluster).files
+    section = _yaml_section(files["megatron_bridge_override.yaml"], "model")
+    section.pop("seq_length")
+    config = tc.TransformerConfig(**section, num_layers=80, hidden_size=8192, num_attention_heads=64,
+                                  pipeline_dtype=__import__("torch").bfloat16)
+    assert config.virtual_pipeline_model_parallel_size == 41
+    assert config.account_for_embedding_in_pipeline_split and config.account_for_loss_in_pipeline_split

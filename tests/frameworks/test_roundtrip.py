@@ -297,3 +297,21 @@ def test_tp_comm_overlap_is_refused_where_the_files_cannot_carry_it():
     with pytest.raises(SpecError) as err:
         frameworks.get("torchtitan").import_({"torchtitan.toml": toml}, model, cluster)
     assert str(err.value).startswith("compile.enable_async_tensor_parallel: true needs compile.enable")
+
+
+@pytest.mark.parametrize("name", ["megatron", "torchtitan"])
+def test_chunks_of_only_the_embedding_and_the_loss_round_trip(name):
+    """Llama 3's layout on Llama 3 70B: 80 layers on pp 2 x v 41 = 82 chunks of one layer, the
+    first only the embedding and the last only the loss. Megatron writes one layer a chunk with the
+    embedding and the loss accounted (Bridge: (80 + 2) / (2 x 1) = 41 chunks a rank), torchtitan
+    one layer a stage with the first and last one short."""
+    model, cluster = llama()
+    p = plan(model, cluster, tp=8, dp=4, pp=2, global_batch=64, micro_batches=2, sp="megatron",
+             dp_type="zero1" if name == "megatron" else "zero2")
+    p = replace(p, schedule="interleaved_1f1b", virtual_stages=41, chunk_layers=(0,) + (1,) * 80 + (0,),
+                stage_layers=(40, 40))
+    result = frameworks.get(name).export(p, model, cluster)
+    if name == "megatron":
+        assert "virtual_pipeline_model_parallel_size: 41" in result.files["megatron_bridge_override.yaml"]
+    back = frameworks.get(name).import_(result.files, model, cluster)
+    assert (back.virtual_stages, back.layers_per_chunk(), back.stage_layers) == (41, p.layers_per_chunk(), (40, 40))
