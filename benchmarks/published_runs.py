@@ -118,6 +118,7 @@ def load_runs() -> list[PublishedRun]:
                     raise ValueError("tp_comm_overlap true needs sequence_parallel true (the overlap splits "
                                      "Megatron-SP's all-gathers and reduce-scatters)")
                 typed |= {k: _choice(row, k, choices) for k, choices in CHOICE_FIELDS.items()}
+                _check_recompute(row["recompute"])
                 if typed["cp"] == 1 and typed["cp_comm"] != CPComm.P2P:
                     raise ValueError(f"cp_comm {typed['cp_comm']} needs cp > 1 (cp is 1: no K/V to exchange)")
                 mem = float(row["memory_gib"]) if row["memory_gib"] else None
@@ -156,6 +157,15 @@ def load_pair_runs() -> list[tuple[str, PublishedRun]]:
                 raise SpecError(f"torchtitan_h100_bf16_fp8_pairs[{row.get('pair', '?')}]", str(err)) from None
             out.append((row["pair"], run))
     return out
+
+
+def _check_recompute(value: str) -> None:
+    """A recompute column: a Recompute value, a per-layer pattern, or BLOCK_PREFIX + a positive count."""
+    count = value.removeprefix(BLOCK_PREFIX)
+    if value in (*Recompute, *LAYER_PATTERNS) or value.startswith(BLOCK_PREFIX) and count.isdigit() and int(count) > 0:
+        return
+    raise ValueError(f"recompute {value!r} is not one of {', '.join((*Recompute, *LAYER_PATTERNS))} or "
+                     f"{BLOCK_PREFIX}N (N > 0)")
 
 
 def _bool(row: dict, key: str) -> bool:
@@ -222,17 +232,17 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
     row's ep and its expert dispatcher; the row's software stack, Megatron-SP and TP communication
     overlap; a pipeline's stages and chunks as its framework lays them out (``pipeline_layout``)."""
-    every_2nd = run.recompute == "full-every-2nd"
+    per_layer = run.recompute in LAYER_PATTERNS or run.recompute.startswith(BLOCK_PREFIX)
     schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else Schedule.ONE_F_ONE_B
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, cp_comm=run.cp_comm,
                         global_batch=run.global_batch, micro_batches=run.global_batch // (run.dp * run.micro_batch),
-                        dp_type=run.dp_type, recompute=Recompute.NONE if every_2nd else run.recompute,
+                        dp_type=run.dp_type, recompute=Recompute.NONE if per_layer else run.recompute,
                         sp=SequenceParallel.MEGATRON if run.sequence_parallel else SequenceParallel.NONE)
     stage_layers, chunk_layers = pipeline_layout(run, model.num_layers, schedule) if run.pp > 1 else (plan.stage_layers, ())
     layers = plan.layers
-    if every_2nd:  # torchtitan's "selective layer" AC: every other block fully recomputed
-        layers = tuple(replace(s, recompute=Recompute.FULL if i % 2 == 0 else Recompute.NONE)
-                       for i, s in enumerate(layers))
+    if per_layer:
+        layers = tuple(replace(s, recompute=r) for s, r in zip(layers, layer_recompute(run.recompute,
+                                                                                       chunk_layers or stage_layers)))
     layers = tuple(replace(s, precision=RUN_PRECISIONS[run.precision]) for s in layers)
     if run.ep > 1:  # the routed experts split over ep groups of the data-parallel ranks
         layers = tuple(_expert_parallel(s, run.ep) if spec.moe is not None else s
@@ -241,6 +251,22 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
                    chunk_layers=chunk_layers, vocab_tp=run.tp,
                    vocab_zero3=run.dp_type == "zero3", stack=stack_for(run), tp_comm_overlap=run.tp_comm_overlap,
                    ep_dispatcher=run.ep_dispatcher)
+
+
+LAYER_PATTERNS = ("full-every-2nd",)
+"""Recompute columns that vary by layer: torchtitan's "selective layer" AC (every other block in
+full), and BLOCK_PREFIX + N."""
+BLOCK_PREFIX = "full-block-"
+"""Megatron's --recompute-method block: the first N layers of every model chunk in full."""
+
+
+def layer_recompute(recompute: str, chunk_layers: Sequence[int]) -> list[Recompute]:
+    """Each layer's recomputation under a per-layer ``recompute`` column, the model's layers in
+    chunks of ``chunk_layers``."""
+    if recompute == "full-every-2nd":
+        return [Recompute.FULL if i % 2 == 0 else Recompute.NONE for i in range(sum(chunk_layers))]
+    first = int(recompute.removeprefix(BLOCK_PREFIX))
+    return [Recompute.FULL if i < first else Recompute.NONE for n in chunk_layers for i in range(n)]
 
 
 def pipeline_layout(run: PublishedRun, num_layers: int, schedule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -308,3 +308,20 @@ def test_cp_comm_is_read_and_refused_without_cp(tmp_path, monkeypatch):
     monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
     with pytest.raises(SpecError, match=r"^published_runs\[tt-h100-8b-cp1-fp8\]: cp_comm all_gather needs cp > 1"):
         pr.load_runs()
+
+
+def test_megatrons_block_recompute_covers_the_first_layers_of_each_chunk(tmp_path, monkeypatch):
+    """Megatron-Bridge's 8B H100 FP8 config recomputes 5 layers by the block method: the first 5
+    of the one stage in full, the other 27 not; a block count that is not a number is one line."""
+    run = _run("mb-25.11-h100-llama3-8b-fp8")
+    assert run.recompute == "full-block-5"
+    plan = pr.plan_for(run, pr.model_for(run))
+    assert [s.recompute for s in plan.layers] == [Recompute.FULL] * 5 + [Recompute.NONE] * 27
+    assert pr.layer_recompute("full-block-2", (3, 4, 3)) == [Recompute.FULL] * 2 + [Recompute.NONE] + (
+        [Recompute.FULL] * 2 + [Recompute.NONE] * 2 + [Recompute.FULL] * 2 + [Recompute.NONE])
+    bad = tmp_path / "published_runs.csv"
+    bad.write_text(data_path(Dataset.PUBLISHED_RUNS).read_text().replace(",full-block-5,", ",full-block-x,", 1))
+    monkeypatch.setattr(pr, "data_path", lambda dataset: bad)
+    with pytest.raises(SpecError, match=r"^published_runs\[mb-25.11-h100-llama3-8b-fp8\]: recompute 'full-block-x' "
+                                        r"is not one of none, selective, full, selective-op, full-every-2nd or full-block-N"):
+        pr.load_runs()
