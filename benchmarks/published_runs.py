@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from specs import (ClusterSpec, CPComm, DPType, EPDispatcher, LayerStrategy, ModelSpec, Plan, Recompute, Schedule,
-                   SequenceParallel, chunk_layout, load_cluster, load_model, uniform_plan)
+                   SequenceParallel, chunk_layout, even_stage_layers, load_cluster, load_model, stage_sums,
+                   uniform_plan)
 from specs.layer_parts import LEARNED, ROUTINGS
 from specs.datasets import Dataset, data_path
 from specs.errors import SpecError, one_line_errors
@@ -232,7 +233,7 @@ def plan_for(run: PublishedRun, model: ModelSpec) -> Plan:
     shard the output layer over tp, and FSDP shards the embedding); MoE layers' experts over the
     row's ep and its expert dispatcher; the row's software stack, Megatron-SP and TP communication
     overlap; a pipeline's stages and chunks as its framework lays them out (``pipeline_layout``)."""
-    per_layer = run.recompute in LAYER_PATTERNS or run.recompute.startswith(BLOCK_PREFIX)
+    per_layer = run.recompute not in tuple(Recompute)  # a per-layer pattern (load_runs checked it)
     schedule = Schedule.INTERLEAVED_1F1B if run.virtual_stages > 1 else Schedule.ONE_F_ONE_B
     plan = uniform_plan(model.num_layers, tp=run.tp, dp=run.dp, pp=run.pp, cp=run.cp, cp_comm=run.cp_comm,
                         global_batch=run.global_batch, micro_batches=run.global_batch // (run.dp * run.micro_batch),
@@ -277,10 +278,8 @@ def pipeline_layout(run: PublishedRun, num_layers: int, schedule: str) -> tuple[
     as layers (torchtitan's generate_split_points at 9dec370 gives the same for its rows)."""
     if run.framework != "nemo-automodel":
         return chunk_layout(num_layers, run.pp, run.virtual_stages, schedule)
-    chunks = run.pp * run.virtual_stages
-    base, extra = divmod(num_layers, chunks)
-    counts = tuple(base + (1 if j < extra else 0) for j in range(chunks))
-    return tuple(sum(counts[k::run.pp]) for k in range(run.pp)), counts
+    counts = even_stage_layers(num_layers, run.pp * run.virtual_stages)
+    return stage_sums(counts, run.pp, run.virtual_stages, schedule), counts
 
 
 def _expert_parallel(strategy: LayerStrategy, ep: int) -> LayerStrategy:

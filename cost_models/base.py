@@ -182,8 +182,11 @@ def stage_in_flight(plan: Plan, stage: int) -> float:
     each chunk-micro-batch holds its chunk's share of the stage's activations, as the simulator
     holds them chunk by chunk. A split backward keeps counting chunk-micro-batches (its
     held_points do)."""
-    counts = [plan.layers_per_chunk()[j] for j in plan.stage_chunks(stage)]
-    if len(set(counts)) == 1 or schedule_entry(plan.schedule).splits_backward:
+    counts: list[int] = []
+    if plan.virtual_stages > 1 and not schedule_entry(plan.schedule).splits_backward:
+        per_chunk = plan.layers_per_chunk()
+        counts = [per_chunk[j] for j in plan.stage_chunks(stage)]
+    if len(set(counts)) <= 1:  # one chunk a stage (no counts asked), or equal chunks
         return in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages)
     shares = tuple(n / sum(counts) for n in counts)
     return weighted_in_flight(plan.schedule, plan.pp, stage, plan.micro_batches, plan.virtual_stages, shares)

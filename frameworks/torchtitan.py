@@ -13,7 +13,7 @@ from frameworks.base import (ExportResult, Framework, Uniform, chunk_pattern, co
                              refuse_fp8,
                              register, require_even,
                              uniform_view, vocab_sharded)
-from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError
+from specs import ClusterSpec, DPType, ModelSpec, Plan, Recompute, SequenceParallel, SpecError, stage_sums
 from specs.schedules import REGISTRY, PipelineSchedule, Schedule
 from specs.stack import SoftwareStack
 
@@ -363,8 +363,7 @@ def _pipeline(par: Mapping[str, Any], model: ModelSpec,
                         f"{first}/{last}) makes {total} stages of {model.num_layers} layers, not a multiple of pp {pp}")
     v = total // pp
     chunks = torchtitan_split(model.num_layers, total, first, last)
-    stages = tuple(sum(chunks[j] for j in entry.stage_chunks(k, pp, v)) for k in range(pp))
-    return schedule, v, stages, chunks
+    return schedule, v, stage_sums(chunks, pp, v, schedule), chunks
 
 
 def torchtitan_split(num_layers: int, stages: int, first_less: int, last_less: int) -> tuple[int, ...]:

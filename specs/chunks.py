@@ -20,7 +20,7 @@ def chunk_layout(num_layers: int, pp: int, virtual_stages: int, schedule: str = 
     entry = schedule_entry(schedule)
     if num_layers == chunks - 2 and virtual_stages > 1 and not entry.splits_backward:
         counts = [0] + [1] * num_layers + [0]
-        return _stage_sums(counts, pp, virtual_stages, entry), tuple(counts)
+        return stage_sums(counts, pp, virtual_stages, schedule), tuple(counts)
     if num_layers < chunks:
         raise SpecError("virtual_stages", f"{num_layers} layers leave a chunk empty on pp({pp}) * "
                         f"virtual_stages({virtual_stages}) = {chunks} chunks")
@@ -31,9 +31,11 @@ def chunk_layout(num_layers: int, pp: int, virtual_stages: int, schedule: str = 
         counts[-1] -= ends
         if min(counts) >= 1:
             break
-    return _stage_sums(counts, pp, virtual_stages, entry), tuple(counts)
+    return stage_sums(counts, pp, virtual_stages, schedule), tuple(counts)
 
 
-def _stage_sums(counts: list[int], pp: int, virtual_stages: int, entry) -> tuple[int, ...]:
-    """Each stage's layers: the sum of the chunks the schedule places on it."""
-    return tuple(sum(counts[j] for j in entry.stage_chunks(k, pp, virtual_stages)) for k in range(pp))
+def stage_sums(chunk_layers, pp: int, virtual_stages: int, schedule: str) -> tuple[int, ...]:
+    """Each stage's layers: the sum of the chunks (``chunk_layers``, in model order) ``schedule``
+    places on it (round-robin, or V-shaped)."""
+    entry = schedule_entry(schedule)
+    return tuple(sum(chunk_layers[j] for j in entry.stage_chunks(k, pp, virtual_stages)) for k in range(pp))

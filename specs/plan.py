@@ -394,7 +394,7 @@ class Plan:
         """The layer whose output crosses from ``chunk`` to the next one (and whose gradient
         comes back): the chunk's last layer; the embedding's own chunk sends what layer 0 takes
         in, of layer 0's shape."""
-        return max(self.chunk_ranges()[chunk].stop - 1, 0)
+        return max(self._chunk_ranges[chunk].stop - 1, 0)
 
     def stage_first_rank(self, stage: int, world_size: int) -> int:
         return stage * (world_size // self.pp)
